@@ -1,0 +1,92 @@
+"""The constraint compiler's public shapes: spec in, grammar out, matcher with four methods.
+
+Knows grammars and vocabularies; never imports HTTP or model code. Masks are packed int32 bitmasks of shape
+[batch, ceil(logits_width / 32)] (bit i of word w set = token 32*w+i allowed), the format both llguidance and
+outlines-core write natively.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "tools"]
+
+
+class ConstraintError(ValueError):
+    """A constraint the client sent that we cannot honour. The service turns it into a 400.
+
+    `param` names the request field (e.g. "response_format"); `pointer` is the JSON Pointer of the offending
+    schema keyword, when there is one, and is part of the message too.
+    """
+
+    def __init__(self, message: str, param: str | None = None, pointer: str | None = None,
+                 code: str = "invalid_constraint"):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.pointer = pointer
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """A normalised output constraint, hashable and serialisable (its `key` feeds the compile caches)."""
+
+    kind: ConstraintKind
+    schema: Any = None  # json_schema / json_object (None = any JSON object) / tools (the call schema)
+    strict: bool = False  # OpenAI json_schema strict: unsupported keyword -> ConstraintError
+    pattern: str | None = None  # regex
+    choices: tuple[str, ...] = ()  # choice
+    tool_names: tuple[str, ...] = ()  # tools: the functions the output may call
+    tool_choice: str = "auto"  # tools: "auto" | "required" | "named"
+    parallel_tool_calls: bool = True
+    backend: str | None = None  # per-request override: "outlines" | "llguidance" | None (server default)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        """Stable text identifying what this spec accepts (not which backend serves it)."""
+        import json
+
+        return json.dumps(
+            [self.kind, self.schema, self.strict, self.pattern, list(self.choices), list(self.tool_names),
+             self.tool_choice, self.parallel_tool_calls],
+            sort_keys=True, separators=(",", ":"), default=str,
+        )
+
+
+class Matcher(abc.ABC):
+    """Per-sequence automaton state. Not thread-safe; owned by the engine thread once decoding starts."""
+
+    @abc.abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
+        """Write the allowed-token bits into `bitmask[row]` (int32, CPU). EOS ids are allowed exactly when the
+        grammar may end here. With `tokens_left`, allow only tokens from which the document can still be
+        completed within that many tokens (the budget rule), when the backend knows distances."""
+
+    @abc.abstractmethod
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False (state unchanged) if the token is not allowed. Never called with
+        an EOS id: EOS means finished."""
+
+    @abc.abstractmethod
+    def is_terminated(self) -> bool:
+        """No token but EOS can follow: the constrained output is complete."""
+
+    @abc.abstractmethod
+    def can_end(self) -> bool:
+        """The output so far is a complete document (EOS would be accepted)."""
+
+
+class Grammar(abc.ABC):
+    """A compiled constraint for one vocabulary; immutable and shared, hands out fresh matchers."""
+
+    backend: str  # "outlines" | "llguidance"
+    unenforced: tuple[str, ...] = ()  # JSON Pointers of keywords accepted but not enforced (non-strict only)
+
+    @abc.abstractmethod
+    def matcher(self) -> Matcher: ...

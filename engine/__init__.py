@@ -1,0 +1,1 @@
+"""The batched decode loop: model, batch and sampler. Knows nothing about HTTP."""

@@ -1,0 +1,140 @@
+"""Loading a causal LM and its tokenizer: a local directory, a hub id, or the built-in offline model.
+
+The built-in model is a tiny Qwen2-architecture network with random weights drawn from a fixed seed and the
+real Qwen2 tokenizer shipped in this package. It writes nonsense, but every constrained answer is valid, and it
+loads in seconds with no network, so `structgen serve` works out of the box.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BUILTIN_MODEL = "structgen-builtin"
+BUILTIN_DIR = Path(__file__).parent / "builtin_model"
+BUILTIN_SEED = 0
+BUILTIN_CONTEXT_LENGTH = 4096
+
+
+class ModelLoadError(RuntimeError):
+    """The model or its tokenizer cannot be loaded; the message says why in one line."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object  # transformers PreTrainedTokenizerBase
+    name: str  # what --model said
+    device: torch.device
+    dtype: torch.dtype
+    context_length: int
+    eos_token_ids: frozenset[int]
+    logits_width: int  # the model's output width (>= len(tokenizer) when the vocabulary is padded)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"invalid device {device!r}: {exc}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA when supported (else fp16), fp32 on CPU."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise ModelLoadError(f"invalid dtype {dtype!r}: choose one of auto, {', '.join(sorted(table))}")
+    return table[dtype]
+
+
+def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """Every id that ends generation: the generation config's EOS list, the tokenizer's EOS, and the
+    chat-turn terminators the chat template writes (e.g. <|im_end|>, <|end|>, <|eot_id|>)."""
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    for source in (getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+                   tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    vocab = tokenizer.get_vocab()
+    for name in ("<|im_end|>", "<|end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+        if name in vocab:
+            ids.add(vocab[name])
+    return frozenset(ids)
+
+
+def _builtin_model(dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(BUILTIN_DIR))
+    vocab = tokenizer.get_vocab()
+    config = Qwen2Config(
+        vocab_size=151936,  # Qwen2's padded logits width: larger than the tokenizer, as in the real models
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=BUILTIN_CONTEXT_LENGTH,
+        tie_word_embeddings=True,
+        bos_token_id=vocab["<|endoftext|>"],
+        eos_token_id=[vocab["<|im_end|>"], vocab["<|endoftext|>"]],
+        pad_token_id=vocab["<|endoftext|>"],
+    )
+    # A private generator keeps the weights identical across runs and machines without touching global state.
+    fork_devices: list = []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(BUILTIN_SEED)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    return model.to(dtype), tokenizer
+
+
+def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
+               max_model_len: int | None = None) -> LoadedModel:
+    """Load `name_or_path` (BUILTIN_MODEL, a local directory or a hub id) onto `device`."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    if name_or_path == BUILTIN_MODEL:
+        model, tokenizer = _builtin_model(torch_dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(name_or_path)
+        looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
+        if looks_local and not path.is_dir():
+            raise ModelLoadError(f"model directory not found: {name_or_path}")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+        except Exception as exc:  # transformers raises many types; the user needs the reason, in one line
+            reason = " ".join(str(exc).split())[:300]
+            raise ModelLoadError(f"cannot load model {name_or_path!r}: {type(exc).__name__}: {reason}") from None
+    model.to(torch_device).eval()
+    config_len = getattr(model.config, "max_position_embeddings", None) or BUILTIN_CONTEXT_LENGTH
+    if max_model_len is not None and max_model_len > config_len:
+        log.warning("--max-model-len %d exceeds the model's %d positions", max_model_len, config_len)
+    context_length = max_model_len or config_len
+    logits_width = model.get_output_embeddings().weight.shape[0]
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device, dtype=torch_dtype,
+        context_length=int(context_length), eos_token_ids=_eos_token_ids(model, tokenizer),
+        logits_width=int(logits_width),
+    )

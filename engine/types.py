@@ -1,0 +1,92 @@
+"""What the service hands the engine and what the engine hands back.
+
+Plain data only: no tensors, no HTTP. `service/` builds a `GenerationRequest`; `engine/` answers with
+`TokenEvent`s. Changing a field here changes the contract between the two packages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from constrain import Grammar
+
+FinishReason = Literal["stop", "length", "tool_calls", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding settings, already validated and defaulted by the service."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: bool = False  # return the sampled token's logprob at each position
+    top_logprobs: int = 0  # 0..20 alternatives per position (needs logprobs)
+    prompt_logprobs: int | None = None  # completions `echo` + `logprobs`: logprobs of prompt tokens
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    mirostat_target: float | None = None  # mirostat v2 when set (seed 002)
+    mirostat_lr: float = 0.1
+    n: int = 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to continue `params.n` times. `grammar` is already compiled (or None)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    grammar: "Grammar | None" = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position: the chosen token and its alternatives, from the raw (unprocessed) distribution."""
+
+    token_id: int
+    token: str  # decoded text of the token alone (may be a partial UTF-8 char, then uses replacement)
+    token_bytes: bytes
+    logprob: float
+    top: tuple[tuple[int, str, bytes, float], ...] = ()  # (token_id, token, bytes, logprob), best first
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One step of one choice. The final event of a choice has `finish_reason` set and `usage`
+    (usage counts that choice's completion tokens; prompt tokens counted once per prompt by the service)."""
+
+    index: int  # choice index within the request (0..n-1)
+    text: str  # text delta, never splits a UTF-8 character, never leaks a partial stop string
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token in token_ids, when params.logprobs
+    finish_reason: FinishReason | None = None
+    error: str | None = None  # set when finish_reason == "error"
+    usage: Usage | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # first event only, when asked

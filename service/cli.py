@@ -1,0 +1,106 @@
+"""The `structgen` command: `serve`, plus the constraint tools that constrain/ registers (check-schema, maskbench).
+
+Every `serve` option also reads STRUCTGEN_<OPTION> from the environment (e.g. STRUCTGEN_MODEL); the command
+line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from engine.model_loader import BUILTIN_MODEL
+from service.config import ServerConfig
+
+
+def _env(name: str, default=None):
+    return os.environ.get("STRUCTGEN_" + name.upper().replace("-", "_"), default)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"port out of range: {value}")
+    return value
+
+
+def _add_serve(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve the OpenAI-compatible API",
+                              description="Serve the OpenAI-compatible API. Each option can also be set with "
+                                          "the environment variable STRUCTGEN_<OPTION>.")
+    p.add_argument("--model", default=_env("model", BUILTIN_MODEL),
+                   help=f"local model directory or hub id (default: the offline {BUILTIN_MODEL})")
+    p.add_argument("--host", default=_env("host", "127.0.0.1"))
+    p.add_argument("--port", type=_port, default=_env("port", "8000"))
+    p.add_argument("--api-key", default=_env("api_key"), help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--device", default=_env("device", "auto"), help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default=_env("dtype", "auto"), choices=["auto", "float32", "fp32", "float16",
+                                                                       "fp16", "bfloat16", "bf16"])
+    p.add_argument("--max-batch-size", type=_positive_int, default=_env("max_batch_size", "16"))
+    p.add_argument("--max-model-len", type=_positive_int, default=_env("max_model_len"),
+                   help="context length (default: the model's)")
+    p.add_argument("--served-model-name", default=_env("served_model_name"),
+                   help="the name clients send as `model` (default: --model)")
+    p.add_argument("--constraint-backend", default=_env("constraint_backend", "auto"),
+                   choices=["auto", "outlines", "llguidance"])
+    p.add_argument("--schemas-dir", type=Path, default=_env("schemas_dir"),
+                   help="directory of named JSON schemas to precompile at start-up")
+    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
+                   help="on-disk grammar cache (default: ~/.cache/structgen)")
+    p.add_argument("--log-level", default=_env("log_level", "info"),
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from engine.model_loader import ModelLoadError
+    from service.server import run_server
+
+    config = ServerConfig(
+        model=args.model, host=args.host, port=int(args.port), api_key=args.api_key or None,
+        device=args.device, dtype=args.dtype, max_batch_size=int(args.max_batch_size),
+        max_model_len=int(args.max_model_len) if args.max_model_len else None,
+        served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
+        schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,
+    )
+    try:
+        run_server(config)
+    except ModelLoadError as exc:
+        print(f"structgen: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="structgen", description="OpenAI-compatible structured generation")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_serve(subparsers)
+    from constrain import cli as constrain_cli
+
+    constrain_cli.add_commands(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

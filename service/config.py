@@ -1,0 +1,31 @@
+"""Server settings: one dataclass, filled from command-line options or STRUCTGEN_* environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.model_loader import BUILTIN_MODEL
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = BUILTIN_MODEL
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 16
+    max_model_len: int | None = None
+    served_model_name: str | None = None
+    constraint_backend: str = "auto"  # auto | outlines | llguidance
+    schemas_dir: Path | None = None  # named schemas precompiled at start-up (default: the packaged schemas/)
+    cache_dir: Path | None = None  # on-disk grammar cache (default: ~/.cache/structgen)
+    max_body_bytes: int = 8 * 1024 * 1024
+    log_level: str = "info"
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use in `model` and see in /v1/models."""
+        return self.served_model_name or self.model
