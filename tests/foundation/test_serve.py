@@ -1,0 +1,90 @@
+"""`structgen serve` as the README runs it: a real uvicorn process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.serverproc import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def default_server():
+    with ServerProcess() as server:  # no --model: the built-in model, as the README's serve command
+        yield server
+
+
+def test_default_server_answers_health(default_server):
+    response = httpx.get(default_server.base_url + "/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_default_server_lists_builtin_model_with_context_length(default_server):
+    body = httpx.get(default_server.base_url + "/v1/models").json()
+    assert body["object"] == "list"
+    [model] = body["data"]
+    assert model["id"] == "structgen-builtin"
+    assert model["object"] == "model"
+    assert model["context_length"] == 4096
+
+
+def test_serve_options_come_from_environment_variables(tiny_model_dirs):
+    env = {"STRUCTGEN_MODEL": str(tiny_model_dirs["phi3"]), "STRUCTGEN_SERVED_MODEL_NAME": "tiny-phi3",
+           "STRUCTGEN_MAX_MODEL_LEN": "1024"}
+    with ServerProcess(env=env) as server:
+        [model] = httpx.get(server.base_url + "/v1/models").json()["data"]
+    assert model["id"] == "tiny-phi3"
+    assert model["context_length"] == 1024
+
+
+def test_command_line_wins_over_environment(tiny_model_dirs):
+    env = {"STRUCTGEN_SERVED_MODEL_NAME": "from-env"}
+    with ServerProcess("--model", str(tiny_model_dirs["gpt2"]), "--served-model-name", "from-cli",
+                       env=env) as server:
+        [model] = httpx.get(server.base_url + "/v1/models").json()["data"]
+    assert model["id"] == "from-cli"
+    assert model["context_length"] == 2048  # the saved config's max_position_embeddings
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", "serve", *args], capture_output=True,
+                          text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_missing_model_directory_exits_nonzero_with_one_line_reason(tmp_path):
+    missing = tmp_path / "no-such-model"
+    result = _serve("--model", str(missing))
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1] == f"structgen: error: model directory not found: {missing}"
+
+
+def test_directory_without_a_model_exits_nonzero_with_one_line_reason(tmp_path):
+    result = _serve("--model", str(tmp_path))
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"structgen: error: cannot load model '{tmp_path}'")
+
+
+@pytest.mark.parametrize("args", [["--port", "http"], ["--max-batch-size", "0"], ["--dtype", "float8"],
+                                  ["--no-such-option"]])
+def test_bad_option_exits_nonzero_naming_it(args):
+    result = _serve(*args)
+    assert result.returncode == 2
+    assert args[0] in result.stderr
+
+
+def test_unavailable_device_exits_nonzero():
+    result = _serve("--device", "cuda:7" if not _has_cuda() else "nosuchdevice")
+    assert result.returncode == 1
+    assert "structgen: error:" in result.stderr.strip().splitlines()[-1]
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

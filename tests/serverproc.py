@@ -1,0 +1,61 @@
+"""Start the real server (`structgen serve`, a uvicorn process on 127.0.0.1) for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """`structgen serve ARGS` on a free port; waits for /health; stops it on exit (context manager)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
+                 log_path: Path | None = None):
+        self.port = free_port()
+        self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+        self.startup_timeout = startup_timeout
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "ServerProcess":
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *self.args],
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} before answering /health")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.__exit__(None, None, None)
+        raise RuntimeError("server did not answer /health in time")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
