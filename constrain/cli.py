@@ -2,6 +2,108 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+_DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "engine" / "builtin_model"
+_STOP_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
+
 
 def add_commands(subparsers) -> None:
     """Add this package's subcommands to the `structgen` parser."""
+    p = subparsers.add_parser("check-schema", help="say whether a JSON schema is supported, and by which backend")
+    p.add_argument("file", type=Path, help="a JSON Schema file")
+    p.add_argument("--tokenizer", type=Path, default=_DEFAULT_TOKENIZER,
+                   help="tokenizer directory (default: the built-in model's Qwen2 tokenizer)")
+    p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
+    p.add_argument("--strict", action="store_true", help="check as a strict schema (every keyword enforced)")
+    p.add_argument("--timeout", type=float, default=120.0, help="compile time limit in seconds")
+    p.set_defaults(func=_check_schema)
+
+    p = subparsers.add_parser("maskbench", help="run the MaskBench method over JSONSchemaBench cases")
+    p.add_argument("cases_dir", type=Path, help="directory searched recursively for *.json cases")
+    p.add_argument("--tokenizer", type=Path, default=_DEFAULT_TOKENIZER)
+    p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
+    p.add_argument("--timeout", type=float, default=60.0, help="compile time limit per case, seconds")
+    p.add_argument("--json", type=Path, default=None, help="write one JSON object per case (JSON lines) here")
+    p.add_argument("--limit", type=int, default=None, help="only the first N cases (sorted by path)")
+    p.set_defaults(func=_maskbench)
+
+
+def load_tokenizer(path: Path):
+    """A tokenizer and the Vocabulary built from it (EOS: its eos token plus the usual chat stop tokens)."""
+    from transformers import AutoTokenizer
+
+    from constrain.vocabulary import Vocabulary
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    vocab_ids = tok.get_vocab()
+    eos |= {vocab_ids[n] for n in _STOP_NAMES if n in vocab_ids}
+    return tok, Vocabulary.from_tokenizer(tok, len(tok), eos)
+
+
+def _check_schema(args: argparse.Namespace) -> int:
+    from constrain.compiler import GrammarCompiler
+    from constrain.grammar import ConstraintError, ConstraintSpec
+    from constrain.spec import validate_schema
+    from constrain.support import outlines_unsupported
+
+    try:
+        schema = json.loads(args.file.read_text())
+        validate_schema(schema, "schema")
+    except (OSError, ValueError) as exc:
+        print(f"{args.file}: not supported: {getattr(exc, 'message', exc)}")
+        return 1
+    tok, vocab = load_tokenizer(args.tokenizer)
+    compiler = GrammarCompiler(vocab, tok, backend=args.backend, compile_timeout_s=args.timeout,
+                               background_outlines=False)
+    bad = outlines_unsupported(schema)
+    print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
+    spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict)
+    t0 = time.perf_counter()
+    try:
+        grammar = compiler.compile(spec)
+    except ConstraintError as exc:
+        print(f"{args.file}: not supported ({args.backend}): {exc.message}")
+        return 1
+    ms = 1000 * (time.perf_counter() - t0)
+    unenforced = ", ".join(grammar.unenforced) or "none"
+    print(f"{args.file}: supported by {grammar.backend}; unenforced: {unenforced}; compile {ms:.1f} ms")
+    if args.backend == "auto" and not bad and grammar.backend != "outlines":
+        t0 = time.perf_counter()
+        try:
+            compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict,
+                                            backend="outlines"))
+            print(f"outlines compile (serves repeats): {1000 * (time.perf_counter() - t0):.1f} ms")
+        except ConstraintError as exc:
+            print(f"outlines compile failed: {exc.message}")
+    compiler.close()
+    return 0
+
+
+def _maskbench(args: argparse.Namespace) -> int:
+    from constrain.compiler import GrammarCompiler
+    from constrain.maskbench import details, run_case, summary_line, write_json
+
+    cases = sorted(args.cases_dir.rglob("*.json"))
+    if args.limit:
+        cases = cases[: args.limit]
+    tok, vocab = load_tokenizer(args.tokenizer)
+    compiler = GrammarCompiler(vocab, tok, backend=args.backend, compile_timeout_s=args.timeout,
+                               background_outlines=False, lru_max_bytes=256 << 20)
+    results = []
+    for i, path in enumerate(cases, 1):
+        results.append(run_case(path, args.cases_dir, compiler, tok))
+        if i % 200 == 0:
+            print(f"[{i}/{len(cases)}] {summary_line(results)}", file=sys.stderr, flush=True)
+    if args.json:
+        write_json(results, args.json)
+    for line in details(results):
+        print(line)
+    print(summary_line(results))
+    compiler.close()
+    return 0

@@ -1,0 +1,354 @@
+"""GrammarCompiler: ConstraintSpec -> Grammar, off the event loop, cached in memory (LRU bounded in bytes) and on disk.
+
+The `auto` policy (measured, see README): llguidance compiles any schema in milliseconds, outlines-core takes
+seconds on a 152k vocabulary. So a first request for a new constraint is served by llguidance; when outlines can
+enforce the constraint exactly, an outlines compile starts in the background and, once done (memory and disk
+cache), serves the repeats (cached mask rows, exact budget rule). When llguidance refuses a constraint that
+outlines enforces exactly, outlines serves it (waiting for the compile). When both refuse: ConstraintError.
+Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+
+from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
+from constrain.limits import DEFAULT_LIMITS, Limits
+from constrain.llg_backend import LlgGrammar, build_lltokenizer, compile_llg
+from constrain.outlines_backend import (OutlinesGrammar, TokenDFA, compile_outlines, outlines_vocabulary,
+                                        schema_regex)
+from constrain.support import outlines_unsupported
+from constrain.vocabulary import Vocabulary
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "outlines", "llguidance")
+
+
+@dataclass
+class CompileStats:
+    compiles: int = 0
+    cache_hits: int = 0
+    disk_hits: int = 0
+    errors: int = 0
+    compile_seconds_total: float = 0.0
+    background_compiles: int = 0
+
+
+def choice_regex(choices: tuple[str, ...]) -> str:
+    """An alternation of literal strings, escaped for the Rust regex syntax both backends use."""
+    def esc(s: str) -> str:
+        return "".join("\\" + c if c in "\\.^$|?*+()[]{}-&~#" else c for c in s)
+    return "(" + "|".join(esc(c) for c in choices) + ")"
+
+
+def _param(spec: ConstraintSpec) -> str:
+    return {"tools": "tools", "regex": "regex", "choice": "choice"}.get(spec.kind, "response_format")
+
+
+class _LRU:
+    """Grammars by key, evicting least recently used beyond `max_bytes` (each grammar reports `nbytes`)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._d: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Grammar | None:
+        with self._lock:
+            g = self._d.get(key)
+            if g is not None:
+                self._d.move_to_end(key)
+            return g
+
+    def put(self, key: str, g: Grammar) -> None:
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self.bytes -= old.nbytes
+            self._d[key] = g
+            self.bytes += g.nbytes
+            while self.bytes > self.max_bytes and len(self._d) > 1:
+                _, ev = self._d.popitem(last=False)
+                self.bytes -= ev.nbytes
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class GrammarCompiler:
+    """Compiles specs for one vocabulary. Thread-safe; `compile_async` never blocks the event loop."""
+
+    def __init__(self, vocab: Vocabulary, tokenizer, *, backend: str = "auto", cache_dir: Path | None = None,
+                 schemas_dir: Path | None = None, max_workers: int = 2, compile_timeout_s: float = 60.0,
+                 whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 1 << 30,
+                 limits: Limits = DEFAULT_LIMITS, background_outlines: bool = True,
+                 max_outlines_regex_chars: int = 30_000, max_outlines_repeat: int = 24):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}")
+        self.vocab = vocab
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.cache_dir = Path(cache_dir) / vocab.fingerprint if cache_dir else None
+        self.schemas_dir = Path(schemas_dir) if schemas_dir else None
+        self.compile_timeout_s = compile_timeout_s
+        self.whitespace_pattern = whitespace_pattern
+        self.limits = limits
+        self.background_outlines = background_outlines
+        self.max_outlines_regex_chars = max_outlines_regex_chars
+        self.max_outlines_repeat = max_outlines_repeat
+        self.stats = CompileStats()
+        self._lru = _LRU(lru_max_bytes)
+        self._requests = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        self._builds = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="outlines-index")
+        self._pending: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._lltok = None
+        self._ov = None
+        self.named_schemas: dict[str, dict] = self._load_named()
+        if self.cache_dir:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- public -------------------------------------------------------------------------------------------
+    def compile(self, spec: ConstraintSpec) -> Grammar:
+        """Blocking compile (or cache hit). Raises ConstraintError on refusal, failure, limits or time-out."""
+        backend = spec.backend if spec.backend in ("outlines", "llguidance") else self.backend
+        t0 = time.perf_counter()
+        try:
+            if backend == "llguidance":
+                return self._llg(spec)
+            if backend == "outlines":
+                return self._outlines(spec, wait=True)
+            return self._auto(spec)
+        except ConstraintError:
+            self.stats.errors += 1
+            raise
+        finally:
+            self.stats.compile_seconds_total += time.perf_counter() - t0
+
+    async def compile_async(self, spec: ConstraintSpec) -> Grammar:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._requests, self.compile, spec)
+
+    def precompile_named(self) -> dict[str, str]:
+        """Compile every named schema (outlines too when it can serve them); returns name -> backend or error."""
+        out = {}
+        self.lltokenizer()  # ~1 s on a 152k vocabulary: paid at start-up, not by the first request
+        for name, schema in self.named_schemas.items():
+            spec = ConstraintSpec(kind="json_schema", schema=schema, extra={"name": name})
+            try:
+                g = self.compile(spec)
+                if self.backend == "auto" and not outlines_unsupported(schema):
+                    g = self._outlines(spec, wait=True)
+                out[name] = g.backend
+            except ConstraintError as exc:
+                out[name] = f"error: {exc.message}"
+                log.warning("named schema %s: %s", name, exc.message)
+        return out
+
+    def lltokenizer(self):
+        with self._lock:
+            if self._lltok is None:
+                self._lltok = build_lltokenizer(self.tokenizer, self.vocab)
+            return self._lltok
+
+    def close(self) -> None:
+        self._requests.shutdown(wait=False, cancel_futures=True)
+        self._builds.shutdown(wait=False, cancel_futures=True)
+
+    # ---- policy -------------------------------------------------------------------------------------------
+    def _auto(self, spec: ConstraintSpec) -> Grammar:
+        okey = self._key(spec, "outlines")
+        g = self._lru.get(okey) or self._load_disk(okey)
+        if g is not None:
+            self.stats.cache_hits += 1
+            self._lru.put(okey, g)
+            return g
+        outlines_ok = self._outlines_supported(spec)
+        try:
+            g = self._llg(spec)
+        except ConstraintError:
+            if not outlines_ok:
+                raise
+            return self._outlines(spec, wait=True)
+        if g.unenforced and outlines_ok:
+            return self._outlines(spec, wait=True)
+        if outlines_ok and self.background_outlines:
+            self._outlines(spec, wait=False)
+        return g
+
+    def _outlines_supported(self, spec: ConstraintSpec) -> bool:
+        if spec.kind in ("regex", "choice"):
+            # outlines-core 0.2.14 drops transitions in some regexes (`[0-9]+(\.[0-9]+)?` refuses "1.5"):
+            # auto keeps arbitrary patterns on llguidance; JSON schemas are covered by the MaskBench subset.
+            return False
+        if spec.kind == "tools" and spec.tool_choice == "auto":
+            return False
+        if spec.kind == "json_object" or spec.schema is None:
+            return False
+        return not outlines_unsupported(spec.schema)
+
+    # ---- backends -----------------------------------------------------------------------------------------
+    def _llg(self, spec: ConstraintSpec) -> Grammar:
+        key = self._key(spec, "llguidance")
+        g = self._lru.get(key)
+        if g is not None:
+            self.stats.cache_hits += 1
+            return g
+        t0 = time.perf_counter()
+        lltok = self.lltokenizer()
+        param = _param(spec)
+        if spec.kind == "regex":
+            g = compile_llg(lltok, self.vocab, "regex", regex=spec.pattern, param=param)
+        elif spec.kind == "choice":
+            g = compile_llg(lltok, self.vocab, "regex", regex=choice_regex(spec.choices), param=param)
+        elif spec.kind == "tools" and spec.tool_choice == "auto":
+            g = self._llg_tools_auto(spec, lltok)
+        else:
+            g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict=spec.strict,
+                            whitespace_pattern=self.whitespace_pattern, param=param)
+        self.stats.compiles += 1
+        log.debug("llguidance compile %.1f ms", 1000 * (time.perf_counter() - t0))
+        self._lru.put(key, g)
+        return g
+
+    def _llg_tools_auto(self, spec: ConstraintSpec, lltok) -> Grammar:
+        import llguidance
+
+        schema = dict(spec.schema)
+        schema["x-guidance"] = {"whitespace_pattern": self.whitespace_pattern}
+        lark = ("start: calls | text\n"
+                f"calls: %json {json.dumps(schema)}\n"
+                "text: /[^\\[ \\t\\r\\n][\\s\\S]*/\n")
+        text = llguidance.LLMatcher.grammar_from_lark(lark)
+        is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+        if is_error:
+            raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
+        return LlgGrammar(lltok, text, self.vocab)
+
+    def _outlines_regex(self, spec: ConstraintSpec) -> str:
+        param = _param(spec)
+        if spec.kind == "regex":
+            return spec.pattern
+        if spec.kind == "choice":
+            return choice_regex(spec.choices)
+        if spec.kind == "json_object" or spec.schema is None or (spec.kind == "tools" and spec.tool_choice == "auto"):
+            raise ConstraintError("outlines cannot enforce an unbounded JSON object or free-text tool output; "
+                                  "use the llguidance backend", param=param, code="unsupported_schema")
+        bad = outlines_unsupported(spec.schema)
+        if bad:
+            raise ConstraintError(f"the outlines backend cannot enforce the keyword at {bad[0]}"
+                                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+                                  param=param, pointer=bad[0], code="unsupported_schema")
+        try:
+            regex = schema_regex(spec.schema, self.whitespace_pattern)
+        except Exception as exc:  # outlines raises ValueError / TypeError / PanicException subclasses
+            raise ConstraintError(f"outlines cannot translate this schema: {str(exc)[:300]}", param=param,
+                                  code="unsupported_schema") from None
+        big = [int(n) for pair in re.findall(r"(?<!\\)\{(\d+)(?:,(\d*))?\}", regex) for n in pair if n]
+        if big and max(big) > self.max_outlines_repeat:
+            raise ConstraintError(f"a length bound of {max(big)} makes the outlines automaton too large (limit "
+                                  f"{self.max_outlines_repeat}); use the llguidance backend", param=param,
+                                  code="schema_too_large")
+        if len(regex) > self.max_outlines_regex_chars:
+            raise ConstraintError(f"schema expands to a {len(regex)}-character regex; the outlines limit is "
+                                  f"{self.max_outlines_regex_chars}", param=param, code="schema_too_large")
+        return regex
+
+    def _outlines(self, spec: ConstraintSpec, wait: bool) -> Grammar | None:
+        key = self._key(spec, "outlines")
+        g = self._lru.get(key) or self._load_disk(key)
+        if g is not None:
+            self.stats.cache_hits += 1
+            self._lru.put(key, g)
+            return g
+        regex = self._outlines_regex(spec)
+        with self._lock:
+            fut = self._pending.get(key)
+            if fut is None:
+                if self._ov is None:
+                    self._ov = outlines_vocabulary(self.vocab)
+                fut = self._builds.submit(self._build_outlines, key, regex, self._ov)
+                self._pending[key] = fut
+                if not wait:
+                    self.stats.background_compiles += 1
+        if not wait:
+            return None
+        try:
+            return fut.result(timeout=self.compile_timeout_s)
+        except FutureTimeout:
+            raise ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
+                                  param=_param(spec), code="compile_timeout") from None
+
+    def _build_outlines(self, key: str, regex: str, ov) -> Grammar:
+        try:
+            t0 = time.perf_counter()
+            dfa = compile_outlines(self.vocab, regex, ov)
+            g = OutlinesGrammar(dfa, self.vocab)
+            self.stats.compiles += 1
+            log.debug("outlines compile %.2f s", time.perf_counter() - t0)
+            self._lru.put(key, g)
+            self._save_disk(key, dfa)
+            return g
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+
+    # ---- caches -------------------------------------------------------------------------------------------
+    def _key(self, spec: ConstraintSpec, backend: str) -> str:
+        raw = json.dumps([spec.key, backend, self.whitespace_pattern, self.vocab.fingerprint])
+        return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+    def _load_disk(self, key: str) -> Grammar | None:
+        if not self.cache_dir:
+            return None
+        path = self.cache_dir / f"{key}.outlines.npz"
+        if not path.exists():
+            return None
+        try:
+            g = OutlinesGrammar(TokenDFA.load(path), self.vocab)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("ignoring unreadable cache file %s: %s", path, exc)
+            return None
+        self.stats.disk_hits += 1
+        return g
+
+    def _save_disk(self, key: str, dfa: TokenDFA) -> None:
+        if not self.cache_dir:
+            return
+        path = self.cache_dir / f"{key}.outlines.npz"
+        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        try:
+            dfa.save(tmp)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write grammar cache %s: %s", path, exc)
+
+    def _load_named(self) -> dict[str, dict]:
+        from constrain.spec import validate_schema
+
+        out: dict[str, dict] = {}
+        if not self.schemas_dir or not self.schemas_dir.is_dir():
+            return out
+        for path in sorted(self.schemas_dir.glob("*.json")):
+            try:
+                schema = json.loads(path.read_text())
+                validate_schema(schema, "response_format")
+            except (OSError, ValueError, ConstraintError) as exc:
+                log.warning("skipping named schema %s: %s", path.name, exc)
+                continue
+            out[path.stem] = schema
+        return out

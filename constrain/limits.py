@@ -1,0 +1,68 @@
+"""Size limits a schema must meet before anything compiles it: bytes, nesting depth, enum sizes, node count.
+
+Checked in microseconds-to-milliseconds so hostile schemas are refused before they can cost compile time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from constrain.grammar import ConstraintError
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_schema_bytes: int = 256 * 1024
+    max_depth: int = 64
+    max_enum: int = 2_000
+    max_nodes: int = 20_000
+    max_pattern_chars: int = 2_000
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _ptr(parts: list) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts) or "/"
+
+
+def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise ConstraintError naming the limit (and the pointer) a schema breaks."""
+    try:
+        size = len(json.dumps(schema, separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError):
+        raise ConstraintError("schema is not serialisable JSON", param=param) from None
+    if size > limits.max_schema_bytes:
+        raise ConstraintError(f"schema is {size} bytes; the limit is {limits.max_schema_bytes}", param=param,
+                              code="schema_too_large")
+    nodes = 0
+    stack: list[tuple[Any, list, int]] = [(schema, [], 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise ConstraintError(f"schema has more than {limits.max_nodes} nodes", param=param,
+                                  code="schema_too_large")
+        if depth > limits.max_depth:
+            raise ConstraintError(f"schema nesting deeper than {limits.max_depth} at {_ptr(path)}", param=param,
+                                  pointer=_ptr(path), code="schema_too_large")
+        if isinstance(node, dict):
+            enum = node.get("enum")
+            if isinstance(enum, list) and len(enum) > limits.max_enum:
+                p = _ptr(path + ["enum"])
+                raise ConstraintError(f"enum at {p} has {len(enum)} values; the limit is {limits.max_enum}",
+                                      param=param, pointer=p, code="schema_too_large")
+            pat = node.get("pattern")
+            if isinstance(pat, str) and len(pat) > limits.max_pattern_chars:
+                p = _ptr(path + ["pattern"])
+                raise ConstraintError(f"pattern at {p} is longer than {limits.max_pattern_chars} characters",
+                                      param=param, pointer=p, code="schema_too_large")
+            for k, v in node.items():
+                if isinstance(v, (dict, list)):
+                    stack.append((v, path + [k], depth + 1))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, (dict, list)):
+                    stack.append((v, path + [i], depth + 1))

@@ -1,0 +1,125 @@
+"""The MaskBench method over JSONSchemaBench-style cases: compile each schema, walk each instance's tokens through
+the mask, count valid instances rejected and invalid instances accepted.
+
+A case is compiled with `strict` semantics: a schema is covered only when every keyword is enforced, so a keyword a
+backend would skip can never be scored as a pass. Used by `structgen maskbench` and by the tests; no HTTP here.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from constrain.compiler import GrammarCompiler
+from constrain.grammar import ConstraintError, ConstraintSpec
+
+
+@dataclass
+class CaseResult:
+    case: str
+    compiled: bool
+    backend: str | None
+    error: str | None
+    compile_ms: float
+    valid_n: int = 0
+    valid_accepted: int = 0
+    invalid_n: int = 0
+    invalid_rejected: int = 0
+    mask_us_mean: float = 0.0
+
+
+def _allowed(bitmask: torch.Tensor, token: int) -> bool:
+    return bool((int(bitmask[0, token >> 5]) >> (token & 31)) & 1)
+
+
+def walk_instance(grammar, tokens: list[int], eos: int, bitmask: torch.Tensor, times: list[float]) -> bool:
+    """True when every token is allowed by the mask in turn and the grammar may end after the last one."""
+    m = grammar.matcher()
+    for tok in tokens + [eos]:
+        t0 = time.perf_counter()
+        m.fill_bitmask(bitmask, 0)
+        times.append(time.perf_counter() - t0)
+        if not _allowed(bitmask, tok):
+            return False
+        if tok == eos:
+            return True
+        if not m.accept(tok):
+            return False
+    return False
+
+
+def run_case(path: Path, root: Path, compiler: GrammarCompiler, tokenizer) -> CaseResult:
+    name = str(path.relative_to(root))
+    case = json.loads(path.read_text())
+    from constrain.spec import normalise_schema
+
+    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(case["schema"]), strict=True)
+    t0 = time.perf_counter()
+    try:
+        from constrain.spec import validate_schema
+
+        validate_schema(case["schema"], "response_format")
+        grammar = compiler.compile(spec)
+    except ConstraintError as exc:
+        return CaseResult(name, False, None, exc.message[:300], 1000 * (time.perf_counter() - t0))
+    except Exception as exc:  # a backend crash is a finding, not a reason to stop the run
+        return CaseResult(name, False, None, f"{type(exc).__name__}: {str(exc)[:300]}",
+                          1000 * (time.perf_counter() - t0))
+    res = CaseResult(name, True, grammar.backend, None, 1000 * (time.perf_counter() - t0))
+    bitmask = torch.zeros((1, compiler.vocab.words), dtype=torch.int32)
+    eos = min(compiler.vocab.eos_token_ids)
+    times: list[float] = []
+    for test in case.get("tests", []):
+        tokens = tokenizer.encode(json.dumps(test["data"]), add_special_tokens=False)
+        ok = walk_instance(grammar, tokens, eos, bitmask, times)
+        if test["valid"]:
+            res.valid_n += 1
+            res.valid_accepted += ok
+        else:
+            res.invalid_n += 1
+            res.invalid_rejected += not ok
+    res.mask_us_mean = 1e6 * statistics.fmean(times) if times else 0.0
+    return res
+
+
+def summary_line(results: list[CaseResult]) -> str:
+    comp = [r for r in results if r.compiled]
+    vn = sum(r.valid_n for r in comp)
+    vr = vn - sum(r.valid_accepted for r in comp)
+    inn = sum(r.invalid_n for r in comp)
+    ia = inn - sum(r.invalid_rejected for r in comp)
+    p50 = statistics.median([r.compile_ms for r in comp]) if comp else 0.0
+    masks = [r.mask_us_mean for r in comp if r.valid_n + r.invalid_n]
+    mean = statistics.fmean(masks) if masks else 0.0
+    return (f"maskbench: cases={len(results)} compiled={len(comp)} valid_rejected={vr}/{vn} "
+            f"invalid_accepted={ia}/{inn} compile_p50_ms={p50:.1f} mask_mean_us={mean:.1f}")
+
+
+def details(results: list[CaseResult]) -> list[str]:
+    comp = [r for r in results if r.compiled]
+    lines = []
+    if comp:
+        ms = sorted(r.compile_ms for r in comp)
+        lines.append(f"compile_ms p50={ms[len(ms) // 2]:.1f} p90={ms[int(len(ms) * 0.9)]:.1f} max={ms[-1]:.1f}")
+        by = {}
+        for r in comp:
+            by[r.backend] = by.get(r.backend, 0) + 1
+        lines.append("served by: " + ", ".join(f"{k}={v}" for k, v in sorted(by.items())))
+    errors = [r for r in results if not r.compiled]
+    lines.append(f"not compiled: {len(errors)}")
+    bad = [r for r in comp if r.valid_accepted < r.valid_n or r.invalid_rejected < r.invalid_n]
+    for r in bad[:20]:
+        lines.append(f"  FAIL {r.case}: valid {r.valid_accepted}/{r.valid_n} invalid rejected "
+                     f"{r.invalid_rejected}/{r.invalid_n} ({r.backend})")
+    return lines
+
+
+def write_json(results: list[CaseResult], out: Path) -> None:
+    with open(out, "w") as f:
+        for r in results:
+            f.write(json.dumps(asdict(r)) + "\n")

@@ -1,0 +1,156 @@
+"""Request fields -> ConstraintSpec: shape checks and JSON-Schema validity, with errors the client can act on.
+
+Takes the raw JSON values the client sent (dicts, lists, strings); never compiles anything and never imports HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+
+from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.limits import check_schema_limits
+
+_BACKENDS = ("outlines", "llguidance", "auto")
+
+
+def _schema_error(exc: jsonschema.SchemaError, param: str, base: str) -> ConstraintError:
+    ptr = base + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in exc.path)
+    return ConstraintError(f"invalid JSON Schema at {ptr or '/'}: {exc.message}", param=param, pointer=ptr or "/")
+
+
+_OLD_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
+
+
+def normalise_schema(schema: Any) -> Any:
+    """Drafts 4-7 ignore every keyword beside `$ref`; the backends apply siblings (2020-12), so drop them here."""
+    if not (isinstance(schema, dict) and any(d in str(schema.get("$schema", "")) for d in _OLD_DRAFTS)):
+        return schema
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                keep = {k: v for k, v in node.items() if k in ("$ref", "definitions", "$defs", "$schema")}
+                return {k: strip(v) for k, v in keep.items()}
+            return {k: strip(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return strip(schema)
+
+
+def validate_schema(schema: Any, param: str, base: str = "") -> None:
+    """Raise ConstraintError unless `schema` is a valid JSON Schema (2020-12 unless it names its draft)."""
+    if not isinstance(schema, (dict, bool)):
+        raise ConstraintError(f"{param}: a JSON Schema must be an object or a boolean", param=param,
+                              pointer=base or "/")
+    check_schema_limits(schema, param)
+    if isinstance(schema, bool):
+        return
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise _schema_error(exc, param, base) from None
+
+
+def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | None:
+    p = "response_format"
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise ConstraintError("response_format must be an object with a string 'type'", param=p)
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = rf.get("schema")
+        if schema is None:
+            return ConstraintSpec(kind="json_object")
+        validate_schema(schema, p, "/schema")
+        return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema))
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise ConstraintError("response_format.json_schema must be an object with 'name' and 'schema'", param=p)
+        name = js.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ConstraintError("response_format.json_schema.name must be a string", param=p)
+        strict = js.get("strict", False)
+        if strict is None:
+            strict = False
+        if not isinstance(strict, bool):
+            raise ConstraintError("response_format.json_schema.strict must be a boolean", param=p)
+        if "schema" not in js:
+            if name is None:
+                raise ConstraintError("response_format.json_schema needs 'schema' (or the 'name' of a preloaded "
+                                      "schema)", param=p)
+            if not named_schemas or name not in named_schemas:
+                known = ", ".join(sorted(named_schemas or {})) or "none"
+                raise ConstraintError(f"unknown schema name {name!r} (preloaded schemas: {known})", param=p)
+            schema = named_schemas[name]
+        else:
+            schema = js["schema"]
+            validate_schema(schema, p, "/json_schema/schema")
+        return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict, extra={"name": name})
+    raise ConstraintError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                          param=p)
+
+
+def _regex(pattern: Any) -> ConstraintSpec:
+    if not isinstance(pattern, str) or not pattern:
+        raise ConstraintError("regex must be a non-empty string", param="regex")
+    if len(pattern) > 10_000:
+        raise ConstraintError("regex is longer than 10000 characters", param="regex")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConstraintError(f"invalid regex: {exc}", param="regex") from None
+    return ConstraintSpec(kind="regex", pattern=pattern)
+
+
+def _choice(choice: Any) -> ConstraintSpec:
+    if (not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice)):
+        raise ConstraintError("choice must be a non-empty list of non-empty strings", param="choice")
+    if len(choice) > 10_000:
+        raise ConstraintError("choice has more than 10000 entries", param="choice")
+    return ConstraintSpec(kind="choice", choices=tuple(dict.fromkeys(choice)))
+
+
+def spec_from_request(*, response_format=None, regex=None, choice=None, tools=None, tool_choice=None,
+                      parallel_tool_calls=None, backend=None, named_schemas=None) -> ConstraintSpec | None:
+    """The one constraint a request carries, or None for free text. Raises ConstraintError(param=...)."""
+    if backend is not None and backend not in _BACKENDS:
+        raise ConstraintError(f"constraint backend must be one of {', '.join(_BACKENDS)}", param="backend")
+    specs: list[tuple[str, ConstraintSpec]] = []
+    if response_format is not None:
+        s = _response_format(response_format, named_schemas)
+        if s is not None:
+            specs.append(("response_format", s))
+    if regex is not None:
+        specs.append(("regex", _regex(regex)))
+    if choice is not None:
+        specs.append(("choice", _choice(choice)))
+    if tools is not None or tool_choice is not None:
+        from constrain.tools import tools_spec
+
+        s = tools_spec(tools, tool_choice, parallel_tool_calls)
+        if s is not None:
+            specs.append(("tools", s))
+    if not specs:
+        return None
+    if len(specs) > 1:
+        names = " and ".join(n for n, _ in specs)
+        raise ConstraintError(f"only one output constraint per request: got {names}", param=specs[1][0])
+    spec = specs[0][1]
+    if backend in ("outlines", "llguidance"):
+        spec = ConstraintSpec(kind=spec.kind, schema=spec.schema, strict=spec.strict, pattern=spec.pattern,
+                              choices=spec.choices, tool_names=spec.tool_names, tool_choice=spec.tool_choice,
+                              parallel_tool_calls=spec.parallel_tool_calls, backend=backend, extra=spec.extra)
+    return spec
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

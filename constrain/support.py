@@ -1,0 +1,163 @@
+"""Which JSON-Schema keywords each backend truly enforces, located by JSON Pointer.
+
+Pure schema walking: no compiling here. The compiler uses it to refuse `strict` schemas with the pointer of the
+first unenforceable keyword and to name the unenforced pointers of non-strict ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+# Keywords that constrain nothing (annotations) or that every backend handles structurally.
+ANNOTATIONS = frozenset({
+    "$schema", "$id", "$comment", "$anchor", "$vocabulary", "title", "description", "default", "examples",
+    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "contentSchema", "$defs",
+    "definitions", "id", "example", "markdownDescription", "errorMessage", "x-intellij-html-description",
+})
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+              "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+# outlines-core 0.2.14, checked against its regex output and the MaskBench cases.
+OUTLINES_ENFORCED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "$ref",
+    "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",
+})
+# Its date-time/time regexes make the zone optional (RFC 3339 requires it) and refuse offsets; uuid is
+# lowercase-only; uri/email are narrower than the RFCs. Only "date" matches the format exactly.
+OUTLINES_FORMATS = frozenset({"date"})
+
+
+# Every JSON-Schema keyword that asserts something; anything else is an annotation or unknown (ignored by
+# validators, so ignoring it loses nothing).
+ASSERTIONS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "maxContains", "minContains",
+    "maxProperties", "minProperties", "required", "dependentRequired", "dependencies", "properties",
+    "patternProperties", "additionalProperties", "propertyNames", "items", "prefixItems", "additionalItems",
+    "contains", "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "if", "then",
+    "else", "dependentSchemas", "$ref", "$dynamicRef", "$recursiveRef", "format",
+})
+
+
+def escape(part: Any) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def walk(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
+    """(pointer of the keyword, keyword, the schema object holding it) for every keyword of every subschema."""
+    stack = [(schema, base)]
+    while stack:
+        node, ptr = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            kp = f"{ptr}/{escape(key)}"
+            yield kp, key, node
+            if key in _SUBSCHEMA and isinstance(value, dict):
+                stack.append((value, kp))
+            elif key == "items" and isinstance(value, list):
+                stack.extend((v, f"{kp}/{i}") for i, v in enumerate(value))
+            elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                stack.extend((v, f"{kp}/{escape(k)}") for k, v in value.items())
+            elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+                stack.extend((v, f"{kp}/{i}") for i, v in enumerate(value))
+            elif key == "dependencies" and isinstance(value, dict):
+                stack.extend((v, f"{kp}/{escape(k)}") for k, v in value.items() if isinstance(v, dict))
+
+
+def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:
+    return [p for p, k, _ in walk(schema, base) if k in keywords]
+
+
+def _is_recursive(schema: Any) -> bool:
+    """True when a local $ref can reach itself (a DFA cannot express that). Conservative: counts unused defs."""
+    refs = [(ptr[: -len("/$ref")], node["$ref"][1:]) for ptr, key, node in walk(schema)
+            if key == "$ref" and isinstance(node["$ref"], str) and node["$ref"].startswith("#")]
+    targets = {t for _, t in refs}
+    edges = {t: {t2 for owner, t2 in refs if owner == t or owner.startswith(t + "/") or t == ""} for t in targets}
+    state: dict[str, int] = {}
+
+    def cyclic(t: str) -> bool:
+        state[t] = 1
+        for n in edges.get(t, ()):
+            if state.get(n) == 1 or (n not in state and cyclic(n)):
+                return True
+        state[t] = 2
+        return False
+
+    return any(t not in state and cyclic(t) for t in targets)
+
+
+def _any_value(schema) -> bool:
+    """A schema that accepts any JSON value (unbounded nesting: no DFA)."""
+    return schema is True or (isinstance(schema, dict) and not any(k in ASSERTIONS for k in schema))
+
+
+def _fully_anchored(pattern) -> bool:
+    """^...$ with no other anchor or top-level alternation: search and full match agree."""
+    if not (isinstance(pattern, str) and pattern.startswith("^") and pattern.endswith("$")
+            and not pattern.endswith("\\$")):
+        return False
+    body, depth, cls, esc = pattern[1:-1], 0, False, False
+    for ch in body:
+        if esc:
+            esc = False
+        elif ch == "\\":
+            esc = True
+        elif cls:
+            cls = ch != "]"
+        elif ch == "[":
+            cls = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch in "^$" or (ch == "|" and depth == 0):
+            return False
+    return True
+
+
+def outlines_unsupported(schema: Any) -> list[str]:
+    """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
+    if schema is True or schema == {}:
+        return ["/"]  # any JSON value: unbounded nesting
+    bad: list[str] = []
+    if not isinstance(schema, dict) or schema.get("type") not in ("object", "array"):
+        bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")
+    for ptr, key, node in walk(schema):
+        value = node[key]
+        if key in ANNOTATIONS or key not in ASSERTIONS:
+            continue
+        if key not in OUTLINES_ENFORCED:
+            bad.append(ptr)
+        elif key == "format" and value not in OUTLINES_FORMATS:
+            bad.append(ptr)
+        elif key in ("properties", "required") and node.get("type", "object") != "object":
+            bad.append(ptr)  # outlines would build an object for a node typed otherwise
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            bad.extend(f"{ptr}/{escape(k)}" for k, v in value.items() if _any_value(v))
+        elif key in ("items", "anyOf") and (_any_value(value) or (isinstance(value, list)
+                                                                  and any(_any_value(v) for v in value))):
+            bad.append(ptr)
+        elif key in ("minLength", "maxLength", "format") and "pattern" in node:
+            bad.append(ptr)  # outlines uses the pattern alone
+        elif key == "pattern" and not _fully_anchored(value):
+            bad.append(ptr)  # outlines matches the whole string; JSON Schema searches
+        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            bad.append(ptr)
+        elif key == "items" and not isinstance(value, dict):
+            bad.append(ptr)
+        elif key == "additionalProperties" and value is not False:
+            bad.append(ptr)
+        elif key == "type" and (value == "object" or (isinstance(value, list) and "object" in value)):
+            if node.get("additionalProperties") is not False:
+                bad.append(ptr[: -len("/type")] + "/additionalProperties")  # extra keys: outlines forbids them
+        elif key == "properties" and node.get("additionalProperties") is not False and "type" not in node:
+            bad.append(ptr[: -len("/properties")] + "/additionalProperties")
+        elif key == "type" and value == "array" and "items" not in node:
+            bad.append(ptr)
+    if not bad and _is_recursive(schema):
+        bad.append("/$ref")
+    return sorted(set(bad))

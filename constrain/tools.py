@@ -1,0 +1,151 @@
+"""The tool-call output format, in one place: the constraint that produces it, the parser that reads it back, and
+the prompt text that describes it to a model whose chat template has no tool support.
+
+Format: a JSON array of `{"name": <tool name>, "arguments": <object valid against that function's parameters>}`;
+exactly one element when `parallel_tool_calls` is false or a named function is forced. With tool_choice "auto"
+the output is either such an array or free text that does not start with "[". Never imports HTTP.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from constrain.grammar import ConstraintError, ConstraintSpec
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as text (the OpenAI wire shape)
+    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+
+
+def _rebase_refs(node: Any, prefix: str) -> Any:
+    """Point local $refs of a function's parameters at their new home under the call schema's $defs."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+                out[k] = prefix + v[1:]
+            else:
+                out[k] = _rebase_refs(v, prefix)
+        return out
+    if isinstance(node, list):
+        return [_rebase_refs(v, prefix) for v in node]
+    return node
+
+
+def call_schema(functions: list[dict], single: bool) -> dict:
+    """The JSON Schema of the tool-call array for these functions."""
+    defs, variants = {}, []
+    for i, fn in enumerate(functions):
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}, "additionalProperties": False}
+        key = f"tool{i}"
+        defs[key] = _rebase_refs(copy.deepcopy(params), f"#/$defs/{key}")
+        variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                          "arguments": {"$ref": f"#/$defs/{key}"}},
+                         "required": ["name", "arguments"], "additionalProperties": False})
+    item = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema = {"type": "array", "items": item, "minItems": 1, "$defs": defs}
+    if single:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _functions(tools: Any) -> list[dict]:
+    from constrain.spec import validate_schema
+
+    if not isinstance(tools, list) or not tools:
+        raise ConstraintError("tools must be a non-empty list", param="tools")
+    out, names = [], set()
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ConstraintError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise ConstraintError(f"tools[{i}].function.name must be a non-empty string", param="tools")
+        if name in names:
+            raise ConstraintError(f"tools[{i}]: duplicate function name {name!r}", param="tools")
+        names.add(name)
+        params = fn.get("parameters")
+        if params is not None:
+            validate_schema(params, "tools", f"/{i}/function/parameters")
+            if isinstance(params, dict) and params.get("type", "object") != "object":
+                raise ConstraintError(f"tools[{i}].function.parameters must describe an object", param="tools")
+        out.append(fn)
+    return out
+
+
+def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ConstraintSpec | None:
+    """The constraint for a tools request; None when the model may not call tools (tool_choice "none")."""
+    if tool_choice == "none":
+        return None
+    if tools is None:
+        raise ConstraintError("tool_choice needs tools", param="tool_choice")
+    functions = _functions(tools)
+    if parallel_tool_calls is None:
+        parallel_tool_calls = True
+    if not isinstance(parallel_tool_calls, bool):
+        raise ConstraintError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    mode = "auto" if tool_choice is None else tool_choice
+    if isinstance(mode, dict):
+        fn = mode.get("function") if mode.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        match = [f for f in functions if f["name"] == name]
+        if not match:
+            raise ConstraintError(f"tool_choice names an unknown function {name!r}", param="tool_choice")
+        functions, mode, single = match, "named", True
+    elif mode in ("auto", "required"):
+        single = not parallel_tool_calls
+    else:
+        raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or "
+                              "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+    strict = any(f.get("strict") is True for f in functions)
+    return ConstraintSpec(kind="tools", schema=call_schema(functions, single), strict=strict,
+                          tool_names=tuple(f["name"] for f in functions), tool_choice=mode,
+                          parallel_tool_calls=bool(parallel_tool_calls) and mode != "named")
+
+
+def parse_tool_calls(text: str, spec: ConstraintSpec) -> list[ToolCall] | None:
+    """The calls in a model's output, or None when the output is free text (not a tool call)."""
+    body = text.strip()
+    if not body.startswith(("[", "{")):
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        return None
+    calls = []
+    for item in value:
+        if (not isinstance(item, dict) or item.get("name") not in spec.tool_names
+                or not isinstance(item.get("arguments"), dict)):
+            return None
+        calls.append(ToolCall(name=item["name"], arguments=json.dumps(item["arguments"], ensure_ascii=False)))
+    return calls
+
+
+def tools_system_prompt(tools: list[dict]) -> str:
+    """Instructions describing the functions and the output format, for templates without tool support."""
+    lines = ["You can call the following functions:"]
+    for tool in tools:
+        fn = tool.get("function", tool)
+        lines.append(f"- {fn['name']}: {fn.get('description', '').strip() or '(no description)'}")
+        lines.append(f"  parameters (JSON Schema): {json.dumps(fn.get('parameters', {'type': 'object'}))}")
+    lines += [
+        "To call functions, answer with only a JSON array of calls and nothing else, for example:",
+        '[{"name": "<function name>", "arguments": {<arguments as a JSON object>}}]',
+        "Each element names one function and gives arguments valid against its parameters.",
+        "If no function is needed, answer in plain text that does not start with \"[\".",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""The model's vocabulary as bytes: what each token id writes, which ids may never be sampled, how wide masks are.
+
+Built once per tokenizer; its `fingerprint` keys the compile caches. Never imports model code.
+
+Decisions:
+- ByteLevel BPE tokens (GPT-2, Qwen2) are mapped back to bytes through the inverse GPT-2 byte<->unicode table;
+  SentencePiece tokens (Llama, Phi-3) map `▁` to a space and `<0xXX>` to that byte.
+- None (never allowed) for: every id in `added_tokens_decoder` marked special, every EOS/stop id, tokens that
+  write no bytes, ids past the tokenizer's vocabulary (padded logits), and non-special added tokens named
+  `[PADnnnn]`: the Qwen2 tokenizer carries 290 such GGUF padding artefacts that no training text contains, so
+  letting a grammar pick one would only spell "[PAD151646]" by accident. Other non-special added tokens write
+  their content as UTF-8.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+_PAD_ARTEFACT = re.compile(r"^\[PAD\d+\]$")
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _gpt2_unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 onwards."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_UNICODE_TO_BYTE = _gpt2_unicode_to_byte()
+
+
+def _bytelevel_bytes(token: str) -> bytes | None:
+    try:
+        return bytes(_UNICODE_TO_BYTE[ch] for ch in token)
+    except KeyError:
+        return None  # not a byte-level string (should not happen for model tokens)
+
+
+def _sentencepiece_bytes(token: str) -> bytes:
+    m = _BYTE_FALLBACK.match(token)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    return token.replace("▁", " ").encode("utf-8")
+
+
+def _is_byte_level(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    spec = json.loads(backend.to_str())
+    return "ByteLevel" in json.dumps(spec.get("decoder")) or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+
+
+@dataclass(eq=False)
+class Vocabulary:
+    """Bytes per token id (None = never allowed), the EOS ids, and the logits width masks are sized to."""
+
+    token_bytes: list[bytes | None]
+    eos_token_ids: frozenset[int]
+    logits_width: int
+    fingerprint: str
+    _allowed_words: np.ndarray | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, logits_width: int, eos_token_ids: Iterable[int]) -> "Vocabulary":
+        eos = frozenset(int(i) for i in eos_token_ids)
+        if tokenizer.eos_token_id is not None and not eos:
+            eos = frozenset([int(tokenizer.eos_token_id)])
+        if not eos:
+            raise ValueError("a vocabulary needs at least one EOS token id")
+        size = len(tokenizer)
+        if logits_width < size:
+            raise ValueError(f"logits width {logits_width} is smaller than the tokenizer's {size} tokens")
+        added = {int(i): t for i, t in tokenizer.added_tokens_decoder.items()}
+        byte_level = _is_byte_level(tokenizer)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+        out: list[bytes | None] = [None] * logits_width
+        for tid, piece in enumerate(pieces):
+            if tid in eos or piece is None:
+                continue
+            tok = added.get(tid)
+            if tok is not None:
+                if tok.special or _PAD_ARTEFACT.match(tok.content):
+                    continue
+                data = tok.content.encode("utf-8")
+            elif byte_level:
+                data = _bytelevel_bytes(piece)
+            else:
+                data = _sentencepiece_bytes(piece)
+            out[tid] = data or None
+        h = hashlib.sha256()
+        h.update(json.dumps([logits_width, sorted(eos)]).encode())
+        for b in out:
+            h.update(b"\x00N" if b is None else len(b).to_bytes(2, "little") + b)
+        return cls(token_bytes=out, eos_token_ids=eos, logits_width=logits_width, fingerprint=h.hexdigest()[:24])
+
+    @property
+    def words(self) -> int:
+        """int32 words per bitmask row."""
+        return (self.logits_width + 31) // 32
+
+    def allowed_words(self) -> np.ndarray:
+        """One bitmask row (int32) with the bit of every token that may ever be sampled (EOS excluded)."""
+        if self._allowed_words is None:
+            ids = np.array([i for i, b in enumerate(self.token_bytes) if b is not None], dtype=np.int64)
+            self._allowed_words = ids_to_words(ids, self.words)
+        return self._allowed_words
+
+    def eos_words(self) -> np.ndarray:
+        return ids_to_words(np.array(sorted(self.eos_token_ids), dtype=np.int64), self.words)
+
+
+def ids_to_words(ids: np.ndarray, words: int) -> np.ndarray:
+    """Pack token ids into one int32 bitmask row."""
+    bits = np.zeros(words * 32, dtype=bool)
+    if len(ids):
+        bits[ids] = True
+    return np.packbits(bits.reshape(-1, 8), axis=1, bitorder="little").reshape(-1).view(np.int32).copy()

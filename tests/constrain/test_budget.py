@@ -1,0 +1,49 @@
+"""The budget rule (#9): with the outlines backend, a document always closes within max_tokens when one fits."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from constrain import ConstraintSpec
+from tests.constrain.conftest import decode, random_walk
+
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a", "b"],
+     "additionalProperties": False},
+    {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"],
+                                "additionalProperties": False}, "minItems": 2},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 3},
+                                      "e": {"enum": ["alpha", "beta gamma", 7, None]}},
+     "required": ["s", "e"], "additionalProperties": False},
+]
+
+
+def _shortest(grammar) -> int:
+    return int(grammar.dfa.dist[0])
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "enum"])
+def test_tight_max_tokens_still_yields_complete_valid_documents(schema, gpt2_compiler, vocabs):
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="outlines"))
+    shortest = _shortest(g)
+    rng = random.Random(7)
+    for max_tokens in (shortest, shortest + 1, shortest + 3, shortest + 10):
+        for _ in range(4):
+            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert len(toks) <= max_tokens
+            m = g.matcher()
+            assert all(m.accept(t) for t in toks) and m.can_end(), "truncated document"
+            jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+def test_budget_below_shortest_document_allows_nothing_but_what_can_still_close(gpt2_compiler, vocabs):
+    import torch
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMAS[0], backend="outlines"))
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    g.matcher().fill_bitmask(bm, 0, tokens_left=_shortest(g) - 1)
+    assert int(bm.count_nonzero()) == 0  # nothing fits: the engine sees an empty mask and fails the row

@@ -1,0 +1,70 @@
+"""Caches: a repeated constraint never recompiles; outlines automata survive a restart on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from constrain import GrammarCompiler, spec_from_request
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+
+
+def _spec(backend=None):
+    return spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+                             backend=backend)
+
+
+def test_repeated_schema_does_not_recompile(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance")
+    g1 = c.compile(_spec())
+    g2 = c.compile(_spec())
+    assert g1 is g2 and c.stats.compiles == 1 and c.stats.cache_hits == 1
+    c.close()
+
+
+def test_disk_cache_survives_a_restart(tmp_path, tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    g = c.compile(_spec())
+    assert g.backend == "outlines" and c.stats.compiles == 1
+    c.close()
+    restarted = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    g2 = restarted.compile(_spec())
+    assert restarted.stats.compiles == 0 and restarted.stats.disk_hits == 1
+    m = g2.matcher()
+    assert all(m.accept(t) for t in tokenizers["gpt2"].encode('{"ok": true}')) and m.can_end()
+    restarted.close()
+
+
+def test_auto_serves_first_request_with_llguidance_and_repeats_with_outlines(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto")
+    first = c.compile(_spec())
+    assert first.backend == "llguidance"
+    for fut in list(c._pending.values()):
+        fut.result(timeout=120)
+    assert c.compile(_spec()).backend == "outlines"
+    c.close()
+
+
+def test_compile_async_and_named_schemas_precompile(tmp_path, tokenizers, vocabs):
+    (tmp_path / "flag.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "broken.json").write_text("{not json")
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto", schemas_dir=tmp_path)
+    assert list(c.named_schemas) == ["flag"]
+    assert c.precompile_named() == {"flag": "outlines"}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "flag"}},
+                             named_schemas=c.named_schemas)
+    g = asyncio.run(c.compile_async(spec))
+    assert g.backend == "outlines" and c.stats.compile_seconds_total > 0
+    c.close()
+
+
+def test_lru_is_bounded_in_bytes(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance", lru_max_bytes=1)
+    for word in ("a", "b", "c"):
+        c.compile(spec_from_request(choice=[word]))
+    assert len(c._lru) == 1
+    c.compile(spec_from_request(choice=["a"]))
+    assert c.stats.compiles == 4
+    c.close()

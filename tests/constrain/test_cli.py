@@ -1,0 +1,38 @@
+"""`structgen check-schema` and `structgen maskbench` through the real console entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from service.cli import main
+from tests.conftest import TOKENIZERS
+
+CASES = Path(__file__).parent / "maskbench_cases"
+
+
+def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
+    for name in ("Github_trivial", "BFCL"):
+        (tmp_path / name).mkdir()
+        for p in sorted((CASES / name).glob("*.json"))[:3]:
+            shutil.copy(p, tmp_path / name / p.name)
+    out = tmp_path / "out.jsonl"
+    assert main(["maskbench", str(tmp_path), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance",
+                 "--json", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"maskbench: cases=6 compiled=\d+ valid_rejected=0/\d+ invalid_accepted=0/\d+ "
+                        r"compile_p50_ms=[\d.]+ mask_mean_us=[\d.]+", last), last
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and set(rows[0]) == {"case", "compiled", "backend", "error", "compile_ms", "valid_n",
+                                               "valid_accepted", "invalid_n", "invalid_rejected", "mask_us_mean"}
+
+
+def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}))
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"])]) == 0
+    out = capsys.readouterr().out
+    assert "supported by llguidance" in out and "/uniqueItems" in out
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict"]) == 1

@@ -1,0 +1,96 @@
+"""Hostile constraints are refused with a ConstraintError (a 400), quickly and without compiling them."""
+
+from __future__ import annotations
+
+import pytest
+
+from constrain import ConstraintError, ConstraintSpec, spec_from_request
+
+
+def _nested(depth: int) -> dict:
+    s: dict = {"type": "string"}
+    for _ in range(depth):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+@pytest.mark.parametrize("schema, what", [
+    (_nested(200), "nesting"),
+    ({"enum": [f"v{i}" for i in range(50_000)]}, "enum"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100}
+                                       for i in range(12_000)}}, "bytes"),
+    ({"type": "string", "pattern": "(a|aa)*" * 400}, "pattern"),
+])
+def test_oversized_schemas_are_refused_before_compiling(schema, what):
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "h", "schema": schema}})
+    assert exc.value.param == "response_format"
+    assert exc.value.code == "schema_too_large"
+
+
+def test_catastrophic_regex_is_refused_or_compiled_without_backtracking(gpt2_compiler):
+    """(a+)+$ is catastrophic for backtracking engines; automata compile it in linear time."""
+    spec = spec_from_request(regex=r"(a+)+b")
+    g = gpt2_compiler.compile(spec)
+    m = g.matcher()
+    assert g.backend in ("llguidance", "outlines") and not m.can_end()
+
+
+def test_invalid_regex_and_invalid_schema_are_client_errors():
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(regex="(unclosed")
+    assert exc.value.param == "regex"
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema",
+                                           "json_schema": {"name": "x", "schema": {"type": "strin"}}})
+    assert "/type" in exc.value.message
+
+
+def test_backreference_pattern_fails_only_that_request(gpt2_compiler):
+    spec = ConstraintSpec(kind="json_schema", schema={"type": "string", "pattern": "^(a)\\1$"}, strict=True)
+    with pytest.raises(ConstraintError):
+        gpt2_compiler.compile(spec)
+    assert gpt2_compiler.compile(spec_from_request(choice=["ok"])).matcher() is not None
+
+
+def test_unknown_outlines_regex_size_is_bounded(tokenizers, vocabs):
+    from constrain import GrammarCompiler
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", max_outlines_regex_chars=100)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20)},
+              "additionalProperties": False}
+    with pytest.raises(ConstraintError) as exc:
+        c.compile(ConstraintSpec(kind="json_schema", schema=schema))
+    assert exc.value.code == "schema_too_large"
+    c.close()
+
+
+def test_compile_time_limit_fails_only_that_request(tokenizers, vocabs):
+    from constrain import GrammarCompiler
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=0.001)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(8)},
+              "required": [f"p{i}" for i in range(8)], "additionalProperties": False}
+    with pytest.raises(ConstraintError) as exc:
+        c.compile(ConstraintSpec(kind="json_schema", schema=schema))
+    assert exc.value.code == "compile_timeout"
+    c.close()
+
+
+def test_shipped_named_schemas_compile_exactly(tokenizers, vocabs):
+    from pathlib import Path
+
+    from constrain import GrammarCompiler
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], schemas_dir=Path(__file__).parents[2] / "schemas")
+    assert c.named_schemas and set(c.precompile_named().values()) == {"outlines"}
+    c.close()
+
+
+def test_outlines_core_regex_completeness_bug_is_kept_away_from_auto(gpt2_compiler, tokenizers):
+    """0.2.14 refuses "1.5" for [0-9]+(\\.[0-9]+)?; auto serves regexes with llguidance, which accepts it."""
+    spec = spec_from_request(regex=r"[0-9]+(\.[0-9]+)?")
+    g = gpt2_compiler.compile(spec)
+    m = g.matcher()
+    assert g.backend == "llguidance"
+    assert all(m.accept(t) for t in tokenizers["gpt2"].encode("1.5")) and m.can_end()

@@ -1,0 +1,68 @@
+"""spec_from_request: every request shape maps to one ConstraintSpec or a ConstraintError naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from constrain import ConstraintError, ConstraintSpec, spec_from_request
+
+S = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
+
+
+def test_text_and_nothing_mean_no_constraint():
+    assert spec_from_request() is None
+    assert spec_from_request(response_format={"type": "text"}) is None
+
+
+def test_response_format_shapes():
+    assert spec_from_request(response_format={"type": "json_object"}) == ConstraintSpec(kind="json_object")
+    hosted = spec_from_request(response_format={"type": "json_object", "schema": S})
+    assert hosted.kind == "json_schema" and hosted.schema == S
+    openai = spec_from_request(response_format={"type": "json_schema",
+                                                "json_schema": {"name": "n", "schema": S, "strict": True}})
+    assert openai.kind == "json_schema" and openai.strict and openai.schema == S
+
+
+@pytest.mark.parametrize("rf", [{"type": "xml"}, "json", {"type": "json_schema"},
+                                {"type": "json_schema", "json_schema": {"schema": S, "strict": "yes"}},
+                                {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}])
+def test_malformed_response_format_is_a_client_error(rf):
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format=rf)
+    assert exc.value.param == "response_format"
+
+
+def test_named_schema_reference():
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "user"}},
+                             named_schemas={"user": S})
+    assert spec.schema == S
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "nope"}},
+                          named_schemas={"user": S})
+    assert "nope" in exc.value.message
+
+
+def test_regex_choice_backend_and_conflicts():
+    assert spec_from_request(regex="[a-z]+", backend="outlines").backend == "outlines"
+    assert spec_from_request(choice=["a", "b", "a"]).choices == ("a", "b")
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(choice=[])
+    assert exc.value.param == "choice"
+    with pytest.raises(ConstraintError):
+        spec_from_request(regex="a", choice=["a"])
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(regex="a", backend="xgrammar")
+    assert exc.value.param == "backend"
+
+
+def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compiler):
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                        "uniqueItems": True}}}
+    strict = spec_from_request(response_format={"type": "json_schema",
+                                                 "json_schema": {"name": "t", "schema": schema, "strict": True}})
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(strict)
+    assert exc.value.pointer == "/properties/tags/uniqueItems" and exc.value.pointer in exc.value.message
+    lax = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    g = gpt2_compiler.compile(lax)
+    assert g.unenforced == ("/properties/tags/uniqueItems",)

@@ -1,0 +1,79 @@
+"""Vocabulary: bytes per token on the three real tokenizer families, specials and padding excluded."""
+
+from __future__ import annotations
+
+import pytest
+
+from constrain import Vocabulary
+
+TEXT = "naïve café – 日本語 🎉👩‍💻 tab\tnewline\n"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "phi3", "qwen2"])
+def test_token_bytes_concatenate_to_the_utf8_text(name, tokenizers, vocabs):
+    tok, vocab = tokenizers[name], vocabs[name]
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    data = b"".join(vocab.token_bytes[i] for i in ids)
+    # SentencePiece prepends a space to the first word ("▁naïve"); the rest is byte-exact.
+    assert data.lstrip(b" ") == TEXT.encode("utf-8")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "phi3"])
+def test_emoji_split_across_tokens_is_rebuilt_from_partial_utf8_bytes(name, tokenizers, vocabs):
+    tok, vocab = tokenizers[name], vocabs[name]
+    ids = tok.encode("🦜", add_special_tokens=False)
+    parts = [vocab.token_bytes[i] for i in ids]
+    assert b"".join(parts).strip(b" ") == "🦜".encode("utf-8")
+    if len(parts) > 1:  # a token holding an incomplete UTF-8 sequence is kept as raw bytes
+        assert any(_not_utf8(p) for p in parts)
+
+
+def _not_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
+def test_sentencepiece_space_marker_and_byte_fallback(tokenizers, vocabs):
+    tok, vocab = tokenizers["phi3"], vocabs["phi3"]
+    v = tok.get_vocab()
+    assert vocab.token_bytes[v["<0x0A>"]] == b"\n"
+    assert vocab.token_bytes[v["<0xE2>"]] == b"\xe2"
+    assert vocab.token_bytes[v["▁the"]] == b" the"
+
+
+def test_byte_level_space_and_newline(tokenizers, vocabs):
+    v = tokenizers["gpt2"].get_vocab()
+    assert vocabs["gpt2"].token_bytes[v["Ġthe"]] == b" the"
+    assert vocabs["gpt2"].token_bytes[v["Ċ"]] == b"\n"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "phi3", "qwen2"])
+def test_special_eos_and_padded_ids_are_never_allowed(name, tokenizers, vocabs):
+    tok, vocab = tokenizers[name], vocabs[name]
+    for tid, added in tok.added_tokens_decoder.items():
+        if added.special:
+            assert vocab.token_bytes[tid] is None, added.content
+    assert all(vocab.token_bytes[e] is None for e in vocab.eos_token_ids)
+    assert all(b is None for b in vocab.token_bytes[len(tok):])
+    assert len(vocab.token_bytes) == vocab.logits_width
+    allowed = vocab.allowed_words()
+    assert allowed.shape == ((vocab.logits_width + 31) // 32,)
+
+
+def test_qwen2_pad_artefacts_and_chat_tokens_excluded(tokenizers, vocabs):
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    v = tok.get_vocab()
+    assert vocab.token_bytes[v["[PAD151646]"]] is None
+    assert vocab.token_bytes[v["<|im_end|>"]] is None
+    assert vocab.token_bytes[v["<|im_start|>"]] is None
+    assert sum(b is not None for b in vocab.token_bytes) == 151643
+
+
+def test_fingerprint_depends_on_eos_and_width(tokenizers, vocabs):
+    tok = tokenizers["gpt2"]
+    same = Vocabulary.from_tokenizer(tok, 50304, [50256])
+    assert same.fingerprint == vocabs["gpt2"].fingerprint
+    assert Vocabulary.from_tokenizer(tok, 50257, [50256]).fingerprint != same.fingerprint
