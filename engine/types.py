@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from constrain import Grammar
 
 FinishReason = Literal["stop", "length", "tool_calls", "error"]
+# Why a choice ended with finish_reason "error"; the service maps each to an HTTP status.
+ErrorCode = Literal["invalid_request",  # the request cannot run (prompt, n): the client's fault
+                    "empty_allowed_set",  # grammar and logit_bias together allow no token
+                    "cancelled",  # the client went away or cancel() was called
+                    "unavailable",  # the server is shutting down
+                    "internal"]  # our fault: a failed forward or grammar
 
 
 @dataclass(frozen=True)
@@ -88,5 +94,6 @@ class TokenEvent:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token in token_ids, when params.logprobs
     finish_reason: FinishReason | None = None
     error: str | None = None  # set when finish_reason == "error"
+    error_code: ErrorCode | None = None  # set when finish_reason == "error"
     usage: Usage | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # first event only, when asked

@@ -1,0 +1,91 @@
+"""Token ids -> text, incrementally, one choice at a time; and each token's own text and bytes for logprobs.
+
+Never emits half a UTF-8 character: a delta that ends in U+FFFD is held until the next token completes it (or
+the choice ends). Decoding uses a short window of preceding tokens so SentencePiece leading spaces come out
+right. No tensor work here.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """vLLM-style offsets: decode ids[prefix:] and ids[prefix:read], emit the difference when it is whole."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self.prefix = 0
+        self.read = len(self.ids)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return self._delta(final=False)
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end (an incomplete character comes out as U+FFFD)."""
+        return self._delta(final=True)
+
+    def _delta(self, final: bool) -> str:
+        if self.read >= len(self.ids):
+            return ""
+        before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
+        after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
+        if not final and (after.endswith("\ufffd") or len(after) <= len(before)):
+            if len(after) <= len(before) and not after.endswith("\ufffd"):
+                # The token wrote nothing (e.g. a skipped special token): move on without emitting.
+                self.prefix, self.read = self.read, len(self.ids)
+            return ""
+        delta = after[len(before):]
+        self.prefix, self.read = self.read, len(self.ids)
+        return delta
+
+
+def _gpt2_unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode (byte-level BPE pieces -> bytes)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TokenTexts:
+    """Each token's own bytes (byte-level BPE or SentencePiece pieces) and text, cached, for TokenLogprob."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.added = {int(i): t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        spec = json.loads(backend.to_str()) if backend is not None else {}
+        self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder")) or \
+            "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+        self.unicode_to_byte = _gpt2_unicode_to_byte()
+        self.get = lru_cache(maxsize=65536)(self._compute)
+
+    def _compute(self, token_id: int) -> tuple[str, bytes]:
+        if token_id in self.added:
+            data = self.added[token_id].encode("utf-8")
+        else:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if piece is None:
+                data = b""
+            elif self.byte_level:
+                try:
+                    data = bytes(self.unicode_to_byte[ch] for ch in piece)
+                except KeyError:
+                    data = piece.encode("utf-8")
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                data = bytes([int(piece[3:5], 16)])
+            else:
+                data = piece.replace("▁", " ").encode("utf-8")
+        return data.decode("utf-8", errors="replace"), data

@@ -1,0 +1,490 @@
+"""The engine: one thread owns the model and runs the continuous-batching loop; asyncio callers stream events.
+
+Each step: cancelled rows leave -> newcomers are admitted -> running rows decode one token, newcomers are
+prefilled (n > 1: prefilled once, rows forked) -> grammar bitmasks are filled on the CPU while the device works
+-> one sampling pipeline for the whole batch (engine/sampler.py) -> per-row bookkeeping and events -> finished
+rows are dropped from the cache. Knows nothing about HTTP; never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import AsyncIterator
+
+import torch
+
+from constrain.stops import StopMatcher
+from engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from engine.kv_batch import KVBatch
+from engine.model_loader import LoadedModel
+from engine.model_runner import ModelRunner
+from engine.sampler import SamplingBatch, StepOutput, sample_step
+from engine.scheduler import Scheduler
+from engine.sequence import RequestState, Sequence
+from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
+
+log = logging.getLogger(__name__)
+
+MAX_TOP_LOGPROBS = 20
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16, max_prefill_tokens: int = 4096,
+                 cpu_threads: int | None = None):
+        self.loaded = loaded
+        self.cpu_threads = cpu_threads
+        self.device = loaded.device
+        self.width = loaded.logits_width
+        self.words = (self.width + 31) // 32
+        self.vocab_rows = loaded.model.get_input_embeddings().num_embeddings
+        self.runner = ModelRunner(loaded)
+        self.texts = TokenTexts(loaded.tokenizer)
+        self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
+        self.max_batch_size = max_batch_size
+        self._shared_generator = torch.Generator(device=self.device)
+        self._shared_generator.seed()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._states: dict[str, list[RequestState]] = {}
+        self._states_lock = threading.Lock()
+        self._bitmask_host: torch.Tensor | None = None
+        self._admitted: list[RequestState] = []
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
+        self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-bitmask")
+        self._reset_batch()
+        self._steps = 0
+        self._tokens_generated = 0
+        self._requests_finished = 0
+        self._prefill_tokens = 0
+
+    # ---- asyncio side -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="structgen-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread; running and waiting requests end with finish_reason "error"."""
+        self._stopping = True
+        self.scheduler.wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._filler.shutdown(wait=False)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Events of all `params.n` choices; stopping iteration early cancels the request's rows."""
+        state = RequestState(request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop(),
+                             open_choices=request.params.n)
+        with self._states_lock:
+            self._states.setdefault(request.request_id, []).append(state)
+        done = False
+        try:
+            if self._thread is None or self._stopping:
+                raise RuntimeError("the engine is not running")
+            self.scheduler.submit(state)
+            while True:
+                event = await state.queue.get()
+                if event is None:
+                    done = True
+                    return
+                yield event
+        finally:
+            if not done:
+                state.cancelled = True
+                self.scheduler.wakeup.set()
+            with self._states_lock:
+                states = self._states.get(request.request_id, [])
+                if state in states:
+                    states.remove(state)
+                if not states:
+                    self._states.pop(request.request_id, None)
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request's choices at the next step boundary; its stream ends with finish_reason "error"."""
+        with self._states_lock:
+            for state in self._states.get(request_id, []):
+                state.cancelled = True
+        self.scheduler.wakeup.set()
+
+    def stats(self) -> dict:
+        return {"batch_size": len(self.seqs), "queue_depth": self.scheduler.depth(), "steps": self._steps,
+                "tokens_generated": self._tokens_generated, "requests_finished": self._requests_finished,
+                "prefill_tokens": self._prefill_tokens, "max_batch_size": self.max_batch_size}
+
+    # ---- engine thread ------------------------------------------------------------------------------------
+
+    def _reset_batch(self) -> None:
+        self.seqs: list[Sequence] = []
+        self.kv: KVBatch | None = None
+        self.last_tokens: torch.Tensor | None = None
+        self.counts: torch.Tensor | None = None  # float [B, V] output token counts (penalties)
+        self.prompt_mask: torch.Tensor | None = None  # bool [B, V] tokens seen in the prompt
+        self._sampling: SamplingBatch | None = None
+
+    def _run(self) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(self._engine_cpu_threads())
+        while not self._stopping:
+            if not self.seqs and self.scheduler.depth() == 0:
+                self.scheduler.wakeup.wait(0.5)
+                self.scheduler.wakeup.clear()
+                continue
+            try:
+                self.step()
+            except Exception as exc:  # a failed forward must not kill the server: fail the batch, go on
+                log.exception("engine step failed")
+                message = f"internal engine error: {type(exc).__name__}"
+                for seq in self.seqs:
+                    if seq.finished is None:
+                        self._emit(seq, seq.finish_with_error(message, "internal"))
+                joined = {id(seq.state) for seq in self.seqs}
+                for state in self._admitted:
+                    if id(state) not in joined and state.open_choices > 0:
+                        self._fail_request(state, message, "internal")
+                self._reset_batch()
+                self._flush()
+        for seq in self.seqs:
+            self._emit(seq, seq.finish_with_error("the server is shutting down", "unavailable"))
+        self._reset_batch()
+        for state in self.scheduler.drain():
+            self._fail_request(state, "the server is shutting down", "unavailable")
+        self._flush()
+
+    def _engine_cpu_threads(self) -> int:
+        """Intra-op threads for the engine thread on CPU. The model was loaded on the main thread, which keeps
+        its own OpenMP team; a second multi-threaded team here busy-waits against it, and measured 3-4x slower
+        (65 vs 22 tok/s, 1 request, built-in model, 2 cores) unless OMP_WAIT_POLICY=passive was set before
+        torch started. So: 1 thread unless told otherwise or the wait policy is passive."""
+        if self.cpu_threads is not None:
+            return max(1, self.cpu_threads)
+        if os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive":
+            return torch.get_num_threads()
+        return 1
+
+    def step(self) -> None:
+        """One step boundary plus one token for every row. Called only from the engine thread."""
+        try:
+            self._step()
+        finally:
+            self._flush()
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        self._drop_cancelled()
+        newcomers = self._admitted = self.scheduler.admit(len(self.seqs))
+        running = self.seqs
+        # Grammar rows of the running batch are filled on a worker thread while this thread runs the forward.
+        fill = self._filler.submit(self._fill_rows, running, 0) if _constrained(running) else None
+        running_logits = self.runner.decode(self.kv, self.last_tokens) if running else None
+        new_seqs, new_kv, new_logits = self._prefill(newcomers)
+        if new_seqs:
+            self._join(new_seqs, new_kv)
+        if not self.seqs:
+            return
+        parts = [x for x in (running_logits, new_logits) if x is not None]
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        bitmask = self._bitmask(running, new_seqs, fill)
+        batch = self._sampling_batch()
+        out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator)
+        self._steps += 1
+        self._postprocess(out, batch)
+
+    # ---- joining and leaving ------------------------------------------------------------------------------
+
+    def _prefill(self, states: list[RequestState]) -> tuple[list[Sequence], KVBatch | None, torch.Tensor | None]:
+        """Prefill newcomers (prompt-logprob requests each alone, with all positions' logits), fork n rows."""
+        plain = [s for s in states if not s.request.params.prompt_logprobs]
+        scoring = [s for s in states if s.request.params.prompt_logprobs]
+        groups = ([plain] if plain else []) + [[s] for s in scoring]
+        seqs: list[Sequence] = []
+        kv_all: KVBatch | None = None
+        logits_all: list[torch.Tensor] = []
+        for group in groups:
+            group = [s for s in group if self._admissible(s)]
+            if not group:
+                continue
+            scoring_group = bool(group[0].request.params.prompt_logprobs)
+            kv, logits = self.runner.prefill([s.request.prompt_ids for s in group], all_logits=scoring_group)
+            self._prefill_tokens += kv.rows * kv.length
+            if scoring_group:
+                group[0].prompt_logprobs = self._prompt_logprobs(group[0], logits[0])
+                logits = logits[:, -1, :]
+            fork: list[int] = []
+            for row, state in enumerate(group):
+                try:
+                    choices = [self._new_sequence(state, index) for index in range(state.request.params.n)]
+                except Exception as exc:  # e.g. a grammar whose matcher cannot start: this request only
+                    self._fail_request(state, f"cannot start decoding: {exc}", "internal")
+                    continue
+                for seq in choices:
+                    if seq.max_new_tokens <= 0:  # nothing to generate (e.g. echo-only scoring)
+                        self._emit(seq, seq.finish_without_tokens())
+                        continue
+                    seqs.append(seq)
+                    fork.append(row)
+            if not fork:
+                continue
+            kv.select(fork)
+            logits_all.append(logits[torch.tensor(fork, device=logits.device)])
+            if kv_all is None:
+                kv_all = kv
+            else:
+                kv_all.merge(kv)
+        if not seqs:
+            return [], None, None
+        return seqs, kv_all, torch.cat(logits_all, dim=0)
+
+    def _admissible(self, state: RequestState) -> bool:
+        n, prompt = state.request.params.n, state.request.prompt_ids
+        if state.cancelled:
+            self._fail_request(state, "cancelled", "cancelled")
+        elif not prompt:
+            self._fail_request(state, "the prompt is empty", "invalid_request")
+        elif min(prompt) < 0 or max(prompt) >= self.vocab_rows:
+            self._fail_request(state, f"prompt token ids must be in 0..{self.vocab_rows - 1}",
+                               "invalid_request")
+        elif len(prompt) >= self.loaded.context_length:
+            self._fail_request(state, f"the prompt has {len(prompt)} tokens; the model's context is "
+                                      f"{self.loaded.context_length} tokens", "invalid_request")
+        elif n < 1 or n > self.max_batch_size:
+            self._fail_request(state, f"n={n} is outside 1..{self.max_batch_size} (the engine's batch size)",
+                               "invalid_request")
+        else:
+            return True
+        return False
+
+    def _new_sequence(self, state: RequestState, index: int) -> Sequence:
+        request, params = state.request, state.request.params
+        eos = frozenset(params.stop_token_ids)
+        if not params.ignore_eos or request.grammar is not None:
+            eos = eos | self.loaded.eos_token_ids
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed((params.seed + index) % (2 ** 63))
+        room = self.loaded.context_length - len(request.prompt_ids)
+        return Sequence(
+            state=state, index=index,
+            detok=IncrementalDetokenizer(self.loaded.tokenizer, request.prompt_ids, params.skip_special_tokens),
+            stops=StopMatcher(params.stop, params.include_stop_str_in_output), eos_ids=eos,
+            max_new_tokens=min(params.max_tokens, room),
+            matcher=request.grammar.matcher() if request.grammar is not None else None,
+            generator=generator,
+            mirostat_mu=2.0 * params.mirostat_target if params.mirostat_target is not None else 0.0,
+        )
+
+    def _join(self, new_seqs: list[Sequence], new_kv: KVBatch) -> None:
+        counts = torch.zeros((len(new_seqs), self.width), device=self.device)
+        prompt_mask = torch.zeros((len(new_seqs), self.width), dtype=torch.bool, device=self.device)
+        for row, seq in enumerate(new_seqs):
+            ids = torch.tensor(seq.state.request.prompt_ids, dtype=torch.long, device=self.device)
+            prompt_mask[row, ids.clamp(0, self.width - 1)] = True
+        if self.kv is None:
+            self.kv, self.counts, self.prompt_mask = new_kv, counts, prompt_mask
+        else:
+            self.kv.merge(new_kv)
+            self.counts = torch.cat([self.counts, counts])
+            self.prompt_mask = torch.cat([self.prompt_mask, prompt_mask])
+        self.seqs = self.seqs + new_seqs
+        self._sampling = None
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Drop every row not in `keep` from the cache and the per-row tensors."""
+        if len(keep) == len(self.seqs):
+            return
+        if not keep:
+            self._reset_batch()
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.kv.select(keep)
+        self.counts, self.prompt_mask = self.counts[idx], self.prompt_mask[idx]
+        self.last_tokens = self.last_tokens[idx] if self.last_tokens is not None else None
+        self.seqs = [self.seqs[i] for i in keep]
+        self._sampling = None
+
+    def _drop_cancelled(self) -> None:
+        for state in self.scheduler.remove_cancelled():
+            self._fail_request(state, "cancelled", "cancelled")
+        keep = [row for row, seq in enumerate(self.seqs) if not seq.state.cancelled]
+        gone = [seq for seq in self.seqs if seq.state.cancelled]
+        self._keep_rows(keep)
+        for seq in gone:
+            self._emit(seq, seq.finish_with_error("cancelled", "cancelled"))
+
+    def _fail_request(self, state: RequestState, message: str, code: ErrorCode) -> None:
+        for index in range(state.request.params.n):
+            self._post(state, TokenEvent(index=index, text="", finish_reason="error", error=message,
+                                         error_code=code,
+                                         usage=Usage(len(state.request.prompt_ids), 0)))
+        state.open_choices = 0
+        self._post(state, None)
+
+    def _emit(self, seq: Sequence, event: TokenEvent) -> None:
+        self._post(seq.state, event)
+        if event.finish_reason is not None:
+            seq.state.open_choices -= 1
+            if seq.state.open_choices <= 0:
+                self._requests_finished += 1
+                self._post(seq.state, None)
+
+    def _post(self, state: RequestState, item: TokenEvent | None) -> None:
+        """Queue an event (None = the request is over) for the asyncio side; sent by `_flush`."""
+        self._outbox.setdefault(state.loop, []).append((state.queue, item))
+
+    def _flush(self) -> None:
+        """Hand the step's events over with one thread-safe call per event loop (not one wake-up per token)."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed: nobody is listening any more
+                pass
+
+    # ---- one step's tensors -------------------------------------------------------------------------------
+
+    def _bitmask(self, running: list[Sequence], new_seqs: list[Sequence], fill) -> torch.Tensor | None:
+        """The step's packed mask on the device (None when no row is constrained), one non-blocking copy."""
+        if fill is None and not _constrained(new_seqs):
+            return None
+        if fill is not None:
+            fill.result()
+        else:
+            self._fill_rows(running, 0)
+        self._fill_rows(new_seqs, len(running))
+        return self._host_bitmask()[: len(self.seqs)].to(self.device, non_blocking=True)
+
+    def _host_bitmask(self) -> torch.Tensor:
+        """One pinned buffer, reused: the previous step's copy has completed by the time it is refilled. Made
+        outside inference mode, so the filler thread may write into it."""
+        if self._bitmask_host is None:
+            with torch.inference_mode(False):
+                pin = self.device.type == "cuda"
+                self._bitmask_host = torch.empty((self.max_batch_size, self.words), dtype=torch.int32,
+                                                 pin_memory=pin)
+        return self._bitmask_host
+
+    def _fill_rows(self, seqs: list[Sequence], offset: int) -> None:
+        bitmask = self._host_bitmask()
+        for i, seq in enumerate(seqs):
+            if seq.matcher is None:
+                bitmask[offset + i].fill_(-1)
+            else:
+                seq.matcher.fill_bitmask(bitmask, offset + i, tokens_left=seq.tokens_left)
+
+    def _sampling_batch(self) -> SamplingBatch:
+        """Per-row settings as device tensors; rebuilt only when the batch's rows change (mirostat mu: each step)."""
+        batch = self._sampling
+        if batch is None:
+            batch = self._sampling = self._build_sampling_batch()
+        if batch.any_mirostat:
+            batch.mirostat_mu = torch.tensor([seq.mirostat_mu for seq in self.seqs], device=self.device)
+        return batch
+
+    def _build_sampling_batch(self) -> SamplingBatch:
+        params = [seq.params for seq in self.seqs]
+        dev = self.device
+
+        def floats(values):
+            return torch.tensor(values, dtype=torch.float32, device=dev)
+
+        greedy = [p.greedy for p in params]
+        mirostat = [p.mirostat_target is not None and not g for p, g in zip(params, greedy)]
+        top_k = [0 if m else (p.top_k if p.top_k > 0 else 0) for p, m in zip(params, mirostat)]
+        top_p = [1.0 if m else p.top_p for p, m in zip(params, mirostat)]
+        min_p = [0.0 if m else p.min_p for p, m in zip(params, mirostat)]
+        bias_rows, bias_cols, bias_values = [], [], []
+        for row, p in enumerate(params):
+            for token, value in p.logit_bias.items():
+                if 0 <= int(token) < self.width:
+                    bias_rows.append(row)
+                    bias_cols.append(int(token))
+                    bias_values.append(float(value))
+        sampled = [not g for g in greedy]
+        return SamplingBatch(
+            temperature=floats([1.0 if g else max(p.temperature, 1e-5) for p, g in zip(params, greedy)]),
+            greedy=torch.tensor(greedy, device=dev),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=dev), top_p=floats(top_p), min_p=floats(min_p),
+            repetition=floats([p.repetition_penalty for p in params]),
+            frequency=floats([p.frequency_penalty for p in params]),
+            presence=floats([p.presence_penalty for p in params]),
+            bias_rows=torch.tensor(bias_rows, dtype=torch.long, device=dev),
+            bias_cols=torch.tensor(bias_cols, dtype=torch.long, device=dev), bias_values=floats(bias_values),
+            mirostat=torch.tensor(mirostat, device=dev),
+            mirostat_mu=floats([seq.mirostat_mu for seq in self.seqs]),
+            generators=[seq.generator for seq in self.seqs],
+            any_penalty=any(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
+                            for p in params),
+            any_top_k=any(k > 0 and s for k, s in zip(top_k, sampled)),
+            any_top_p=any(tp < 1.0 and s for tp, s in zip(top_p, sampled)),
+            any_min_p=any(mp > 0.0 and s for mp, s in zip(min_p, sampled)),
+            any_mirostat=any(mirostat), all_greedy=all(greedy), any_greedy=any(greedy),
+            top_logprobs=min(MAX_TOP_LOGPROBS, max((p.top_logprobs for p in params if p.logprobs), default=0)),
+            want_logprobs=any(p.logprobs for p in params),
+        )
+
+    def _postprocess(self, out: StepOutput, batch: SamplingBatch) -> None:
+        tokens = torch.tensor(out.tokens, dtype=torch.long, device=self.device)
+        self.counts[torch.arange(len(out.tokens), device=self.device), tokens] += 1.0
+        self.last_tokens = tokens
+        keep: list[int] = []
+        events: list[tuple[Sequence, TokenEvent]] = []
+        for row, seq in enumerate(self.seqs):
+            if out.empty[row]:
+                event = seq.finish_with_error("no token is allowed here: the grammar and logit_bias leave an "
+                                              "empty set", "empty_allowed_set")
+            else:
+                event = seq.take_token(out.tokens[row], self._logprob(seq, out, row), out.chosen_prob[row])
+                self._tokens_generated += 1
+            events.append((seq, event))
+            if seq.finished is None:
+                keep.append(row)
+        self._keep_rows(keep)  # before emitting, so a consumer that sees its last event sees its row gone
+        for seq, event in events:
+            self._emit(seq, event)
+
+    def _logprob(self, seq: Sequence, out: StepOutput, row: int) -> TokenLogprob | None:
+        if not seq.params.logprobs:
+            return None
+        token = out.tokens[row]
+        text, data = self.texts.get(token)
+        top: tuple = ()
+        k = min(seq.params.top_logprobs, MAX_TOP_LOGPROBS)
+        if k:
+            top = tuple((tid, *self.texts.get(tid), lp)
+                        for tid, lp in zip(out.top_ids[row][:k], out.top_logprobs[row][:k]) if lp != -math.inf)
+        return TokenLogprob(token_id=token, token=text, token_bytes=data, logprob=out.logprobs[row], top=top)
+
+    def _prompt_logprobs(self, state: RequestState, logits: torch.Tensor) -> tuple[TokenLogprob | None, ...]:
+        """Raw logprobs of each prompt token given the ones before it (the first has none), top-k alternatives."""
+        prompt = state.request.prompt_ids
+        k = min(int(state.request.params.prompt_logprobs or 0), MAX_TOP_LOGPROBS)
+        logp = torch.log_softmax(logits[-len(prompt):-1].float(), dim=-1)
+        targets = torch.tensor(prompt[1:], dtype=torch.long, device=logp.device).clamp(0, logp.shape[-1] - 1)
+        chosen = logp.gather(1, targets.unsqueeze(1)).squeeze(1).cpu().tolist()
+        top_ids, top_lps = ([], [])
+        if k:
+            top = logp.topk(k, dim=-1)
+            top_ids, top_lps = top.indices.cpu().tolist(), top.values.cpu().tolist()
+        result: list[TokenLogprob | None] = [None]
+        for pos, token in enumerate(prompt[1:]):
+            alternatives = tuple((tid, *self.texts.get(tid), lp) for tid, lp in
+                                 zip(top_ids[pos], top_lps[pos])) if k else ()
+            result.append(TokenLogprob(token, *self.texts.get(token), chosen[pos], alternatives))
+        return tuple(result)
+
+
+def _constrained(seqs: list[Sequence]) -> bool:
+    return any(seq.matcher is not None for seq in seqs)
+
+
+def _deliver(items: list) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)

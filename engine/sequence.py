@@ -1,0 +1,110 @@
+"""Per-choice decoding state (one `Sequence` per row of the batch) and the request it belongs to.
+
+Plain Python state only: output ids, grammar matcher, stop matcher, detokenizer, seeded generator, mirostat mu.
+`Sequence.take_token` applies one sampled token and says whether the choice is finished. No tensor math here
+beyond creating the per-request generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from constrain.stops import StopMatcher
+from engine.detokenizer import IncrementalDetokenizer
+from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
+
+
+@dataclass
+class RequestState:
+    """A submitted request: where its events go (queue on its event loop) and how many choices still run."""
+
+    request: GenerationRequest
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    open_choices: int = 0
+    cancelled: bool = False
+    prompt_logprobs: tuple | None = None
+
+
+@dataclass
+class Sequence:
+    """One choice being decoded; the row it occupies in the batch is its position in the running list."""
+
+    state: RequestState
+    index: int
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    eos_ids: frozenset[int]
+    max_new_tokens: int  # min(max_tokens, context room)
+    matcher: object | None = None
+    generator: torch.Generator | None = None
+    mirostat_mu: float = 0.0
+    output_ids: list[int] = field(default_factory=list)
+    finished: str | None = None  # finish reason once done
+    error: str | None = None
+    error_code: ErrorCode | None = None
+    sent_first: bool = False
+
+    @property
+    def params(self):
+        return self.state.request.params
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.state.request.prompt_ids)
+
+    @property
+    def tokens_left(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
+
+    def take_token(self, token: int, logprob: TokenLogprob | None, chosen_prob: float) -> TokenEvent:
+        """Apply one sampled token: grammar, detokenize, stop strings, limits. Returns this step's event."""
+        params = self.params
+        self.output_ids.append(token)
+        text = ""
+        is_stop_token = token in self.eos_ids
+        if params.mirostat_target is not None:
+            surprise = -math.log2(max(chosen_prob, 1e-30))
+            self.mirostat_mu -= params.mirostat_lr * (surprise - params.mirostat_target)
+        if is_stop_token:
+            self.finished = "stop"
+        elif self.matcher is not None and not self.matcher.accept(token):
+            self.finished, self.error = "error", f"token {token} was sampled but the grammar rejected it"
+            self.error_code = "internal"
+        else:
+            text, stopped = self.stops.push(self.detok.push(token))
+            if stopped or (self.matcher is not None and self.matcher.is_terminated()):
+                self.finished = "stop"
+        if self.finished is None and self.tokens_left <= 0:
+            self.finished = "length"
+        if self.finished in ("stop", "length") and not self.stops.stopped:
+            tail, _ = self.stops.push(self.detok.flush())
+            text += tail + self.stops.flush()
+            if self.stops.stopped:
+                self.finished = "stop"
+        return self._event(text, (token,), (logprob,) if logprob is not None else ())
+
+    def finish_without_tokens(self) -> TokenEvent:
+        """No room to generate (max_tokens 0, e.g. echo-only prompt scoring): one final "length" event."""
+        self.finished = "length"
+        return self._event("", (), ())
+
+    def finish_with_error(self, message: str, code: ErrorCode) -> TokenEvent:
+        self.finished, self.error, self.error_code = "error", message, code
+        return self._event("", (), ())
+
+    def _event(self, text: str, token_ids: tuple[int, ...], logprobs: tuple) -> TokenEvent:
+        first = not self.sent_first
+        self.sent_first = True
+        done = self.finished is not None
+        return TokenEvent(
+            index=self.index, text=text, token_ids=token_ids, logprobs=logprobs,
+            finish_reason=self.finished if done else None, error=self.error if done else None,
+            error_code=self.error_code if done else None,
+            usage=Usage(self.prompt_len, len(self.output_ids)) if done else None,
+            prompt_logprobs=self.state.prompt_logprobs if first else None,
+        )

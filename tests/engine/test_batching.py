@@ -1,0 +1,137 @@
+"""Continuous batching: a request's tokens do not depend on who else is in the batch, rows join and leave at
+step boundaries, n > 1 forks one prefill, cancellation frees the row and its cache."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.engine.driver import collect_events, request, run_all, run_one
+
+PROMPT_A = list(range(1000, 1012))
+PROMPT_B = list(range(2000, 2003))
+PROMPT_C = list(range(3000, 3030))  # longer than A: the running batch gets left-padded when C joins
+
+# Greedy with penalties so the tiny random model writes varied tokens instead of one token repeated.
+GREEDY = dict(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5, max_tokens=24)
+SEEDED = dict(temperature=1.0, top_p=0.95, seed=1234, max_tokens=24)
+
+
+def run_with_traffic(eng, target):
+    """Run `target` while one request runs from the start and leaves early, and another joins mid-way."""
+    async def main():
+        events, tasks = [], []
+        early = asyncio.create_task(run_one(eng, request("early", PROMPT_B, temperature=0.7, max_tokens=4)))
+        async for ev in eng.generate(target):
+            events.append(ev)
+            if len(events) == 6:
+                tasks.append(asyncio.create_task(run_one(eng, request(
+                    "late", PROMPT_C, temperature=0.9, seed=5, max_tokens=40, presence_penalty=1.0))))
+        others = await asyncio.gather(early, *tasks)
+        return collect_events(events), others
+
+    return asyncio.run(main())
+
+
+def test_greedy_request_is_identical_alone_and_while_others_join_and_leave(engine):
+    (alone,) = run_all(engine, request("a", PROMPT_A, **GREEDY))
+    batched, others = run_with_traffic(engine, request("a", PROMPT_A, **GREEDY))
+    assert len(set(alone[0].tokens)) > 3
+    assert batched[0].tokens == alone[0].tokens
+    assert batched[0].text == alone[0].text
+    assert [o[0].last.finish_reason for o in others] == ["length", "length"]
+
+
+def test_seeded_request_is_identical_alone_and_in_any_batch(engine):
+    (alone,) = run_all(engine, request("s", PROMPT_A, **SEEDED))
+    batched, _ = run_with_traffic(engine, request("s", PROMPT_A, **SEEDED))
+    assert batched[0].tokens == alone[0].tokens
+    (other_seed,) = run_all(engine, request("s", PROMPT_A, **{**SEEDED, "seed": 99}))
+    assert other_seed[0].tokens != alone[0].tokens
+
+
+def test_n_choices_fork_one_prefill_and_choice_zero_matches_a_single_request(engine):
+    (forked,) = run_all(engine, request("n", PROMPT_A, n=3, **SEEDED))
+    (single,) = run_all(engine, request("one", PROMPT_A, **SEEDED))
+    assert sorted(forked) == [0, 1, 2]
+    assert forked[0].tokens == single[0].tokens
+    assert forked[1].tokens != forked[0].tokens
+    for choice in forked.values():
+        assert [ev.finish_reason for ev in choice.events].count("length") == 1
+        assert choice.last.usage.completion_tokens == len(choice.tokens) == 24
+        assert choice.last.usage.prompt_tokens == len(PROMPT_A)
+    assert engine.stats()["prefill_tokens"] == 2 * len(PROMPT_A)  # the n=3 request was prefilled once
+
+
+def test_cancelling_a_stream_frees_its_row_and_cache_and_the_batch_continues(engine):
+    (alone,) = run_all(engine, request("keep", PROMPT_B, **GREEDY))
+
+    async def main():
+        keep = asyncio.create_task(run_one(engine, request("keep", PROMPT_B, **GREEDY)))
+        stream = engine.generate(request("drop", PROMPT_C, temperature=0.0, max_tokens=500))
+        seen = 0
+        async for _ in stream:
+            seen += 1
+            if seen == 3:
+                break
+        rows_before = engine.stats()["batch_size"]
+        await stream.aclose()  # what the service does on a client disconnect
+        observed = []
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            kv = engine.kv
+            observed.append((engine.stats()["batch_size"], kv.rows if kv is not None else 0,
+                             kv.cache.layers[0].keys.shape[0] if kv is not None else 0))
+            if observed[-1][0] <= 1:
+                break
+        return rows_before, observed, await keep
+
+    rows_before, observed, kept = asyncio.run(main())
+    assert rows_before == 2
+    assert observed[-1][0] <= 1 and observed[-1][1] <= 1 and observed[-1][2] <= 1
+    assert kept[0].tokens == alone[0].tokens
+    stats = engine.stats()
+    assert stats["batch_size"] == 0 and engine.kv is None  # all rows and their cache released
+
+
+def test_cancel_by_request_id_ends_the_stream_with_an_error_event(engine):
+    async def main():
+        events = []
+        async for ev in engine.generate(request("victim", PROMPT_A, temperature=0.0, max_tokens=500)):
+            events.append(ev)
+            if len(events) == 2:
+                engine.cancel("victim")
+        return events
+
+    events = asyncio.run(main())
+    assert events[-1].finish_reason == "error" and events[-1].error == "cancelled"
+    assert events[-1].error_code == "cancelled"
+    assert len(events) < 50
+    assert engine.stats()["batch_size"] == 0
+
+
+def test_batch_size_limit_queues_requests_and_serves_them_all(builtin):
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=2, max_prefill_tokens=64)
+    eng.start()
+    try:
+        results = run_all(eng, *[request(f"r{i}", PROMPT_A, temperature=0.0, max_tokens=5) for i in range(5)])
+    finally:
+        eng.shutdown()
+    assert all(r[0].last.finish_reason == "length" and len(r[0].tokens) == 5 for r in results)
+    assert len({tuple(r[0].tokens) for r in results}) == 1
+
+
+def test_request_wider_than_the_batch_is_refused_without_blocking_the_queue(builtin):
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=2)
+    eng.start()
+    try:
+        wide, normal = run_all(eng, request("w", PROMPT_A, n=3, max_tokens=2),
+                               request("ok", PROMPT_A, temperature=0.0, max_tokens=2))
+    finally:
+        eng.shutdown()
+    assert sorted(wide) == [0, 1, 2] and all(c.last.finish_reason == "error" for c in wide.values())
+    assert "n=3" in wide[0].last.error
+    assert normal[0].last.finish_reason == "length" and len(normal[0].tokens) == 2

@@ -1,0 +1,80 @@
+"""Other models and vocabularies: tiny random models saved with the Qwen2 and Phi-3 tokenizers (different
+vocabulary sizes, byte-level BPE vs SentencePiece) decode in mixed batches; incremental text never splits a
+UTF-8 character and equals a one-shot decode."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from constrain import ConstraintSpec, GrammarCompiler, Vocabulary
+from engine import Engine
+from engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from engine.model_loader import load_model
+from tests.engine.driver import request, run_all
+
+TEXT = "Grüße, 世界! 🙂🚀 naïve café — ok"
+
+
+@pytest.fixture(scope="module", params=["qwen2", "phi3"])
+def tiny_model(request, tiny_model_dirs):
+    return load_model(str(tiny_model_dirs[request.param]), device="cpu")
+
+
+def test_tiny_models_decode_a_mixed_batch_with_their_own_vocabulary(tiny_model):
+    tok = tiny_model.tokenizer
+    assert tiny_model.logits_width == len(tok)
+    vocab = Vocabulary.from_tokenizer(tok, tiny_model.logits_width, tiny_model.eos_token_ids)
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    grammar = compiler.compile(ConstraintSpec(kind="regex", pattern=r"(red|green|blue) [0-9]{2}"))
+    prompt = tok(TEXT)["input_ids"]
+    eng = Engine(tiny_model, max_batch_size=4)
+    eng.start()
+    try:
+        (greedy,) = run_all(eng, request("g", prompt, temperature=0.0, repetition_penalty=1.3, max_tokens=12))
+        batched, seeded, constrained = run_all(
+            eng, request("g", prompt, temperature=0.0, repetition_penalty=1.3, max_tokens=12),
+            request("s", prompt, temperature=1.0, seed=3, max_tokens=12, logprobs=True, top_logprobs=2),
+            request("c", prompt, grammar=grammar, temperature=1.0, seed=4, max_tokens=12))
+    finally:
+        eng.shutdown()
+        compiler.close()
+    assert batched[0].tokens == greedy[0].tokens
+    for choice in (greedy[0], seeded[0]):
+        full = tok.decode(prompt + choice.tokens, skip_special_tokens=True)
+        assert choice.text == full[len(tok.decode(prompt, skip_special_tokens=True)):]
+    assert all(len(ev.logprobs) == len(ev.token_ids) for ev in seeded[0].events)
+    assert re.fullmatch(r"(red|green|blue) [0-9]{2}", constrained[0].text)
+    assert constrained[0].last.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi3"])
+def test_incremental_detokenization_never_splits_a_utf8_character(name):
+    from transformers import AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    deltas = [detok.push(i) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
+    texts = TokenTexts(tok)
+    assert b"".join(texts.get(i)[1] for i in ids).decode("utf-8").strip() == TEXT
+
+    # A 4-byte character spelled by four single-byte tokens: held back until its last byte arrives.
+    single = {}
+    for i in range(len(tok)):
+        data = texts.get(i)[1]
+        if len(data) == 1 and i not in single.values():
+            single.setdefault(data, i)
+    emoji = [single[bytes([b])] for b in "🙂".encode()]
+    words = tok(["ok ", " done"], add_special_tokens=False)["input_ids"]
+    ids = words[0] + emoji + words[1]
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    deltas = [detok.push(i) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "🙂" in deltas
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)

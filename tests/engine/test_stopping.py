@@ -1,0 +1,174 @@
+"""Stopping and output events: EOS ids, stop strings across tokens, stop_token_ids, max_tokens, the context
+limit, ignore_eos, usage, logprobs and prompt logprobs, and a row whose allowed set is empty."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from constrain.grammar import Grammar, Matcher
+from engine import Engine
+from tests.engine.driver import request, run_all
+
+PROMPT = list(range(1000, 1012))
+VARIED = dict(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5)
+
+
+def test_eos_ends_the_choice_with_stop_and_counts_the_token(engine, builtin):
+    eos = min(builtin.eos_token_ids)
+    (out,) = run_all(engine, request("e", PROMPT, temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}))
+    assert out[0].last.finish_reason == "stop"
+    assert out[0].tokens == [eos] and out[0].text == ""
+    assert out[0].last.usage.completion_tokens == 1 and out[0].last.usage.total_tokens == len(PROMPT) + 1
+
+
+def test_ignore_eos_keeps_generating_until_max_tokens(engine, builtin):
+    eos = min(builtin.eos_token_ids)
+    (out,) = run_all(engine, request("e", PROMPT, temperature=0.0, max_tokens=4, ignore_eos=True,
+                                     logit_bias={eos: 100.0}))
+    assert out[0].last.finish_reason == "length" and out[0].tokens == [eos] * 4
+
+
+def test_stop_string_spanning_tokens_ends_the_choice_without_leaking(engine, builtin):
+    (alone,) = run_all(engine, request("a", PROMPT, max_tokens=16, **VARIED))
+    tok = builtin.tokenizer
+    pieces = [tok.decode(alone[0].tokens[: i + 1]) for i in range(len(alone[0].tokens))]
+    boundary = len(pieces[4])  # the text of tokens 0..4; the stop string straddles the 4/5 boundary
+    full = alone[0].text
+    stop = full[boundary - 2: boundary + 2]
+    assert len(stop) == 4
+    (out,) = run_all(engine, request("s", PROMPT, max_tokens=16, stop=(stop,), **VARIED))
+    assert out[0].last.finish_reason == "stop"
+    assert out[0].text == full[: full.find(stop)]
+    (kept,) = run_all(engine, request("s", PROMPT, max_tokens=16, stop=(stop,), include_stop_str_in_output=True,
+                                      **VARIED))
+    assert kept[0].text == full[: full.find(stop) + len(stop)]
+
+
+def test_stop_token_ids_end_the_choice(engine):
+    (alone,) = run_all(engine, request("a", PROMPT, max_tokens=12, **VARIED))
+    target = alone[0].tokens[5]
+    (out,) = run_all(engine, request("t", PROMPT, max_tokens=12, stop_token_ids=(target,), **VARIED))
+    first = alone[0].tokens.index(target)
+    assert out[0].tokens == alone[0].tokens[: first + 1]
+    assert out[0].last.finish_reason == "stop"
+
+
+def test_max_tokens_and_context_length_end_with_length(builtin):
+    small = dataclasses.replace(builtin, context_length=len(PROMPT) + 3)
+    eng = Engine(small)
+    eng.start()
+    try:
+        capped, fits, too_long = run_all(eng, request("c", PROMPT, temperature=0.0, max_tokens=50),
+                                         request("f", PROMPT[:5], temperature=0.0, max_tokens=2),
+                                         request("l", list(range(100, 100 + len(PROMPT) + 3)), max_tokens=1))
+    finally:
+        eng.shutdown()
+    assert capped[0].last.finish_reason == "length" and len(capped[0].tokens) == 3
+    assert fits[0].last.finish_reason == "length" and len(fits[0].tokens) == 2
+    assert too_long[0].last.finish_reason == "error" and "context" in too_long[0].last.error
+    assert too_long[0].last.error_code == "invalid_request"
+
+
+def test_every_choice_ends_with_exactly_one_final_event_carrying_usage(engine):
+    (out,) = run_all(engine, request("u", PROMPT, n=2, temperature=0.8, max_tokens=5))
+    for choice in out.values():
+        finals = [ev for ev in choice.events if ev.finish_reason is not None]
+        assert finals == [choice.last]
+        assert all(ev.usage is None for ev in choice.events[:-1])
+        assert choice.last.usage.completion_tokens == 5
+
+
+def test_logprobs_are_raw_and_the_greedy_token_is_the_top_alternative(engine, builtin):
+    (out,) = run_all(engine, request("l", PROMPT, temperature=0.0, max_tokens=4, logprobs=True, top_logprobs=5))
+    events = out[0].events
+    assert [len(ev.logprobs) for ev in events] == [1, 1, 1, 1]
+    with torch.inference_mode():
+        logits = builtin.model(torch.tensor([PROMPT])).logits[0, -1].float()
+    expected = torch.log_softmax(logits, -1)
+    first = events[0].logprobs[0]
+    assert first.token_id == out[0].tokens[0] == int(expected.argmax())
+    assert abs(first.logprob - float(expected[first.token_id])) < 1e-4
+    assert [t[0] for t in first.top] == expected.topk(5).indices.tolist()
+    assert first.top[0][3] == first.logprob
+    tid, text, data, _ = first.top[1]
+    assert data == builtin.tokenizer.decode([tid]).encode() or text == data.decode("utf-8", "replace")
+
+
+def test_prompt_logprobs_come_with_the_first_event_only(engine, builtin):
+    (out,) = run_all(engine, request("p", PROMPT, temperature=0.0, max_tokens=2, prompt_logprobs=2))
+    first, second = out[0].events
+    assert second.prompt_logprobs is None
+    plp = first.prompt_logprobs
+    assert len(plp) == len(PROMPT) and plp[0] is None
+    with torch.inference_mode():
+        logits = builtin.model(torch.tensor([PROMPT])).logits[0].float()
+    expected = torch.log_softmax(logits, -1)
+    for pos in range(1, len(PROMPT)):
+        assert plp[pos].token_id == PROMPT[pos]
+        assert abs(plp[pos].logprob - float(expected[pos - 1, PROMPT[pos]])) < 1e-4
+        assert len(plp[pos].top) == 2
+
+
+def test_echo_scoring_with_zero_max_tokens_returns_prompt_logprobs_and_no_tokens(engine):
+    (out,) = run_all(engine, request("z", PROMPT, max_tokens=0, prompt_logprobs=1))
+    (event,) = out[0].events
+    assert event.finish_reason == "length" and event.usage.completion_tokens == 0
+    assert len(event.prompt_logprobs) == len(PROMPT)
+
+
+class _NothingAllowed(Grammar):
+    """A grammar whose allowed set is empty from the start (what a broken schema/bias combination produces)."""
+
+    backend = "test"
+
+    def matcher(self) -> Matcher:
+        return _EmptyMatcher()
+
+
+class _EmptyMatcher(Matcher):
+    def fill_bitmask(self, bitmask, row, tokens_left=None):
+        bitmask[row].zero_()
+
+    def accept(self, token_id):
+        return False
+
+    def is_terminated(self):
+        return False
+
+    def can_end(self):
+        return False
+
+
+def test_empty_allowed_set_ends_that_choice_with_an_error_and_the_batch_continues(engine):
+    (alone,) = run_all(engine, request("a", PROMPT, max_tokens=6, **VARIED))
+    broken, ok = run_all(engine, request("b", PROMPT, grammar=_NothingAllowed(), max_tokens=6, temperature=1.0),
+                         request("a", PROMPT, max_tokens=6, **VARIED))
+    assert broken[0].last.finish_reason == "error" and "empty" in broken[0].last.error
+    assert broken[0].last.error_code == "empty_allowed_set"
+    assert broken[0].tokens == []
+    assert ok[0].tokens == alone[0].tokens
+
+
+def test_mirostat_with_a_tiny_target_keeps_only_the_most_likely_token(engine):
+    (greedy,) = run_all(engine, request("g", PROMPT, temperature=0.0, max_tokens=8))
+    (miro,) = run_all(engine, request("m", PROMPT, temperature=1.0, seed=1, max_tokens=8, mirostat_target=0.01,
+                                      mirostat_lr=0.1))
+    (plain,) = run_all(engine, request("p", PROMPT, temperature=1.0, seed=1, max_tokens=8))
+    assert miro[0].tokens == greedy[0].tokens
+    assert plain[0].tokens != greedy[0].tokens  # without mirostat the flat random model wanders
+
+
+def test_stats_report_rows_queue_steps_and_tokens(engine):
+    run_all(engine, request("a", PROMPT, temperature=0.0, max_tokens=3), request("b", PROMPT, max_tokens=2))
+    stats = engine.stats()
+    assert stats["batch_size"] == 0 and stats["queue_depth"] == 0
+    assert stats["tokens_generated"] == 5 and stats["steps"] >= 3
+
+
+def test_out_of_range_prompt_ids_fail_that_request_only(engine, builtin):
+    bad, good = run_all(engine, request("bad", [5, builtin.logits_width + 10], max_tokens=2),
+                        request("good", PROMPT, temperature=0.0, max_tokens=2))
+    assert bad[0].last.finish_reason == "error" and "token ids" in bad[0].last.error
+    assert good[0].last.finish_reason == "length" and len(good[0].tokens) == 2
