@@ -1,1 +1,16 @@
-"""OpenAI protocol over HTTP: request models, routes, SSE, errors, auth, metrics. Never touches tensors."""
+"""OpenAI protocol over HTTP: request models, routes, SSE, errors, auth, metrics. Never touches tensors.
+
+Modules: protocol (request models and ranges), errors (OpenAI error shape), auth (bearer key), limits (body
+size), chat_template (messages -> prompt), prompts (completion prompt shapes, context rule), sampling (fields ->
+SamplingParams), generation (plan, compile, run and cancel engine requests), responses (JSON bodies, logprobs
+shapes), sse (stream chunks), tool_stream (tool calls as streamed deltas), metrics (Prometheus), routes, app.
+
+Beyond OpenAI, documented for clients:
+- Request fields `regex` (a pattern) and `choice` (a list of strings) constrain the output; `response_format`
+  also takes `{"type": "json_object", "schema": {...}}`; chat also takes a raw `prompt` instead of `messages`.
+- Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored).
+- Response header `x-structgen-unenforced`: JSON Pointers of schema keywords accepted but not enforced
+  (non-strict schemas only; strict ones with such keywords are a 400).
+- Streamed errors after the first byte arrive as `data: {"error": {...}}` followed by `data: [DONE]`.
+- `return_tokens_as_token_ids`: logprobs tokens are written `token_id:<id>`.
+"""

@@ -1,35 +1,127 @@
-"""The FastAPI application: routes over typed models. No tensors and no grammar logic here."""
+"""The FastAPI application: routes over typed models. No tensors and no grammar logic here.
+
+Wires the engine and the grammar compiler in a lifespan (engine start/shutdown, named schemas precompiled at
+start-up), the OpenAI error shape, bearer auth, the body limit and /metrics.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.responses import Response
 
+import constrain
+import engine as engine_pkg
 from engine.model_loader import LoadedModel
+from service.auth import BearerAuth
 from service.config import ServerConfig
+from service.errors import APIError, install_error_handlers
+from service.generation import Generation
+from service.limits import BodySizeLimit
+from service.metrics import CONTENT_TYPE, Metrics
+from service.routes import router
+
+log = logging.getLogger(__name__)
+
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}
+
+
+class _CountRequests:
+    """Counts every API response by endpoint and status (errors included) for /metrics."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        endpoint = _ENDPOINTS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None:
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint=endpoint, status=str(message["status"])).inc()
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)
+
+
+def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel):
+    vocab = constrain.Vocabulary.from_tokenizer(loaded.tokenizer, loaded.logits_width, loaded.eos_token_ids)
+    kwargs = {"backend": config.constraint_backend}
+    if config.cache_dir is not None:
+        kwargs["cache_dir"] = config.cache_dir
+    if config.schemas_dir is not None:
+        kwargs["schemas_dir"] = config.schemas_dir
+    compiler = constrain.GrammarCompiler(vocab, loaded.tokenizer, **kwargs)
+    engine = engine_pkg.Engine(loaded, max_batch_size=config.max_batch_size)
+    return engine, compiler
 
 
 def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
-    app = FastAPI(title="structgen", docs_url=None, redoc_url=None)
+    engine, compiler = _build_engine_and_compiler(config, loaded)
+
+    def compiler_stats():
+        stats = getattr(compiler, "stats", None)
+        return stats() if callable(stats) else stats
+
+    metrics = Metrics(engine_stats=engine.stats, compiler_stats=compiler_stats)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        started = time.monotonic()
+        engine.start()
+        precompile = getattr(compiler, "precompile_named", None)
+        if precompile is not None:
+            result = await asyncio.to_thread(precompile)  # may compile: keep the loop free
+            if asyncio.iscoroutine(result):
+                await result
+        log.info("engine started, named schemas precompiled in %.1f s", time.monotonic() - started)
+        try:
+            yield
+        finally:
+            engine.shutdown()
+            close = getattr(compiler, "close", None)
+            if close is not None:
+                close()
+
+    app = FastAPI(title="structgen", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.generation = Generation(engine=engine, compiler=compiler, loaded=loaded, config=config,
+                                      metrics=metrics)
+    app.state.metrics = metrics
     created = int(time.time())
+    install_error_handlers(app)
+    app.include_router(router)
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def list_models() -> dict:
-        return {
-            "object": "list",
-            "data": [{
-                "id": config.model_name,
-                "object": "model",
-                "created": created,
-                "owned_by": "structgen",
-                "context_length": loaded.context_length,
-                "max_model_len": loaded.context_length,
-            }],
-        }
+        return {"object": "list", "data": [_model_card(config, loaded, created)]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict:
+        if model_id != config.model_name:
+            raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
+        return _model_card(config, loaded, created)
+
+    # outermost first: body limit, then auth, then counting
+    app.add_middleware(_CountRequests, metrics=metrics)
+    app.add_middleware(BearerAuth, api_key=config.api_key)
+    app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
     return app
+
+
+def _model_card(config: ServerConfig, loaded: LoadedModel, created: int) -> dict:
+    return {"id": config.model_name, "object": "model", "created": created, "owned_by": "structgen",
+            "context_length": loaded.context_length, "max_model_len": loaded.context_length}

@@ -6,14 +6,20 @@ line wins over the environment.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
-import sys
-from pathlib import Path
 
-from engine.model_loader import BUILTIN_MODEL
-from service.config import ServerConfig
+# Before torch is imported: idle OpenMP threads must sleep, not spin. Spinning workers fight the engine thread
+# and the event loop for the cores (bench/README.md measured 3x slower decoding on 2 cores). A user's own
+# setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from engine.model_loader import BUILTIN_MODEL  # noqa: E402
+from service.config import ServerConfig  # noqa: E402
 
 
 def _env(name: str, default=None):
@@ -60,6 +66,8 @@ def _add_serve(subparsers) -> None:
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
                    help="on-disk grammar cache (default: ~/.cache/structgen)")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
+                   help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
     p.add_argument("--log-level", default=_env("log_level", "info"),
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=_serve)
@@ -75,6 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,
+        max_body_bytes=int(args.max_body_bytes),
     )
     try:
         run_server(config)

@@ -1,0 +1,131 @@
+"""Chat messages -> prompt token ids, with the model's own chat template (a ChatML fallback when it has none).
+
+Handles `tool` role messages and assistant `tool_calls` in history, and adds the tools to the prompt (as the
+template's `tools` argument when the template knows tools, else as a system prompt from constrain). Never
+samples and never touches tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from service.errors import invalid
+from service.protocol import ChatMessage
+
+# Used when the tokenizer has no chat template (e.g. GPT-2): ChatML, which most instruction data resembles.
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _arguments_object(arguments: str | dict) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
+
+
+def tool_calls_as_text(message: ChatMessage) -> str:
+    """An assistant's earlier tool calls written the way constrain asks the model to write them (a JSON array of
+    {"name", "arguments"})."""
+    calls = [{"name": c.function.name, "arguments": _arguments_object(c.function.arguments)}
+             for c in message.tool_calls or ()]
+    return json.dumps(calls, ensure_ascii=False)
+
+
+_PROBE = "structgen-role-probe-7f3a"
+
+
+class ChatTemplate:
+    """Renders a conversation for one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
+        self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
+        self.knows_tools = "tools" in self.template
+        self.knows_tool_calls = "tool_calls" in self.template
+        # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
+        # turns rather than lose the system prompt, the tools description or a tool's result.
+        self.renders_system = self._renders([{"role": "system", "content": _PROBE},
+                                             {"role": "user", "content": "hi"}])
+        self.renders_tool = self._renders([{"role": "user", "content": "hi"},
+                                           {"role": "assistant", "content": "ok"},
+                                           {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}])
+
+    def _renders(self, conversation: list[dict]) -> bool:
+        try:
+            text = self.tokenizer.apply_chat_template(conversation, chat_template=self.template, tokenize=False,
+                                                      add_generation_prompt=True)
+        except Exception:  # a template that refuses the role does not render it
+            return False
+        return _PROBE in text
+
+    def _fold_roles(self, dicts: list[dict]) -> list[dict]:
+        out: list[dict] = []
+        system: list[str] = []
+        for d in dicts:
+            if d["role"] == "tool" and not self.renders_tool:
+                label = d.get("name") or d.get("tool_call_id") or "tool"
+                d = {"role": "user", "content": f"Tool result ({label}): {d['content']}"}
+            if d["role"] == "system" and not self.renders_system:
+                system.append(d["content"])
+                continue
+            if system and d["role"] == "user":
+                d = {**d, "content": "\n\n".join(system + [d["content"]])}
+                system = []
+            out.append(d)
+        if system:
+            out.append({"role": "user", "content": "\n\n".join(system)})
+        return out
+
+    def _message_dicts(self, messages: list[ChatMessage]) -> list[dict]:
+        out = []
+        for m in messages:
+            role = "system" if m.role == "developer" else m.role
+            item: dict[str, Any] = {"role": role, "content": m.text}
+            if m.role == "assistant" and m.tool_calls:
+                if self.knows_tool_calls:
+                    item["tool_calls"] = [
+                        {"id": c.id, "type": "function",
+                         "function": {"name": c.function.name,
+                                      "arguments": _arguments_object(c.function.arguments)}}
+                        for c in m.tool_calls]
+                else:
+                    item["content"] = (m.text + "\n" if m.text else "") + tool_calls_as_text(m)
+            if m.role == "tool":
+                item["tool_call_id"] = m.tool_call_id
+                if m.name:
+                    item["name"] = m.name
+            out.append(item)
+        return out
+
+    def render(self, messages: list[ChatMessage], tools: list[dict] | None = None,
+               tools_prompt: Callable[[list[dict]], str] | None = None) -> str:
+        dicts = self._message_dicts(messages)
+        kwargs: dict[str, Any] = {}
+        if tools:
+            if self.knows_tools:
+                kwargs["tools"] = tools
+            elif tools_prompt is not None:
+                text = tools_prompt(tools)
+                if dicts and dicts[0]["role"] == "system":
+                    dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + text}
+                else:
+                    dicts.insert(0, {"role": "system", "content": text})
+        dicts = self._fold_roles(dicts)
+        try:
+            return self.tokenizer.apply_chat_template(dicts, chat_template=self.template, tokenize=False,
+                                                      add_generation_prompt=True, **kwargs)
+        except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
+            raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text; the template already wrote any BOS it wants."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,95 @@
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every error a client can cause is an `APIError` value turned into JSON here: 400 for an invalid request (never
+FastAPI's 422), 401, 404, 413. Never logs request bodies or keys.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+          503: "server_error"}
+
+
+class APIError(Exception):
+    """An error to return to the client as it is."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = "invalid_request") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), status_code=exc.status,
+                        headers=exc.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """The first validation error as one sentence naming the parameter (e.g. `temperature`)."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # drop pydantic's union-branch names ("str", "list[int]", "function-after[...]") from the location
+    loc = [p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool", "dict")]
+    param = ".".join(loc) or None
+    msg = str(first.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if not param and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object", None
+    if first.get("type") == "missing" and param:
+        return f"missing required parameter: '{param}'", param
+    if param:
+        return f"invalid value for '{param}': {msg}", param
+    return msg, None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(400, message, param, "invalid_request"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"unknown route: {request.method} {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(exc.status_code, message, None, None), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(500, "internal server error", None, "internal_error"), status_code=500)

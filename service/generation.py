@@ -1,0 +1,287 @@
+"""From a validated OpenAI request to engine requests, and back to a stream of (choice index, TokenEvent).
+
+`Generation` is the one service the routes call: it resolves the prompt, the constraint (compiled here, before
+anything is streamed, so a bad schema is a 400) and the sampling params, then runs the engine request(s) and
+cancels them when the client goes away. No tensors, no grammar internals, no HTTP shaping here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import constrain
+from engine.types import GenerationRequest, TokenEvent
+from service.chat_template import ChatTemplate
+from service.errors import APIError, invalid
+from service.metrics import Metrics
+from service.prompts import Prompt, completion_prompts, fit_max_tokens
+from service.protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest, _SamplingFields
+from service.sampling import sampling_params
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # seed 002; chat defaults to the room left in the context
+
+
+@dataclass
+class Plan:
+    """Everything needed to run and answer one API request."""
+
+    request_id: str
+    requests: list[GenerationRequest]  # one per prompt
+    prompts: list[Prompt]
+    n: int
+    spec: Any = None  # constrain.ConstraintSpec or None
+    headers: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    created: int = field(default_factory=lambda: int(time.time()))  # the `created` of the response
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p.ids) for p in self.prompts)
+
+    @property
+    def choices(self) -> int:
+        return len(self.requests) * self.n
+
+
+def engine_error(message: str | None, code: str | None) -> APIError:
+    """An engine-ended choice as an HTTP error, by the engine's error code (engine/types.py ErrorCode)."""
+    message = message or "engine error"
+    if code == "empty_allowed_set":  # grammar and logit_bias together leave nothing to sample
+        return APIError(400, message, param="logit_bias", code="empty_allowed_set")
+    if code == "invalid_request":
+        return APIError(400, message, code="invalid_request")
+    if code == "unavailable":
+        return APIError(503, message, code="server_shutting_down")
+    return APIError(500, f"generation failed: {message}", code="generation_error")
+
+
+class ClientGone(Exception):
+    """The client disconnected; the engine requests were cancelled."""
+
+
+def _constraint_error(exc) -> APIError:
+    message = exc.message
+    if exc.pointer and exc.pointer not in message:
+        message = f"{message} (at {exc.pointer})"
+    return APIError(400, message, param=exc.param, code=getattr(exc, "code", None) or "invalid_constraint")
+
+
+class Generation:
+    def __init__(self, *, engine, compiler, loaded, config, metrics: Metrics):
+        self.engine = engine
+        self.compiler = compiler
+        self.loaded = loaded
+        self.config = config
+        self.metrics = metrics
+        self.template = ChatTemplate(loaded.tokenizer)
+        self.vocab_limit = max(len(loaded.tokenizer), 1)
+
+    # ---- validation shared by both endpoints
+    def _check_common(self, req: _SamplingFields) -> dict[str, str]:
+        if req.model != self.config.model_name:
+            raise APIError(404, f"the model '{req.model}' does not exist: this server serves "
+                                f"'{self.config.model_name}'", param="model", code="model_not_found")
+        for name in req.extra_fields:
+            if name in UNSUPPORTED_FIELDS and (req.model_extra or {}).get(name) is not None:
+                raise invalid(UNSUPPORTED_FIELDS[name], name, code="unsupported_parameter")
+        if (req.n or 1) > self.config.max_batch_size:
+            raise invalid(f"n={req.n} is more than this server's batch size ({self.config.max_batch_size}): "
+                          f"all choices of a prompt decode together", "n")
+        ignored = [f for f in req.extra_fields if f not in UNSUPPORTED_FIELDS]
+        return {"x-structgen-ignored-fields": ",".join(ignored)} if ignored else {}
+
+    async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None):
+        """Spec and grammar for the request's constraint (None, None when unconstrained)."""
+        spec = None
+        try:
+            spec = constrain.spec_from_request(
+                response_format=req.response_format, regex=req.regex, choice=req.choice, tools=tools,
+                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, backend=None,
+                named_schemas=getattr(self.compiler, "named_schemas", None))
+            if spec is None:
+                return None, None
+            started = time.monotonic()
+            grammar = await self.compiler.compile_async(spec)
+            self.metrics.grammar_wait.observe(time.monotonic() - started)
+        except constrain.ConstraintError as exc:
+            raise _constraint_error(exc) from None
+        except Exception as exc:  # a backend failing on a client's constraint fails only this request, as a 400
+            log.warning("constraint compile failed: %s: %s", type(exc).__name__, exc)
+            param = {"tools": "tools", "regex": "regex", "choice": "choice"}.get(getattr(spec, "kind", ""),
+                                                                                 "response_format")
+            raise APIError(400, f"the constraint could not be compiled: {type(exc).__name__}: {exc}",
+                           param=param, code="invalid_constraint") from None
+        return spec, grammar
+
+    def _plan(self, req: _SamplingFields, prompts: list[Prompt], spec, grammar, headers, *, default_max, started,
+              logprobs=False, top_logprobs=0, prompt_logprobs=None, prefix="chatcmpl") -> Plan:
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        n = req.n or 1
+        requests = []
+        for i, prompt in enumerate(prompts):
+            max_tokens = fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens, default_max,
+                                        self.loaded.context_length, req.context_length_exceeded_behavior
+                                        or "truncate")
+            params = sampling_params(req, max_tokens=max_tokens, logits_width=self.loaded.logits_width,
+                                     logprobs=logprobs, top_logprobs=top_logprobs,
+                                     prompt_logprobs=prompt_logprobs)
+            rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+            requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
+                                              grammar=grammar))
+        unenforced = tuple(getattr(grammar, "unenforced", ()) or ())
+        if unenforced:
+            headers["x-structgen-unenforced"] = ",".join(unenforced)
+        return Plan(request_id, requests, prompts, n, spec, headers, started)
+
+    # ---- the two endpoints
+    async def plan_chat(self, req: ChatCompletionRequest) -> Plan:
+        started = time.monotonic()  # time to first token counts templating and compiling too
+        headers = self._check_common(req)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        if req.tool_choice is not None and not tools and req.tool_choice != "none":
+            raise invalid("`tool_choice` needs `tools`", "tool_choice")
+        if req.messages is not None:
+            text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
+                                        tools_prompt=self._tools_prompt)
+            ids = self.template.encode(text)
+        else:
+            text = req.prompt or ""
+            ids = list(self.loaded.tokenizer.encode(text, add_special_tokens=True))
+        if not ids:
+            raise invalid("the prompt is empty", "messages")
+        prompt = Prompt(ids, text)
+        fit_max_tokens(len(ids), req.max_completion_tokens or req.max_tokens, None, self.loaded.context_length,
+                       req.context_length_exceeded_behavior or "truncate")  # refuse before compiling
+        spec, grammar = await self._compile(req, tools, req.tool_choice, req.parallel_tool_calls)
+        return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
+                          logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl")
+
+    async def plan_completion(self, req: CompletionRequest) -> Plan:
+        started = time.monotonic()
+        headers = self._check_common(req)
+        prompts = completion_prompts(req.prompt, self.loaded.tokenizer, self.vocab_limit)
+        for prompt in prompts:
+            fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens,
+                           COMPLETIONS_DEFAULT_MAX_TOKENS, self.loaded.context_length,
+                           req.context_length_exceeded_behavior or "truncate")
+        spec, grammar = await self._compile(req)
+        want_logprobs = req.logprobs is not None
+        return self._plan(req, prompts, spec, grammar, headers, default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                          started=started,
+                          logprobs=want_logprobs, top_logprobs=req.logprobs or 0,
+                          # at least 1: the engine reads prompt_logprobs=0 as "none"; extra alternatives are trimmed
+                          prompt_logprobs=max(1, req.logprobs or 0) if (want_logprobs and req.echo) else None,
+                          prefix="cmpl")
+
+    def _tools_prompt(self, tools: list[dict]) -> str:
+        return constrain.tools_system_prompt(tools)
+
+    def parse_tool_calls(self, text: str, spec):
+        """constrain's parsed tool calls for a finished choice, or None when it is plain text."""
+        if spec is None or getattr(spec, "kind", None) != "tools":
+            return None
+        try:
+            return constrain.parse_tool_calls(text, spec) or None
+        except Exception:  # text that is not a tool call is content, not an error
+            return None
+
+    # ---- running
+    def cancel(self, plan: Plan) -> None:
+        for r in plan.requests:
+            with contextlib.suppress(Exception):
+                self.engine.cancel(r.request_id)
+
+    async def _events_of(self, request: GenerationRequest, base: int, queue: asyncio.Queue) -> None:
+        stream = self.engine.generate(request)
+        if inspect.isawaitable(stream):
+            stream = await stream
+        try:
+            async for event in stream:
+                await queue.put((base + event.index, event))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    async def events(self, plan: Plan) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """All choices' events, each tagged with its global index (prompt i, choice j -> i*n + j). Ends when
+        every choice has finished; leaving early cancels the engine requests."""
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(request: GenerationRequest, base: int) -> None:
+            try:
+                await self._events_of(request, base, queue)
+            except Exception as exc:  # an engine failure ends this prompt's choices with an error
+                await queue.put((base, exc))
+            finally:
+                await queue.put((base, done))
+
+        self.metrics.in_flight.inc()
+        tasks = [asyncio.create_task(pump(r, i * plan.n)) for i, r in enumerate(plan.requests)]
+        running = len(tasks)
+        first_token_at = last_token_at = None
+        tokens = 0
+        try:
+            while running:
+                index, item = await queue.get()
+                if item is done:
+                    running -= 1
+                    continue
+                if isinstance(item, Exception):
+                    raise APIError(500, f"generation failed: {item}", code="generation_error")
+                if item.token_ids:
+                    now = time.monotonic()
+                    if first_token_at is None:
+                        first_token_at = now
+                        self.metrics.ttft.observe(now - plan.started)
+                    last_token_at = now
+                    tokens += len(item.token_ids)
+                yield index, item
+        finally:
+            self.metrics.in_flight.dec()
+            finished = all(t.done() for t in tasks)
+            if not finished:
+                self.cancel(plan)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.metrics.prompt_tokens.inc(plan.prompt_tokens)
+            self.metrics.completion_tokens.inc(tokens)
+            if first_token_at is not None and tokens > 1:
+                self.metrics.token_latency.observe((last_token_at - first_token_at) / (tokens - 1))
+
+    async def collect(self, plan: Plan, request) -> dict[int, list[TokenEvent]]:
+        """Run to the end (non-streaming), watching for a client disconnect; raises ClientGone if it left."""
+        events: dict[int, list[TokenEvent]] = {i: [] for i in range(plan.choices)}
+
+        async def gather() -> None:
+            async with contextlib.aclosing(self.events(plan)) as stream:
+                async for index, event in stream:
+                    events.setdefault(index, []).append(event)
+
+        task = asyncio.create_task(gather())
+        try:
+            while True:
+                finished, _ = await asyncio.wait({task}, timeout=0.25)
+                if finished:
+                    task.result()
+                    return events
+                if await request.is_disconnected():
+                    raise ClientGone()
+        finally:
+            if not task.done():
+                self.cancel(plan)
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task

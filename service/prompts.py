@@ -1,0 +1,59 @@
+"""Prompt shapes -> token ids, and the context-length rule (truncate `max_tokens` or refuse).
+
+Chat goes through `ChatTemplate`; completions take a string, a list of strings, a list of token ids or a list
+of token-id lists (one prompt each). No sampling and no tensors here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.errors import APIError, invalid
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str  # for `echo`
+
+
+def completion_prompts(prompt, tokenizer, vocab_limit: int) -> list[Prompt]:
+    """One `Prompt` per prompt in the request, in order."""
+    if isinstance(prompt, str):
+        items: list = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        items = [list(prompt)]
+    else:
+        items = list(prompt)
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            ids = list(tokenizer.encode(item, add_special_tokens=True))
+            if not ids:
+                raise invalid("`prompt` must not be empty", "prompt")
+            out.append(Prompt(ids, item))
+        else:
+            bad = [t for t in item if t >= vocab_limit]
+            if bad:
+                raise invalid(f"token id {bad[0]} in `prompt` is out of range: the vocabulary has "
+                              f"{vocab_limit} tokens", "prompt")
+            out.append(Prompt(list(item), tokenizer.decode(item, skip_special_tokens=False)))
+    return out
+
+
+def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, context_length: int,
+                   behavior: str) -> int:
+    """The `max_tokens` to run with. `truncate` lowers it to fit the context; `error` refuses (OpenAI's way)."""
+    room = context_length - prompt_len
+    if room <= 0:
+        raise APIError(400, f"the prompt has {prompt_len} tokens, but this model's context length is "
+                            f"{context_length} tokens", param="messages", code="context_length_exceeded")
+    wanted = requested if requested is not None else (default if default is not None else room)
+    if wanted <= room:
+        return wanted
+    if behavior == "error":
+        raise APIError(400, f"this model's context length is {context_length} tokens, but the prompt has "
+                            f"{prompt_len} tokens and max_tokens is {wanted}: lower max_tokens or send "
+                            f"context_length_exceeded_behavior='truncate'", param="max_tokens",
+                       code="context_length_exceeded")
+    return room

@@ -1,0 +1,292 @@
+"""OpenAI request bodies as pydantic models: every field the seed API pages define, with their ranges.
+
+Validation only: no tokenizing, no grammar logic, no tensors. Unknown fields are kept (extra="allow") so the
+route can name them in a response header; fields the API defines but we cannot honour are refused here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+# Fields OpenAI (or the seed pages) define that this server cannot honour: sending them is a 400, not a silent
+# drop. The value is the reason, which becomes the error message.
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "suffix": "`suffix` (insertion / fill-in-the-middle) is not supported by this server",
+    "images": "this model does not accept images",
+    "audio": "audio output is not supported by this server",
+    "prediction": "predicted outputs are not supported by this server",
+    "web_search_options": "web search is not supported by this server",
+    "functions": "the deprecated `functions` field is not supported: send `tools` instead",
+    "function_call": "the deprecated `function_call` field is not supported: send `tool_choice` instead",
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool | None = False
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> "ContentPart":
+        if self.type in ("image_url", "input_image", "image"):
+            raise ValueError("this model does not accept images")
+        if self.type in ("input_audio", "audio", "file"):
+            raise ValueError(f"content parts of type {self.type!r} are not supported: send text")
+        if self.type != "text" or self.text is None:
+            raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {self.type!r}")
+        return self
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, value):
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("`content` must be a string or a list of text parts")
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image_url", "input_image", "image"):
+                raise ValueError("this model does not accept images")
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {kind!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _content_present(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role!r} message needs `content`")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a 'tool' message needs `tool_call_id`")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content)
+
+
+StopField = str | list[str] | None
+
+
+def _first_invalid_text(value, path: str = "") -> str | None:
+    """The path of the first string holding a lone UTF-16 surrogate (JSON allows "\\ud800", UTF-8 does not)."""
+    stack = [(value, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in node.items())
+            if any(isinstance(k, str) and _first_invalid_text(k) for k in node):
+                return where or "body"
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+    return None
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by chat and completions, ranges from the seed pages (inclusive where a page says so)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        where = _first_invalid_text(data)
+        if where is not None:
+            raise ValueError(f"'{where}' is not valid Unicode text (it holds a lone surrogate)")
+        return data
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1, le=128)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    stop: StopField = None
+    include_stop_str_in_output: StrictBool | None = False
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: StrictBool | None = False
+    response_format: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    context_length_exceeded_behavior: Literal["truncate", "error"] | None = "truncate"
+    mirostat_target: float | None = Field(default=None, gt=0.0)
+    mirostat_lr: float | None = Field(default=None, gt=0.0, le=1.0)
+    return_tokens_as_token_ids: StrictBool | None = False
+    skip_special_tokens: StrictBool | None = True
+    user: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=128)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_shape(cls, value):
+        if value is not None and not isinstance(value, str) and not (
+                isinstance(value, list) and all(isinstance(s, str) for s in value)):
+            raise ValueError("`stop` must be a string or a list of up to 4 strings")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: StopField) -> StopField:
+        if isinstance(value, list):
+            if len(value) > 4:
+                raise ValueError("at most 4 stop sequences are allowed")
+            if any(not s for s in value):
+                raise ValueError("stop sequences must be non-empty strings")
+        if isinstance(value, str) and not value:
+            raise ValueError("a stop sequence must be a non-empty string")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not str(key).lstrip("-").isdigit() or int(key) < 0:
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be between -100 and 100, got {bias} for token {key}")
+        return value
+
+    @field_validator("choice")
+    @classmethod
+    def _choice_not_empty(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("`choice` needs at least one string")
+        return value
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise ValueError("`best_of` other than `n` is not supported by this server")
+        return self
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def extra_fields(self) -> list[str]:
+        """Fields we do not know: accepted, ignored, named in the `x-structgen-ignored-fields` header."""
+        return sorted(self.model_extra or {})
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] | None = None
+    prompt: str | None = None  # raw prompt, bypassing the chat template (seed 001)
+    logprobs: StrictBool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
+    modalities: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _messages_or_prompt(self) -> "ChatCompletionRequest":
+        if self.messages is None and self.prompt is None:
+            raise ValueError("either `messages` or `prompt` must be provided")
+        if self.messages is not None and self.prompt is not None:
+            raise ValueError("send either `messages` or `prompt`, not both")
+        if self.messages is not None and not self.messages:
+            raise ValueError("`messages` must not be empty")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("`top_logprobs` requires `logprobs: true`")
+        if self.modalities and any(m != "text" for m in self.modalities):
+            raise ValueError("only the 'text' modality is supported")
+        return self
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: StrictBool | None = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value):
+        def ids(x):
+            return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+        if isinstance(value, str) or ids(value):
+            return value
+        if isinstance(value, list) and (all(isinstance(p, str) for p in value) or all(ids(p) for p in value)):
+            return value
+        raise ValueError("`prompt` must be a string, a list of strings, a list of token ids, or a list of "
+                         "token-id lists")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("`prompt` must not be an empty list")
+            if any(isinstance(p, list) and not p for p in value):
+                raise ValueError("`prompt` token lists must not be empty")
+            if any(isinstance(p, int) and p < 0 for p in value) or any(
+                    isinstance(p, list) and any(t < 0 for t in p) for p in value):
+                raise ValueError("token ids in `prompt` must be non-negative")
+        return value

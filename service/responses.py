@@ -1,0 +1,154 @@
+"""Engine events -> OpenAI JSON: chat and completion bodies, chunks, logprobs shapes, tool calls.
+
+Pure functions over plain data; no HTTP, no tensors. Used by both the JSON and the SSE paths so the two can
+never disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from engine.types import TokenEvent, TokenLogprob
+
+
+def system_fingerprint(model_name: str) -> str:
+    return "fp_structgen_" + hashlib.sha256(model_name.encode()).hexdigest()[:10]
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def finite(logprob: float) -> float:
+    """JSON has no -inf: an impossible token gets -9999.0 (vLLM's convention)."""
+    return logprob if math.isfinite(logprob) else -9999.0
+
+
+def token_text(lp_token_id: int, token: str, as_ids: bool) -> str:
+    return f"token_id:{lp_token_id}" if as_ids else token
+
+
+# ---- logprobs shapes
+def chat_logprob_entry(lp: TokenLogprob, as_ids: bool = False) -> dict:
+    return {
+        "token": token_text(lp.token_id, lp.token, as_ids),
+        "logprob": finite(lp.logprob),
+        "bytes": list(lp.token_bytes),
+        "top_logprobs": [{"token": token_text(tid, tok, as_ids), "logprob": finite(lgp), "bytes": list(b)}
+                         for tid, tok, b, lgp in lp.top],
+    }
+
+
+def chat_logprobs(lps: list[TokenLogprob], as_ids: bool = False) -> dict:
+    return {"content": [chat_logprob_entry(lp, as_ids) for lp in lps], "refusal": None}
+
+
+def legacy_logprobs(lps: list[TokenLogprob | None], start_offset: int = 0, as_ids: bool = False,
+                   missing_token: str = "", top_n: int = 5) -> dict:
+    """The completions shape: tokens, token_logprobs, top_logprobs (token -> logprob, the chosen token plus up
+    to `logprobs` alternatives), text_offset. A None entry (the first prompt token, which has no logprob) gives
+    `missing_token` with a null logprob and null top."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    offset = start_offset
+    for lp in lps:
+        offsets.append(offset)
+        if lp is None:
+            tokens.append(missing_token)
+            token_logprobs.append(None)
+            top.append(None)
+            offset += len(missing_token)
+            continue
+        text = token_text(lp.token_id, lp.token, as_ids)
+        tokens.append(text)
+        token_logprobs.append(finite(lp.logprob))
+        alternatives = {text: finite(lp.logprob)}
+        for tid, tok, _b, lgp in lp.top[:top_n]:
+            alternatives.setdefault(token_text(tid, tok, as_ids), finite(lgp))
+        top.append(alternatives)
+        offset += len(lp.token)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+# ---- one choice, accumulated
+@dataclass
+class ChoiceState:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    completion_tokens: int = 0
+
+    def add(self, event: TokenEvent) -> None:
+        self.text += event.text
+        self.token_ids.extend(event.token_ids)
+        self.logprobs.extend(event.logprobs)
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason
+            self.error, self.error_code = event.error, event.error_code
+            self.completion_tokens = event.usage.completion_tokens if event.usage else len(self.token_ids)
+
+
+def new_tool_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def tool_calls_json(calls) -> list[dict]:
+    """constrain's parsed calls (name, arguments JSON string) -> OpenAI `tool_calls`."""
+    return [{"id": getattr(c, "id", None) or new_tool_call_id(), "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def finish_for(choice: ChoiceState, calls) -> str:
+    if calls and choice.finish_reason == "stop":
+        return "tool_calls"
+    return choice.finish_reason or "stop"
+
+
+# ---- whole bodies
+def chat_body(*, request_id: str, model: str, created: int, choices: list[ChoiceState], parsed_calls: dict,
+              prompt_tokens: int, logprobs: bool, as_ids: bool) -> dict:
+    out = []
+    for c in choices:
+        calls = parsed_calls.get(c.index)
+        message: dict = {"role": "assistant", "content": None if calls else c.text, "refusal": None}
+        if calls:
+            message["tool_calls"] = tool_calls_json(calls)
+        out.append({"index": c.index, "message": message,
+                    "logprobs": chat_logprobs(c.logprobs, as_ids) if logprobs else None,
+                    "finish_reason": finish_for(c, calls)})
+    completion = sum(c.completion_tokens for c in choices)
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": system_fingerprint(model), "choices": out,
+            "usage": usage_dict(prompt_tokens, completion)}
+
+
+def completion_body(*, request_id: str, model: str, created: int, choices: list[ChoiceState],
+                    prompt_texts: list[str], first_tokens: list[str], n: int, prompt_tokens: int, echo: bool,
+                    logprobs: int | None, as_ids: bool) -> dict:
+    out = []
+    for c in choices:
+        prompt_text = prompt_texts[c.index // n]
+        text = (prompt_text + c.text) if echo else c.text
+        lp = None
+        if logprobs is not None:
+            entries: list = []
+            if echo and c.prompt_logprobs is not None:
+                entries.extend(c.prompt_logprobs)
+            entries.extend(c.logprobs)
+            lp = legacy_logprobs(entries, 0, as_ids, first_tokens[c.index // n], top_n=logprobs)
+        out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})
+    completion = sum(c.completion_tokens for c in choices)
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": system_fingerprint(model), "choices": out,
+            "usage": usage_dict(prompt_tokens, completion)}
+

@@ -1,0 +1,108 @@
+"""The two generation routes: validate (pydantic), plan (Generation), answer as JSON or SSE. Thin by design."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from service.generation import ClientGone, Generation, Plan, engine_error
+from service.protocol import ChatCompletionRequest, CompletionRequest
+from service.responses import ChoiceState, chat_body, completion_body
+from service.sse import chat_stream, completion_stream
+
+router = APIRouter()
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _gen(request: Request) -> Generation:
+    return request.app.state.generation
+
+
+async def _watch_disconnect(request: Request, gen: Generation, plan: Plan) -> None:
+    """Cancel the engine requests as soon as the client leaves, even while no chunk is being sent."""
+    while True:
+        await asyncio.sleep(0.25)
+        if await request.is_disconnected():
+            gen.cancel(plan)
+            return
+
+
+def _streaming(request: Request, gen: Generation, plan: Plan, body) -> StreamingResponse:
+    async def guarded():
+        watcher = asyncio.create_task(_watch_disconnect(request, gen, plan))
+        try:
+            async with contextlib.aclosing(body) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            watcher.cancel()
+            gen.cancel(plan)  # no-op for finished requests; frees rows when the client left mid-stream
+
+    return StreamingResponse(guarded(), media_type="text/event-stream", headers={**SSE_HEADERS, **plan.headers})
+
+
+def _states(events: dict, choices: int) -> list[ChoiceState]:
+    states = []
+    for i in range(choices):
+        state = ChoiceState(i)
+        for event in events.get(i, ()):
+            state.add(event)
+        if state.finish_reason == "error":
+            raise engine_error(state.error, state.error_code)
+        states.append(state)
+    return states
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    gen = _gen(request)
+    plan = await gen.plan_chat(body)
+    model = gen.config.model_name
+    as_ids = bool(body.return_tokens_as_token_ids)
+    tools_mode = getattr(plan.spec, "kind", None) == "tools"
+    if body.stream:
+        return _streaming(request, gen, plan, chat_stream(
+            gen, plan, model=model, created=plan.created, include_usage=body.include_usage,
+            logprobs=bool(body.logprobs), as_ids=as_ids, tools=tools_mode))
+    try:
+        events = await gen.collect(plan, request)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    states = _states(events, plan.choices)
+    calls = {s.index: gen.parse_tool_calls(s.text, plan.spec) for s in states} if tools_mode else {}
+    return JSONResponse(chat_body(request_id=plan.request_id, model=model, created=plan.created, choices=states,
+                                  parsed_calls={k: v for k, v in calls.items() if v},
+                                  prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
+                                  as_ids=as_ids), headers=plan.headers)
+
+
+def _first_tokens(gen: Generation, plan: Plan) -> list[str]:
+    tok = gen.loaded.tokenizer
+    return [tok.decode(p.ids[:1], skip_special_tokens=False) for p in plan.prompts]
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    gen = _gen(request)
+    plan = await gen.plan_completion(body)
+    model = gen.config.model_name
+    as_ids = bool(body.return_tokens_as_token_ids)
+    logprobs = body.logprobs  # None: no logprobs; 0..5: the chosen token plus that many alternatives
+    if body.stream:
+        return _streaming(request, gen, plan, completion_stream(
+            gen, plan, model=model, created=plan.created, include_usage=body.include_usage, echo=bool(body.echo),
+            logprobs=logprobs, as_ids=as_ids, first_tokens=_first_tokens(gen, plan)))
+    try:
+        events = await gen.collect(plan, request)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    states = _states(events, plan.choices)
+    return JSONResponse(completion_body(
+        request_id=plan.request_id, model=model, created=plan.created, choices=states,
+        prompt_texts=[p.text for p in plan.prompts], first_tokens=_first_tokens(gen, plan), n=plan.n,
+        prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
+        headers=plan.headers)

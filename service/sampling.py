@@ -1,0 +1,50 @@
+"""OpenAI sampling fields -> engine `SamplingParams` (defaults, aliases, token-id checks). No tensors here."""
+
+from __future__ import annotations
+
+from engine.types import SamplingParams
+from service.errors import invalid
+from service.protocol import _SamplingFields
+
+
+def logit_bias(req: _SamplingFields, logits_width: int) -> dict[int, float]:
+    out = {}
+    for key, value in (req.logit_bias or {}).items():
+        token = int(key)
+        if token >= logits_width:
+            raise invalid(f"logit_bias token id {token} is out of range: the model has {logits_width} logits",
+                          "logit_bias")
+        out[token] = float(value)
+    return out
+
+
+def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int, logprobs: bool = False,
+                    top_logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if top_p == 0.0:  # nucleus of zero mass: only the most likely token
+        temperature = 0.0
+        top_p = 1.0
+    top_k = req.top_k if req.top_k not in (None, -1) else 0
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=logit_bias(req, logits_width),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        prompt_logprobs=prompt_logprobs,
+        ignore_eos=bool(req.ignore_eos),
+        stop=req.stop_list,
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        mirostat_target=req.mirostat_target,
+        mirostat_lr=0.1 if req.mirostat_lr is None else req.mirostat_lr,
+        n=req.n or 1,
+    )

@@ -1,0 +1,131 @@
+"""Server-sent events exactly as OpenAI sends them: `data: {json}\\n\\n` per chunk, then `data: [DONE]\\n\\n`.
+
+Chat: a first chunk per choice with the role, content (or tool-call) deltas, a final chunk per choice with
+`finish_reason`, with include_usage one more chunk with `choices: []` and the usage. An error after the stream
+started is sent as `data: {"error": ...}` (what the OpenAI SDK raises on). No tensors here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import AsyncIterator
+
+from service.errors import APIError, error_body
+from service.generation import Generation, Plan, engine_error
+from service.responses import (ChoiceState, chat_logprobs, finish_for, legacy_logprobs, system_fingerprint,
+                               usage_dict)
+from service.tool_stream import ToolCallStream
+
+DONE = b"data: [DONE]\n\n"
+
+
+def encode(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Chunks:
+    """Chunk envelopes for one request: same id, created, model and fingerprint on every chunk."""
+
+    def __init__(self, plan: Plan, model: str, created: int, obj: str, include_usage: bool):
+        self.base = {"id": plan.request_id, "object": obj, "created": created, "model": model,
+                     "system_fingerprint": system_fingerprint(model)}
+        self.include_usage = include_usage
+
+    def chunk(self, choices: list[dict]) -> bytes:
+        payload = {**self.base, "choices": choices}
+        if self.include_usage:
+            payload["usage"] = None
+        return encode(payload)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return encode({**self.base, "choices": [], "usage": usage_dict(prompt_tokens, completion_tokens)})
+
+
+def _error_chunk(exc: APIError) -> bytes:
+    return encode(error_body(exc.status, exc.message, exc.param, exc.code))
+
+
+async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, include_usage: bool,
+                      logprobs: bool, as_ids: bool, tools: bool) -> AsyncIterator[bytes]:
+    """With tools in play each choice's text goes through a `ToolCallStream`: tool calls stream as `tool_calls`
+    deltas (id and name first, then argument pieces), anything else as content."""
+    chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
+    states = {i: ChoiceState(i) for i in range(plan.choices)}
+    streams = {i: ToolCallStream() for i in range(plan.choices)} if tools else {}
+    for i in range(plan.choices):
+        yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
+    try:
+        async with contextlib.aclosing(gen.events(plan)) as events:
+            async for index, event in events:
+                state = states[index]
+                state.add(event)
+                lp = chat_logprobs(list(event.logprobs), as_ids) if logprobs and event.logprobs else None
+                if tools:
+                    for delta in streams[index].feed(event.text):
+                        yield chunks.chunk([{"index": index, "delta": delta,
+                                             "logprobs": lp if "content" in delta else None,
+                                             "finish_reason": None}])
+                elif event.text or lp:
+                    yield chunks.chunk([{"index": index, "delta": {"content": event.text},
+                                         "logprobs": lp, "finish_reason": None}])
+                if event.finish_reason is None:
+                    continue
+                if event.finish_reason == "error":
+                    raise engine_error(event.error, event.error_code)
+                calls = gen.parse_tool_calls(state.text, plan.spec) if tools else None
+                yield chunks.chunk([{"index": index, "delta": {}, "logprobs": None,
+                                     "finish_reason": finish_for(state, calls)}])
+    except APIError as exc:
+        yield _error_chunk(exc)
+        yield DONE
+        return
+    if include_usage:
+        yield chunks.usage(plan.prompt_tokens, sum(s.completion_tokens for s in states.values()))
+    yield DONE
+
+
+async def completion_stream(gen: Generation, plan: Plan, *, model: str, created: int, include_usage: bool,
+                            echo: bool, logprobs: int | None, as_ids: bool, first_tokens: list[str]
+                            ) -> AsyncIterator[bytes]:
+    chunks = _Chunks(plan, model, created, "text_completion", include_usage)
+    states = {i: ChoiceState(i) for i in range(plan.choices)}
+    offsets = {i: 0 for i in range(plan.choices)}
+    echoed: set[int] = set()
+    try:
+        async with contextlib.aclosing(gen.events(plan)) as events:
+            async for index, event in events:
+                state = states[index]
+                state.add(event)
+                if echo and index not in echoed:
+                    echoed.add(index)
+                    prompt_text = plan.prompts[index // plan.n].text
+                    lp = None
+                    if logprobs is not None and event.prompt_logprobs is not None:
+                        lp = legacy_logprobs(list(event.prompt_logprobs), 0, as_ids, first_tokens[index // plan.n],
+                                             top_n=logprobs)
+                        offsets[index] = sum(len(t) for t in lp["tokens"])
+                    else:
+                        offsets[index] = len(prompt_text)
+                    yield chunks.chunk([{"index": index, "text": prompt_text, "logprobs": lp,
+                                         "finish_reason": None}])
+                if event.text or (logprobs is not None and event.logprobs):
+                    lp = None
+                    if logprobs is not None:
+                        lp = legacy_logprobs(list(event.logprobs), offsets[index], as_ids, top_n=logprobs)
+                        offsets[index] += sum(len(x.token) for x in event.logprobs)
+                    yield chunks.chunk([{"index": index, "text": event.text, "logprobs": lp,
+                                         "finish_reason": None}])
+                if event.finish_reason == "error":
+                    raise engine_error(event.error, event.error_code)
+                if event.finish_reason is not None:
+                    yield chunks.chunk([{"index": index, "text": "", "logprobs": None,
+                                         "finish_reason": event.finish_reason}])
+    except APIError as exc:
+        yield _error_chunk(exc)
+        yield DONE
+        return
+    if include_usage:
+        yield chunks.usage(plan.prompt_tokens, sum(s.completion_tokens for s in states.values()))
+    yield DONE

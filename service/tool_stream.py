@@ -1,0 +1,171 @@
+"""Streams one choice's output as OpenAI streams tool calls: an id-and-name delta per call, then argument pieces.
+
+The model writes constrain's tool-call format, a JSON array of `{"name": ..., "arguments": {...}}` (see
+constrain/tools.py). This reads it character by character and emits OpenAI `tool_calls` deltas as soon as they
+are known; output that does not start with "[" or "{" (tool_choice "auto" answering in text) streams as content.
+Protocol shaping only: the grammar guarantees the format, so this never validates.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+_WS = " \t\r\n"
+
+
+def _call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+class _CallScanner:
+    """Scans one call object `{"name": "...", "arguments": {...}}` (entered after its opening brace)."""
+
+    def __init__(self):
+        self.name: str | None = None
+        self.key: str | None = None  # the key whose value comes next
+        self.state = "key"  # key | colon | value | string | args | after
+        self.raw = ""  # the current string token, or the arguments text so far
+        self.escaped = False
+        self.depth = 0  # brace/bracket depth inside the arguments value
+        self.in_string = False
+        self.args_done = False
+
+    def feed(self, ch: str) -> tuple[str | None, bool]:
+        """(argument text to emit, call object closed)."""
+        if self.state == "args":
+            return self._args(ch), False
+        if self.state == "string":
+            self.raw += ch
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                text = json.loads(self.raw)
+                if self.key is None:
+                    self.key, self.state = text, "colon"
+                else:
+                    if self.key == "name":
+                        self.name = text
+                    self.key, self.state = None, "after"
+            return None, False
+        if ch in _WS:
+            return None, False
+        if self.state in ("key", "after"):
+            if ch == "}":
+                return None, True
+            if ch == '"':
+                self.raw, self.state = ch, "string"
+            return None, False  # "," between members
+        if self.state == "colon":
+            if ch == ":":
+                self.state = "value"
+            return None, False
+        if self.state == "value":
+            if self.key == "arguments" and ch == "{":
+                self.state, self.depth, self.in_string = "args", 1, False
+                return ch, False
+            if ch == '"':
+                self.raw, self.state = ch, "string"
+            return None, False
+        return None, False
+
+    def _args(self, ch: str) -> str:
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+        elif ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                self.key, self.state, self.args_done = None, "after", True
+        return ch
+
+
+class ToolCallStream:
+    """Feed text deltas of one choice; get OpenAI delta dicts back (`{"content": ...}` or `{"tool_calls": ...}`).
+    """
+
+    def __init__(self):
+        self.mode: str | None = None  # None until the first visible character, then "content" or "calls"
+        self.pending_ws = ""
+        self.call: _CallScanner | None = None
+        self.calls = 0  # calls opened so far
+        self.announced = False  # current call's id/name delta sent
+        self.held_args = ""  # argument text seen before the name (not expected, but possible)
+
+    @property
+    def made_calls(self) -> bool:
+        return self.mode == "calls" and self.calls > 0
+
+    def feed(self, text: str) -> list[dict]:
+        deltas: list[dict] = []
+        content = ""
+        for ch in text:
+            if self.mode is None:
+                if ch in _WS:
+                    self.pending_ws += ch
+                    continue
+                if ch in "[{":
+                    self.mode = "calls"
+                    if ch == "{":
+                        self._open_call()
+                    continue
+                self.mode, content = "content", self.pending_ws
+            if self.mode == "content":
+                content += ch
+                continue
+            self._feed_call(ch, deltas)
+        if content:
+            deltas.insert(0, {"content": content})
+        return self._merge(deltas)
+
+    def _open_call(self) -> None:
+        self.call = _CallScanner()
+        self.announced = False
+        self.held_args = ""
+        self.calls += 1
+
+    def _feed_call(self, ch: str, deltas: list[dict]) -> None:
+        if self.call is None:
+            if ch == "{":
+                self._open_call()
+            return  # "[", "]", "," and whitespace between calls
+        piece, closed = self.call.feed(ch)
+        index = self.calls - 1
+        if not self.announced and self.call.name is not None:
+            self.announced = True
+            deltas.append({"tool_calls": [{"index": index, "id": _call_id(), "type": "function",
+                                           "function": {"name": self.call.name, "arguments": ""}}]})
+            if self.held_args:
+                deltas.append({"tool_calls": [{"index": index, "function": {"arguments": self.held_args}}]})
+                self.held_args = ""
+        if piece:
+            if self.announced:
+                deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            else:
+                self.held_args += piece
+        if closed:
+            self.call = None
+
+    @staticmethod
+    def _merge(deltas: list[dict]) -> list[dict]:
+        """Join consecutive argument pieces of the same call into one delta."""
+        out: list[dict] = []
+        for d in deltas:
+            prev = out[-1] if out else None
+            if (prev and "tool_calls" in d and "tool_calls" in prev and "id" not in d["tool_calls"][0]
+                    and prev["tool_calls"][0]["index"] == d["tool_calls"][0]["index"]
+                    and set(prev["tool_calls"][0]) == {"index", "function"}):
+                prev["tool_calls"][0]["function"]["arguments"] += d["tool_calls"][0]["function"]["arguments"]
+            else:
+                out.append(d)
+        return out

@@ -1,0 +1,58 @@
+"""`--api-key` (here via STRUCTGEN_API_KEY): every route but /health needs the bearer key; without it, open.
+The auth server also runs with a 64-token context, to check context_length_exceeded_behavior=truncate."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.service.conftest import API_KEY, MODEL
+
+
+@pytest.fixture(scope="module")
+def auth_server_small(tmp_path_factory, grammar_cache):
+    from tests.serverproc import ServerProcess
+
+    log = tmp_path_factory.mktemp("logs") / "auth_server.log"
+    with ServerProcess("--cache-dir", str(grammar_cache), "--max-model-len", "64",
+                       env={"STRUCTGEN_API_KEY": API_KEY}, log_path=log) as proc:
+        proc.log = log
+        yield proc
+
+
+def test_health_is_open(auth_server_small):
+    assert httpx.get(auth_server_small.base_url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong-key"}, {"authorization": API_KEY},
+                                     {"authorization": "Basic " + API_KEY}])
+def test_requests_without_the_key_are_401(auth_server_small, headers):
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
+                         ("POST", "/v1/nothing-here")):
+        r = httpx.request(method, auth_server_small.base_url + path, headers=headers, json={})
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+
+
+def test_the_right_key_is_accepted_and_never_logged(auth_server_small):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=auth_server_small.base_url + "/v1", api_key=API_KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices[0].message.role == "assistant"
+    assert API_KEY not in auth_server_small.log.read_text(errors="replace")
+
+
+def test_max_tokens_is_truncated_to_the_context_by_default(auth_server_small):
+    r = httpx.post(auth_server_small.base_url + "/v1/completions", timeout=120,
+                   headers={"authorization": "Bearer " + API_KEY},
+                   json={"model": MODEL, "prompt": "The sky is", "max_tokens": 1000, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_open_server_needs_no_key(http):
+    assert http.get("/v1/models").status_code == 200

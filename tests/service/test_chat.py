@@ -1,0 +1,175 @@
+"""Chat completions through the official `openai` client against the real server."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.service.conftest import MODEL
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def test_plain_chat_returns_an_assistant_message_with_usage(client):
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.id.startswith("chatcmpl-")
+    assert r.model == MODEL
+    assert r.system_fingerprint
+    choice = r.choices[0]
+    assert choice.index == 0
+    assert choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0
+    assert 0 < r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streamed_chat_equals_the_non_streamed_greedy_answer(client):
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+
+
+def test_raw_prompt_bypasses_the_chat_template(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4,
+                                               "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == 4  # "Once upon a time" alone, no template around it
+    assert body["choices"][0]["message"]["role"] == "assistant"
+
+
+class City(BaseModel):
+    name: str = Field(max_length=20)  # bounded, so the random built-in model cannot ramble to max_tokens
+    population: int = Field(ge=0, le=100_000_000)
+    coastal: bool
+
+
+def test_parse_with_a_pydantic_model_returns_a_parsed_instance(client):
+    r = client.chat.completions.parse(model=MODEL, max_tokens=200, response_format=City, seed=1,
+                                      messages=[{"role": "user", "content": "Describe a city as JSON."}])
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, City)
+    City.model_validate_json(choice.message.content)
+
+
+def test_json_object_with_schema_hosted_shape_validates(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60,
+                                       response_format={"type": "json_object", "schema": schema})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_regex_and_choice_extensions_constrain_the_answer(client):
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
+                                       extra_body={"regex": "[0-9]{3}-[a-z]{2}"})
+    import re
+
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].message.content)
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
+                                       extra_body={"choice": ["red", "green", "blue"]})
+    assert r.choices[0].message.content in ("red", "green", "blue")
+
+
+def test_n_2_returns_two_choices_in_index_order(client):
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, n=2, seed=7)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(isinstance(c.message.content, str) for c in r.choices)
+    assert 2 <= r.usage.completion_tokens <= 12
+
+
+def test_same_seed_gives_the_same_sample(client):
+    def sample(seed):
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0,
+                                              seed=seed).choices[0].message.content
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert any(sample(s) != first for s in (1, 2, 3))
+
+
+def test_stop_string_ends_the_answer_before_it(client):
+    base = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    text = base.choices[0].message.content
+    assert len(text) > 6
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0, stop=[stop],
+                                       extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text[:text.index(stop)]
+    kept = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0, stop=stop,
+                                          extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    assert kept.choices[0].message.content == text[:text.index(stop) + len(stop)]
+
+
+def test_include_usage_adds_a_final_usage_chunk(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, stream=True,
+                                                 stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.choices == []
+    assert last.usage.completion_tokens > 0
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_logprobs_have_tokens_bytes_and_top_alternatives(client):
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0
+        assert isinstance(entry.bytes, list)
+        assert len(entry.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-4)
+
+
+def test_streamed_chunks_carry_logprobs(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0,
+                                                 stream=True, logprobs=True, top_logprobs=2))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert 0 < len(entries) <= 4
+    assert all(len(e.top_logprobs) == 2 for e in entries)
+
+
+def test_tool_messages_and_assistant_tool_calls_are_accepted_in_history(client):
+    messages = [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+    assert r.choices[0].message.role == "assistant"
+
+
+def test_unenforced_keywords_of_a_non_strict_schema_are_named_in_a_header(http):
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
+                                                     "maxItems": 3, "uniqueItems": True}},
+              "required": ["a"], "additionalProperties": False}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 40,
+                                               "response_format": {"type": "json_schema", "json_schema": {
+                                                   "name": "x", "schema": schema, "strict": False}}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-unenforced"] == "/properties/a/uniqueItems"
+    strict = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+    assert strict.status_code == 400
+    assert "/properties/a/uniqueItems" in strict.json()["error"]["message"]

@@ -1,0 +1,49 @@
+"""Chat templating on the project's real tokenizers: nothing the client sent is silently dropped."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from constrain import tools_system_prompt
+from service.chat_template import ChatTemplate
+from service.protocol import ChatMessage
+from tests.conftest import TOKENIZERS
+
+CONVERSATION = [
+    ChatMessage(role="system", content="SYSTEM-TEXT"),
+    ChatMessage(role="user", content=[{"type": "text", "text": "USER-"}, {"type": "text", "text": "TEXT"}]),
+    ChatMessage(role="assistant", content=None, tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"ARG-TEXT\"}"}}]),
+    ChatMessage(role="tool", tool_call_id="call_1", content="TOOL-RESULT"),
+]
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "TOOL-DESCRIPTION",
+                                           "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module", params=sorted(TOKENIZERS))
+def template(request):
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS[request.param]))
+    chat_template = TOKENIZERS[request.param] / "chat_template.jinja"
+    if chat_template.exists() and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template.read_text()
+    return ChatTemplate(tokenizer)
+
+
+def test_every_message_and_the_tools_reach_the_prompt(template):
+    text = template.render(CONVERSATION, tools=TOOLS, tools_prompt=tools_system_prompt)
+    for marker in ("SYSTEM-TEXT", "USER-TEXT", "ARG-TEXT", "TOOL-RESULT", "TOOL-DESCRIPTION", "lookup"):
+        assert marker in text, marker
+
+
+def test_the_prompt_ends_ready_for_the_assistant(template):
+    text = template.render([ChatMessage(role="user", content="hi")])
+    assert template.encode(text)
+    assert text.rstrip().endswith(("assistant", "<|assistant|>"))
+
+
+def test_a_tokenizer_without_a_template_uses_the_chatml_fallback():
+    template = ChatTemplate(AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"])))
+    assert not template.has_own_template
+    assert template.render([ChatMessage(role="user", content="hi")]) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")

@@ -1,0 +1,103 @@
+"""Legacy completions: every prompt shape, echo, the legacy logprobs shape, refused fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.service.conftest import MODEL
+
+
+def test_string_prompt(client):
+    r = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0)
+    assert r.object == "text_completion"
+    assert r.id.startswith("cmpl-")
+    assert len(r.choices) == 1 and r.choices[0].index == 0
+    assert r.usage.prompt_tokens == 3
+
+
+def test_default_max_tokens_is_16(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "a", "temperature": 0, "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+@pytest.mark.parametrize("prompt, prompts", [
+    (["The sky is", "Grass is"], 2),
+    ([785, 12884, 374], 1),
+    ([[785, 12884, 374], [38, 76, 374], [16]], 3),
+])
+def test_prompt_shapes_give_one_choice_per_prompt_times_n_in_order(client, prompt, prompts):
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, n=2, temperature=0)
+    assert [c.index for c in r.choices] == list(range(2 * prompts))
+    # greedy: the two choices of one prompt are identical, and each prompt is answered on its own
+    for p in range(prompts):
+        assert r.choices[2 * p].text == r.choices[2 * p + 1].text
+
+
+def test_each_prompt_in_a_list_is_answered_as_if_alone(client):
+    both = client.completions.create(model=MODEL, prompt=["The sky is", "Grass is"], max_tokens=4, temperature=0)
+    alone = client.completions.create(model=MODEL, prompt="Grass is", max_tokens=4, temperature=0)
+    assert both.choices[1].text == alone.choices[0].text
+    assert both.usage.prompt_tokens == 3 + alone.usage.prompt_tokens
+
+
+def test_echo_returns_prompt_then_completion(client):
+    plain = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0)
+    echoed = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0, echo=True)
+    assert echoed.choices[0].text == "The sky is" + plain.choices[0].text
+
+
+def test_legacy_logprobs_shape(client):
+    r = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    n = r.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset[0] == 0
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0
+        assert token in top and 1 <= len(top) <= 4  # the chosen token plus up to `logprobs` alternatives
+
+
+@pytest.mark.parametrize("logprobs", [0, 2])
+def test_echo_with_logprobs_includes_the_prompt_tokens(client, logprobs):
+    r = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=2, temperature=0,
+                                  logprobs=logprobs, echo=True)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 3 + r.usage.completion_tokens
+    assert lp.token_logprobs[0] is None
+    assert all(x is not None for x in lp.token_logprobs[1:])
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert all(1 <= len(top) <= logprobs + 1 for top in lp.top_logprobs[1:])
+
+
+def test_return_tokens_as_token_ids(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3, "logprobs": 0,
+                                          "return_tokens_as_token_ids": True})
+    tokens = r.json()["choices"][0]["logprobs"]["tokens"]
+    assert tokens and all(t.startswith("token_id:") and t[9:].isdigit() for t in tokens)
+
+
+def test_streamed_completion_matches_the_whole_one(client):
+    whole = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("suffix", "the end", "suffix"),
+    ("images", ["data:image/png;base64,AAAA"], "this model does not accept images"),
+])
+def test_fields_we_cannot_honour_are_refused(http, field, value, message):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", field: value})
+    assert r.status_code == 400
+    assert message in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == field
+
+
+def test_token_ids_out_of_the_vocabulary_are_refused(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": [1, 10_000_000]})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "prompt"

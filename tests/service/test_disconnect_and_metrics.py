@@ -1,0 +1,71 @@
+"""A client that leaves frees its engine rows (streaming and not); /metrics exposes the serving numbers."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.service.conftest import MODEL, metric
+
+
+def _body(**extra):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Talk."}], "max_tokens": 3000,
+            "ignore_eos": True}
+    body.update(extra)
+    return body
+
+
+def _wait_for_idle_batch(http, timeout=60.0) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = http.get("/metrics").text
+        busy = metric(text, "structgen_batch_size") + metric(text, "structgen_queue_depth")
+        if busy == 0 or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.2)
+
+
+def test_disconnect_mid_stream_frees_the_engine_row(server, http):
+    assert _wait_for_idle_batch(http) == 0
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        with c.stream("POST", "/v1/chat/completions", json=_body(stream=True)) as r:
+            seen = 0
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                if seen >= 5:
+                    break
+            assert metric(http.get("/metrics").text, "structgen_batch_size") >= 1
+    # the connection is closed; the row must leave the batch long before 3000 tokens are generated
+    assert _wait_for_idle_batch(http) == 0
+    after = metric(http.get("/metrics").text, "structgen_engine_tokens_generated_total")
+    time.sleep(0.5)
+    assert metric(http.get("/metrics").text, "structgen_engine_tokens_generated_total") == after
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_frees_the_engine_row(server, http):
+    assert _wait_for_idle_batch(http) == 0
+    try:
+        httpx.post(server.base_url + "/v1/chat/completions", json=_body(), timeout=1.5)
+    except httpx.TimeoutException:
+        pass  # the client gave up and closed the connection
+    assert _wait_for_idle_batch(http) == 0
+
+
+def test_metrics_are_prometheus_text_with_the_serving_numbers(http):
+    http.post("/v1/chat/completions", json={"model": MODEL, "messages": [], "max_tokens": 3})  # a 400
+    http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                           "max_tokens": 3, "response_format": {"type": "json_object"}})
+    r = http.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name in ("structgen_requests_total", "structgen_prompt_tokens_total", "structgen_completion_tokens_total",
+                 "structgen_time_to_first_token_seconds_bucket", "structgen_time_per_output_token_seconds_bucket",
+                 "structgen_batch_size", "structgen_queue_depth", "structgen_grammar_compile_seconds_total",
+                 "structgen_grammar_cache_hits_total", "structgen_grammar_compiles_total"):
+        assert name in text, name
+    assert metric(text, "structgen_prompt_tokens_total") > 0
+    assert 'structgen_requests_total{endpoint="chat",status="200"}' in text
+    assert 'structgen_requests_total{endpoint="chat",status="400"}' in text

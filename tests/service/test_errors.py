@@ -1,0 +1,152 @@
+"""Errors in the OpenAI shape: 400 (never 422) naming the parameter, 404, 413; unknown fields are named."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.service.conftest import MODEL
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def _assert_error(r, status, param=None):
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", 2.5), ("temperature", -0.1), ("top_p", 1.5), ("top_k", -2), ("min_p", 1.5), ("n", 0),
+    ("n", 129), ("max_tokens", 0), ("max_completion_tokens", -1), ("presence_penalty", 2.5),
+    ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5), ("top_logprobs", 21),
+    ("stop", ["a", "b", "c", "d", "e"]), ("logit_bias", {"5": 101}), ("logit_bias", {"x": 1}),
+    ("context_length_exceeded_behavior", "explode"), ("stream", "maybe"), ("mirostat_lr", 0),
+])
+def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
+    body = {"model": MODEL, "messages": HELLO, field: value}
+    if field == "top_logprobs":
+        body["logprobs"] = True
+    _assert_error(http.post("/v1/chat/completions", json=body), 400, field)
+
+
+@pytest.mark.parametrize("field, value", [("logprobs", 6), ("logprobs", -1), ("echo", "yes"), ("prompt", []),
+                                          ("prompt", [1, "a"]), ("prompt", [[]])])
+def test_completions_field_out_of_range_is_a_400_naming_it(http, field, value):
+    _assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": "x", field: value}), 400, field)
+
+
+def test_top_logprobs_without_logprobs_is_refused(http):
+    _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "top_logprobs": 2}),
+                  400)
+
+
+def test_invalid_json_and_non_object_bodies_are_400(http):
+    for content in (b"{not json", b"[1, 2]", b""):
+        _assert_error(http.post("/v1/chat/completions", content=content,
+                                headers={"content-type": "application/json"}), 400)
+
+
+def test_missing_messages_and_prompt_is_400(http):
+    _assert_error(http.post("/v1/chat/completions", json={"model": MODEL}), 400)
+    _assert_error(http.post("/v1/chat/completions", json={"messages": HELLO}), 400, "model")
+
+
+def test_bad_messages_are_400(http):
+    for messages in ([], [{"role": "wizard", "content": "x"}], [{"role": "user"}],
+                     [{"role": "tool", "content": "x"}], "hello"):
+        _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages}), 400)
+
+
+def test_image_content_is_refused_for_a_text_model(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+    assert "this model does not accept images" in _assert_error(r, 400)["message"]
+
+
+def test_unknown_model_is_404(http):
+    error = _assert_error(http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": HELLO}), 404,
+                          "model")
+    assert error["code"] == "model_not_found"
+    _assert_error(http.get("/v1/models/gpt-9"), 404)
+
+
+def test_unknown_route_is_404_in_the_openai_shape(http):
+    _assert_error(http.post("/v1/embeddings", json={}), 404)
+
+
+def test_body_over_the_limit_is_413(http):
+    big = "x" * (9 * 1024 * 1024)
+    _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+        {"role": "user", "content": big}]}), 413)
+
+
+def test_prompt_longer_than_the_context_is_400(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": [16] * 5000})
+    assert _assert_error(r, 400)["code"] == "context_length_exceeded"
+
+
+def test_context_length_exceeded_error_behaviour_refuses(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 5000,
+                                               "context_length_exceeded_behavior": "error"})
+    assert _assert_error(r, 400, "max_tokens")["code"] == "context_length_exceeded"
+
+
+def test_unsupported_schema_keyword_in_strict_mode_is_400(http):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": "hostname-ish"}},
+              "required": ["a"], "additionalProperties": False, "not": {"required": ["a"]}}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+    _assert_error(r, 400, "response_format")
+
+
+def test_two_constraints_at_once_are_refused(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "regex": "a+",
+                                               "choice": ["a"]})
+    _assert_error(r, 400)
+
+
+def test_unknown_fields_are_accepted_and_named_in_a_header(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
+                                               "my_sdk_extra": 1, "another": {"x": 1}, "user": "u1"})
+    assert r.status_code == 200
+    assert r.headers["x-structgen-ignored-fields"] == "another,my_sdk_extra"
+
+
+def test_garbage_never_causes_a_500(http):
+    bodies = [{"model": MODEL, "messages": [{"role": "user", "content": None}]},
+              {"model": MODEL, "messages": HELLO, "response_format": "json"},
+              {"model": MODEL, "messages": HELLO, "response_format": {"type": "json_schema"}},
+              {"model": MODEL, "messages": HELLO, "tools": [{"type": "function"}]},
+              {"model": MODEL, "messages": HELLO, "tools": "x"},
+              {"model": MODEL, "messages": HELLO, "regex": "("},
+              {"model": MODEL, "messages": HELLO, "choice": []},
+              {"model": MODEL, "messages": HELLO, "logit_bias": {"999999999": 1}},
+              {"model": MODEL, "messages": HELLO, "seed": 2 ** 70},
+              {"model": MODEL, "messages": HELLO, "stream_options": "x"},
+              {"model": 5, "messages": HELLO}]
+    for body in bodies:
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, (body, r.text)
+
+
+def test_n_above_the_batch_size_is_a_400_naming_n(http):
+    # the session server runs with --max-batch-size 8
+    _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "n": 9}), 400, "n")
+
+
+def test_malformed_text_and_deep_nesting_are_400_not_500(http):
+    bodies = [
+        b'{"model": "structgen-builtin", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        b'{"model": "structgen-builtin", "prompt": ["ok", "\\udfff"]}',
+        b'{"model": "structgen-builtin", "messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"model": "structgen-builtin", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        b"\xff\xfe\x00",
+    ]
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        for body in bodies:
+            r = http.post(path, content=body, headers={"content-type": "application/json"})
+            _assert_error(r, 400)

@@ -1,0 +1,52 @@
+"""ToolCallStream: the tool-call output format turned into OpenAI tool_calls deltas, however the text is split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service.tool_stream import ToolCallStream
+
+TEXT = ('[{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", "x": [1, {"a": 2}]}}, '
+        '{"arguments": {"zone": "UTC"}, "name": "get_time"}]')
+
+
+def _assemble(deltas):
+    calls = {}
+    for d in deltas:
+        for tc in d["tool_calls"]:
+            slot = calls.setdefault(tc["index"], {"ids": [], "name": "", "arguments": ""})
+            if "id" in tc:
+                slot["ids"].append(tc["id"])
+            slot["name"] += tc["function"].get("name", "")
+            slot["arguments"] += tc["function"]["arguments"]
+    return calls
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, len(TEXT)])
+def test_calls_reassemble_to_the_same_names_and_arguments_for_any_split(step):
+    stream = ToolCallStream()
+    deltas = [d for i in range(0, len(TEXT), step) for d in stream.feed(TEXT[i:i + step])]
+    calls = _assemble(deltas)
+    assert stream.made_calls
+    assert [calls[i]["name"] for i in (0, 1)] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["arguments"]) == {"city": 'Pa"ris}', "x": [1, {"a": 2}]}
+    assert json.loads(calls[1]["arguments"]) == {"zone": "UTC"}
+    assert all(len(c["ids"]) == 1 and c["ids"][0].startswith("call_") for c in calls.values())
+    # the first delta of a call carries id, type and name; later ones only argument text
+    first = next(d["tool_calls"][0] for d in deltas if d["tool_calls"][0]["index"] == 0)
+    assert first["type"] == "function" and first["function"] == {"name": "get_weather", "arguments": ""}
+
+
+def test_text_that_is_not_a_call_streams_as_content():
+    stream = ToolCallStream()
+    assert stream.feed("  Hel") == [{"content": "  Hel"}]
+    assert stream.feed("lo [x]") == [{"content": "lo [x]"}]
+    assert not stream.made_calls
+
+
+def test_a_single_call_object_without_the_array_is_a_call():
+    stream = ToolCallStream()
+    calls = _assemble(stream.feed('{"name": "f", "arguments": {}}'))
+    assert calls[0]["name"] == "f" and calls[0]["arguments"] == "{}"

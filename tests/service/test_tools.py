@@ -1,0 +1,94 @@
+"""Tool calling: required, named and auto tool_choice, arguments that validate, streamed as OpenAI streams."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.service.conftest import MODEL
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"enum": ["c", "f"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _check_calls(calls):
+    assert calls
+    for call in calls:
+        assert call.type == "function"
+        assert call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_tool_choice_returns_one_valid_tool_call(client):
+    # parallel_tool_calls=False: exactly one call, so the random built-in model cannot run to max_tokens
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=200, seed=11)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
+    _check_calls(choice.message.tool_calls)
+
+
+def test_named_tool_choice_calls_exactly_that_function(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=200, seed=3,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = r.choices[0].message.tool_calls
+    _check_calls(calls)
+    assert [c.function.name for c in calls] == ["get_time"]
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_tool_choice_answers_with_text_or_valid_calls(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto",
+                                       max_tokens=60, seed=3)
+    choice = r.choices[0]
+    if choice.message.tool_calls:
+        _check_calls(choice.message.tool_calls)
+        assert choice.finish_reason == "tool_calls"
+    else:
+        assert isinstance(choice.message.content, str)
+        assert choice.finish_reason in ("stop", "length")
+
+
+def test_streamed_tool_calls_assemble_like_openai(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                                 parallel_tool_calls=False, max_tokens=200, seed=5, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for delta in chunk.choices[0].delta.tool_calls or ():
+            slot = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
+            if delta.id:
+                assert slot["id"] is None  # the id comes once, in the call's first delta
+                slot["id"] = delta.id
+            if delta.function and delta.function.name:
+                slot["name"] += delta.function.name
+            if delta.function and delta.function.arguments:
+                slot["arguments"] += delta.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert calls and sorted(calls) == list(range(len(calls)))
+    for slot in calls.values():
+        assert slot["id"].startswith("call_")
+        jsonschema.validate(json.loads(slot["arguments"]), SCHEMAS[slot["name"]])
+
+
+@pytest.mark.parametrize("tool_choice, param", [
+    ({"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+    ("sometimes", "tool_choice"),
+])
+def test_bad_tool_choice_is_a_400_naming_it(http, tool_choice, param):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
+                                               "tool_choice": tool_choice})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == param
