@@ -1,0 +1,233 @@
+"""Throughput and latency of the real server (`structgen serve`) on 127.0.0.1, from one run.
+
+Prints tokens/s at 1, 4 and 16 concurrent requests, unconstrained and with a JSON schema, the ratios
+16-way/1-way and constrained/unconstrained, time-to-first-token for a new and a repeated schema, and the same
+unconstrained workload against `transformers serve` on the same model (when it starts offline here).
+
+    python bench/bench.py                       # saves the built-in Qwen2-vocabulary model to a temp dir
+    python bench/bench.py --model DIR --max-tokens 64 --requests-per-client 2
+
+Not a test: it measures, it asserts nothing. Every request asks for `max_tokens` with `ignore_eos`; the schema
+(an array of at least 8 short strings) keeps constrained outputs close to that length (they may end earlier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["items"],
+          "properties": {"items": {"type": "array", "minItems": 8, "items": {"type": "string", "maxLength": 8}}}}
+MESSAGES = [{"role": "user", "content": "List some short words as JSON."}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def save_builtin(out: Path) -> Path:
+    """The built-in model (random Qwen2 weights, real Qwen2 tokenizer) as a directory both servers can load."""
+    from engine.model_loader import BUILTIN_DIR, BUILTIN_MODEL, load_model
+
+    loaded = load_model(BUILTIN_MODEL, device="cpu")
+    loaded.model.save_pretrained(out)
+    tok = loaded.tokenizer
+    tok.chat_template = (BUILTIN_DIR / "chat_template.jinja").read_text()
+    tok.save_pretrained(out)
+    return out
+
+
+class Server:
+    """A server subprocess on a free port, ready once `health_path` answers 200."""
+
+    def __init__(self, argv: list[str], port: int, health_path: str, log_path: Path, timeout: float = 300):
+        self.argv, self.port, self.health_path, self.log_path, self.timeout = argv, port, health_path, log_path, timeout
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Server":
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
+                                     cwd=str(ROOT))
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv[:3]} exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}{self.health_path}", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"{self.argv[:3]} did not become healthy; see {self.log_path}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def chat_body(model: str, max_tokens: int, schema: dict | None, extra: dict) -> dict:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 1.0, **extra}
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
+    return body
+
+
+async def throughput(base: str, model: str, clients: int, per_client: int, max_tokens: int,
+                     schema: dict | None, extra: dict) -> tuple[float, int, int]:
+    """(tokens/s, completion tokens, errors) for `clients` concurrent loops of `per_client` requests."""
+    async with httpx.AsyncClient(base_url=base, timeout=600) as http:
+        errors = 0
+
+        async def loop() -> int:
+            nonlocal errors
+            total = 0
+            for _ in range(per_client):
+                r = await http.post("/v1/chat/completions", json=chat_body(model, max_tokens, schema, extra))
+                if r.status_code != 200:
+                    errors += 1
+                    if errors == 1:
+                        print(f"    first error: {r.status_code} {r.text[:300]}", flush=True)
+                    continue
+                total += r.json()["usage"]["completion_tokens"]
+            return total
+
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(loop() for _ in range(clients))))
+        return tokens / (time.perf_counter() - start), tokens, errors
+
+
+async def ttft(base: str, model: str, schema: dict | None) -> float:
+    """Seconds from sending a streamed request to its first content delta."""
+    body = {**chat_body(model, 8, schema, {}), "stream": True}
+    async with httpx.AsyncClient(base_url=base, timeout=600) as http:
+        start = time.perf_counter()
+        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunk = json.loads(line[6:])
+                    if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                        return time.perf_counter() - start
+    raise RuntimeError("no content in the stream")
+
+
+def fresh_schema() -> dict:
+    """Same shape as SCHEMA, but a property name no cache has seen."""
+    name = "k" + uuid.uuid4().hex[:10]
+    return {"type": "object", "additionalProperties": False, "required": [name],
+            "properties": {name: {"type": "string", "maxLength": 8}}}
+
+
+def run_workloads(base: str, model: str, args, schema: dict | None, extra: dict) -> dict[int, float]:
+    out = {}
+    for clients in args.concurrency:
+        tps, tokens, errors = asyncio.run(throughput(base, model, clients, args.requests_per_client,
+                                                     args.max_tokens, schema, extra))
+        out[clients] = tps
+        label = "schema" if schema else "plain"
+        print(f"  {label:6s} c={clients:2d}: {tps:8.1f} tok/s  ({tokens} tokens, {errors} errors)", flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="model directory (default: the built-in model saved to a temp dir)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--ttft-samples", type=int, default=5)
+    ap.add_argument("--constraint-backend", default="auto", choices=["auto", "outlines", "llguidance"])
+    ap.add_argument("--settle", type=float, default=15.0,
+                    help="seconds to wait after the warm-up (auto: the background outlines compile finishes)")
+    ap.add_argument("--skip-transformers-serve", action="store_true")
+    args = ap.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="structgen-bench-"))
+    model_dir = Path(args.model) if args.model else save_builtin(workdir / "model")
+    model = str(model_dir)
+    print(f"model: {model}  device: {args.device}  max_tokens: {args.max_tokens}  "
+          f"requests/client: {args.requests_per_client}  constraint backend: {args.constraint_backend}", flush=True)
+
+    port = free_port()
+    argv = [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
+            "--device", args.device, "--max-batch-size", str(max(args.concurrency)),
+            "--constraint-backend", args.constraint_backend]
+    with Server(argv, port, "/health", workdir / "structgen.log"):
+        base = f"http://127.0.0.1:{port}"
+        asyncio.run(throughput(base, model, 2, 1, 4, SCHEMA, {"ignore_eos": True}))  # warm-up, schema compiled
+        time.sleep(args.settle)
+        print("structgen:", flush=True)
+        plain = run_workloads(base, model, args, None, {"ignore_eos": True})
+        constrained = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True})
+        base_ttft = statistics.median(asyncio.run(ttft(base, model, None)) for _ in range(args.ttft_samples))
+        new, repeated = [], []
+        for _ in range(args.ttft_samples):
+            schema = fresh_schema()
+            new.append(asyncio.run(ttft(base, model, schema)))
+            repeated.append(asyncio.run(ttft(base, model, schema)))
+
+    ours_label = "structgen"
+    theirs: dict[int, float] = {}
+    if not args.skip_transformers_serve:
+        port = free_port()
+        tf = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+        argv = [tf, "serve", model, "--port", str(port), "--host", "127.0.0.1", "--device",
+                "cpu" if args.device == "auto" and not _cuda() else args.device]
+        try:
+            with Server(argv, port, "/health", workdir / "transformers-serve.log"):
+                print("transformers serve:", flush=True)
+                theirs = run_workloads(f"http://127.0.0.1:{port}", model, args, None, {})
+        except Exception as exc:  # report, do not hide: the figures below say it did not run
+            print(f"transformers serve did not run: {exc}", flush=True)
+
+    print("\nsummary")
+    c_lo, c_hi = min(args.concurrency), max(args.concurrency)
+    print(f"  {ours_label} {c_hi}-way / {c_lo}-way: {plain[c_hi] / plain[c_lo]:.2f}x  (goal >= 8x)")
+    for c in args.concurrency:
+        print(f"  constrained / unconstrained at c={c}: {constrained[c] / plain[c]:.3f}  (goal >= 0.95)")
+    print(f"  TTFT p50: unconstrained {base_ttft * 1000:.1f} ms, new schema {statistics.median(new) * 1000:.1f} ms, "
+          f"repeated schema {statistics.median(repeated) * 1000:.1f} ms")
+    print(f"  added TTFT p50: new schema {(statistics.median(new) - base_ttft) * 1000:+.1f} ms (goal <= 50), "
+          f"repeated {(statistics.median(repeated) - base_ttft) * 1000:+.1f} ms (goal <= 1)")
+    for c in args.concurrency:
+        if c in theirs:
+            print(f"  structgen / transformers serve at c={c}: {plain[c] / theirs[c]:.2f}x  "
+                  f"({plain[c]:.1f} vs {theirs[c]:.1f} tok/s)")
+    if not theirs and not args.skip_transformers_serve:
+        print("  transformers serve: no figures (see above)")
+    print(f"  logs: {workdir}")
+    return 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
