@@ -3,15 +3,20 @@
 Context-free and compiled in milliseconds, so it serves what a DFA cannot express (recursion, any JSON object)
 and every first request. Never blocks on a model; never touches HTTP.
 
-Budget rule: llguidance exposes no distance-to-accept, so the exact rule (#9) is not available here. What it
-does: once the document can end and `tokens_left <= close_margin`, only EOS is allowed, so a complete document is
-never extended into one that cannot close.
+Budget rule: llguidance exposes no distance-to-accept, so the exact rule (#9) is approximated. The matcher
+walks a copy of itself to a greedy short completion, one byte token at a time (prefer closing quotes, brackets
+and `0`; take forced bytes as they come). When that completion no longer fits in the tokens left, the matcher
+forces it token by token, _CLOSING_MARGIN tokens early. The document then closes complete and valid within
+max_tokens whenever the greedy completion fits and no single token opens more than that margin of new
+obligations (outlines, which serves repeats under `auto`, is exact). The walk costs well under a millisecond and
+runs every step only when the budget is near.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import deque
 
 import llguidance
 import llguidance.hf
@@ -30,6 +35,49 @@ STANDARD_FORMATS = frozenset({
 })
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+
+
+# Bytes the closing walk tries, best first: closers, then the shortest JSON values, then anything printable.
+_CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + bytes(range(0x20, 0x7F))
+                       + bytes(range(0x80, 0x100)) + bytes(range(0x20)))
+_CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the grammar may not close at all)
+_CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
+# Forcing starts while this many spare tokens remain: one sampled token can add obligations (open a string, an
+# object, a required property) that lengthen the completion; up to this many bytes of them still fit.
+_CLOSING_MARGIN = 8
+
+
+def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary) -> list[int] | None:
+    """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
+    none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
+    Greedy, not minimal: it may overestimate, which only makes forcing start earlier."""
+    byte_tokens = vocab.byte_tokens()
+    order = [byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens]
+    quote, letter = byte_tokens.get(ord('"')), byte_tokens.get(ord("q"))
+    walk = matcher.deep_copy()
+    out: list[int] = []
+    while not walk.is_accepting():
+        if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
+            return None
+        forced = walk.compute_ff_bytes()
+        if forced:
+            for b in forced:
+                tid = byte_tokens.get(b)
+                if tid is None or not walk.consume_token(tid):
+                    return None
+                out.append(tid)
+            continue
+        # Inside a string both a letter and '"' fit: close it rather than write more of it.
+        if quote is not None and letter is not None and walk.validate_tokens([letter]) == 1 \
+                and walk.validate_tokens([quote]) == 1:
+            pick = quote
+        else:
+            pick = next((t for t in order if walk.validate_tokens([t]) == 1), None)
+            if pick is None:
+                return None
+        walk.consume_token(pick)
+        out.append(pick)
+    return vocab.spell(b"".join(vocab.token_bytes[t] for t in out))
 
 
 def build_lltokenizer(tokenizer, vocab: Vocabulary) -> llguidance.LLTokenizer:
@@ -102,13 +150,11 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
 class LlgGrammar(Grammar):
     backend = "llguidance"
 
-    def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
-                 close_margin: int = 1):
+    def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = ()):
         self.lltok = lltok
         self.text = text
         self.vocab = vocab
         self.unenforced = unenforced
-        self.close_margin = close_margin
         self._allowed = vocab.allowed_words()
         self._eos = vocab.eos_words()
         self.nbytes = 4 * len(text) + 64 * 1024
@@ -124,16 +170,38 @@ class LlgMatcher(Matcher):
     def __init__(self, grammar: LlgGrammar):
         self._g = grammar
         self._m = grammar._proto.deep_copy()
+        self._forced: deque[int] | None = None  # the closing being spelled out, once the budget demands it
+        self._closing_len: int | None = None  # tokens of the last measured completion
+        self._since_measure = 0
+
+    def _closing(self, tokens_left: int) -> deque[int] | None:
+        """The forced completion, starting one when the last measured completion no longer fits."""
+        if self._forced is not None:
+            return self._forced
+        self._since_measure += 1
+        near = self._closing_len is None or tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
+        if near or self._since_measure >= _CLOSING_RECHECK_STEPS:
+            self._since_measure = 0
+            closing = closing_tokens(self._m, self._g.vocab)
+            self._closing_len = len(closing) if closing is not None else None
+            if closing is not None and len(closing) + _CLOSING_MARGIN >= tokens_left:
+                self._forced = deque(closing)
+        return self._forced
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         v = bitmask[row]
         out = v.numpy()
         can_end = self._m.is_accepting()
-        if can_end and tokens_left is not None and tokens_left <= self._g.close_margin:
-            out[:] = self._g._eos
-            return
         if self._m.is_error() or self._m.is_stopped():
             out[:] = self._g._eos if can_end else 0
+            return
+        forced = self._closing(tokens_left) if tokens_left is not None else None
+        if forced is not None:
+            if forced:
+                out[:] = 0
+                out[forced[0] >> 5] = np.int32(np.uint32(1 << (forced[0] & 31)).view(np.int32))
+            else:
+                out[:] = self._g._eos
             return
         self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
         np.bitwise_and(out, self._g._allowed, out=out)
@@ -146,6 +214,11 @@ class LlgMatcher(Matcher):
             return False
         if self._m.validate_tokens([token_id]) != 1:
             return False
+        if self._forced:
+            if self._forced[0] == token_id:
+                self._forced.popleft()
+            else:  # a caller stepped off the forced path: measure again next time
+                self._forced = None
         return self._m.consume_token(token_id)
 
     def is_terminated(self) -> bool:

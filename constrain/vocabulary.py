@@ -73,6 +73,8 @@ class Vocabulary:
     logits_width: int
     fingerprint: str
     _allowed_words: np.ndarray | None = field(default=None, repr=False)
+    _byte_tokens: dict[int, int] | None = field(default=None, repr=False)
+    _ids_by_bytes: dict[bytes, int] | None = field(default=None, repr=False)
 
     @classmethod
     def from_tokenizer(cls, tokenizer, logits_width: int, eos_token_ids: Iterable[int]) -> "Vocabulary":
@@ -118,6 +120,40 @@ class Vocabulary:
             ids = np.array([i for i, b in enumerate(self.token_bytes) if b is not None], dtype=np.int64)
             self._allowed_words = ids_to_words(ids, self.words)
         return self._allowed_words
+
+    def byte_tokens(self) -> dict[int, int]:
+        """byte value -> the id of a token that is exactly that byte (byte-level BPE and byte fallback have
+        all 256), so any byte string can be spelled token by token."""
+        if self._byte_tokens is None:
+            table: dict[int, int] = {}
+            for tid, data in enumerate(self.token_bytes):
+                if data is not None and len(data) == 1:
+                    table.setdefault(data[0], tid)
+            self._byte_tokens = table
+        return self._byte_tokens
+
+    def spell(self, data: bytes) -> list[int] | None:
+        """Token ids whose bytes concatenate to `data`, longest match first (few tokens, not always fewest);
+        None if some byte has no token."""
+        if self._ids_by_bytes is None:
+            table: dict[bytes, int] = {}
+            for tid, piece in enumerate(self.token_bytes):
+                if piece is not None:
+                    table.setdefault(piece, tid)
+            self._ids_by_bytes = table
+        table, longest = self._ids_by_bytes, 32
+        out: list[int] = []
+        i = 0
+        while i < len(data):
+            for end in range(min(len(data), i + longest), i, -1):
+                tid = table.get(data[i:end])
+                if tid is not None:
+                    out.append(tid)
+                    i = end
+                    break
+            else:
+                return None
+        return out
 
     def eos_words(self) -> np.ndarray:
         return ids_to_words(np.array(sorted(self.eos_token_ids), dtype=np.int64), self.words)

@@ -80,7 +80,10 @@ class Sequence:
             if stopped or (self.matcher is not None and self.matcher.is_terminated()):
                 self.finished = "stop"
         if self.finished is None and self.tokens_left <= 0:
-            self.finished = "length"
+            # A constrained output that is complete when the budget runs out ended with its grammar: "stop".
+            # (The budget rule steers documents to close in time; "length" would make clients drop them.)
+            complete = self.matcher is not None and self.matcher.can_end()
+            self.finished = "stop" if complete else "length"
         if self.finished in ("stop", "length") and not self.stops.stopped:
             tail, _ = self.stops.push(self.detok.flush())
             text += tail + self.stops.flush()

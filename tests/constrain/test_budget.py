@@ -1,9 +1,11 @@
-"""The budget rule (#9): with the outlines backend, a document always closes within max_tokens when one fits."""
+"""The budget rule (#9): a document always closes within max_tokens when one fits (exactly on outlines, by a
+forced greedy completion on llguidance)."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
 import jsonschema
 import pytest
@@ -47,3 +49,42 @@ def test_budget_below_shortest_document_allows_nothing_but_what_can_still_close(
     bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
     g.matcher().fill_bitmask(bm, 0, tokens_left=_shortest(g) - 1)
     assert int(bm.count_nonzero()) == 0  # nothing fits: the engine sees an empty mask and fails the row
+
+
+def _greedy_closing_len(grammar) -> int:
+    from constrain.llg_backend import closing_tokens
+
+    return len(closing_tokens(grammar.matcher()._m, grammar.vocab))
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "enum"])
+def test_llguidance_closes_documents_within_tight_max_tokens(schema, gpt2_compiler, vocabs):
+    """llguidance has no distances; its matcher forces a greedy completion when the budget gets near it."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="llguidance"))
+    shortest = _greedy_closing_len(g)
+    rng = random.Random(11)
+    for max_tokens in (shortest, shortest + 1, shortest + 5, shortest + 20):
+        for _ in range(4):
+            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert len(toks) <= max_tokens
+            m = g.matcher()
+            assert all(m.accept(t) for t in toks) and m.can_end(), "truncated document"
+            jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_compiler, vocabs):
+    specs = [ConstraintSpec(kind="json_object"), ConstraintSpec(kind="regex", pattern=r"[a-z]{3,9}@example\.com"),
+             ConstraintSpec(kind="json_schema", schema={"type": "array", "items": {"type": "string"}})]
+    rng = random.Random(3)
+    for spec in specs:
+        g = gpt2_compiler.compile(ConstraintSpec(**{**spec.__dict__, "backend": "llguidance"}))
+        for max_tokens in (_greedy_closing_len(g) + 2, 24, 40):
+            for _ in range(4):
+                toks, _ = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+                m = g.matcher()
+                assert all(m.accept(t) for t in toks) and m.can_end(), (spec.kind, decode(vocabs["gpt2"], toks))
+                text = decode(vocabs["gpt2"], toks)
+                if spec.kind == "regex":
+                    assert re.fullmatch(spec.pattern, text)
+                else:
+                    json.loads(text)

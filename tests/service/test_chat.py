@@ -65,6 +65,24 @@ def test_parse_with_a_pydantic_model_returns_a_parsed_instance(client):
     City.model_validate_json(choice.message.content)
 
 
+class Person(BaseModel):
+    name: str  # unbounded: the random model would write it until max_tokens without the budget rule
+    nickname: str
+    age: int
+
+
+@pytest.mark.parametrize("max_tokens", [16, 30, 60])
+def test_tight_max_tokens_still_gives_a_complete_parsed_document(client, max_tokens):
+    """The budget rule: a constrained answer closes in time whenever max_tokens fits the shortest document."""
+    for seed in range(3):
+        r = client.chat.completions.parse(model=MODEL, max_tokens=max_tokens, response_format=Person, seed=seed,
+                                          temperature=1.0, messages=[{"role": "user", "content": "A person?"}])
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        assert isinstance(choice.message.parsed, Person)
+        assert r.usage.completion_tokens <= max_tokens
+
+
 def test_json_object_with_schema_hosted_shape_validates(client):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
               "required": ["ok", "n"], "additionalProperties": False}
