@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +21,17 @@ class ServerConfig:
     max_model_len: int | None = None
     served_model_name: str | None = None
     constraint_backend: str = "auto"  # auto | outlines | llguidance
-    schemas_dir: Path | None = None  # named schemas precompiled at start-up (default: the packaged schemas/)
-    cache_dir: Path | None = None  # on-disk grammar cache (default: ~/.cache/structgen)
+    schemas_dir: Path | None = None  # named schemas precompiled at start-up (none by default)
+    cache_dir: Path | None = None  # on-disk grammar cache; None: grammar_cache_dir's default
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "info"
+
+    @property
+    def grammar_cache_dir(self) -> Path:
+        """--cache-dir, else $XDG_CACHE_HOME/structgen (~/.cache/structgen): compiled automata survive restarts."""
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "structgen"
 
     @property
     def model_name(self) -> str:

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +26,9 @@ class ServerProcess:
                  log_path: Path | None = None):
         self.port = free_port()
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+        # Its own cache directory: a grammar cache left by an earlier run never leaks into a test.
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="structgen-test-cache-"), **(env or {})}
         self.startup_timeout = startup_timeout
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None

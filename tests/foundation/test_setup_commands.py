@@ -40,3 +40,11 @@ def test_dockerfile_installs_with_the_readme_command_and_serves():
     assert re.search(r"^EXPOSE 8000$", dockerfile, flags=re.M)
     for package in ("service", "constrain", "engine", "schemas"):
         assert f"COPY {package} {package}" in dockerfile
+
+
+def test_grammar_cache_defaults_to_the_user_cache_directory(monkeypatch, tmp_path):
+    from service.config import ServerConfig
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert ServerConfig().grammar_cache_dir == tmp_path / "structgen"
+    assert ServerConfig(cache_dir=tmp_path / "mine").grammar_cache_dir == tmp_path / "mine"

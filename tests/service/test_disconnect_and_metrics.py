@@ -46,11 +46,16 @@ def test_disconnect_mid_stream_frees_the_engine_row(server, http):
 
 def test_disconnect_while_waiting_for_a_whole_answer_frees_the_engine_row(server, http):
     assert _wait_for_idle_batch(http) == 0
+    before = metric(http.get("/metrics").text, "structgen_engine_tokens_generated_total")
+    gave_up = False
     try:
         httpx.post(server.base_url + "/v1/chat/completions", json=_body(), timeout=1.5)
     except httpx.TimeoutException:
-        pass  # the client gave up and closed the connection
+        gave_up = True  # the client closed the connection while the answer was being generated
+    assert gave_up, "the answer arrived before the client left: nothing was tested"
     assert _wait_for_idle_batch(http) == 0
+    generated = metric(http.get("/metrics").text, "structgen_engine_tokens_generated_total") - before
+    assert 0 < generated < 3000  # the row left the batch long before its max_tokens
 
 
 def test_metrics_are_prometheus_text_with_the_serving_numbers(http):
