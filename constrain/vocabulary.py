@@ -56,7 +56,13 @@ def _sentencepiece_bytes(token: str) -> bytes:
     return token.replace("▁", " ").encode("utf-8")
 
 
-def _is_byte_level(tokenizer) -> bool:
+def piece_bytes(piece: str, byte_level: bool) -> bytes | None:
+    """The bytes a tokenizer piece stands for: byte-level BPE through the inverse GPT-2 table, else SentencePiece
+    (`▁` is a space, `<0xXX>` a byte). The one place token text becomes bytes (masks and logprobs agree)."""
+    return _bytelevel_bytes(piece) if byte_level else _sentencepiece_bytes(piece)
+
+
+def is_byte_level(tokenizer) -> bool:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return False
@@ -87,7 +93,7 @@ class Vocabulary:
         if logits_width < size:
             raise ValueError(f"logits width {logits_width} is smaller than the tokenizer's {size} tokens")
         added = {int(i): t for i, t in tokenizer.added_tokens_decoder.items()}
-        byte_level = _is_byte_level(tokenizer)
+        byte_level = is_byte_level(tokenizer)
         pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
         out: list[bytes | None] = [None] * logits_width
         for tid, piece in enumerate(pieces):
@@ -98,10 +104,8 @@ class Vocabulary:
                 if tok.special or _PAD_ARTEFACT.match(tok.content):
                     continue
                 data = tok.content.encode("utf-8")
-            elif byte_level:
-                data = _bytelevel_bytes(piece)
             else:
-                data = _sentencepiece_bytes(piece)
+                data = piece_bytes(piece, byte_level)
             out[tid] = data or None
         h = hashlib.sha256()
         h.update(json.dumps([logits_width, sorted(eos)]).encode())

@@ -7,8 +7,9 @@ right. No tensor work here.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
+
+from constrain.vocabulary import is_byte_level, piece_bytes
 
 _CONTEXT_TOKENS = 5
 
@@ -46,30 +47,13 @@ class IncrementalDetokenizer:
         return delta
 
 
-def _gpt2_unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode (byte-level BPE pieces -> bytes)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 class TokenTexts:
     """Each token's own bytes (byte-level BPE or SentencePiece pieces) and text, cached, for TokenLogprob."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.added = {int(i): t.content for i, t in tokenizer.added_tokens_decoder.items()}
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        spec = json.loads(backend.to_str()) if backend is not None else {}
-        self.byte_level = "ByteLevel" in json.dumps(spec.get("decoder")) or \
-            "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
-        self.unicode_to_byte = _gpt2_unicode_to_byte()
+        self.byte_level = is_byte_level(tokenizer)
         self.get = lru_cache(maxsize=65536)(self._compute)
 
     def _compute(self, token_id: int) -> tuple[str, bytes]:
@@ -77,15 +61,5 @@ class TokenTexts:
             data = self.added[token_id].encode("utf-8")
         else:
             piece = self.tokenizer.convert_ids_to_tokens(token_id)
-            if piece is None:
-                data = b""
-            elif self.byte_level:
-                try:
-                    data = bytes(self.unicode_to_byte[ch] for ch in piece)
-                except KeyError:
-                    data = piece.encode("utf-8")
-            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                data = bytes([int(piece[3:5], 16)])
-            else:
-                data = piece.replace("▁", " ").encode("utf-8")
+            data = b"" if piece is None else piece_bytes(piece, self.byte_level) or piece.encode("utf-8")
         return data.decode("utf-8", errors="replace"), data
