@@ -201,8 +201,8 @@ class Engine:
 
     def _prefill(self, states: list[RequestState]) -> tuple[list[Sequence], KVBatch | None, torch.Tensor | None]:
         """Prefill newcomers (prompt-logprob requests each alone, with all positions' logits), fork n rows."""
-        plain = [s for s in states if not s.request.params.prompt_logprobs]
-        scoring = [s for s in states if s.request.params.prompt_logprobs]
+        plain = [s for s in states if s.request.params.prompt_logprobs is None]
+        scoring = [s for s in states if s.request.params.prompt_logprobs is not None]
         groups = ([plain] if plain else []) + [[s] for s in scoring]
         seqs: list[Sequence] = []
         kv_all: KVBatch | None = None
@@ -211,7 +211,7 @@ class Engine:
             group = [s for s in group if self._admissible(s)]
             if not group:
                 continue
-            scoring_group = bool(group[0].request.params.prompt_logprobs)
+            scoring_group = group[0].request.params.prompt_logprobs is not None
             kv, logits = self.runner.prefill([s.request.prompt_ids for s in group], all_logits=scoring_group)
             self._prefill_tokens += kv.rows * kv.length
             if scoring_group:

@@ -178,8 +178,7 @@ class Generation:
         return self._plan(req, prompts, spec, grammar, headers, default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
                           started=started,
                           logprobs=want_logprobs, top_logprobs=req.logprobs or 0,
-                          # at least 1: the engine reads prompt_logprobs=0 as "none"; extra alternatives are trimmed
-                          prompt_logprobs=max(1, req.logprobs or 0) if (want_logprobs and req.echo) else None,
+                          prompt_logprobs=(req.logprobs or 0) if (want_logprobs and req.echo) else None,
                           prefix="cmpl")
 
     def _tools_prompt(self, tools: list[dict]) -> str:

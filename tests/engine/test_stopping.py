@@ -111,6 +111,13 @@ def test_prompt_logprobs_come_with_the_first_event_only(engine, builtin):
         assert len(plp[pos].top) == 2
 
 
+def test_zero_prompt_logprobs_means_the_prompt_tokens_logprobs_without_alternatives(engine):
+    (out,) = run_all(engine, request("p0", PROMPT, temperature=0.0, max_tokens=1, prompt_logprobs=0))
+    plp = out[0].events[0].prompt_logprobs
+    assert plp is not None and len(plp) == len(PROMPT) and plp[0] is None
+    assert all(entry.token_id == token and entry.top == () for entry, token in zip(plp[1:], PROMPT[1:]))
+
+
 def test_echo_scoring_with_zero_max_tokens_returns_prompt_logprobs_and_no_tokens(engine):
     (out,) = run_all(engine, request("z", PROMPT, max_tokens=0, prompt_logprobs=1))
     (event,) = out[0].events
