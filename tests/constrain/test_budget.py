@@ -25,15 +25,21 @@ SCHEMAS = [
 
 
 def _shortest(grammar) -> int:
-    return int(grammar.dfa.dist[0])
+    """Tokens of the shortest document: exact on outlines (DFA distances), the greedy completion on llguidance."""
+    if grammar.backend == "outlines":
+        return int(grammar.dfa.dist[0])
+    from constrain.llg_backend import closing_tokens
+
+    return len(closing_tokens(grammar.matcher()._m, grammar.vocab))
 
 
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
 @pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "enum"])
-def test_tight_max_tokens_still_yields_complete_valid_documents(schema, gpt2_compiler, vocabs):
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="outlines"))
+def test_tight_max_tokens_still_yields_complete_valid_documents(schema, backend, gpt2_compiler, vocabs):
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend=backend))
     shortest = _shortest(g)
     rng = random.Random(7)
-    for max_tokens in (shortest, shortest + 1, shortest + 3, shortest + 10):
+    for max_tokens in (shortest, shortest + 1, shortest + 3, shortest + 10, shortest + 20):
         for _ in range(4):
             toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
             assert len(toks) <= max_tokens
@@ -51,26 +57,6 @@ def test_budget_below_shortest_document_allows_nothing_but_what_can_still_close(
     assert int(bm.count_nonzero()) == 0  # nothing fits: the engine sees an empty mask and fails the row
 
 
-def _greedy_closing_len(grammar) -> int:
-    from constrain.llg_backend import closing_tokens
-
-    return len(closing_tokens(grammar.matcher()._m, grammar.vocab))
-
-
-@pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "enum"])
-def test_llguidance_closes_documents_within_tight_max_tokens(schema, gpt2_compiler, vocabs):
-    """llguidance has no distances; its matcher forces a greedy completion when the budget gets near it."""
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="llguidance"))
-    shortest = _greedy_closing_len(g)
-    rng = random.Random(11)
-    for max_tokens in (shortest, shortest + 1, shortest + 5, shortest + 20):
-        for _ in range(4):
-            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
-            assert len(toks) <= max_tokens
-            m = g.matcher()
-            assert all(m.accept(t) for t in toks) and m.can_end(), "truncated document"
-            jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
-
 
 def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_compiler, vocabs):
     specs = [ConstraintSpec(kind="json_object"), ConstraintSpec(kind="regex", pattern=r"[a-z]{3,9}@example\.com"),
@@ -78,7 +64,7 @@ def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_
     rng = random.Random(3)
     for spec in specs:
         g = gpt2_compiler.compile(ConstraintSpec(**{**spec.__dict__, "backend": "llguidance"}))
-        for max_tokens in (_greedy_closing_len(g) + 2, 24, 40):
+        for max_tokens in (_shortest(g) + 2, 24, 40):
             for _ in range(4):
                 toks, _ = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
                 m = g.matcher()
