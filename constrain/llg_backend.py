@@ -42,6 +42,7 @@ _CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + 
                        + bytes(range(0x80, 0x100)) + bytes(range(0x20)))
 _CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the grammar may not close at all)
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
+_CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
 # Forcing starts while this many spare tokens remain: one sampled token can add obligations (open a string, an
 # object, a required property) that lengthen the completion; up to this many bytes of them still fit.
 _CLOSING_MARGIN = 8
@@ -171,19 +172,23 @@ class LlgMatcher(Matcher):
         self._g = grammar
         self._m = grammar._proto.deep_copy()
         self._forced: deque[int] | None = None  # the closing being spelled out, once the budget demands it
-        self._closing_len: int | None = None  # tokens of the last measured completion
-        self._since_measure = 0
+        self._closing_len: int | None = None  # tokens of the last measured completion (None: none found)
+        self._measure_every = _CLOSING_RECHECK_STEPS
+        self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
 
     def _closing(self, tokens_left: int) -> deque[int] | None:
         """The forced completion, starting one when the last measured completion no longer fits."""
         if self._forced is not None:
             return self._forced
         self._since_measure += 1
-        near = self._closing_len is None or tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
-        if near or self._since_measure >= _CLOSING_RECHECK_STEPS:
+        near = self._closing_len is not None and tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
+        if near or self._since_measure >= self._measure_every:
             self._since_measure = 0
             closing = closing_tokens(self._m, self._g.vocab)
             self._closing_len = len(closing) if closing is not None else None
+            # A failed walk is the expensive one (it runs to _CLOSING_MAX_BYTES): never repeat it every step.
+            self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None
+                                   else min(2 * self._measure_every, _CLOSING_MAX_BACKOFF))
             if closing is not None and len(closing) + _CLOSING_MARGIN >= tokens_left:
                 self._forced = deque(closing)
         return self._forced

@@ -74,3 +74,23 @@ def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_
                     assert re.fullmatch(spec.pattern, text)
                 else:
                     json.loads(text)
+
+
+def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compiler, vocabs, monkeypatch):
+    """A completion out of the walk's reach is the costly case: it must be retried rarely, not per token."""
+    import torch
+
+    from constrain import llg_backend
+
+    walks = []
+    real = llg_backend.closing_tokens
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda m, v: walks.append(1) or real(m, v))
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z]{3000}", backend="llguidance"))
+    m = g.matcher()
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    for step in range(200):
+        m.fill_bitmask(bm, 0, tokens_left=5000 - step)
+        assert bm.count_nonzero() > 0
+        assert m.accept(vocabs["gpt2"].byte_tokens()[ord("a")])
+    assert real(m._m, vocabs["gpt2"]) is None  # the walk really fails here
+    assert 1 <= len(walks) <= 6  # backoff 8, 16, 32, 64, 128 steps
