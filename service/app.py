@@ -52,7 +52,8 @@ class _CountRequests:
 
 def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel):
     vocab = constrain.Vocabulary.from_tokenizer(loaded.tokenizer, loaded.logits_width, loaded.eos_token_ids)
-    kwargs = {"backend": config.constraint_backend, "cache_dir": config.grammar_cache_dir}
+    kwargs = {"backend": config.constraint_backend, "cache_dir": config.grammar_cache_dir,
+              "whitespace_pattern": config.json_whitespace}
     if config.schemas_dir is not None:
         kwargs["schemas_dir"] = config.schemas_dir
     compiler = constrain.GrammarCompiler(vocab, loaded.tokenizer, **kwargs)

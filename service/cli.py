@@ -43,6 +43,15 @@ def _port(text: str) -> int:
     return value
 
 
+def _whitespace(text: str) -> str:
+    from constrain.whitespace import check_whitespace_pattern
+
+    try:
+        return check_whitespace_pattern(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_serve(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve the OpenAI-compatible API",
                               description="Serve the OpenAI-compatible API. Each option can also be set with "
@@ -66,6 +75,9 @@ def _add_serve(subparsers) -> None:
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
                    help="on-disk grammar cache (default: ~/.cache/structgen)")
+    p.add_argument("--json-whitespace", type=_whitespace, default=_env("json_whitespace", "[ ]?"),
+                   help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
+                        "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
                    help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
     p.add_argument("--log-level", default=_env("log_level", "info"),
@@ -83,7 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,
-        max_body_bytes=int(args.max_body_bytes),
+        max_body_bytes=int(args.max_body_bytes), json_whitespace=args.json_whitespace,
     )
     try:
         run_server(config)

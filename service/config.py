@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from constrain.whitespace import DEFAULT_WHITESPACE
 from engine.model_loader import BUILTIN_MODEL
 
 
@@ -23,6 +24,7 @@ class ServerConfig:
     constraint_backend: str = "auto"  # auto | outlines | llguidance
     schemas_dir: Path | None = None  # named schemas precompiled at start-up (none by default)
     cache_dir: Path | None = None  # on-disk grammar cache; None: grammar_cache_dir's default
+    json_whitespace: str = DEFAULT_WHITESPACE  # whitespace JSON constraints allow between tokens (bounded regex)
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "info"
 

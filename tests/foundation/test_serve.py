@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -71,11 +72,43 @@ def test_directory_without_a_model_exits_nonzero_with_one_line_reason(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--port", "http"], ["--max-batch-size", "0"], ["--dtype", "float8"],
-                                  ["--no-such-option"]])
+                                  ["--no-such-option"], ["--json-whitespace", "[ ]*"],
+                                  ["--json-whitespace", "[ x]?"]])
 def test_bad_option_exits_nonzero_naming_it(args):
     result = _serve(*args)
     assert result.returncode == 2
     assert args[0] in result.stderr
+
+
+def _whitespace_outside_strings(text: str) -> str:
+    out, in_string, escaped = [], False, False
+    for ch in text:
+        if in_string:
+            in_string = escaped or ch != '"'
+            escaped = not escaped and ch == "\\"
+        elif ch == '"':
+            in_string = True
+        elif ch in " \t\r\n":
+            out.append(ch)
+    return "".join(out)
+
+
+def test_json_whitespace_option_shapes_constrained_output(tiny_model_dirs):
+    from openai import OpenAI
+
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
+                                               "n": {"type": "integer"}},
+              "required": ["tags", "n"], "additionalProperties": False}
+    with ServerProcess("--model", str(tiny_model_dirs["gpt2"]), "--json-whitespace", "") as server:
+        client = OpenAI(base_url=server.base_url + "/v1", api_key="none")
+        docs = [client.chat.completions.create(
+            model=str(tiny_model_dirs["gpt2"]), messages=[{"role": "user", "content": "go"}], seed=seed,
+            max_tokens=60, response_format={"type": "json_schema",
+                                            "json_schema": {"name": "t", "schema": schema, "strict": True}},
+        ).choices[0].message.content for seed in range(4)]
+    for doc in docs:
+        assert json.loads(doc).keys() == {"tags", "n"}
+        assert _whitespace_outside_strings(doc) == "", doc
 
 
 def test_unavailable_device_exits_nonzero():
