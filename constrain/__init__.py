@@ -1,10 +1,32 @@
-"""The constraint compiler: request constraints -> token-level automata. Knows nothing about HTTP or models."""
+"""The constraint compiler: request constraints -> token-level automata. Knows nothing about HTTP or models.
 
-from constrain.compiler import GrammarCompiler
-from constrain.grammar import ConstraintError, ConstraintSpec, Grammar, Matcher
-from constrain.spec import spec_from_request
-from constrain.tools import ToolCall, parse_tool_calls, tools_system_prompt
-from constrain.vocabulary import Vocabulary
+Names are imported on first use, so the compile worker process (`python -m constrain.compile_worker`) starts
+without importing torch.
+"""
 
-__all__ = ["ConstraintError", "ConstraintSpec", "Grammar", "GrammarCompiler", "Matcher", "ToolCall", "Vocabulary",
-           "parse_tool_calls", "spec_from_request", "tools_system_prompt"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "GrammarCompiler": "constrain.compiler",
+    "ConstraintError": "constrain.grammar", "ConstraintSpec": "constrain.grammar", "Grammar": "constrain.grammar",
+    "Matcher": "constrain.grammar",
+    "spec_from_request": "constrain.spec",
+    "ToolCall": "constrain.tools", "parse_tool_calls": "constrain.tools", "tools_system_prompt": "constrain.tools",
+    "Vocabulary": "constrain.vocabulary",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'constrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

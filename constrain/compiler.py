@@ -5,6 +5,8 @@ seconds on a 152k vocabulary. So a first request for a new constraint is served 
 enforce the constraint exactly, an outlines compile starts in the background and, once done (memory and disk
 cache), serves the repeats (cached mask rows, exact budget rule). When llguidance refuses a constraint that
 outlines enforces exactly, outlines serves it (waiting for the compile). When both refuse: ConstraintError.
+Outlines builds run in worker processes (constrain/compile_worker.py): killed at the time limit, capped in
+memory, at the lowest CPU priority. A failed outlines build is remembered, so repeats never rebuild it.
 Never imports HTTP or model code.
 """
 
@@ -14,8 +16,9 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -24,11 +27,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
+from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import LlgGrammar, build_lltokenizer, compile_llg
-from constrain.outlines_backend import (OutlinesGrammar, TokenDFA, compile_outlines, outlines_vocabulary,
-                                        schema_regex)
+from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.support import outlines_unsupported
 from constrain.vocabulary import Vocabulary
 
@@ -96,7 +99,8 @@ class GrammarCompiler:
                  schemas_dir: Path | None = None, max_workers: int = 2, compile_timeout_s: float = 60.0,
                  whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 1 << 30,
                  limits: Limits = DEFAULT_LIMITS, background_outlines: bool = True,
-                 max_outlines_regex_chars: int = 30_000, max_outlines_repeat: int = 24):
+                 max_outlines_regex_chars: int = 30_000, max_outlines_repeat: int = 24,
+                 compile_memory_mb: int = 8192):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}")
         self.vocab = vocab
@@ -114,10 +118,13 @@ class GrammarCompiler:
         self._lru = _LRU(lru_max_bytes)
         self._requests = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
         self._builds = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="outlines-index")
+        self.workers = CompileWorkers(vocab.token_bytes, vocab.eos_token_ids, max_workers=max_workers,
+                                      memory_mb=compile_memory_mb)
         self._pending: dict[str, Future] = {}
+        self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._lock = threading.Lock()
         self._lltok = None
-        self._ov = None
+        self._tmp_dir: str | None = None
         self.named_schemas: dict[str, dict] = self._load_named()
         if self.cache_dir:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -166,8 +173,12 @@ class GrammarCompiler:
             return self._lltok
 
     def close(self) -> None:
+        """Kills the compile workers (a build in progress fails), stops the thread pools."""
+        self.workers.close()
         self._requests.shutdown(wait=False, cancel_futures=True)
         self._builds.shutdown(wait=False, cancel_futures=True)
+        if self._tmp_dir:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
 
     # ---- policy -------------------------------------------------------------------------------------------
     def _auto(self, spec: ConstraintSpec) -> Grammar:
@@ -186,8 +197,11 @@ class GrammarCompiler:
             return self._outlines(spec, wait=True)
         if g.unenforced and outlines_ok:
             return self._outlines(spec, wait=True)
-        if outlines_ok and self.background_outlines:
-            self._outlines(spec, wait=False)
+        if outlines_ok and self.background_outlines and okey not in self._failed:
+            try:
+                self._outlines(spec, wait=False)
+            except ConstraintError:
+                pass  # outlines cannot serve the repeats; llguidance does
         return g
 
     def _outlines_supported(self, spec: ConstraintSpec) -> bool:
@@ -275,37 +289,73 @@ class GrammarCompiler:
             self.stats.cache_hits += 1
             self._lru.put(key, g)
             return g
+        failed = self._failed.get(key)
+        if failed is not None:
+            raise ConstraintError(failed.message, param=_param(spec), pointer=failed.pointer, code=failed.code)
         regex = self._outlines_regex(spec)
         with self._lock:
             fut = self._pending.get(key)
             if fut is None:
-                if self._ov is None:
-                    self._ov = outlines_vocabulary(self.vocab)
-                fut = self._builds.submit(self._build_outlines, key, regex, self._ov)
+                fut = self._builds.submit(self._build_outlines, key, regex)
                 self._pending[key] = fut
                 if not wait:
                     self.stats.background_compiles += 1
         if not wait:
             return None
         try:
-            return fut.result(timeout=self.compile_timeout_s)
+            # The build kills its worker at compile_timeout_s and resolves the future; the grace covers queueing.
+            return fut.result(timeout=self.compile_timeout_s + 1.0)
         except FutureTimeout:
-            raise ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
-                                  param=_param(spec), code="compile_timeout") from None
+            raise self._timeout_error(_param(spec)) from None
+        except ConstraintError as exc:
+            raise ConstraintError(exc.message, param=_param(spec), pointer=exc.pointer, code=exc.code) from None
 
-    def _build_outlines(self, key: str, regex: str, ov) -> Grammar:
+    def _timeout_error(self, param: str | None) -> ConstraintError:
+        return ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
+                               param=param, code="compile_timeout")
+
+    def _build_outlines(self, key: str, regex: str) -> Grammar:
+        """Runs on a `_builds` thread, which only waits: the work happens in a worker process."""
+        if self.cache_dir:
+            path = self.cache_dir / f"{key}.outlines.npz"
+        else:
+            with self._lock:
+                if self._tmp_dir is None:
+                    self._tmp_dir = tempfile.mkdtemp(prefix="structgen-dfa-")
+            path = Path(self._tmp_dir) / f"{key}.npz"
         try:
-            t0 = time.perf_counter()
-            dfa = compile_outlines(self.vocab, regex, ov)
+            seconds = self.workers.build(regex, path, self.compile_timeout_s)
+            dfa = TokenDFA.load(path)
             g = OutlinesGrammar(dfa, self.vocab)
             self.stats.compiles += 1
-            log.debug("outlines compile %.2f s", time.perf_counter() - t0)
+            log.debug("outlines compile %.2f s", seconds)
             self._lru.put(key, g)
-            self._save_disk(key, dfa)
             return g
+        except BuildTimeout:
+            raise self._remember(key, self._timeout_error(None)) from None
+        except BuildFailed as exc:
+            if exc.kind == "closed":
+                raise ConstraintError("the compiler is shutting down", code="compile_failed") from None
+            if exc.kind == "refused":
+                err = ConstraintError(f"outlines cannot compile this constraint: {exc.message}")
+            elif exc.kind == "memory":
+                err = ConstraintError(f"the outlines automaton for this constraint {exc.message}; use the llguidance "
+                                      "backend", code="schema_too_large")
+            else:
+                err = ConstraintError(f"the outlines compile failed: {exc.message}", code="compile_failed")
+            raise self._remember(key, err) from None
         finally:
+            if not self.cache_dir:
+                path.unlink(missing_ok=True)
             with self._lock:
                 self._pending.pop(key, None)
+
+    def _remember(self, key: str, err: ConstraintError) -> ConstraintError:
+        with self._lock:
+            self._failed[key] = err
+            while len(self._failed) > 4096:
+                self._failed.popitem(last=False)
+        return err
 
     # ---- caches -------------------------------------------------------------------------------------------
     def _key(self, spec: ConstraintSpec, backend: str) -> str:
@@ -325,17 +375,6 @@ class GrammarCompiler:
             return None
         self.stats.disk_hits += 1
         return g
-
-    def _save_disk(self, key: str, dfa: TokenDFA) -> None:
-        if not self.cache_dir:
-            return
-        path = self.cache_dir / f"{key}.outlines.npz"
-        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        try:
-            dfa.save(tmp)
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("cannot write grammar cache %s: %s", path, exc)
 
     def _load_named(self) -> dict[str, dict]:
         from constrain.spec import validate_schema

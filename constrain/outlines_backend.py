@@ -11,17 +11,17 @@ tokens is the caller's bounded pattern.
 from __future__ import annotations
 
 import json
-from collections import deque
-from pathlib import Path
 
 import numpy as np
 import outlines_core
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
+from constrain.token_dfa import INF as _INF
+from constrain.token_dfa import TokenDFA, outlines_vocabulary_from_bytes
 from constrain.vocabulary import Vocabulary, ids_to_words
 
-_INF = np.iinfo(np.int32).max
+__all__ = ["OutlinesGrammar", "OutlinesMatcher", "TokenDFA", "compile_outlines", "outlines_vocabulary", "schema_regex"]
 _CHAR_OLD = '[^"\\\\\\x00-\\x1F\\x7F-\\x9F]'
 _CHAR_NEW = '[^"\\\\\\x00-\\x1F]'
 _ESC_OLD = '\\\\["\\\\/bfnrt]'
@@ -34,83 +34,16 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
 
 
 def outlines_vocabulary(vocab: Vocabulary) -> outlines_core.Vocabulary:
-    by_bytes: dict[bytes, list[int]] = {}
-    for tid, data in enumerate(vocab.token_bytes):
-        if data is not None:
-            by_bytes.setdefault(data, []).append(tid)
-    return outlines_core.Vocabulary(min(vocab.eos_token_ids), by_bytes)
-
-
-class TokenDFA:
-    """States 0..n-1 (0 = start); per state sorted token ids and their next states; finals; distances."""
-
-    def __init__(self, offsets: np.ndarray, tokens: np.ndarray, nexts: np.ndarray, final: np.ndarray):
-        self.offsets, self.tokens, self.nexts, self.final = offsets, tokens, nexts, final
-        self.dist = self._distances()
-        self.nbytes = offsets.nbytes + tokens.nbytes + nexts.nbytes + final.nbytes + self.dist.nbytes
-
-    @classmethod
-    def from_index(cls, index: outlines_core.Index, eos_ids: frozenset[int]) -> "TokenDFA":
-        trans = index.get_transitions()
-        start = index.get_initial_state()
-        order = [start] + sorted(s for s in trans if s != start)
-        finals = set(index.get_final_states())
-        targets = set(finals)
-        for d in trans.values():
-            targets.update(d.values())
-        order += sorted(t for t in targets if t not in trans and t != start)
-        ids = {s: i for i, s in enumerate(order)}
-        offsets = np.zeros(len(order) + 1, dtype=np.int64)
-        tok_parts, next_parts = [], []
-        for i, s in enumerate(order):
-            d = trans.get(s, {})
-            toks = np.fromiter(d.keys(), dtype=np.int32, count=len(d))
-            nxt = np.fromiter((ids[n] for n in d.values()), dtype=np.int32, count=len(d))
-            keep = ~np.isin(toks, np.fromiter(eos_ids, dtype=np.int32))
-            toks, nxt = toks[keep], nxt[keep]
-            srt = np.argsort(toks, kind="stable")
-            tok_parts.append(toks[srt])
-            next_parts.append(nxt[srt])
-            offsets[i + 1] = offsets[i] + len(toks)
-        final = np.array([s in finals for s in order], dtype=bool)
-        cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32))
-        return cls(offsets, cat(tok_parts), cat(next_parts), final)
-
-    def _distances(self) -> np.ndarray:
-        """Fewest tokens from each state to an accepting state (reverse BFS); _INF = can never accept."""
-        n = len(self.final)
-        preds: list[set[int]] = [set() for _ in range(n)]
-        for s in range(n):
-            for t in np.unique(self.nexts[self.offsets[s]:self.offsets[s + 1]]):
-                preds[int(t)].add(s)
-        dist = np.full(n, _INF, dtype=np.int32)
-        queue = deque(int(s) for s in np.flatnonzero(self.final))
-        dist[list(queue)] = 0
-        while queue:
-            s = queue.popleft()
-            for p in preds[s]:
-                if dist[p] == _INF:
-                    dist[p] = dist[s] + 1
-                    queue.append(p)
-        return dist
-
-    def save(self, path: Path) -> None:
-        with open(path, "wb") as f:
-            np.savez(f, offsets=self.offsets, tokens=self.tokens, nexts=self.nexts, final=self.final)
-
-    @classmethod
-    def load(cls, path: Path) -> "TokenDFA":
-        with np.load(path) as z:
-            return cls(z["offsets"], z["tokens"], z["nexts"], z["final"])
+    return outlines_vocabulary_from_bytes(vocab.token_bytes, vocab.eos_token_ids)
 
 
 def compile_outlines(vocab: Vocabulary, regex: str, ov: outlines_core.Vocabulary | None = None) -> TokenDFA:
-    """Seconds on a 152k vocabulary; holds no GIL during the Index build but cannot be cancelled."""
+    """In-process build (seconds on a 152k vocabulary, cannot be cancelled): the server compiles in
+    constrain/compile_worker.py's processes instead; this serves scripts and tests."""
     try:
-        index = outlines_core.Index(regex, ov if ov is not None else outlines_vocabulary(vocab))
+        return TokenDFA.build(regex, ov if ov is not None else outlines_vocabulary(vocab), vocab.eos_token_ids)
     except (ValueError, RuntimeError) as exc:
         raise ConstraintError(f"outlines cannot compile this constraint: {str(exc)[:300]}") from None
-    return TokenDFA.from_index(index, vocab.eos_token_ids)
 
 
 class OutlinesGrammar(Grammar):

@@ -5,8 +5,11 @@ Takes the raw JSON values the client sent (dicts, lists, strings); never compile
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import jsonschema
@@ -43,11 +46,42 @@ def normalise_schema(schema: Any) -> Any:
     return strip(schema)
 
 
+_VALID_MAX = 4096  # schemas remembered as valid (digests only: 4096 x ~100 bytes)
+_valid: OrderedDict[bytes, None] = OrderedDict()
+_valid_lock = threading.Lock()
+
+
+def _digest(schema: Any) -> bytes | None:
+    try:
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return hashlib.blake2b(text.encode(), digest_size=20).digest()
+
+
 def validate_schema(schema: Any, param: str, base: str = "") -> None:
-    """Raise ConstraintError unless `schema` is a valid JSON Schema (2020-12 unless it names its draft)."""
+    """Raise ConstraintError unless `schema` is a valid JSON Schema (2020-12 unless it names its draft).
+
+    A schema found valid is remembered by the digest of its canonical JSON (bounded LRU): a repeated schema costs
+    one serialisation (~10 us) instead of jsonschema's check (~1 ms). Failures are not remembered."""
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError(f"{param}: a JSON Schema must be an object or a boolean", param=param,
                               pointer=base or "/")
+    digest = _digest(schema)
+    if digest is not None:
+        with _valid_lock:
+            if digest in _valid:
+                _valid.move_to_end(digest)
+                return
+    _check_schema(schema, param, base)
+    if digest is not None:
+        with _valid_lock:
+            _valid[digest] = None
+            while len(_valid) > _VALID_MAX:
+                _valid.popitem(last=False)
+
+
+def _check_schema(schema: Any, param: str, base: str) -> None:
     check_schema_limits(schema, param)
     if isinstance(schema, bool):
         return

@@ -66,3 +66,20 @@ def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compile
     lax = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
     g = gpt2_compiler.compile(lax)
     assert g.unenforced == ("/properties/tags/uniqueItems",)
+
+
+def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
+    from constrain import spec as spec_module
+
+    checks: list[dict] = []
+    real_check = spec_module._check_schema
+    monkeypatch.setattr(spec_module, "_check_schema", lambda s, p, b: (checks.append(s), real_check(s, p, b)))
+    good = {"type": "object", "properties": {"memo_probe": {"type": "integer", "minimum": 3}}}
+    for _ in range(3):
+        spec_module.validate_schema(dict(good), "response_format")
+    assert len(checks) == 1
+    bad = {"type": "object", "properties": {"memo_probe": {"type": "integer", "minimum": "three"}}}
+    for _ in range(2):
+        with pytest.raises(ConstraintError):
+            spec_module.validate_schema(bad, "response_format")
+    assert len(checks) == 3

@@ -1,0 +1,112 @@
+"""Outlines builds run in worker processes: killed at the time limit, capped in memory, niced, never orphaned."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from constrain import ConstraintError, GrammarCompiler, spec_from_request
+
+SLOW = r".{0,3000}"  # outlines-core 0.2.14 on GPT-2: tens of seconds and gigabytes
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie nobody reaped yet (it holds no memory and runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state
+
+
+def test_compile_past_its_time_limit_fails_with_compile_timeout_and_its_worker_is_gone(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=1.5)
+    try:
+        with pytest.raises(ConstraintError) as exc:
+            c.compile(spec_from_request(regex=SLOW))
+        assert exc.value.code == "compile_timeout" and exc.value.param == "regex"
+        pid = c.workers.started[-1]
+        assert _gone(pid) and c.workers.killed == 1 and c.workers.pids() == []
+        with pytest.raises(ConstraintError) as again:  # remembered: no second build
+            c.compile(spec_from_request(regex=SLOW))
+        assert again.value.code == "compile_timeout" and list(c.workers.started) == [pid]
+        g = c.compile(spec_from_request(regex="(yes|no)"))  # only that request failed
+        m = g.matcher()
+        assert g.backend == "outlines" and all(m.accept(t) for t in tokenizers["gpt2"].encode("yes")) and m.can_end()
+    finally:
+        c.close()
+
+
+def test_a_compile_past_its_memory_cap_fails_that_request_only(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=120,
+                        compile_memory_mb=400)
+    try:
+        with pytest.raises(ConstraintError) as exc:
+            c.compile(spec_from_request(regex=SLOW))
+        assert exc.value.code == "schema_too_large" and "400 MiB" in exc.value.message
+        assert _gone(c.workers.started[-1])
+        assert c.compile(spec_from_request(regex="(yes|no)")).backend == "outlines"
+    finally:
+        c.close()
+
+
+def test_close_kills_a_busy_worker_that_runs_niced_without_torch(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=300)
+    errors: list[ConstraintError] = []
+
+    def request():
+        try:
+            c.compile(spec_from_request(regex=SLOW))
+        except ConstraintError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=request)
+    t.start()
+    # The worker writes "ready" after loading the vocabulary; wait for the build to be under way.
+    while not c.workers.startup_seconds and t.is_alive():
+        t.join(0.05)
+    pid = c.workers.pids()[0]
+    assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16]) == 19  # nice
+    assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text()
+    c.close()
+    assert _gone(pid)
+    t.join(30)
+    assert not t.is_alive() and errors and errors[0].code == "compile_failed"
+
+
+_ORPHAN_PARENT = """
+import pickle, sys
+from constrain.compile_worker import CompileWorkers
+token_bytes, eos = pickle.load(open(sys.argv[1] + "/vocab.pkl", "rb"))
+w = CompileWorkers(token_bytes, eos, max_workers=1)
+w.build("a", sys.argv[1] + "/a.npz", 60)  # starts the worker
+print(w.pids()[0], flush=True)
+w.build(sys.argv[2], sys.argv[1] + "/b.npz", 600)  # busy when this process is killed
+"""
+
+
+def _rss_mb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) >> 10
+
+
+def test_a_busy_worker_exits_when_its_server_is_killed(tmp_path, vocabs):
+    with open(tmp_path / "vocab.pkl", "wb") as f:
+        pickle.dump((vocabs["gpt2"].token_bytes, sorted(vocabs["gpt2"].eos_token_ids)), f)
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT, str(tmp_path), SLOW], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parents[2])
+    pid = int(parent.stdout.readline())
+    while _rss_mb(pid) < 150:  # the slow build is under way (it grows by hundreds of MB a second)
+        threading.Event().wait(0.05)
+    parent.kill()  # SIGKILL: no close(), no atexit
+    parent.wait()
+    for _ in range(200):  # the worker checks for its parent twice a second
+        if _gone(pid):
+            break
+        threading.Event().wait(0.05)
+    assert _gone(pid)
