@@ -408,8 +408,9 @@ class Engine:
                     bias_cols.append(int(token))
                     bias_values.append(float(value))
         sampled = [not g for g in greedy]
+        temperature = [1.0 if g else max(p.temperature, 1e-5) for p, g in zip(params, greedy)]
         return SamplingBatch(
-            temperature=floats([1.0 if g else max(p.temperature, 1e-5) for p, g in zip(params, greedy)]),
+            temperature=floats(temperature),
             greedy=torch.tensor(greedy, device=dev),
             top_k=torch.tensor(top_k, dtype=torch.long, device=dev), top_p=floats(top_p), min_p=floats(min_p),
             repetition=floats([p.repetition_penalty for p in params]),
@@ -425,7 +426,8 @@ class Engine:
             any_top_k=any(k > 0 and s for k, s in zip(top_k, sampled)),
             any_top_p=any(tp < 1.0 and s for tp, s in zip(top_p, sampled)),
             any_min_p=any(mp > 0.0 and s for mp, s in zip(min_p, sampled)),
-            any_mirostat=any(mirostat), all_greedy=all(greedy), any_greedy=any(greedy),
+            any_mirostat=any(mirostat), any_temperature=any(t != 1.0 for t in temperature),
+            all_greedy=all(greedy), any_greedy=any(greedy),
             top_logprobs=min(MAX_TOP_LOGPROBS, max((p.top_logprobs for p in params if p.logprobs), default=0)),
             want_logprobs=any(p.logprobs for p in params),
         )

@@ -18,18 +18,30 @@ import torch
 NEG_INF = float("-inf")
 
 
-def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
-    """Packed int32 rows [B, W] (bit i of word w = token 32*w+i) -> bool [B, width]. Works on the bytes of the
-    little-endian words (byte k holds tokens 8k..8k+7), so the intermediate is uint8, not int32."""
-    shifts = torch.arange(8, device=bitmask.device, dtype=torch.uint8)
-    bits = (bitmask.contiguous().view(torch.uint8).unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :width].view(torch.bool)
+_BYTE_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _byte_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 8]: row b holds 0 where bit i of byte b is set (allowed) and -inf where it is clear."""
+    key = (device, dtype)
+    if key not in _BYTE_TABLES:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+        table = torch.zeros((256, 8), dtype=dtype).masked_fill_(bits == 0, NEG_INF)
+        _BYTE_TABLES[key] = table.to(device)
+    return _BYTE_TABLES[key]
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Disallowed tokens get -inf, in place, in one vectorised op."""
-    allowed = unpack_bitmask(bitmask, logits.shape[-1])
-    return logits.masked_fill_(~allowed, NEG_INF)
+    """Disallowed tokens get -inf, in place. Packed int32 rows [B, W] (bit i of word w = token 32*w+i) are read
+    as the bytes of little-endian words (byte k holds tokens 8k..8k+7); each byte looks up its 8 additive
+    entries (0 or -inf) in a 256-row table, and the result is added to the logits. A lookup and an add are ~5x
+    faster on a CPU than unpacking to a bool mask for `masked_fill_` (measured at 16 x 152k), and run as they
+    are on a GPU."""
+    rows, width = logits.shape
+    table = _byte_table(logits.device, logits.dtype)
+    packed = bitmask.contiguous().view(torch.uint8).reshape(-1).long()
+    additive = table.index_select(0, packed).view(rows, -1)[:, :width]
+    return logits.add_(additive)
 
 
 def empty_rows(bitmask: torch.Tensor, width: int) -> torch.Tensor:
@@ -129,14 +141,44 @@ def uniform_draws(rows: int, device: torch.device, generators: list[torch.Genera
     return draws
 
 
-def sample_from(probs: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: the first token whose cumulative probability exceeds u * total. Like gpt-fast's
-    exponential race it needs no host sync, but it draws one number per row instead of one per vocabulary
-    entry (the race cost ~100 ms per step at 16 x 152k on a CPU). Zero-probability tokens are never chosen."""
-    cdf = probs.cumsum(dim=-1)
+SAMPLE_BLOCK = 1024
+
+
+def sample_from(probs: torch.Tensor, draws: torch.Tensor, block: int = SAMPLE_BLOCK) -> torch.Tensor:
+    """Inverse-CDF sampling: the token whose cumulative-probability interval holds u * total (`probs` need not be
+    normalised; zero-probability tokens are never chosen). Like gpt-fast's exponential race it needs no host
+    sync, but it draws one number per row instead of one per vocabulary entry (the race cost ~100 ms per step at
+    16 x 152k on a CPU). Two levels, so the full-width work is one block sum instead of a serial cumsum: find
+    the block of `block` tokens that holds the draw, then the token inside that block."""
+    rows, width = probs.shape
+    full = width // block
+    sums = probs[:, : full * block].reshape(rows, full, block).sum(dim=-1)
+    if full * block < width:  # the last, partial block
+        sums = torch.cat([sums, probs[:, full * block:].sum(dim=-1, keepdim=True)], dim=1)
+    cdf = sums.cumsum(dim=-1)
     target = draws * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return torch.where(tokens < probs.shape[-1], tokens, probs.argmax(dim=-1))
+    # u * total can round up to total: never pick past the last block (or token) that has any mass.
+    last_block = _last_positive(sums)
+    chosen = torch.minimum(torch.searchsorted(cdf, target, right=True), last_block)
+    before = cdf.gather(1, chosen) - sums.gather(1, chosen)
+    ids = chosen * block + torch.arange(block, device=probs.device)
+    inside = torch.where(ids < width, probs.gather(1, ids.clamp(max=width - 1)), 0.0)
+    offset = torch.searchsorted(inside.cumsum(dim=-1), (target - before).clamp(min=0.0), right=True)
+    offset = torch.minimum(offset, _last_positive(inside))
+    return (chosen * block + offset).squeeze(1)
+
+
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """long [B]: argmax per row (the first index among ties). `max(dim).indices` gives the same index and runs
+    about 3x faster than `argmax` on a CPU (measured at 16 x 152k)."""
+    return logits.max(dim=-1).indices
+
+
+def _last_positive(weights: torch.Tensor) -> torch.Tensor:
+    """long [B, 1]: index of each row's last positive entry (the last index when none is)."""
+    positive = weights > 0
+    width = weights.shape[-1]
+    return (width - 1 - positive.flip(-1).to(torch.uint8).argmax(dim=-1, keepdim=True)).clamp(min=0)
 
 
 @dataclass
@@ -162,6 +204,7 @@ class SamplingBatch:
     any_top_p: bool
     any_min_p: bool
     any_mirostat: bool
+    any_temperature: bool  # some row's temperature is not 1 (else the division is skipped)
     all_greedy: bool
     any_greedy: bool
     top_logprobs: int  # max alternatives any row asked for (0..20)
@@ -197,12 +240,13 @@ def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tenso
     logits = apply_logit_bias(logits, batch.bias_rows, batch.bias_cols, batch.bias_values)
     if batch.any_penalty:
         logits = apply_penalties(logits, counts, prompt_mask, batch.repetition, batch.frequency, batch.presence)
-    greedy_tokens = logits.argmax(dim=-1) if batch.any_greedy else None
+    greedy_tokens = first_max(logits) if batch.any_greedy else None
     if batch.all_greedy:
         tokens = greedy_tokens
         chosen_prob = torch.ones_like(logits[:, 0])
     else:
-        logits = logits / batch.temperature.unsqueeze(1)
+        if batch.any_temperature:
+            logits = logits / batch.temperature.unsqueeze(1)
         if batch.any_mirostat:
             truncated = apply_mirostat(logits, batch.mirostat_mu)
             logits = torch.where(batch.mirostat.unsqueeze(1), truncated, logits)

@@ -135,3 +135,15 @@ def test_request_wider_than_the_batch_is_refused_without_blocking_the_queue(buil
     assert sorted(wide) == [0, 1, 2] and all(c.last.finish_reason == "error" for c in wide.values())
     assert "n=3" in wide[0].last.error
     assert normal[0].last.finish_reason == "length" and len(normal[0].tokens) == 2
+
+
+def test_low_temperature_rows_sample_likelier_tokens_than_temperature_one_rows(engine):
+    """Temperature reaches the sampler: at 0.1 the sampled tokens' raw logprobs are clearly higher on average
+    than at 1.0 (the built-in model's logits are nearly flat, so 1.0 samples almost uniformly)."""
+    def mean_logprob(temperature):
+        runs = run_all(engine, *[request(f"t{temperature}-{i}", PROMPT_A, temperature=temperature, seed=i,
+                                         max_tokens=50, logprobs=True, ignore_eos=True) for i in range(4)])
+        lps = [lp.logprob for run in runs for ev in run[0].events for lp in ev.logprobs]
+        return sum(lps) / len(lps)
+
+    assert mean_logprob(0.1) > mean_logprob(1.0) + 0.1

@@ -158,6 +158,49 @@ def test_inverse_cdf_sampling_picks_the_token_whose_interval_holds_the_draw_and_
     assert sample_from(probs, draws).tolist() == [1, 1, 3, 3]
 
 
+def ref_inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> list[int]:
+    out = []
+    for row, u in zip(probs.double().tolist(), draws.squeeze(1).tolist()):
+        target, mass = u * sum(row), 0.0
+        last = max(i for i, p in enumerate(row) if p > 0)
+        chosen = last
+        for i, p in enumerate(row):
+            mass += p
+            if mass > target and p > 0:
+                chosen = i
+                break
+        out.append(chosen)
+    return out
+
+
+def test_two_level_sampling_matches_a_plain_inverse_cdf_across_blocks_and_a_partial_last_block():
+    g = torch.Generator().manual_seed(7)
+    width, block = 1000, 64  # 15 full blocks and a partial one of 40 tokens
+    probs = torch.rand(6, width, generator=g) ** 4
+    probs[0, 500:] = 0.0  # mass only in the first half
+    probs[1, :-3] = 0.0  # mass only in the partial last block
+    probs[2, ::2] = 0.0  # zeros interleaved
+    probs[3] = 0.0
+    probs[3, 123] = 1.0  # one token
+    draws = torch.rand(6, 1, generator=g)
+    assert sample_from(probs, draws, block=block).tolist() == ref_inverse_cdf(probs, draws)
+    for u in (0.0, 0.5, 1.0 - 2 ** -24):  # the ends of [0, 1): never a zero-probability token
+        edge = torch.full((6, 1), u)
+        tokens = sample_from(probs, edge, block=block)
+        assert all(probs[r, t] > 0 for r, t in enumerate(tokens.tolist()))
+
+
+def test_temperature_scales_the_sampling_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).repeat(4000, 1)
+    batch = make_batch(4000, temperature=torch.full((4000,), 0.5), any_temperature=True)
+    out = sample_step(logits, batch, None, torch.zeros(4000, 3), torch.zeros(4000, 3, dtype=torch.bool),
+                      torch.Generator().manual_seed(2))
+    freq = torch.bincount(torch.tensor(out.tokens), minlength=3).float() / 4000
+    expected = probs ** 2 / (probs ** 2).sum()  # p^(1/T), renormalised
+    assert torch.allclose(freq, expected, atol=0.03)
+
+
 def test_top_p_with_a_wide_vocabulary_matches_reference_on_both_paths():
     g = torch.Generator().manual_seed(3)
     peaked = torch.randn(2, 3000, generator=g) * 8  # nucleus within the 1024 candidates
@@ -177,7 +220,8 @@ def make_batch(rows, **over) -> SamplingBatch:
         bias_rows=torch.zeros(0, dtype=torch.long), bias_cols=torch.zeros(0, dtype=torch.long),
         bias_values=torch.zeros(0), mirostat=torch.zeros(rows, dtype=torch.bool), mirostat_mu=torch.zeros(rows),
         generators=[None] * rows, any_penalty=False, any_top_k=False, any_top_p=False, any_min_p=False,
-        any_mirostat=False, all_greedy=False, any_greedy=False, top_logprobs=0, want_logprobs=False)
+        any_mirostat=False, any_temperature=False, all_greedy=False, any_greedy=False, top_logprobs=0,
+        want_logprobs=False)
     base.update(over)
     return SamplingBatch(**base)
 
@@ -199,7 +243,7 @@ def test_empty_allowed_set_flags_only_that_row_and_produces_no_nan():
 
 def test_raw_logprobs_come_from_the_masked_distribution_before_bias_and_temperature():
     logits = random_logits(rows=1, width=8)
-    batch = make_batch(1, want_logprobs=True, top_logprobs=3, temperature=torch.tensor([0.3]),
+    batch = make_batch(1, want_logprobs=True, top_logprobs=3, temperature=torch.tensor([0.3]), any_temperature=True,
                        bias_rows=torch.tensor([0]), bias_cols=torch.tensor([2]), bias_values=torch.tensor([100.0]))
     out = sample_step(logits.clone(), batch, None, torch.zeros(1, 8), torch.zeros(1, 8, dtype=torch.bool),
                       torch.Generator().manual_seed(0))
