@@ -35,9 +35,12 @@ MAX_TOP_LOGPROBS = 20
 
 class Engine:
     def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16, max_prefill_tokens: int = 4096,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, overlap_fill: bool | None = None):
+        """`overlap_fill`: fill grammar rows on a second thread during the forward (None: when a core is free
+        for it, see `_overlap_fill`)."""
         self.loaded = loaded
         self.cpu_threads = cpu_threads
+        self.overlap_fill = overlap_fill
         self.device = loaded.device
         self.width = loaded.logits_width
         self.words = (self.width + 31) // 32
@@ -56,6 +59,7 @@ class Engine:
         self._admitted: list[RequestState] = []
         self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
         self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-bitmask")
+        self._fill_during_forward = True  # set by the engine thread (see `_run`)
         self._reset_batch()
         self._steps = 0
         self._tokens_generated = 0
@@ -132,6 +136,7 @@ class Engine:
     def _run(self) -> None:
         if self.device.type == "cpu":
             torch.set_num_threads(self._engine_cpu_threads())
+        self._fill_during_forward = self._overlap_fill() if self.overlap_fill is None else self.overlap_fill
         while not self._stopping:
             if not self.seqs and self.scheduler.depth() == 0:
                 self.scheduler.wakeup.wait(0.5)
@@ -169,6 +174,19 @@ class Engine:
             return torch.get_num_threads()
         return 1
 
+    def _overlap_fill(self) -> bool:
+        """Fill grammar rows on the filler thread while the forward runs only when a core is free for it: on a
+        GPU (the forward runs on the device), or on a CPU whose cores the forward's threads do not all use.
+        Otherwise the two threads fight over the cores and the GIL: measured on 2 cores, 1 constrained row,
+        the hand-off made each step ~0.5 ms slower than filling on the engine thread after the forward."""
+        if self.device.type != "cpu":
+            return True
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
+        return torch.get_num_threads() < cores
+
     def step(self) -> None:
         """One step boundary plus one token for every row. Called only from the engine thread."""
         try:
@@ -181,8 +199,10 @@ class Engine:
         self._drop_cancelled()
         newcomers = self._admitted = self.scheduler.admit(len(self.seqs))
         running = self.seqs
-        # Grammar rows of the running batch are filled on a worker thread while this thread runs the forward.
-        fill = self._filler.submit(self._fill_rows, running, 0) if _constrained(running) else None
+        # Grammar rows of the running batch are filled on a worker thread while this thread runs the forward
+        # (when a core is free for it), else after the forward.
+        fill = (self._filler.submit(self._fill_rows, running, 0)
+                if self._fill_during_forward and _constrained(running) else None)
         running_logits = self.runner.decode(self.kv, self.last_tokens) if running else None
         new_seqs, new_kv, new_logits = self._prefill(newcomers)
         if new_seqs:
@@ -352,12 +372,12 @@ class Engine:
 
     def _bitmask(self, running: list[Sequence], new_seqs: list[Sequence], fill) -> torch.Tensor | None:
         """The step's packed mask on the device (None when no row is constrained), one non-blocking copy."""
-        if fill is None and not _constrained(new_seqs):
-            return None
         if fill is not None:
             fill.result()
-        else:
+        elif _constrained(running) or _constrained(new_seqs):
             self._fill_rows(running, 0)
+        else:
+            return None
         self._fill_rows(new_seqs, len(running))
         return self._host_bitmask()[: len(self.seqs)].to(self.device, non_blocking=True)
 

@@ -94,3 +94,30 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
         assert m.accept(vocabs["gpt2"].byte_tokens()[ord("a")])
     assert real(m._m, vocabs["gpt2"]) is None  # the walk really fails here
     assert 1 <= len(walks) <= 6  # backoff 8, 16, 32, 64, 128 steps
+
+
+def test_outlines_budget_rows_equal_the_transitions_filtered_by_distance(gpt2_compiler, vocabs):
+    """The cached budget rows (keyed by the largest successor distance within the budget) hold exactly the tokens
+    whose next state accepts within the budget, plus EOS in accepting states, for every budget."""
+    import torch
+
+    from tests.constrain.conftest import allowed_ids
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMAS[2], backend="outlines"))
+    d, eos = g.dfa, sorted(vocabs["gpt2"].eos_token_ids)
+    bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    rng = random.Random(0)
+    m = g.matcher()
+    for _ in range(12):  # a random path through the document's states
+        s = m.state
+        lo, hi = d.offsets[s], d.offsets[s + 1]
+        for tokens_left in range(0, g.slack(s) + 3):
+            m.fill_bitmask(bitmask, 0, tokens_left=tokens_left)
+            expected = d.tokens[lo:hi][d.dist[d.nexts[lo:hi]] <= tokens_left - 1].tolist()
+            expected += eos if d.final[s] else []
+            assert sorted(allowed_ids(bitmask).tolist()) == sorted(expected), (s, tokens_left)
+        m.fill_bitmask(bitmask, 0)
+        choices = [t for t in allowed_ids(bitmask).tolist() if t not in eos]
+        if not choices:
+            break
+        assert m.accept(rng.choice(choices))

@@ -3,6 +3,7 @@ real constraint compiler (llguidance and outlines-core backends) on the built-in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from constrain import ConstraintSpec, GrammarCompiler, Vocabulary
-from tests.engine.driver import request, run_all
+from engine import Engine
+from tests.engine.driver import collect_events, request, run_all, run_one
 
 PROMPT = list(range(1000, 1012))
 REGEX = r"[0-9]{3}-[a-z]{2}"
@@ -46,9 +48,17 @@ def replay_respects_mask(grammar, tokens: list[int], eos_ids, width: int) -> boo
     return True
 
 
+@pytest.fixture(params=[True, False], ids=["fill-during-forward", "fill-after-forward"])
+def fill_engine(builtin, request):
+    eng = Engine(builtin, max_batch_size=8, overlap_fill=request.param)
+    eng.start()
+    yield eng
+    eng.shutdown()
+
+
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
-def test_every_row_respects_its_own_mask_in_a_mixed_batch(engine, builtin, compilers, backend):
-    compiler = compilers[backend]
+def test_every_row_respects_its_own_mask_in_a_mixed_batch(fill_engine, builtin, compilers, backend):
+    engine, compiler = fill_engine, compilers[backend]
     regex = compiler.compile(ConstraintSpec(kind="regex", pattern=REGEX))
     choice = compiler.compile(ConstraintSpec(kind="choice", choices=CHOICES))
     schema = compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMA))
@@ -84,3 +94,25 @@ def test_constrained_request_gives_the_same_tokens_alone_and_in_a_batch(engine, 
     batched, _, _ = run_all(engine, target, request("x", PROMPT, temperature=1.0, max_tokens=30),
                             request("y", list(range(7000, 7040)), grammar=schema, temperature=0.0, max_tokens=60))
     assert batched[0].tokens == alone[0].tokens
+
+
+def test_a_constrained_request_joining_an_unconstrained_batch_gets_its_mask(fill_engine, compilers):
+    """The newcomer is the only constrained row: on the step it joins and after, the running row's mask row must
+    allow everything (its tokens are those it gets alone) and the newcomer's must be its grammar's."""
+    schema = compilers["llguidance"].compile(ConstraintSpec(kind="json_schema", schema=SCHEMA))
+    free = request("free", PROMPT, temperature=1.0, seed=8, max_tokens=30)
+
+    async def main():
+        joined, events = None, []
+        async for ev in fill_engine.generate(free):
+            events.append(ev)
+            if joined is None:
+                joined = asyncio.create_task(run_one(fill_engine, request(
+                    "late", list(range(5000, 5020)), grammar=schema, temperature=1.0, seed=9, max_tokens=60)))
+        return collect_events(events), await joined
+
+    (alone,) = run_all(fill_engine, free)
+    batched, late = asyncio.run(main())
+    assert batched[0].tokens == alone[0].tokens and batched[0].last.finish_reason == "length"
+    jsonschema.validate(json.loads(late[0].text), SCHEMA)
+    assert late[0].last.finish_reason == "stop"
