@@ -125,7 +125,9 @@ class OutlinesMatcher(Matcher):
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         out = bitmask[row].numpy()
         g, s = self._g, self._state
-        if tokens_left is None or tokens_left - 1 >= g.slack(s):
+        if tokens_left is None or tokens_left - 1 >= g.slack(s) or g.dfa.dist[s] > tokens_left:
+            # No budget limit needed, or no document fits any more (max_tokens below the shortest one): the
+            # plain mask, and the answer ends at the limit, as llguidance's does.
             out[:] = g.row(s)
         else:  # tight budget: only tokens whose next state can still accept within the remaining tokens
             out[:] = g.budget_row(s, max(tokens_left - 1, -1))

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from constrain import ConstraintSpec
+from constrain.token_dfa import INF
 from tests.constrain.conftest import decode, random_walk
 
 SCHEMAS = [
@@ -48,14 +49,21 @@ def test_tight_max_tokens_still_yields_complete_valid_documents(schema, backend,
             jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
 
 
-def test_budget_below_shortest_document_allows_nothing_but_what_can_still_close(gpt2_compiler, vocabs):
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_budget_below_the_shortest_document_keeps_the_grammar_mask_and_ends_at_the_limit(
+        backend, gpt2_compiler, vocabs):
+    """No document fits: the budget rule cannot help, so the row keeps a non-empty grammar mask (never an empty
+    set, which would fail the request) and the answer ends at max_tokens, as OpenAI's does ("length")."""
     import torch
 
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMAS[0], backend="outlines"))
-    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
-    g.matcher().fill_bitmask(bm, 0, tokens_left=_shortest(g) - 1)
-    assert int(bm.count_nonzero()) == 0  # nothing fits: the engine sees an empty mask and fails the row
-
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMAS[0], backend=backend))
+    too_few = _shortest(g) - 2
+    budgeted = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    g.matcher().fill_bitmask(budgeted, 0, tokens_left=too_few)
+    assert int(budgeted.count_nonzero()) > 0
+    toks, ended = random_walk(g, vocabs["gpt2"], random.Random(1), too_few, budget=True)
+    m = g.matcher()
+    assert len(toks) == too_few and all(m.accept(t) for t in toks) and not m.can_end()
 
 
 def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_compiler, vocabs):
@@ -98,7 +106,8 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
 
 def test_outlines_budget_rows_equal_the_transitions_filtered_by_distance(gpt2_compiler, vocabs):
     """The cached budget rows (keyed by the largest successor distance within the budget) hold exactly the tokens
-    whose next state accepts within the budget, plus EOS in accepting states, for every budget."""
+    whose next state accepts within the budget, plus EOS in accepting states, for every budget that a document
+    still fits in."""
     import torch
 
     from tests.constrain.conftest import allowed_ids
@@ -113,7 +122,9 @@ def test_outlines_budget_rows_equal_the_transitions_filtered_by_distance(gpt2_co
         lo, hi = d.offsets[s], d.offsets[s + 1]
         for tokens_left in range(0, g.slack(s) + 3):
             m.fill_bitmask(bitmask, 0, tokens_left=tokens_left)
-            expected = d.tokens[lo:hi][d.dist[d.nexts[lo:hi]] <= tokens_left - 1].tolist()
+            # (below the shortest completion no budget helps: the plain mask, see the test above)
+            limit = tokens_left - 1 if d.dist[s] <= tokens_left else INF - 1
+            expected = d.tokens[lo:hi][d.dist[d.nexts[lo:hi]] <= limit].tolist()
             expected += eos if d.final[s] else []
             assert sorted(allowed_ids(bitmask).tolist()) == sorted(expected), (s, tokens_left)
         m.fill_bitmask(bitmask, 0)
