@@ -8,6 +8,8 @@ shapes), sse (stream chunks), tool_stream (tool calls as streamed deltas), metri
 Beyond OpenAI, documented for clients:
 - Request fields `regex` (a pattern) and `choice` (a list of strings) constrain the output; `response_format`
   also takes `{"type": "json_object", "schema": {...}}`; chat also takes a raw `prompt` instead of `messages`.
+- Request field `constraint_backend` (`auto`, `outlines`, `llguidance`) overrides the server's choice for one
+  request; response header `x-structgen-constraint-backend` names the backend that served the constraint.
 - Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored).
 - Response header `x-structgen-unenforced`: JSON Pointers of schema keywords accepted but not enforced
   (non-strict schemas only; strict ones with such keywords are a 400).

@@ -105,8 +105,8 @@ class Generation:
         try:
             spec = constrain.spec_from_request(
                 response_format=req.response_format, regex=req.regex, choice=req.choice, tools=tools,
-                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, backend=None,
-                named_schemas=getattr(self.compiler, "named_schemas", None))
+                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                backend=req.constraint_backend, named_schemas=getattr(self.compiler, "named_schemas", None))
             if spec is None:
                 return None, None
             started = time.monotonic()
@@ -137,6 +137,8 @@ class Generation:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
                                               grammar=grammar))
+        if grammar is not None:
+            headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = tuple(getattr(grammar, "unenforced", ()) or ())
         if unenforced:
             headers["x-structgen-unenforced"] = ",".join(unenforced)

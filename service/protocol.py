@@ -168,6 +168,7 @@ class _SamplingFields(BaseModel):
     response_format: dict[str, Any] | None = None
     regex: str | None = None
     choice: list[str] | None = None
+    constraint_backend: Literal["auto", "outlines", "llguidance"] | None = None  # extension: per request
     context_length_exceeded_behavior: Literal["truncate", "error"] | None = "truncate"
     mirostat_target: float | None = Field(default=None, gt=0.0)
     mirostat_lr: float | None = Field(default=None, gt=0.0, le=1.0)

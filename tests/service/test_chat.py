@@ -191,3 +191,16 @@ def test_unenforced_keywords_of_a_non_strict_schema_are_named_in_a_header(http):
         "type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
     assert strict.status_code == 400
     assert "/properties/a/uniqueItems" in strict.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_constraint_backend_field_picks_the_backend_and_a_header_names_it(http, backend):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": HELLO, "max_tokens": 20, "constraint_backend": backend,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-constraint-backend"] == backend
+    assert "x-structgen-ignored-fields" not in r.headers
+    jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)

@@ -25,6 +25,7 @@ def _assert_error(r, status, param=None):
     ("frequency_penalty", -3), ("repetition_penalty", 0), ("repetition_penalty", 2.5), ("top_logprobs", 21),
     ("stop", ["a", "b", "c", "d", "e"]), ("logit_bias", {"5": 101}), ("logit_bias", {"x": 1}),
     ("context_length_exceeded_behavior", "explode"), ("stream", "maybe"), ("mirostat_lr", 0),
+    ("constraint_backend", "xgrammar"),
 ])
 def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "messages": HELLO, field: value}
