@@ -131,8 +131,10 @@ def uniform_draws(rows: int, device: torch.device, generators: list[torch.Genera
                   shared: torch.Generator | None) -> torch.Tensor:
     """One U[0, 1) draw per row; a row with its own generator draws only from it, so a seeded row's draws do
     not depend on which other rows share the batch."""
-    draws = torch.empty((rows, 1), device=device, dtype=torch.float32)
     shared_rows = [i for i, g in enumerate(generators) if g is None]
+    if len(shared_rows) == rows:  # no seeded row: one draw for the batch, no scatter
+        return torch.rand((rows, 1), device=device, generator=shared)
+    draws = torch.empty((rows, 1), device=device, dtype=torch.float32)
     if shared_rows:
         draws[shared_rows] = torch.rand((len(shared_rows), 1), device=device, generator=shared)
     for i, g in enumerate(generators):
