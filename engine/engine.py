@@ -31,6 +31,9 @@ from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob,
 log = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
+# Prompt-logprob requests are prefilled this many positions at a time: the logits of a chunk (positions x
+# vocabulary, ~155 MB at 152k) exist at once, never the whole prompt's.
+PROMPT_LOGPROB_CHUNK = 256
 
 
 class Engine:
@@ -231,12 +234,11 @@ class Engine:
             group = [s for s in group if self._admissible(s)]
             if not group:
                 continue
-            scoring_group = group[0].request.params.prompt_logprobs is not None
-            kv, logits = self.runner.prefill([s.request.prompt_ids for s in group], all_logits=scoring_group)
+            if group[0].request.params.prompt_logprobs is not None:
+                kv, logits = self._prefill_scoring(group[0])
+            else:
+                kv, logits = self.runner.prefill([s.request.prompt_ids for s in group])
             self._prefill_tokens += kv.rows * kv.length
-            if scoring_group:
-                group[0].prompt_logprobs = self._prompt_logprobs(group[0], logits[0])
-                logits = logits[:, -1, :]
             fork: list[int] = []
             for row, state in enumerate(group):
                 try:
@@ -484,23 +486,39 @@ class Engine:
                         for tid, lp in zip(out.top_ids[row][:k], out.top_logprobs[row][:k]) if lp != -math.inf)
         return TokenLogprob(token_id=token, token=text, token_bytes=data, logprob=out.logprobs[row], top=top)
 
-    def _prompt_logprobs(self, state: RequestState, logits: torch.Tensor) -> tuple[TokenLogprob | None, ...]:
-        """Raw logprobs of each prompt token given the ones before it (the first has none), top-k alternatives."""
+    def _prefill_scoring(self, state: RequestState) -> tuple[KVBatch, torch.Tensor]:
+        """Prefill one prompt-logprob request in chunks, scoring each chunk's positions as they come."""
+        entries: list[TokenLogprob | None] = [None]  # the first prompt token has no logprob
+
+        def score(start: int, logits: torch.Tensor) -> None:
+            entries.extend(self._prompt_logprobs(state, start, logits))
+
+        kv, logits = self.runner.prefill_scoring(state.request.prompt_ids, PROMPT_LOGPROB_CHUNK, score)
+        state.prompt_logprobs = tuple(entries)
+        return kv, logits
+
+    def _prompt_logprobs(self, state: RequestState, start: int, logits: torch.Tensor) -> list[TokenLogprob]:
+        """Raw logprobs of the prompt tokens that positions start.. predict (position p predicts token p + 1),
+        with top-k alternatives; `logits` [n, V] are those positions'."""
         prompt = state.request.prompt_ids
+        count = min(logits.shape[0], len(prompt) - 1 - start)
+        if count <= 0:
+            return []
         k = min(int(state.request.params.prompt_logprobs or 0), MAX_TOP_LOGPROBS)
-        logp = torch.log_softmax(logits[-len(prompt):-1].float(), dim=-1)
-        targets = torch.tensor(prompt[1:], dtype=torch.long, device=logp.device).clamp(0, logp.shape[-1] - 1)
+        logp = torch.log_softmax(logits[:count].float(), dim=-1)
+        tokens = prompt[start + 1: start + 1 + count]
+        targets = torch.tensor(tokens, dtype=torch.long, device=logp.device).clamp(0, logp.shape[-1] - 1)
         chosen = logp.gather(1, targets.unsqueeze(1)).squeeze(1).cpu().tolist()
         top_ids, top_lps = ([], [])
         if k:
             top = logp.topk(k, dim=-1)
             top_ids, top_lps = top.indices.cpu().tolist(), top.values.cpu().tolist()
-        result: list[TokenLogprob | None] = [None]
-        for pos, token in enumerate(prompt[1:]):
+        result = []
+        for pos, token in enumerate(tokens):
             alternatives = tuple((tid, *self.texts.get(tid), lp) for tid, lp in
                                  zip(top_ids[pos], top_lps[pos])) if k else ()
             result.append(TokenLogprob(token, *self.texts.get(token), chosen[pos], alternatives))
-        return tuple(result)
+        return result
 
 
 def _constrained(seqs: list[Sequence]) -> bool:

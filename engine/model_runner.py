@@ -6,6 +6,8 @@ from the engine thread.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from transformers import DynamicCache
 
@@ -20,9 +22,9 @@ class ModelRunner:
         self.pad_id = 0
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], all_logits: bool = False) -> tuple[KVBatch, torch.Tensor]:
-        """Returns the mini-batch's KV and logits: [b, V] for the last position, or [b, L, V] when
-        `all_logits` (prompt logprobs). Rows are left-padded to the longest prompt."""
+    def prefill(self, prompts: list[list[int]]) -> tuple[KVBatch, torch.Tensor]:
+        """Returns the mini-batch's KV and the last position's logits [b, V]. Rows are left-padded to the longest
+        prompt."""
         length = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), length), dtype=torch.long)
@@ -33,10 +35,29 @@ class ModelRunner:
         position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                         use_cache=True, logits_to_keep=0 if all_logits else 1)
-        positions = mask.sum(-1)
-        logits = out.logits if all_logits else out.logits[:, -1, :]
-        return KVBatch(out.past_key_values, mask, positions), logits
+                         use_cache=True, logits_to_keep=1)
+        return KVBatch(out.past_key_values, mask, mask.sum(-1)), out.logits[:, -1, :]
+
+    @torch.inference_mode()
+    def prefill_scoring(self, prompt: list[int], chunk_tokens: int,
+                        on_logits: Callable[[int, torch.Tensor], None]) -> tuple[KVBatch, torch.Tensor]:
+        """One prompt, prefilled `chunk_tokens` positions at a time, for prompt logprobs: `on_logits(start,
+        logits [n, V])` sees each position's logits once, so the prompt x vocabulary logits (2.5 GB for 4096
+        positions of a 152k vocabulary) never exist at once. Returns the KV and the last position's logits [1, V]."""
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        cache = DynamicCache()
+        last = None
+        for start in range(0, len(prompt), chunk_tokens):
+            end = min(start + chunk_tokens, len(prompt))
+            out = self.model(input_ids=ids[:, start:end],
+                             attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                             position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
+                             past_key_values=cache, use_cache=True, logits_to_keep=0)
+            on_logits(start, out.logits[0])
+            last = out.logits[:, -1, :]
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        positions = torch.tensor([len(prompt)], dtype=torch.long, device=self.device)
+        return KVBatch(cache, mask, positions), last
 
     @torch.inference_mode()
     def decode(self, kv: KVBatch, tokens: torch.Tensor) -> torch.Tensor:

@@ -179,3 +179,23 @@ def test_out_of_range_prompt_ids_fail_that_request_only(engine, builtin):
                         request("good", PROMPT, temperature=0.0, max_tokens=2))
     assert bad[0].last.finish_reason == "error" and "token ids" in bad[0].last.error
     assert good[0].last.finish_reason == "length" and len(good[0].tokens) == 2
+
+
+def test_prompt_logprobs_of_a_prompt_prefilled_in_chunks_match_one_full_forward(engine, builtin, monkeypatch):
+    """Prompt-logprob requests are prefilled a chunk of positions at a time (the prompt x vocabulary logits
+    never exist at once): the logprobs match one forward over the whole prompt, and decoding goes on from the
+    chunked cache exactly as from a plain prefill."""
+    import engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROMPT_LOGPROB_CHUNK", 5)  # PROMPT has 12 tokens: chunks of 5, 5, 2
+    (scored,) = run_all(engine, request("c", PROMPT, temperature=0.0, max_tokens=6, prompt_logprobs=3))
+    (plain,) = run_all(engine, request("p", PROMPT, temperature=0.0, max_tokens=6))
+    plp = scored[0].events[0].prompt_logprobs
+    with torch.inference_mode():
+        expected = torch.log_softmax(builtin.model(torch.tensor([PROMPT])).logits[0].float(), -1)
+    assert len(plp) == len(PROMPT) and plp[0] is None
+    for pos in range(1, len(PROMPT)):
+        assert plp[pos].token_id == PROMPT[pos]
+        assert abs(plp[pos].logprob - float(expected[pos - 1, PROMPT[pos]])) < 1e-4
+        assert [t[0] for t in plp[pos].top] == expected[pos - 1].topk(3).indices.tolist()
+    assert scored[0].tokens == plain[0].tokens
