@@ -8,6 +8,7 @@ backend would skip can never be scored as a pass. Used by `structgen maskbench` 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -100,18 +101,63 @@ def summary_line(results: list[CaseResult]) -> str:
             f"invalid_accepted={ia}/{inn} compile_p50_ms={p50:.1f} mask_mean_us={mean:.1f}")
 
 
+_ERROR_CLASSES = (
+    (re.compile(r"cannot be enforced at \S+ \(([^)]*)\)"), "keyword {0}"),
+    (re.compile(r"the outlines backend cannot enforce the keyword at (\S+)"), "outlines keyword {0}"),
+    (re.compile(r"oneOf constraints are not supported"), "oneOf not provably disjoint"),
+    (re.compile(r"invalid JSON Schema"), "invalid schema"),
+    (re.compile(r"Unsatisfiable schema|anyOf is empty"), "unsatisfiable schema"),
+    (re.compile(r"min/maxProperties only supported"), "min/maxProperties with optional properties"),
+    (re.compile(r"circular references with sibling keys"), "recursive $ref with siblings"),
+    (re.compile(r"intersection stack level exceeded"), "allOf intersection too deep"),
+    (re.compile(r"patternProperty regexes .* are not disjoint"), "overlapping patternProperties"),
+    (re.compile(r"look-?around|backreferences|regex parse error"), "unsupported regex"),
+    (re.compile(r"not present in a registry"), "external $ref"),
+    (re.compile(r"took longer than|time"), "time limit"),
+    (re.compile(r"too large|limit is|more than|deeper than|longer than"), "size limit"),
+)
+
+
+def error_class(message: str | None) -> str:
+    """A short cause for a compile error, for grouping (the keyword names for unenforceable keywords)."""
+    message = message or ""
+    for pattern, label in _ERROR_CLASSES:
+        m = pattern.search(message)
+        if m:
+            if "{0}" in label:
+                arg = m.group(1)
+                if label.startswith("outlines"):
+                    arg = arg.rsplit("/", 1)[-1]
+                return label.format(arg)
+            return label
+    return "other: " + message.split("\n")[0][:80]
+
+
+def stats_line(results: list[CaseResult]) -> str:
+    """compiled, errors, compile p50/p90 and mask mean: what the issue asks the note to report per backend."""
+    comp = [r for r in results if r.compiled]
+    ms = sorted(r.compile_ms for r in comp) or [0.0]
+    masks = [r.mask_us_mean for r in comp if r.valid_n + r.invalid_n]
+    return (f"compiled={len(comp)} errors={len(results) - len(comp)} compile_p50_ms={ms[len(ms) // 2]:.1f} "
+            f"compile_p90_ms={ms[int(len(ms) * 0.9)]:.1f} mask_mean_us={statistics.fmean(masks) if masks else 0:.1f}")
+
+
 def details(results: list[CaseResult]) -> list[str]:
     comp = [r for r in results if r.compiled]
-    lines = []
+    lines = [stats_line(results)]
     if comp:
-        ms = sorted(r.compile_ms for r in comp)
-        lines.append(f"compile_ms p50={ms[len(ms) // 2]:.1f} p90={ms[int(len(ms) * 0.9)]:.1f} max={ms[-1]:.1f}")
         by = {}
         for r in comp:
             by[r.backend] = by.get(r.backend, 0) + 1
         lines.append("served by: " + ", ".join(f"{k}={v}" for k, v in sorted(by.items())))
     errors = [r for r in results if not r.compiled]
     lines.append(f"not compiled: {len(errors)}")
+    causes: dict[str, int] = {}
+    for r in errors:
+        c = error_class(r.error)
+        causes[c] = causes.get(c, 0) + 1
+    for c, n in sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))[:25]:
+        lines.append(f"  {n:5d} {c}")
     bad = [r for r in comp if r.valid_accepted < r.valid_n or r.invalid_rejected < r.invalid_n]
     for r in bad[:20]:
         lines.append(f"  FAIL {r.case}: valid {r.valid_accepted}/{r.valid_n} invalid rejected "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -16,6 +17,9 @@ import jsonschema
 
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
+from constrain.rewrite import rewrite_schema
+
+log = logging.getLogger(__name__)
 
 _BACKENDS = ("outlines", "llguidance", "auto")
 
@@ -28,8 +32,34 @@ def _schema_error(exc: jsonschema.SchemaError, param: str, base: str) -> Constra
 _OLD_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
 
 
+_NORMAL_MAX = 512  # normalised schemas remembered (by canonical JSON)
+_normal: OrderedDict[bytes, Any] = OrderedDict()
+
+
 def normalise_schema(schema: Any) -> Any:
-    """Drafts 4-7 ignore every keyword beside `$ref`; the backends apply siblings (2020-12), so drop them here."""
+    """The schema the backends compile: drafts 4-7 ignore every keyword beside `$ref` (the backends apply
+    siblings, as 2020-12 does), so those are dropped; then the exact rewrites of constrain/rewrite.py turn
+    keywords no backend enforces into enforceable equivalents where a proof exists. Never modifies `schema`."""
+    key = _digest(schema)
+    if key is None:
+        return schema
+    with _valid_lock:
+        if key in _normal:
+            _normal.move_to_end(key)
+            return _normal[key]
+    out = _strip_ref_siblings(schema)
+    try:
+        out = rewrite_schema(out)
+    except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
+        log.debug("schema rewrite failed", exc_info=True)
+    with _valid_lock:
+        _normal[key] = out
+        while len(_normal) > _NORMAL_MAX:
+            _normal.popitem(last=False)
+    return out
+
+
+def _strip_ref_siblings(schema: Any) -> Any:
     if not (isinstance(schema, dict) and any(d in str(schema.get("$schema", "")) for d in _OLD_DRAFTS)):
         return schema
 

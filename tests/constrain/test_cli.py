@@ -21,7 +21,10 @@ def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
     out = tmp_path / "out.jsonl"
     assert main(["maskbench", str(tmp_path), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance",
                  "--json", str(out)]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    lines = capsys.readouterr().out.strip().splitlines()
+    last = lines[-1]
+    assert any(re.fullmatch(r"compiled=\d+ errors=\d+ compile_p50_ms=[\d.]+ compile_p90_ms=[\d.]+ "
+                            r"mask_mean_us=[\d.]+", line) for line in lines), lines
     assert re.fullmatch(r"maskbench: cases=6 compiled=\d+ valid_rejected=0/\d+ invalid_accepted=0/\d+ "
                         r"compile_p50_ms=[\d.]+ mask_mean_us=[\d.]+", last), last
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -36,3 +39,15 @@ def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "supported by llguidance" in out and "/uniqueItems" in out
     assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict"]) == 1
+
+
+def test_maskbench_groups_compile_errors_by_cause():
+    from constrain.maskbench import error_class
+
+    assert error_class("strict schema uses a keyword that cannot be enforced at /properties/a/not (not)") \
+        == "keyword not"
+    assert error_class("cannot compile constraint: oneOf constraints are not supported. Enable 'coerce_one_of'") \
+        == "oneOf not provably disjoint"
+    assert error_class("invalid JSON Schema at /enum: [1, 1] has non-unique elements") == "invalid schema"
+    assert error_class("compiling this constraint took longer than 60 s") == "time limit"
+    assert error_class("something new").startswith("other: ")

@@ -16,8 +16,29 @@ from constrain.support import outlines_unsupported
 CASES = Path(__file__).parent / "maskbench_cases"
 # Known, documented departures (listed here so a new failure, or a fixed one, changes the test's outcome):
 # llguidance and outlines both emit object properties in the schema's order; a valid instance that orders them
-# differently is refused.
-KNOWN_LLG = {"MCPspec/CreateMessageRequest.json"}
+# differently is refused (CreateMessageRequest, strmprivacy, wp_100: the last two compile since the oneOf/not
+# rewrites). llguidance writes an enum number one way: const 1.0 refuses the valid spelling "1.0" (const_id30).
+KNOWN_LLG = {"MCPspec/CreateMessageRequest.json",
+             "JsonSchemaStore/strmprivacy.api.entities.v1.Schema.SimpleSchemaDefinition.json",
+             "WashingtonPost/wp_100_Normalized.json",
+             "Synthesized/draft2019_09_valid_const_id30_subschema1_not_2.json"}
+# Cases llguidance refuses as written and compiles after the exact rewrites of constrain/rewrite.py (oneOf proved
+# disjoint, not, dependencies, min/maxProperties, finite enum filtering): they must stay compiled and exact.
+REWRITTEN = {
+    "Github_easy/o81583.json", "Github_easy/o81565.json", "Github_easy/o88596.json", "Github_easy/o58633.json",
+    "Github_easy/o69635.json", "Github_hard/o71303.json", "Github_medium/o62761.json", "Github_medium/o62779.json",
+    "Github_medium/o27154.json", "Github_medium/o39146.json", "Github_medium/o27840.json",
+    "Github_medium/o51260.json", "Github_trivial/o78404.json", "Github_trivial/o2140.json",
+    "Github_trivial/o91408.json", "Glaiveai2K/calculate_area_404e19e5.json", "Handwritten/pnmp7.json",
+    "JME/JME_39.json", "Synthesized/draft2019_09_valid_maxProperties_id8_subschema1_not_2.json",
+    "Synthesized/draft2019_09_nonvalid_minProperties_id2_subschema1_not_2.json",
+    "Synthesized/draft2019_09_nonvalid_boolean_schema_id7_subschema1_not_2.json",
+    "Synthesized/draft2019_09_valid_type_id57_subschema1_not_2.json",
+    "Synthesized/draft2019_09_valid_boolean_schema_id15_subschema1_not_2.json",
+    "Synthesized/draft2019_09_valid_type_id38_subschema1_not_2.json",
+    "Synthesized/draft2019_09_valid_oneOf_id18_subschema1_not_2.json",
+    "Synthesized/draft2019_09_nonvalid_oneOf_id8_subschema1_not_2.json",
+}
 
 
 def _run(compiler, tokenizer, paths=None):
@@ -73,6 +94,24 @@ def test_llguidance_rejects_no_valid_and_accepts_no_invalid_instance(llg_results
     assert {r.case for r in _failures(llg_results)} == KNOWN_LLG
     for case in KNOWN_LLG:
         assert llg_results[case].invalid_rejected == llg_results[case].invalid_n  # never too permissive
+    assert REWRITTEN <= set(llg_results)
+    assert [c for c in sorted(REWRITTEN) if not llg_results[c].compiled] == []
+    assert sum(llg_results[c].valid_n + llg_results[c].invalid_n for c in REWRITTEN) >= 40
+
+
+def test_rewritten_cases_are_refused_without_the_rewrites(tokenizers, vocabs):
+    """The REWRITTEN cases really need the rewrites: compiled as written, llguidance refuses each one."""
+    from constrain.grammar import ConstraintError, ConstraintSpec
+    from constrain.spec import _strip_ref_siblings
+
+    c = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    try:
+        for case in sorted(REWRITTEN):
+            schema = _strip_ref_siblings(json.loads((CASES / case).read_text())["schema"])
+            with pytest.raises(ConstraintError):
+                c.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True))
+    finally:
+        c.close()
 
 
 def test_outlines_rejects_no_valid_and_accepts_no_invalid_instance(outlines_results):

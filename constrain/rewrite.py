@@ -1,0 +1,496 @@
+"""Exact schema rewrites: turn keywords no backend enforces into enforceable equivalents, or drop them when provably
+redundant. Every rewrite preserves the set of accepted instances exactly; when a proof is out of reach the keyword
+is left alone (and the backend then refuses it in strict mode, with its pointer).
+
+Rewrites (each unit-tested with jsonschema on accepted and refused documents, tests/constrain/test_rewrite.py):
+- finite values: a node with `enum`/`const` (directly or in an `allOf` member) accepts exactly those of its values
+  that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
+  $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats);
+- `oneOf` whose branches are pairwise provably disjoint is an `anyOf` (types, finite value sets, a required
+  property whose values are disjoint or that one branch forbids);
+- `not`: `not: false` dropped, `not: {"not": S}` is S, `not: {"type": T}` is the complementary `type`,
+  `not: {"required": [a, ...]}` is an object lacking at least one of them (`properties: {a: false}`);
+- `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
+  `maxItems: 1` when every item must equal one constant;
+- `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
+  already required, dropped; `dependentSchemas`/`dependencies` (schema form) on a required property: `allOf`;
+  otherwise, for at most 3 triggers, `anyOf: [{"properties": {k: false}}, {"required": [k, ...]}]` per trigger;
+- `minProperties` implied by `required`, `maxProperties` implied by a closed `properties` list: dropped;
+- `propertyNames` on a closed object (additionalProperties false, no patternProperties): dropped, after each
+  declared property whose name it refuses is forbidden (`false`).
+
+Skipped entirely for schemas using `unevaluated*`, `$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning
+depends on context a local rewrite cannot see).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import jsonschema
+
+_ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
+_ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
+                    "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "markdownDescription"})
+_MAX_ONEOF = 64  # branches checked pairwise
+_MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
+_CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
+                 "$dynamicAnchor")
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "integer" if v.is_integer() else "fraction"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """JSON equality as JSON Schema defines it (1 == 1.0, true != 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _iter_nodes(node: Any):
+    """Every dict reachable in the schema document (subschemas and keyword values alike)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            yield n
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+
+
+def _has_key(node: Any, key: str) -> bool:
+    return any(key in n for n in _iter_nodes(node))
+
+
+class _Ctx:
+    def __init__(self, root: dict):
+        self.root = root
+        cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+        self.validator = cls(root)
+        self.root_has_format = _has_key(root, "format")
+        self.changed = False
+
+    def resolve(self, ref: Any) -> Any:
+        if not (isinstance(ref, str) and ref.startswith("#")):
+            return None
+        node: Any = self.root
+        path = ref[1:]
+        if path and not path.startswith("/"):
+            return None
+        for part in path.split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def is_valid(self, schema: Any, value: Any) -> bool:
+        return self.validator.evolve(schema=schema).is_valid(value)
+
+    def format_free(self, schema: Any) -> bool:
+        """No `format` can take part in validating against `schema` (jsonschema would not assert it)."""
+        if _has_key(schema, "$ref"):
+            return not self.root_has_format
+        return not _has_key(schema, "format")
+
+    # ---- what a schema can accept, over-approximated ---------------------------------------------------------
+    def types(self, s: Any, depth: int = 0) -> frozenset:
+        if s is True or depth > 20:
+            return _ALL_TYPES
+        if s is False:
+            return frozenset()
+        if not isinstance(s, dict):
+            return _ALL_TYPES
+        out = set(_ALL_TYPES)
+        t = s.get("type")
+        if isinstance(t, str):
+            t = [t]
+        if isinstance(t, list):
+            allowed = set()
+            for x in t:
+                if x == "number":
+                    allowed |= {"integer", "fraction"}
+                elif x in _ALL_TYPES:
+                    allowed.add(x)
+                else:
+                    return _ALL_TYPES  # unknown type name: stay conservative
+            out &= allowed
+        vals = self.values(s)
+        if vals is not None:
+            out &= {_json_type(v) for v in vals}
+        if "$ref" in s:
+            target = self.resolve(s["$ref"])
+            if target is not None:
+                out &= self.types(target, depth + 1)
+        for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+            out &= self.types(m, depth + 1)
+        for key in ("anyOf", "oneOf"):
+            if isinstance(s.get(key), list):
+                u = set()
+                for m in s[key]:
+                    u |= self.types(m, depth + 1)
+                out &= u
+        return frozenset(out)
+
+    @staticmethod
+    def values(s: Any) -> list | None:
+        """A finite list containing every value `s` accepts (None: not known to be finite)."""
+        if not isinstance(s, dict):
+            return None
+        if "const" in s:
+            return [s["const"]]
+        if isinstance(s.get("enum"), list):
+            return list(s["enum"])
+        for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+            if isinstance(m, dict) and "$ref" not in m:
+                v = _Ctx.values(m)
+                if v is not None:
+                    return v
+        return None
+
+    def required(self, s: dict) -> set:
+        req = set(s.get("required", [])) if isinstance(s.get("required"), list) else set()
+        for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+            if isinstance(m, dict):
+                req |= self.required(self._deref(m))
+        return req
+
+    def _deref(self, s: Any, depth: int = 0) -> Any:
+        while isinstance(s, dict) and set(s) - _ANNOT == {"$ref"} and depth < 20:
+            t = self.resolve(s["$ref"])
+            if t is None:
+                return s
+            s, depth = t, depth + 1
+        return s
+
+    def prop_schema(self, s: dict, name: str) -> Any:
+        """A schema every value of property `name` satisfies in objects `s` accepts (a superset is fine)."""
+        props = s.get("properties")
+        if isinstance(props, dict) and name in props:
+            return props[name]
+        if s.get("additionalProperties") is False and not _may_match(s.get("patternProperties"), name):
+            return False
+        for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+            if isinstance(m, dict):
+                sub = self.prop_schema(self._deref(m), name)
+                if sub is not True:
+                    return sub
+        return True
+
+    def disjoint(self, a: Any, b: Any, depth: int = 0) -> bool:
+        """True only when no JSON value validates against both `a` and `b` (False: unknown)."""
+        if depth > 8:
+            return False
+        a, b = self._deref(a), self._deref(b)
+        common = self.types(a) & self.types(b)
+        if not common:
+            return True
+        for x, y in ((a, b), (b, a)):
+            vals = self.values(x)
+            if vals is not None and isinstance(y, (dict, bool)) and self.format_free(y) \
+                    and not any(self.is_valid(y, v) for v in vals):
+                return True
+        if common == {"object"} and isinstance(a, dict) and isinstance(b, dict):
+            ra, rb = self.required(a), self.required(b)
+            for name in ra | rb:
+                pa, pb = self.prop_schema(a, name), self.prop_schema(b, name)
+                if name in ra and name in rb and self.disjoint(pa, pb, depth + 1):
+                    return True
+                if (name in ra and pb is False) or (name in rb and pa is False):
+                    return True
+        return False
+
+
+def rewrite_schema(schema: Any) -> Any:
+    """An equivalent schema with the rewrites above applied (the input is never modified)."""
+    if not isinstance(schema, dict):
+        return schema
+    for n in _iter_nodes(schema):
+        if any(k in n for k in _CONTEXT_KEYS):
+            return schema
+    nested_ids = [n for n in _iter_nodes(schema) if n is not schema and isinstance(n.get("$id"), str)]
+    if nested_ids:
+        return schema
+    root = copy.deepcopy(schema)
+    ctx = _Ctx(schema)  # validation and $ref resolution against the original: rewrites never change meaning
+    refs = [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]
+    try:
+        out = _rewrite(root, "", ctx, refs)
+    except RecursionError:
+        return schema
+    return out if ctx.changed else schema
+
+
+def _may_match(pattern_properties: Any, name: str) -> bool:
+    """False only when no patternProperties regex can match `name`. Python's `re` matches at least what an
+    ECMA-262 regex does for these (its \\d, \\w and `$` are broader), so a Python miss is a real miss."""
+    if not pattern_properties:
+        return False
+    if not isinstance(pattern_properties, dict):
+        return True
+    for pat in pattern_properties:
+        try:
+            if re.search(pat, name):
+                return True
+        except (re.error, TypeError, RecursionError):
+            return True
+    return False
+
+
+def _esc(part: Any) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def _targeted(ptr: str, refs: list[str]) -> bool:
+    return any(r == "#" + ptr or r.startswith("#" + ptr + "/") for r in refs if ptr)
+
+
+def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
+    if not isinstance(node, dict):
+        return node
+    node = _finite(node, ptr, ctx, refs)
+    # children first
+    for key, value in list(node.items()):
+        kp = f"{ptr}/{_esc(key)}"
+        if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") \
+                and isinstance(value, dict):
+            node[key] = {k: _rewrite(v, f"{kp}/{_esc(k)}", ctx, refs) for k, v in value.items()}
+        elif key == "dependencies" and isinstance(value, dict):
+            node[key] = {k: _rewrite(v, f"{kp}/{_esc(k)}", ctx, refs) if isinstance(v, dict) else v
+                         for k, v in value.items()}
+        elif key in ("allOf", "anyOf", "oneOf", "prefixItems") and isinstance(value, list):
+            node[key] = [_rewrite(v, f"{kp}/{i}", ctx, refs) for i, v in enumerate(value)]
+        elif key == "items" and isinstance(value, list):
+            node[key] = [_rewrite(v, f"{kp}/{i}", ctx, refs) for i, v in enumerate(value)]
+        elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
+                     "propertyNames") and isinstance(value, dict):
+            node[key] = _rewrite(value, kp, ctx, refs)
+    for step in (_not, _one_of, _unique_items, _dependencies, _properties_count, _property_names):
+        node = step(node, ctx)
+        if not isinstance(node, dict):
+            break
+    return node
+
+
+def _add_all_of(node: dict, sub: Any) -> None:
+    """Join `sub` to the node's allOf. A new allOf goes last: llguidance lays out merged object properties in
+    the order it meets the keywords, so the node's own `properties` keep their places first."""
+    node.setdefault("allOf", [])
+    if isinstance(node["allOf"], list):
+        node["allOf"] = node["allOf"] + [sub]
+
+
+
+def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
+    vals = ctx.values(node)
+    if vals is None or set(node) - _ANNOT <= {"enum", "const", "type"}:
+        return node
+    if _targeted(ptr, refs) or not ctx.format_free(node):
+        return node
+    keep = []
+    for v in vals:
+        if ctx.is_valid(node, v) and not any(_equal(v, k) for k in keep):
+            keep.append(v)
+    ctx.changed = True
+    out = {k: v for k, v in node.items() if k in _ANNOT and k not in ("$defs", "definitions")}
+    for k in ("$defs", "definitions"):  # may still be the target of a $ref from outside this node
+        if k in node:
+            out[k] = node[k]
+    out["enum"] = keep
+    return out
+
+
+def _not(node: dict, ctx: _Ctx) -> dict:
+    if "not" not in node:
+        return node
+    n = node["not"]
+    if n is False:
+        node = dict(node)
+        del node["not"]
+        ctx.changed = True
+        return node
+    if n is True or (isinstance(n, dict) and not (set(n) - _ANNOT)):
+        ctx.changed = True
+        return False  # `not` of the schema accepting everything: this node accepts nothing
+    if not isinstance(n, dict):
+        return node
+    body = {k: v for k, v in n.items() if k not in _ANNOT}
+    repl = None
+    if set(body) == {"not"} and not ({"$defs", "definitions"} & set(n)):
+        repl = body["not"]
+    elif set(body) == {"type"}:
+        t = body["type"] if isinstance(body["type"], list) else [body["type"]]
+        if all(isinstance(x, str) for x in t) and ("integer" not in t or "number" in t):
+            names = {"null", "boolean", "object", "array", "string", "number"}
+            if not set(t) <= names | {"integer"}:
+                return node
+            rest = sorted(names - set(t))
+            if not rest:
+                return node
+            repl = {"type": rest}
+    elif set(body) == {"required"} and isinstance(body["required"], list) and body["required"] \
+            and all(isinstance(x, str) for x in body["required"]):
+        names = list(dict.fromkeys(body["required"]))
+        if len(names) == 1:
+            repl = {"type": "object", "properties": {names[0]: False}}
+        elif len(names) <= 4:
+            repl = {"type": "object", "anyOf": [{"properties": {x: False}} for x in names]}
+    if repl is None:
+        return node
+    node = {k: v for k, v in node.items() if k != "not"}
+    _add_all_of(node, repl)
+    ctx.changed = True
+    return node
+
+
+def _one_of(node: dict, ctx: _Ctx) -> dict:
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not (1 <= len(branches) <= _MAX_ONEOF):
+        return node
+    # Only values that pass the node's other keywords matter: test each branch conjoined with them.
+    rest = {k: v for k, v in node.items() if k != "oneOf" and k not in _ANNOT}
+    ctxd = [{"allOf": [b, rest]} if rest else b for b in branches]
+    for i in range(len(branches)):
+        for j in range(i + 1, len(branches)):
+            if not ctx.disjoint(ctxd[i], ctxd[j]):
+                return node
+    ctx.changed = True
+    if "anyOf" in node:
+        node = {k: v for k, v in node.items() if k != "oneOf"}
+        _add_all_of(node, {"anyOf": branches})
+        return node
+    # Same place in the object: llguidance orders merged properties by the order it meets the keywords.
+    return {("anyOf" if k == "oneOf" else k): v for k, v in node.items()}
+
+
+def _unique_items(node: dict, ctx: _Ctx) -> dict:
+    if "uniqueItems" not in node:
+        return node
+    u = node["uniqueItems"]
+    mx = node.get("maxItems")
+    items = node.get("items")
+    prefix = node.get("prefixItems")
+    if u is False or (u is True and isinstance(mx, int) and not isinstance(mx, bool) and mx <= 1):
+        node = {k: v for k, v in node.items() if k != "uniqueItems"}
+        ctx.changed = True
+        return node
+    if u is True and isinstance(items, dict) and prefix is None:
+        vals = ctx.values(ctx._deref(items))
+        if vals is not None and len(vals) == 1:
+            node = {k: v for k, v in node.items() if k != "uniqueItems"}
+            node["maxItems"] = min(mx, 1) if isinstance(mx, int) and not isinstance(mx, bool) else 1
+            ctx.changed = True
+    return node
+
+
+def _dependencies(node: dict, ctx: _Ctx) -> dict:
+    out = node
+    for key in ("dependentRequired", "dependencies", "dependentSchemas"):
+        deps = out.get(key)
+        if not isinstance(deps, dict) or key not in ctx.validator.VALIDATORS:
+            continue  # a keyword of another draft: its meaning here is not ours to decide
+        req = list(out.get("required", [])) if isinstance(out.get("required"), list) else []
+        left, extra_req, extra_all, alts = {}, [], [], []
+        for trigger, dep in deps.items():
+            if isinstance(dep, list) and all(isinstance(d, str) for d in dep):
+                if set(dep) <= set(req) or not dep:
+                    continue
+                if trigger in req:
+                    extra_req += [d for d in dep if d not in req and d not in extra_req]
+                    continue
+                alts.append({"anyOf": [{"properties": {trigger: False}}, {"required": [trigger] + list(dep)}]})
+                left[trigger] = dep
+            elif isinstance(dep, (dict, bool)) and key != "dependentRequired":
+                if dep is True or dep == {}:
+                    continue
+                if trigger in req:
+                    extra_all.append(dep)
+                    continue
+                alts.append({"anyOf": [{"properties": {trigger: False}}, dep]})
+                left[trigger] = dep
+            else:
+                left[trigger] = dep
+                alts.append(None)
+        if any(a is None for a in alts) or len(alts) > _MAX_DEP_ANYOF:
+            if not extra_req and not extra_all and len(left) == len(deps):
+                continue
+            # Only the exact, local simplifications; the rest stays for the backend to refuse.
+            alts = []
+        else:
+            left = {}
+        out = dict(out)
+        if left:
+            out[key] = left
+        else:
+            del out[key]
+        for s in extra_all + alts:
+            _add_all_of(out, s)
+        if extra_req:
+            out["required"] = req + extra_req
+        ctx.changed = True
+    return out
+
+
+def _properties_count(node: dict, ctx: _Ctx) -> dict:
+    out = node
+    mn = node.get("minProperties")
+    if isinstance(mn, int) and not isinstance(mn, bool) and isinstance(node.get("required"), list) \
+            and len(set(x for x in node["required"] if isinstance(x, str))) >= mn:
+        out = {k: v for k, v in out.items() if k != "minProperties"}
+    mx = node.get("maxProperties")
+    props = node.get("properties", {})
+    if isinstance(mx, int) and not isinstance(mx, bool) and isinstance(props, dict) \
+            and node.get("additionalProperties") is False and not node.get("patternProperties") \
+            and len(props) <= mx:
+        out = {k: v for k, v in out.items() if k != "maxProperties"}
+    if out is not node:
+        ctx.changed = True
+    return out
+
+
+def _property_names(node: dict, ctx: _Ctx) -> dict:
+    if "propertyNames" not in node:
+        return node
+    pn = node["propertyNames"]
+    props = node.get("properties", {})
+    if pn is True or pn == {}:
+        ctx.changed = True
+        return {k: v for k, v in node.items() if k != "propertyNames"}
+    if not (isinstance(props, dict) and node.get("additionalProperties") is False
+            and not node.get("patternProperties") and isinstance(pn, (dict, bool)) and ctx.format_free(pn)):
+        return node
+    out = {k: v for k, v in node.items() if k != "propertyNames"}
+    out["properties"] = {k: (v if ctx.is_valid(pn, k) else False) for k, v in props.items()}
+    req = out.get("required")
+    if isinstance(req, list) and any(out["properties"].get(r, True) is False for r in req):
+        return node  # a required name refused: the node accepts no object; leave it to the backend
+    ctx.changed = True
+    return out
+
+

@@ -1,0 +1,167 @@
+"""constrain/rewrite.py: every rewrite fires where it should, keeps the accepted set exactly (checked with jsonschema
+on documents the original accepts and refuses), and leaves alone what it cannot prove."""
+
+from __future__ import annotations
+
+import itertools
+
+import jsonschema
+import pytest
+
+from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.rewrite import rewrite_schema
+from constrain.spec import normalise_schema
+
+D7 = "http://json-schema.org/draft-07/schema#"
+
+# A bank of documents of every type, to compare validity before and after a rewrite.
+_SCALARS = [None, True, False, 0, 1, 1.0, 2, 2.5, -3, 7, 14, "", "a", "ab", "abc", "b", "x1", "2020-01-01"]
+_OBJECTS = [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 3}, {"a": 1, "b": 2, "c": 3}, {"k": "a"},
+            {"k": "b"}, {"k": "a", "v": 1}, {"k": "b", "v": "s"}, {"ab": 1}, {"ab": 1, "b": 1}, {"error": 1},
+            {"x": None}, {"k": 1}]
+_ARRAYS = [[], [1], [1, 1], [1, 2], ["a"], ["a", "a"], ["a", "b"], [1, 2, 3, 4, 5], [{"foo": "bar"}], [None]]
+DOCS = _SCALARS + _OBJECTS + _ARRAYS
+
+
+def _same(original, rewritten, docs=DOCS):
+    cls = jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator)
+    a, b = cls(original), cls(rewritten) if isinstance(rewritten, dict) else None
+    accepted = refused = 0
+    for d in docs:
+        va = a.is_valid(d)
+        vb = b.is_valid(d) if b is not None else bool(rewritten)
+        assert va == vb, (d, original, rewritten)
+        accepted += va
+        refused += not va
+    return accepted, refused
+
+
+def _keys(schema) -> set:
+    out = set()
+    stack = [schema]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, dict):
+            out |= set(n)
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    return out
+
+
+CASES = [
+    # (name, schema, keyword that must be gone after the rewrite)
+    ("finite allOf enum + not not", {"allOf": [{"enum": [[1, 2, 3, 4, 5], "a"]},
+                                               {"not": {"not": {"type": "array"}}}]}, "not"),
+    ("finite enum + uniqueItems", {"enum": [[1, 1], [1, 2], "a"], "uniqueItems": True}, "uniqueItems"),
+    ("finite const + contains", {"const": [1, 2], "contains": {"const": 2}}, "contains"),
+    ("finite with $ref", {"definitions": {"s": {"type": "string"}},
+                          "allOf": [{"enum": ["a", 1, "b"]}, {"not": {"$ref": "#/definitions/s"}}]}, "not"),
+    ("oneOf disjoint types", {"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]}, "oneOf"),
+    ("oneOf via $ref", {"definitions": {"x": {"type": "string"}},
+                        "oneOf": [{"$ref": "#/definitions/x"}, {"type": "null"}]}, "oneOf"),
+    ("oneOf enum vs pattern", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "pattern": "^x"}]}, "oneOf"),
+    ("oneOf discriminator", {"type": "object", "required": ["k"],
+                             "oneOf": [{"properties": {"k": {"const": "a"}}},
+                                       {"properties": {"k": {"const": "b"}, "v": {"type": "string"}}}]}, "oneOf"),
+    ("oneOf required vs closed", {"oneOf": [{"type": "object", "required": ["a"]},
+                                            {"type": "object", "properties": {"b": {}},
+                                             "additionalProperties": False}]}, "oneOf"),
+    ("oneOf with anyOf sibling", {"anyOf": [{"type": "string"}, {"type": "integer"}],
+                                  "oneOf": [{"minLength": 2, "type": "string"}, {"type": "integer"}]}, "oneOf"),
+    ("not false", {"type": "integer", "not": False}, "not"),
+    ("not type", {"not": {"type": ["string", "null"]}}, "not"),
+    ("not number", {"not": {"type": "number"}}, "not"),
+    ("not required one", {"not": {"required": ["a"]}}, "not"),
+    ("not required two", {"type": "object", "not": {"required": ["a", "b"]}}, "not"),
+    ("not empty", {"type": "object", "properties": {"error": {"not": {}}}}, "not"),
+    ("uniqueItems false", {"type": "array", "uniqueItems": False}, "uniqueItems"),
+    ("uniqueItems maxItems 1", {"type": "array", "maxItems": 1, "uniqueItems": True}, "uniqueItems"),
+    ("uniqueItems const items", {"type": "array", "items": {"const": 1}, "uniqueItems": True}, "uniqueItems"),
+    ("dependencies required trigger", {"$schema": D7, "type": "object", "required": ["a"],
+                                       "dependencies": {"a": ["b"]}}, "dependencies"),
+    ("dependencies anyOf", {"$schema": D7, "type": "object", "dependencies": {"a": ["b"], "c": ["a"]}},
+     "dependencies"),
+    ("dependencies schema", {"$schema": D7, "dependencies": {"a": {"required": ["c"]}}}, "dependencies"),
+    ("dependentRequired", {"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+    ("dependentSchemas", {"type": "object", "required": ["a"],
+                          "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}}}}, "dependentSchemas"),
+    ("minProperties by required", {"type": "object", "required": ["a", "b"], "minProperties": 2}, "minProperties"),
+    ("maxProperties by closed", {"type": "object", "properties": {"a": {}, "b": {}},
+                                 "additionalProperties": False, "maxProperties": 2}, "maxProperties"),
+    ("propertyNames closed", {"type": "object", "propertyNames": {"pattern": "^a"},
+                              "properties": {"ab": {}, "b": {}}, "additionalProperties": False}, "propertyNames"),
+    ("propertyNames true", {"type": "object", "propertyNames": True}, "propertyNames"),
+]
+
+
+@pytest.mark.parametrize("name,schema,gone", CASES, ids=[c[0] for c in CASES])
+def test_rewrite_is_exact_and_removes_the_keyword(name, schema, gone):
+    out = rewrite_schema(schema)
+    assert gone not in _keys(out), out
+    accepted, refused = _same(schema, out)
+    assert accepted and refused  # the bank exercises both sides
+
+
+UNTOUCHED = [
+    ("oneOf overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
+    ("oneOf untyped objects",
+     {"oneOf": [{"properties": {"k": {"const": "a"}}}, {"properties": {"k": {"const": "b"}}}]}),
+    ("oneOf patterns", {"oneOf": [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}]}),
+    ("not pattern", {"type": "string", "not": {"pattern": "^a"}}),
+    ("not integer", {"not": {"type": "integer"}}),
+    ("uniqueItems", {"type": "array", "uniqueItems": True}),
+    ("enum with format", {"allOf": [{"enum": ["a", "2020-01-01"]}, {"format": "date"}, {"not": {"const": "a"}}]}),
+    ("dependencies in 2020-12", {"type": "object", "dependencies": {"a": ["b"]}}),
+    ("many dependencies", {"$schema": D7, "dependencies": {"a": ["b"], "b": ["c"], "c": ["d"], "d": ["a"]}}),
+    ("propertyNames open", {"type": "object", "propertyNames": {"pattern": "^a"}}),
+    ("unevaluated", {"allOf": [{"enum": [{"a": 1}]}], "unevaluatedProperties": False}),
+    ("minProperties beyond required", {"type": "object", "required": ["a"], "minProperties": 2}),
+]
+
+
+@pytest.mark.parametrize("name,schema", UNTOUCHED, ids=[c[0] for c in UNTOUCHED])
+def test_what_cannot_be_proved_is_left_alone(name, schema):
+    assert rewrite_schema(schema) == schema
+
+
+def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
+    schema = {"oneOf": [{"type": "string"}, {"type": "null"}], "properties": {"a": {"not": False}}}
+    before = repr(schema)
+    out = normalise_schema(schema)
+    assert repr(schema) == before and "oneOf" not in out
+    assert normalise_schema(schema) is out
+
+
+def test_unsatisfiable_finite_node_becomes_an_empty_enum():
+    out = rewrite_schema({"allOf": [{"enum": [1, 2]}, {"type": "string"}]})
+    assert out == {"enum": []}
+
+
+def test_rewritten_schemas_compile_strictly_and_still_refuse_what_they_cannot_enforce(gpt2_compiler):
+    ok = {"type": "object", "properties": {"k": {"oneOf": [{"$ref": "#/$defs/s"}, {"type": "null"}]},
+                                           "tags": {"type": "array", "uniqueItems": False}},
+          "$defs": {"s": {"type": "string"}}, "required": ["k"], "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(ok), strict=True,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    bad = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True},
+                                            "n": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(bad), strict=True,
+                                             backend="llguidance"))
+    assert exc.value.pointer in ("/properties/tags/uniqueItems", "/properties/n/oneOf", "/")
+
+
+@pytest.mark.parametrize("a,b", list(itertools.combinations([{"type": "string"}, {"const": "a"}, {"enum": [1, "b"]},
+                                                             {"type": "integer", "minimum": 3}], 2)))
+def test_one_of_pairs_are_rewritten_only_when_disjoint(a, b):
+    schema = {"oneOf": [a, b]}
+    out = rewrite_schema(schema)
+    _same(schema, out)
+    overlap = any(jsonschema.Draft202012Validator(a).is_valid(d) and jsonschema.Draft202012Validator(b).is_valid(d)
+                  for d in DOCS)
+    if overlap:
+        assert "oneOf" in out  # never an anyOf when a value matches both
+    else:
+        assert "oneOf" not in out  # each of these disjoint pairs is provable
