@@ -103,7 +103,9 @@ class Generation:
         """Spec and grammar for the request's constraint (None, None when unconstrained)."""
         spec = None
         try:
-            spec = constrain.spec_from_request(
+            # Off the event loop: validating and rewriting a large schema can take a while (jsonschema).
+            spec = await asyncio.to_thread(
+                constrain.spec_from_request,
                 response_format=req.response_format, regex=req.regex, choice=req.choice, tools=tools,
                 tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
                 backend=req.constraint_backend, named_schemas=getattr(self.compiler, "named_schemas", None))
