@@ -94,10 +94,12 @@ def chat_body(model: str, max_tokens: int, schema: dict | None, extra: dict) -> 
 
 
 async def throughput(base: str, model: str, clients: int, per_client: int, max_tokens: int,
-                     schema: dict | None, extra: dict) -> tuple[float, int, int]:
-    """(tokens/s, completion tokens, errors) for `clients` concurrent loops of `per_client` requests."""
+                     schema: dict | None, extra: dict) -> tuple[float, int, int, dict[str, int]]:
+    """(tokens/s, completion tokens, errors, {constraint backend: requests}) for `clients` concurrent loops of
+    `per_client` requests."""
     async with httpx.AsyncClient(base_url=base, timeout=600) as http:
         errors = 0
+        backends: dict[str, int] = {}
 
         async def loop() -> int:
             nonlocal errors
@@ -110,11 +112,14 @@ async def throughput(base: str, model: str, clients: int, per_client: int, max_t
                         print(f"    first error: {r.status_code} {r.text[:300]}", flush=True)
                     continue
                 total += r.json()["usage"]["completion_tokens"]
+                backend = r.headers.get("x-structgen-constraint-backend")
+                if backend:
+                    backends[backend] = backends.get(backend, 0) + 1
             return total
 
         start = time.perf_counter()
         tokens = sum(await asyncio.gather(*(loop() for _ in range(clients))))
-        return tokens / (time.perf_counter() - start), tokens, errors
+        return tokens / (time.perf_counter() - start), tokens, errors, backends
 
 
 async def ttft(base: str, model: str, schema: dict | None) -> float:
@@ -141,11 +146,12 @@ def fresh_schema() -> dict:
 def run_workloads(base: str, model: str, args, schema: dict | None, extra: dict) -> dict[int, float]:
     out = {}
     for clients in args.concurrency:
-        tps, tokens, errors = asyncio.run(throughput(base, model, clients, args.requests_per_client,
-                                                     args.max_tokens, schema, extra))
+        tps, tokens, errors, backends = asyncio.run(throughput(base, model, clients, args.requests_per_client,
+                                                               args.max_tokens, schema, extra))
         out[clients] = tps
         label = "schema" if schema else "plain"
-        print(f"  {label:6s} c={clients:2d}: {tps:8.1f} tok/s  ({tokens} tokens, {errors} errors)", flush=True)
+        served = "".join(f", {n} served by {b}" for b, n in sorted(backends.items()))
+        print(f"  {label:6s} c={clients:2d}: {tps:8.1f} tok/s  ({tokens} tokens, {errors} errors{served})", flush=True)
     return out
 
 
