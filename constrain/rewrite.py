@@ -5,7 +5,8 @@ is left alone (and the backend then refuses it in strict mode, with its pointer)
 Rewrites (each unit-tested with jsonschema on accepted and refused documents, tests/constrain/test_rewrite.py):
 - finite values: a node with `enum`/`const` (directly or in an `allOf` member) accepts exactly those of its values
   that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
-  $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats);
+  $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats, or a
+  `pattern`/`patternProperties`, since Python's backtracking `re` must never run a client's regex);
 - `oneOf` whose branches are pairwise provably disjoint is an `anyOf` (types, finite value sets, a required
   property whose values are disjoint or that one branch forbids);
 - `not`: `not: false` dropped, `not: {"not": S}` is S, `not: {"type": T}` is the complementary `type`,
@@ -26,7 +27,6 @@ depends on context a local rewrite cannot see).
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 import jsonschema
@@ -34,6 +34,7 @@ import jsonschema
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
                     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "markdownDescription"})
+_UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
 _MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
@@ -90,7 +91,7 @@ class _Ctx:
         self.root = root
         cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
         self.validator = cls(root)
-        self.root_has_format = _has_key(root, "format")
+        self.root_decidable = self.decidable(root)
         self.changed = False
 
     def resolve(self, ref: Any) -> Any:
@@ -113,11 +114,13 @@ class _Ctx:
     def is_valid(self, schema: Any, value: Any) -> bool:
         return self.validator.evolve(schema=schema).is_valid(value)
 
-    def format_free(self, schema: Any) -> bool:
-        """No `format` can take part in validating against `schema` (jsonschema would not assert it)."""
-        if _has_key(schema, "$ref"):
-            return not self.root_has_format
-        return not _has_key(schema, "format")
+    def decidable(self, schema: Any) -> bool:
+        """jsonschema decides `schema` exactly and safely: no `format` (it does not assert formats) and no regex
+        of the client's (`pattern`, `patternProperties`: Python's backtracking `re` can run for hours on a crafted
+        pattern, holding the GIL and so stalling the whole server). Through a `$ref`, the whole document counts."""
+        if _has_key(schema, "$ref") and schema is not self.root:
+            return self.root_decidable
+        return not any(_has_key(schema, k) for k in _UNDECIDABLE_KEYS)
 
     # ---- what a schema can accept, over-approximated ---------------------------------------------------------
     def types(self, s: Any, depth: int = 0) -> frozenset:
@@ -194,7 +197,8 @@ class _Ctx:
         props = s.get("properties")
         if isinstance(props, dict) and name in props:
             return props[name]
-        if s.get("additionalProperties") is False and not _may_match(s.get("patternProperties"), name):
+        # (with patternProperties the name may match one: the client's regexes are never run, see `decidable`)
+        if s.get("additionalProperties") is False and not s.get("patternProperties"):
             return False
         for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
             if isinstance(m, dict):
@@ -213,7 +217,7 @@ class _Ctx:
             return True
         for x, y in ((a, b), (b, a)):
             vals = self.values(x)
-            if vals is not None and isinstance(y, (dict, bool)) and self.format_free(y) \
+            if vals is not None and isinstance(y, (dict, bool)) and self.decidable(y) \
                     and not any(self.is_valid(y, v) for v in vals):
                 return True
         if common == {"object"} and isinstance(a, dict) and isinstance(b, dict):
@@ -245,22 +249,6 @@ def rewrite_schema(schema: Any) -> Any:
     except RecursionError:
         return schema
     return out if ctx.changed else schema
-
-
-def _may_match(pattern_properties: Any, name: str) -> bool:
-    """False only when no patternProperties regex can match `name`. Python's `re` matches at least what an
-    ECMA-262 regex does for these (its \\d, \\w and `$` are broader), so a Python miss is a real miss."""
-    if not pattern_properties:
-        return False
-    if not isinstance(pattern_properties, dict):
-        return True
-    for pat in pattern_properties:
-        try:
-            if re.search(pat, name):
-                return True
-        except (re.error, TypeError, RecursionError):
-            return True
-    return False
 
 
 def _esc(part: Any) -> str:
@@ -311,7 +299,7 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
     vals = ctx.values(node)
     if vals is None or set(node) - _ANNOT <= {"enum", "const", "type"}:
         return node
-    if _targeted(ptr, refs) or not ctx.format_free(node):
+    if _targeted(ptr, refs) or not ctx.decidable(node):
         return node
     keep = []
     for v in vals:
@@ -483,7 +471,7 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
         ctx.changed = True
         return {k: v for k, v in node.items() if k != "propertyNames"}
     if not (isinstance(props, dict) and node.get("additionalProperties") is False
-            and not node.get("patternProperties") and isinstance(pn, (dict, bool)) and ctx.format_free(pn)):
+            and not node.get("patternProperties") and isinstance(pn, (dict, bool)) and ctx.decidable(pn)):
         return node
     out = {k: v for k, v in node.items() if k != "propertyNames"}
     out["properties"] = {k: (v if ctx.is_valid(pn, k) else False) for k, v in props.items()}

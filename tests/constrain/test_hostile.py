@@ -94,3 +94,19 @@ def test_outlines_core_regex_completeness_bug_is_kept_away_from_auto(gpt2_compil
     m = g.matcher()
     assert g.backend == "llguidance"
     assert all(m.accept(t) for t in tokenizers["gpt2"].encode("1.5")) and m.can_end()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "pattern": "^(a+)+$", "enum": ["a" * 40 + "!", "aa"]},
+    {"type": "object", "additionalProperties": False, "properties": {"a" * 40 + "!": {"type": "integer"}},
+     "propertyNames": {"pattern": "^(a+)+$"}},
+    {"oneOf": [{"type": "string", "pattern": "^(a+)+$"}, {"const": "a" * 40 + "!"}]},
+])
+def test_schema_rewrites_never_run_the_clients_regexes(schema):
+    """A catastrophic pattern next to an enum, propertyNames or a oneOf const would backtrack for hours in
+    Python's `re` (holding the GIL: the whole server stalls) if the exact rewrites validated values against it:
+    they leave such nodes alone instead (the backends' regex engines are linear)."""
+    from constrain.spec import normalise_schema
+
+    assert normalise_schema(schema) == schema

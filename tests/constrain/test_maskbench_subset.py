@@ -29,7 +29,7 @@ REWRITTEN = {
     "Github_easy/o69635.json", "Github_hard/o71303.json", "Github_medium/o62761.json", "Github_medium/o62779.json",
     "Github_medium/o27154.json", "Github_medium/o39146.json", "Github_medium/o27840.json",
     "Github_medium/o51260.json", "Github_trivial/o78404.json", "Github_trivial/o2140.json",
-    "Github_trivial/o91408.json", "Glaiveai2K/calculate_area_404e19e5.json", "Handwritten/pnmp7.json",
+    "Github_trivial/o91408.json", "Glaiveai2K/calculate_area_404e19e5.json",
     "JME/JME_39.json", "Synthesized/draft2019_09_valid_maxProperties_id8_subschema1_not_2.json",
     "Synthesized/draft2019_09_nonvalid_minProperties_id2_subschema1_not_2.json",
     "Synthesized/draft2019_09_nonvalid_boolean_schema_id7_subschema1_not_2.json",

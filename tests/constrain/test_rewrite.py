@@ -60,7 +60,8 @@ CASES = [
     ("oneOf disjoint types", {"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]}, "oneOf"),
     ("oneOf via $ref", {"definitions": {"x": {"type": "string"}},
                         "oneOf": [{"$ref": "#/definitions/x"}, {"type": "null"}]}, "oneOf"),
-    ("oneOf enum vs pattern", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "pattern": "^x"}]}, "oneOf"),
+    ("oneOf enum vs maxLength", {"oneOf": [{"enum": ["abc", "abcd"]}, {"type": "string", "maxLength": 2}]},
+     "oneOf"),
     ("oneOf discriminator", {"type": "object", "required": ["k"],
                              "oneOf": [{"properties": {"k": {"const": "a"}}},
                                        {"properties": {"k": {"const": "b"}, "v": {"type": "string"}}}]}, "oneOf"),
@@ -89,7 +90,7 @@ CASES = [
     ("minProperties by required", {"type": "object", "required": ["a", "b"], "minProperties": 2}, "minProperties"),
     ("maxProperties by closed", {"type": "object", "properties": {"a": {}, "b": {}},
                                  "additionalProperties": False, "maxProperties": 2}, "maxProperties"),
-    ("propertyNames closed", {"type": "object", "propertyNames": {"pattern": "^a"},
+    ("propertyNames closed", {"type": "object", "propertyNames": {"maxLength": 1},
                               "properties": {"ab": {}, "b": {}}, "additionalProperties": False}, "propertyNames"),
     ("propertyNames true", {"type": "object", "propertyNames": True}, "propertyNames"),
 ]
@@ -104,6 +105,10 @@ def test_rewrite_is_exact_and_removes_the_keyword(name, schema, gone):
 
 
 UNTOUCHED = [
+    # deciding these would run the client's regex in Python's backtracking `re` (see test_hostile.py)
+    ("oneOf enum vs pattern", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "pattern": "^x"}]}),
+    ("propertyNames pattern", {"type": "object", "propertyNames": {"pattern": "^a"},
+                               "properties": {"ab": {}, "b": {}}, "additionalProperties": False}),
     ("oneOf overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
     ("oneOf untyped objects",
      {"oneOf": [{"properties": {"k": {"const": "a"}}}, {"properties": {"k": {"const": "b"}}}]}),
