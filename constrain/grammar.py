@@ -1,4 +1,4 @@
-"""The constraint compiler's public shapes: spec in, grammar out, matcher with four methods.
+"""The constraint compiler's public shapes: spec in, grammar out, matcher with four methods (and `vet`).
 
 Knows grammars and vocabularies; never imports HTTP or model code. Masks are packed int32 bitmasks of shape
 [batch, ceil(logits_width / 32)] (bit i of word w set = token 32*w+i allowed), the format both llguidance and
@@ -67,6 +67,13 @@ class Matcher(abc.ABC):
         """Write the allowed-token bits into `bitmask[row]` (int32, CPU). EOS ids are allowed exactly when the
         grammar may end here. With `tokens_left`, allow only tokens from which the document can still be
         completed within that many tokens (the budget rule), when the backend knows distances."""
+
+    def vet(self, token_id: int, tokens_left: int | None) -> int:
+        """The token to append in place of `token_id`, sampled under this step's mask with `tokens_left` tokens
+        left (this one included): itself, unless appending it would leave no way to complete the output in time
+        and another token keeps one (the budget rule, for backends whose masks cannot know distances). Called
+        before `accept`, which then takes the returned token; never with an EOS id."""
+        return token_id
 
     @abc.abstractmethod
     def accept(self, token_id: int) -> bool:

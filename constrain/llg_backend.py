@@ -3,20 +3,20 @@
 Context-free and compiled in milliseconds, so it serves what a DFA cannot express (recursion, any JSON object)
 and every first request. Never blocks on a model; never touches HTTP.
 
-Budget rule: llguidance exposes no distance-to-accept, so the exact rule (#9) is approximated. The matcher
-walks a copy of itself to a greedy short completion, one byte token at a time (prefer closing quotes, brackets
-and `0`; take forced bytes as they come). When that completion no longer fits in the tokens left, the matcher
-forces it token by token, _CLOSING_MARGIN tokens early. The document then closes complete and valid within
-max_tokens whenever the greedy completion fits and no single token opens more than that margin of new
-obligations (outlines, which serves repeats under `auto`, is exact). The walk costs well under a millisecond and
-runs every step only when the budget is near.
+Budget rule: llguidance exposes no distance-to-accept, so the matcher measures one: it walks a copy of itself
+to a greedy short completion, one byte token at a time (prefer closing quotes, brackets and `0`; take forced
+bytes as they come), spelled with the vocabulary's longest tokens. Near the budget (the tokens left within twice
+the completion plus _CLOSING_MARGIN) the engine has each sampled token vetted (`vet`): a token after which the
+completion would no longer fit is replaced by the completion's next token, and with no slack left the mask holds
+only that token. So the document closes complete and valid within max_tokens whenever the greedy completion fits
+at the start and, far from the budget, no single token more than doubles what remains to write. Far from the
+budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import deque
 
 import llguidance
 import llguidance.hf
@@ -43,8 +43,7 @@ _CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + 
 _CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the grammar may not close at all)
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
-# Forcing starts while this many spare tokens remain: one sampled token can add obligations (open a string, an
-# object, a required property) that lengthen the completion; up to this many bytes of them still fit.
+# Sampled tokens are vetted from twice the completion plus this many tokens before the budget runs out.
 _CLOSING_MARGIN = 8
 
 
@@ -171,27 +170,22 @@ class LlgMatcher(Matcher):
     def __init__(self, grammar: LlgGrammar):
         self._g = grammar
         self._m = grammar._proto.deep_copy()
-        self._forced: deque[int] | None = None  # the closing being spelled out, once the budget demands it
-        self._closing_len: int | None = None  # tokens of the last measured completion (None: none found)
+        self._closing: list[int] | None = None  # a completion from the current state, when known this step
+        self._closing_len: int | None = None  # its length when last measured (a hint once stale)
+        self._vetted: tuple[int, list[int] | None] | None = None  # (token vet passed, the completion after it)
         self._measure_every = _CLOSING_RECHECK_STEPS
         self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
 
-    def _closing(self, tokens_left: int) -> deque[int] | None:
-        """The forced completion, starting one when the last measured completion no longer fits."""
-        if self._forced is not None:
-            return self._forced
-        self._since_measure += 1
-        near = self._closing_len is not None and tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
-        if near or self._since_measure >= self._measure_every:
-            self._since_measure = 0
-            closing = closing_tokens(self._m, self._g.vocab)
-            self._closing_len = len(closing) if closing is not None else None
-            # A failed walk is the expensive one (it runs to _CLOSING_MAX_BYTES): never repeat it every step.
-            self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None
-                                   else min(2 * self._measure_every, _CLOSING_MAX_BACKOFF))
-            if closing is not None and len(closing) + _CLOSING_MARGIN >= tokens_left:
-                self._forced = deque(closing)
-        return self._forced
+    def _near(self, tokens_left: int) -> bool:
+        return self._closing_len is not None and tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
+
+    def _measure(self, matcher: "llguidance.LLMatcher") -> list[int] | None:
+        closing = closing_tokens(matcher, self._g.vocab)
+        self._since_measure = 0
+        # A failed walk is the expensive one (it runs to _CLOSING_MAX_BYTES): never repeat it every step.
+        self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None
+                               else min(2 * self._measure_every, _CLOSING_MAX_BACKOFF))
+        return closing
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         v = bitmask[row]
@@ -200,30 +194,54 @@ class LlgMatcher(Matcher):
         if self._m.is_error() or self._m.is_stopped():
             out[:] = self._g._eos if can_end else 0
             return
-        forced = self._closing(tokens_left) if tokens_left is not None else None
-        if forced is not None:
-            if forced:
-                out[:] = 0
-                out[forced[0] >> 5] = np.int32(np.uint32(1 << (forced[0] & 31)).view(np.int32))
-            else:
-                out[:] = self._g._eos
-            return
+        if tokens_left is not None:
+            self._since_measure += 1
+            if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
+                self._closing = self._measure(self._m)
+                self._closing_len = len(self._closing) if self._closing is not None else None
+            if self._closing is not None and len(self._closing) == tokens_left:  # no slack: the completion
+                if self._closing:
+                    out[:] = 0
+                    first = self._closing[0]
+                    out[first >> 5] = np.int32(np.uint32(1 << (first & 31)).view(np.int32))
+                else:
+                    out[:] = self._g._eos
+                return
         self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
         np.bitwise_and(out, self._g._allowed, out=out)
         if can_end:
             np.bitwise_or(out, self._g._eos, out=out)
 
+    def vet(self, token_id: int, tokens_left: int | None) -> int:
+        """Near the budget: the sampled token if the output can still be completed after it within the tokens
+        left, else the next token of the completion measured from here (which fits, by the same rule one step
+        earlier)."""
+        self._vetted = None
+        if tokens_left is None or not self._near(tokens_left):
+            return token_id
+        probe = self._m.deep_copy()
+        if not probe.consume_token(token_id):
+            return token_id  # not allowed at all: accept refuses it
+        after = self._measure(probe)
+        if after is not None and len(after) <= tokens_left - 1:
+            self._vetted = (token_id, after)
+            return token_id
+        here = self._closing if self._closing is not None else closing_tokens(self._m, self._g.vocab)
+        if here and len(here) <= tokens_left:
+            self._vetted = (here[0], here[1:])
+            return here[0]
+        return token_id  # no completion fits either way: the output ends at the limit
+
     def accept(self, token_id: int) -> bool:
         tb = self._g.vocab.token_bytes
+        vetted, self._vetted = self._vetted, None
         if not (0 <= token_id < len(tb)) or tb[token_id] is None or self._m.is_error():
             return False
         if self._m.validate_tokens([token_id]) != 1:
             return False
-        if self._forced:
-            if self._forced[0] == token_id:
-                self._forced.popleft()
-            else:  # a caller stepped off the forced path: measure again next time
-                self._forced = None
+        self._closing = vetted[1] if vetted is not None and vetted[0] == token_id else None
+        if self._closing is not None:
+            self._closing_len = len(self._closing)
         return self._m.consume_token(token_id)
 
     def is_terminated(self) -> bool:

@@ -455,6 +455,12 @@ class Engine:
         )
 
     def _postprocess(self, out: StepOutput, batch: SamplingBatch) -> None:
+        for row, seq in enumerate(self.seqs):  # a grammar's budget rule may replace a sampled token
+            token = out.tokens[row]
+            if seq.matcher is not None and not out.empty[row] and token not in seq.eos_ids:
+                vetted = seq.matcher.vet(token, seq.tokens_left)
+                if vetted != token:
+                    out.replace_token(row, vetted)
         tokens = torch.tensor(out.tokens, dtype=torch.long, device=self.device)
         self.counts[torch.arange(len(out.tokens), device=self.device), tokens] += 1.0
         self.last_tokens = tokens

@@ -223,6 +223,14 @@ class StepOutput:
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
     empty: list[bool]  # the row's allowed set was empty: error, token meaningless
+    raw_logprobs: torch.Tensor | None = None  # [B, V] on the device, when logprobs were asked for
+
+    def replace_token(self, row: int, token: int) -> None:
+        """The row appends `token` instead of the sampled one (a grammar's budget rule): its logprob follows
+        (one small device-to-host copy, only in this rare case)."""
+        self.tokens[row] = token
+        if self.raw_logprobs is not None:
+            self.logprobs[row] = float(self.raw_logprobs[row, token])
 
 
 def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None,
@@ -274,7 +282,8 @@ def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tenso
     host = torch.cat(columns, dim=1).cpu()  # the one device-to-host copy of the step
     rows = host.tolist()
     out = StepOutput(tokens=[int(r[0]) for r in rows], chosen_prob=[r[1] for r in rows],
-                     empty=[r[2] > 0.5 for r in rows], logprobs=[], top_ids=[], top_logprobs=[])
+                     empty=[r[2] > 0.5 for r in rows], logprobs=[], top_ids=[], top_logprobs=[],
+                     raw_logprobs=raw_logprobs)
     if raw_logprobs is not None:
         out.logprobs = [r[3] for r in rows]
         if k:

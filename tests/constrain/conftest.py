@@ -77,6 +77,8 @@ def random_walk(grammar, vocab, rng: random.Random, max_tokens: int, budget: boo
         short = choices[one[choices]]
         pool = short if len(short) and rng.random() < 0.5 else choices
         tok = int(pool[rng.randrange(len(pool))])
+        if budget:
+            tok = m.vet(tok, max_tokens - step)  # as the engine does
         assert m.accept(tok)
         toks.append(tok)
     return toks, m.can_end()

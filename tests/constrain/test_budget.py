@@ -132,3 +132,21 @@ def test_outlines_budget_rows_equal_the_transitions_filtered_by_distance(gpt2_co
         if not choices:
             break
         assert m.accept(rng.choice(choices))
+
+
+def test_llguidance_budget_holds_when_one_token_opens_many_obligations(gpt2_compiler, vocabs):
+    """Near the limit, a token like `,` in an array of objects with six required fields adds a whole object to
+    write: a margin of a few tokens cannot absorb that, so each sampled token is vetted there and replaced by
+    the completion's next token when it would leave no room. Every walk ends complete and valid."""
+    item = {"type": "object", "additionalProperties": False, "required": list("abcdef"),
+            "properties": {k: {"type": "integer"} for k in "abcdef"}}
+    schema = {"type": "array", "items": item, "minItems": 1}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="llguidance"))
+    shortest = _shortest(g)
+    rng = random.Random(5)
+    for max_tokens in range(shortest, shortest + 60, 3):
+        for _ in range(3):
+            toks, _ = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            m = g.matcher()
+            assert all(m.accept(t) for t in toks) and m.can_end(), (max_tokens, decode(vocabs["gpt2"], toks))
+            jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
