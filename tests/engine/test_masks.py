@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import torch
 
-from constrain import ConstraintSpec, GrammarCompiler, Vocabulary
+from constrain import ConstraintSpec, Grammar, GrammarCompiler, Matcher, Vocabulary
 from engine import Engine
 from tests.engine.driver import collect_events, request, run_all, run_one
 
@@ -116,3 +116,48 @@ def test_a_constrained_request_joining_an_unconstrained_batch_gets_its_mask(fill
     assert batched[0].tokens == alone[0].tokens and batched[0].last.finish_reason == "length"
     jsonschema.validate(json.loads(late[0].text), SCHEMA)
     assert late[0].last.finish_reason == "stop"
+
+
+class _ReplacingMatcher(Matcher):
+    """Allows every token, and vets every sampled token into `token`: the engine must append the vetted one."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def fill_bitmask(self, bitmask, row, tokens_left=None):
+        bitmask[row].fill_(-1)
+
+    def vet(self, token_id, tokens_left):
+        return self.token
+
+    def accept(self, token_id):
+        return token_id == self.token
+
+    def is_terminated(self):
+        return False
+
+    def can_end(self):
+        return True
+
+
+class _ReplacingGrammar(Grammar):
+    backend = "test"
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def matcher(self):
+        return _ReplacingMatcher(self.token)
+
+
+def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
+    token = 4000
+    (out,) = run_all(engine, request("v", PROMPT, grammar=_ReplacingGrammar(token), temperature=1.0, seed=3,
+                                     max_tokens=3, logprobs=True))
+    assert out[0].tokens == [token] * 3
+    with torch.inference_mode():
+        logits = builtin.model(torch.tensor([PROMPT + [token] * 2])).logits[0, -3:].float()
+    expected = torch.log_softmax(logits, -1)[:, token].tolist()
+    got = [lp for ev in out[0].events for lp in ev.logprobs]
+    assert [lp.token_id for lp in got] == [token] * 3
+    assert all(abs(lp.logprob - e) < 1e-4 for lp, e in zip(got, expected))
