@@ -396,10 +396,14 @@ class Engine:
     def _fill_rows(self, seqs: list[Sequence], offset: int) -> None:
         bitmask = self._host_bitmask()
         for i, seq in enumerate(seqs):
-            if seq.matcher is None:
+            if seq.matcher is None or seq.grammar_error is not None:
                 bitmask[offset + i].fill_(-1)
-            else:
+                continue
+            try:
                 seq.matcher.fill_bitmask(bitmask, offset + i, tokens_left=seq.tokens_left)
+            except Exception as exc:  # noqa: BLE001 - a backend failure ends this choice, not the batch
+                _grammar_failed(seq, exc)
+                bitmask[offset + i].fill_(-1)
 
     def _sampling_batch(self) -> SamplingBatch:
         """Per-row settings as device tensors; rebuilt only when the batch's rows change (mirostat mu: each step)."""
@@ -457,8 +461,13 @@ class Engine:
     def _postprocess(self, out: StepOutput, batch: SamplingBatch) -> None:
         for row, seq in enumerate(self.seqs):  # a grammar's budget rule may replace a sampled token
             token = out.tokens[row]
-            if seq.matcher is not None and not out.empty[row] and token not in seq.eos_ids:
-                vetted = seq.matcher.vet(token, seq.tokens_left)
+            if seq.matcher is not None and seq.grammar_error is None and not out.empty[row] \
+                    and token not in seq.eos_ids:
+                try:
+                    vetted = seq.matcher.vet(token, seq.tokens_left)
+                except Exception as exc:  # noqa: BLE001 - a backend failure ends this choice only
+                    _grammar_failed(seq, exc)
+                    continue
                 if vetted != token:
                     out.replace_token(row, vetted)
         tokens = torch.tensor(out.tokens, dtype=torch.long, device=self.device)
@@ -467,12 +476,17 @@ class Engine:
         keep: list[int] = []
         events: list[tuple[Sequence, TokenEvent]] = []
         for row, seq in enumerate(self.seqs):
-            if out.empty[row]:
+            if seq.grammar_error is None and not out.empty[row]:
+                try:
+                    event = seq.take_token(out.tokens[row], self._logprob(seq, out, row), out.chosen_prob[row])
+                    self._tokens_generated += 1
+                except Exception as exc:  # noqa: BLE001 - e.g. the matcher's accept raised: this choice only
+                    _grammar_failed(seq, exc)
+            if seq.grammar_error is not None:
+                event = seq.finish_with_error(f"decoding this choice failed: {seq.grammar_error}", "internal")
+            elif out.empty[row]:
                 event = seq.finish_with_error("no token is allowed here: the grammar and logit_bias leave an "
                                               "empty set", "empty_allowed_set")
-            else:
-                event = seq.take_token(out.tokens[row], self._logprob(seq, out, row), out.chosen_prob[row])
-                self._tokens_generated += 1
             events.append((seq, event))
             if seq.finished is None:
                 keep.append(row)
@@ -525,6 +539,11 @@ class Engine:
                                  zip(top_ids[pos], top_lps[pos])) if k else ()
             result.append(TokenLogprob(token, *self.texts.get(token), chosen[pos], alternatives))
         return result
+
+
+def _grammar_failed(seq: Sequence, exc: Exception) -> None:
+    log.exception("output constraint failed for %s", seq.state.request.request_id, exc_info=exc)
+    seq.grammar_error = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _constrained(seqs: list[Sequence]) -> bool:

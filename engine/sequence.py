@@ -48,6 +48,7 @@ class Sequence:
     error: str | None = None
     error_code: ErrorCode | None = None
     sent_first: bool = False
+    grammar_error: str | None = None  # the matcher raised: this choice ends with an error, the batch goes on
 
     @property
     def params(self):

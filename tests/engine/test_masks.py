@@ -161,3 +161,49 @@ def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
     got = [lp for ev in out[0].events for lp in ev.logprobs]
     assert [lp.token_id for lp in got] == [token] * 3
     assert all(abs(lp.logprob - e) < 1e-4 for lp, e in zip(got, expected))
+
+
+class _FailingMatcher(_ReplacingMatcher):
+    """Raises in `where` ("fill", "vet" or "accept") on the third step, like a backend bug would."""
+
+    def __init__(self, where: str):
+        super().__init__(token=0)
+        self.where, self.steps = where, 0
+
+    def fill_bitmask(self, bitmask, row, tokens_left=None):
+        self.steps += 1
+        if self.where == "fill" and self.steps == 3:
+            raise RuntimeError("fill broke")
+        bitmask[row].fill_(-1)
+
+    def vet(self, token_id, tokens_left):
+        if self.where == "vet" and self.steps == 3:
+            raise RuntimeError("vet broke")
+        return token_id
+
+    def accept(self, token_id):
+        if self.where == "accept" and self.steps == 3:
+            raise RuntimeError("accept broke")
+        return True
+
+
+class _FailingGrammar(Grammar):
+    backend = "test"
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def matcher(self):
+        return _FailingMatcher(self.where)
+
+
+@pytest.mark.parametrize("where", ["fill", "vet", "accept"])
+def test_a_failing_grammar_ends_its_choice_with_an_error_and_the_batch_goes_on(fill_engine, where):
+    plain = request("plain", PROMPT, temperature=1.0, seed=5, max_tokens=12)
+    (alone,) = run_all(fill_engine, plain)
+    broken, together = run_all(fill_engine, request("broken", PROMPT, grammar=_FailingGrammar(where),
+                                                    temperature=1.0, max_tokens=12), plain)
+    assert broken[0].last.finish_reason == "error" and broken[0].last.error_code == "internal"
+    assert f"{where} broke" in broken[0].last.error
+    assert len(broken[0].tokens) == 2  # two good steps, then the failure
+    assert together[0].tokens == alone[0].tokens and together[0].last.finish_reason == "length"
