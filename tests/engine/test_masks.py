@@ -140,20 +140,23 @@ class _ReplacingMatcher(Matcher):
         return True
 
 
-class _ReplacingGrammar(Grammar):
+class _TestGrammar(Grammar):
+    """Hands out the matchers `make` builds: a grammar for test matchers."""
+
     backend = "test"
 
-    def __init__(self, token: int):
-        self.token = token
+    def __init__(self, make):
+        self.make = make
 
     def matcher(self):
-        return _ReplacingMatcher(self.token)
+        return self.make()
 
 
 def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
     token = 4000
-    (out,) = run_all(engine, request("v", PROMPT, grammar=_ReplacingGrammar(token), temperature=1.0, seed=3,
-                                     max_tokens=3, logprobs=True))
+    grammar = _TestGrammar(lambda: _ReplacingMatcher(token))
+    (out,) = run_all(engine, request("v", PROMPT, grammar=grammar, temperature=1.0, seed=3, max_tokens=3,
+                                     logprobs=True))
     assert out[0].tokens == [token] * 3
     with torch.inference_mode():
         logits = builtin.model(torch.tensor([PROMPT + [token] * 2])).logits[0, -3:].float()
@@ -187,22 +190,13 @@ class _FailingMatcher(_ReplacingMatcher):
         return True
 
 
-class _FailingGrammar(Grammar):
-    backend = "test"
-
-    def __init__(self, where: str):
-        self.where = where
-
-    def matcher(self):
-        return _FailingMatcher(self.where)
-
-
 @pytest.mark.parametrize("where", ["fill", "vet", "accept"])
 def test_a_failing_grammar_ends_its_choice_with_an_error_and_the_batch_goes_on(fill_engine, where):
     plain = request("plain", PROMPT, temperature=1.0, seed=5, max_tokens=12)
     (alone,) = run_all(fill_engine, plain)
-    broken, together = run_all(fill_engine, request("broken", PROMPT, grammar=_FailingGrammar(where),
-                                                    temperature=1.0, max_tokens=12), plain)
+    grammar = _TestGrammar(lambda: _FailingMatcher(where))
+    broken, together = run_all(fill_engine, request("broken", PROMPT, grammar=grammar, temperature=1.0,
+                                                    max_tokens=12), plain)
     assert broken[0].last.finish_reason == "error" and broken[0].last.error_code == "internal"
     assert f"{where} broke" in broken[0].last.error
     assert len(broken[0].tokens) == 2  # two good steps, then the failure
