@@ -61,9 +61,9 @@ def _check_schema(args: argparse.Namespace) -> int:
     tok, vocab = load_tokenizer(args.tokenizer)
     compiler = GrammarCompiler(vocab, tok, backend=args.backend, compile_timeout_s=args.timeout,
                                background_outlines=False)
-    bad = outlines_unsupported(normalise_schema(schema))
-    print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
     schema = normalise_schema(schema)  # as the server compiles it (exact rewrites included)
+    bad = outlines_unsupported(schema)
+    print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
     spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict)
     t0 = time.perf_counter()
     try:

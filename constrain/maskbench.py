@@ -94,11 +94,19 @@ def summary_line(results: list[CaseResult]) -> str:
     vr = vn - sum(r.valid_accepted for r in comp)
     inn = sum(r.invalid_n for r in comp)
     ia = inn - sum(r.invalid_rejected for r in comp)
-    p50 = statistics.median([r.compile_ms for r in comp]) if comp else 0.0
-    masks = [r.mask_us_mean for r in comp if r.valid_n + r.invalid_n]
-    mean = statistics.fmean(masks) if masks else 0.0
     return (f"maskbench: cases={len(results)} compiled={len(comp)} valid_rejected={vr}/{vn} "
-            f"invalid_accepted={ia}/{inn} compile_p50_ms={p50:.1f} mask_mean_us={mean:.1f}")
+            f"invalid_accepted={ia}/{inn} compile_p50_ms={_compile_ms(comp, 0.5):.1f} "
+            f"mask_mean_us={_mask_mean_us(comp):.1f}")
+
+
+def _compile_ms(compiled: list[CaseResult], quantile: float) -> float:
+    ms = sorted(r.compile_ms for r in compiled)
+    return ms[min(int(len(ms) * quantile), len(ms) - 1)] if ms else 0.0
+
+
+def _mask_mean_us(compiled: list[CaseResult]) -> float:
+    masks = [r.mask_us_mean for r in compiled if r.valid_n + r.invalid_n]
+    return statistics.fmean(masks) if masks else 0.0
 
 
 _ERROR_CLASSES = (
@@ -136,10 +144,8 @@ def error_class(message: str | None) -> str:
 def stats_line(results: list[CaseResult]) -> str:
     """compiled, errors, compile p50/p90 and mask mean: what the issue asks the note to report per backend."""
     comp = [r for r in results if r.compiled]
-    ms = sorted(r.compile_ms for r in comp) or [0.0]
-    masks = [r.mask_us_mean for r in comp if r.valid_n + r.invalid_n]
-    return (f"compiled={len(comp)} errors={len(results) - len(comp)} compile_p50_ms={ms[len(ms) // 2]:.1f} "
-            f"compile_p90_ms={ms[int(len(ms) * 0.9)]:.1f} mask_mean_us={statistics.fmean(masks) if masks else 0:.1f}")
+    return (f"compiled={len(comp)} errors={len(results) - len(comp)} compile_p50_ms={_compile_ms(comp, 0.5):.1f} "
+            f"compile_p90_ms={_compile_ms(comp, 0.9):.1f} mask_mean_us={_mask_mean_us(comp):.1f}")
 
 
 def details(results: list[CaseResult]) -> list[str]:

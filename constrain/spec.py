@@ -41,21 +41,21 @@ def normalise_schema(schema: Any) -> Any:
     siblings, as 2020-12 does), so those are dropped; then the exact rewrites of constrain/rewrite.py turn
     keywords no backend enforces into enforceable equivalents where a proof exists. Never modifies `schema`."""
     key = _digest(schema)
-    if key is None:
-        return schema
-    with _valid_lock:
-        if key in _normal:
-            _normal.move_to_end(key)
-            return _normal[key]
+    if key is not None:
+        with _valid_lock:
+            if key in _normal:
+                _normal.move_to_end(key)
+                return _normal[key]
     out = _strip_ref_siblings(schema)
     try:
         out = rewrite_schema(out)
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
         log.debug("schema rewrite failed", exc_info=True)
-    with _valid_lock:
-        _normal[key] = out
-        while len(_normal) > _NORMAL_MAX:
-            _normal.popitem(last=False)
+    if key is not None:  # (a schema that is not plain JSON is not remembered)
+        with _valid_lock:
+            _normal[key] = out
+            while len(_normal) > _NORMAL_MAX:
+                _normal.popitem(last=False)
     return out
 
 

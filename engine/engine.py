@@ -1,9 +1,9 @@
 """The engine: one thread owns the model and runs the continuous-batching loop; asyncio callers stream events.
 
 Each step: cancelled rows leave -> newcomers are admitted -> running rows decode one token, newcomers are
-prefilled (n > 1: prefilled once, rows forked) -> grammar bitmasks are filled on the CPU while the device works
--> one sampling pipeline for the whole batch (engine/sampler.py) -> per-row bookkeeping and events -> finished
-rows are dropped from the cache. Knows nothing about HTTP; never blocks the event loop.
+prefilled (n > 1: prefilled once, rows forked) -> grammar bitmasks are filled on the CPU (while the device works,
+when a core is free for it) -> one sampling pipeline for the whole batch (engine/sampler.py) -> grammars vet the
+sampled tokens (budget rule), per-row bookkeeping and events -> finished rows are dropped from the cache. Knows nothing about HTTP; never blocks the event loop.
 """
 
 from __future__ import annotations
