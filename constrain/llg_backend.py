@@ -24,17 +24,11 @@ import numpy as np
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
-from constrain.support import pointers_of
+from constrain.support import STANDARD_FORMATS, pointers_of
 from constrain.vocabulary import Vocabulary
 
-# Formats JSON Schema defines; any other name is an annotation every validator ignores, so skipping it loses nothing.
-STANDARD_FORMATS = frozenset({
-    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
-    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
-    "relative-json-pointer", "regex",
-})
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
-_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+_UNKNOWN_FORMAT = "Unknown format: "
 
 
 # Bytes the closing walk tries, best first: closers, then the shortest JSON values, then anything printable.
@@ -98,22 +92,23 @@ def grammar_text(kind: str, *, schema=None, regex: str | None = None, whitespace
         schema if schema is not None else {"type": "object"}, overrides=_json_options(whitespace_pattern, lenient))
 
 
-def _warned_keywords(messages: list[str]) -> tuple[set[str], list[str]]:
+def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
+    """(unimplemented keywords, unknown format names, anything else) from llguidance's messages."""
     keys: set[str] = set()
+    formats: set[str] = set()
     other: list[str] = []
     for msg in messages:
         m = _UNIMPLEMENTED.search(msg)
-        f = _UNKNOWN_FORMAT.search(msg)
         if m:
             keys.update(json.loads("[" + m.group(1) + "]"))
-        elif f:
-            keys.add("format")
+        elif msg.startswith(_UNKNOWN_FORMAT):
+            formats.add(msg[len(_UNKNOWN_FORMAT):])
         else:
             other.append(msg)
-    return keys, other
+    return keys, formats, other
 
 
-def _format_at(schema, pointer: str, base: str):
+def _value_at(schema, pointer: str, base: str):
     node = schema
     for part in pointer[len(base):].split("/")[1:]:
         part = part.replace("~1", "/").replace("~0", "~")
@@ -124,25 +119,34 @@ def _format_at(schema, pointer: str, base: str):
 def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str | None = None, strict: bool = False,
                 whitespace_pattern: str = "[ ]?", param: str = "response_format",
                 base_pointer: str = "") -> "LlgGrammar":
-    """Validate and build; strict schemas with unimplemented keywords fail with the keyword's pointer."""
+    """Validate and build; strict schemas with unimplemented keywords fail with the keyword's pointer.
+
+    llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them), so
+    that list names the unenforced pointers. Formats JSON Schema does not define are annotations every validator
+    ignores: ignoring them loses nothing, and they are never named."""
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     unenforced: tuple[str, ...] = ()
     if is_error:
-        keys, other = _warned_keywords(msgs)
-        if other or kind == "regex" or not keys:
+        keys, formats, other = _warnings(msgs)
+        if other or kind == "regex" or not (keys or formats):
             raise ConstraintError(f"cannot compile constraint: {'; '.join(msgs)[:500]}", param=param)
-        pointers = pointers_of(schema, keys, base_pointer) or [base_pointer or "/"]
-        if keys == {"format"}:
-            pointers = [p for p in pointers if _format_at(schema, p, base_pointer) in STANDARD_FORMATS]
-        if strict and pointers:
-            raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {pointers[0]} "
-                                  f"({', '.join(sorted(keys))})", param=param, pointer=pointers[0],
-                                  code="unsupported_schema")
         text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
-        is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
-        if is_error:
-            raise ConstraintError(f"cannot compile schema: {'; '.join(msgs)[:500]}", param=param)
+        lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+        if not lenient_error:
+            keys, formats, _ = _warnings(lenient_msgs)
+        keys.discard("format")
+        pointers = sorted(set(pointers_of(schema, keys, base_pointer)))
+        if keys and not pointers:
+            pointers = [base_pointer or "/"]
+        pointers += [p for p in pointers_of(schema, {"format"}, base_pointer)
+                     if _value_at(schema, p, base_pointer) in formats & STANDARD_FORMATS]
+        if strict and pointers:
+            what = ", ".join(sorted(keys | ({"format"} if formats & STANDARD_FORMATS else set())))
+            raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {pointers[0]} ({what})",
+                                  param=param, pointer=pointers[0], code="unsupported_schema")
+        if lenient_error:
+            raise ConstraintError(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", param=param)
         unenforced = tuple(pointers)
     return LlgGrammar(lltok, text, vocab, unenforced)
 

@@ -7,8 +7,13 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
   $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats, or a
   `pattern`/`patternProperties`, since Python's backtracking `re` must never run a client's regex);
+- a `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation: dropped; `uri-reference`,
+  `iri`, `iri-reference`, `uri-template`, `json-pointer` and `relative-json-pointer` (regular RFC grammars
+  llguidance has no matcher for) become the grammar's `pattern` (constrain/formats.py);
 - `oneOf` whose branches are pairwise provably disjoint is an `anyOf` (types, finite value sets, a required
-  property whose values are disjoint or that one branch forbids);
+  property whose values are disjoint or that one branch forbids); a `oneOf` whose branches only require
+  properties ("exactly one of these property sets") is an `anyOf` of disjoint branches, each forbidding a
+  property of every other set;
 - `not`: `not: false` dropped, `not: {"not": S}` is S, `not: {"type": T}` is the complementary `type`,
   `not: {"required": [a, ...]}` is an object lacking at least one of them (`properties: {a: false}`);
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
@@ -27,15 +32,22 @@ depends on context a local rewrite cannot see).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import jsonschema
 
+from constrain.formats import format_pattern
+from constrain.support import STANDARD_FORMATS
+
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
                     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "markdownDescription"})
+_PLAIN_ANNOT = frozenset({"$comment", "title", "description", "default", "examples", "example", "deprecated",
+                          "readOnly", "writeOnly", "markdownDescription"})  # (no $defs: a $ref may point inside)
 _UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
+_MAX_ONEOF_REQUIRED_ALTERNATIVES = 16  # "exactly one of these property sets": lacking-one choices multiplied
 _MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
                  "$dynamicAnchor")
@@ -279,7 +291,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_not, _one_of, _unique_items, _dependencies, _properties_count, _property_names):
+    for step in (_format, _not, _one_of, _unique_items, _dependencies, _properties_count, _property_names):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -312,6 +324,24 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
             out[k] = node[k]
     out["enum"] = keep
     return out
+
+
+def _format(node: dict, ctx: _Ctx) -> dict:
+    """A `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation validators ignore: dropped.
+    A format whose RFC grammar is regular and that llguidance lacks becomes that grammar's `pattern`."""
+    name = node.get("format")
+    if not isinstance(name, str):
+        return node
+    pattern = format_pattern(name)
+    if name in STANDARD_FORMATS and pattern is None:
+        return node
+    node = {k: v for k, v in node.items() if k != "format"}
+    if pattern is not None and "pattern" not in node:
+        node["pattern"] = pattern
+    elif pattern is not None:
+        _add_all_of(node, {"pattern": pattern})
+    ctx.changed = True
+    return node
 
 
 def _not(node: dict, ctx: _Ctx) -> dict:
@@ -364,17 +394,74 @@ def _one_of(node: dict, ctx: _Ctx) -> dict:
     # Only values that pass the node's other keywords matter: test each branch conjoined with them.
     rest = {k: v for k, v in node.items() if k != "oneOf" and k not in _ANNOT}
     ctxd = [{"allOf": [b, rest]} if rest else b for b in branches]
-    for i in range(len(branches)):
-        for j in range(i + 1, len(branches)):
-            if not ctx.disjoint(ctxd[i], ctxd[j]):
-                return node
+    disjoint = all(ctx.disjoint(ctxd[i], ctxd[j]) for i in range(len(branches)) for j in range(i + 1, len(branches)))
+    if not disjoint:
+        branches = _exactly_one_required(branches, ctx)
+        if branches is None:
+            return node
+        if not branches:
+            ctx.changed = True
+            return False
     ctx.changed = True
     if "anyOf" in node:
         node = {k: v for k, v in node.items() if k != "oneOf"}
         _add_all_of(node, {"anyOf": branches})
         return node
     # Same place in the object: llguidance orders merged properties by the order it meets the keywords.
-    return {("anyOf" if k == "oneOf" else k): v for k, v in node.items()}
+    return {("anyOf" if k == "oneOf" else k): (branches if k == "oneOf" else v) for k, v in node.items()}
+
+
+def _exactly_one_required(branches: list, ctx: _Ctx) -> list | None:
+    """Disjoint branches equivalent to a `oneOf` whose branches each only require properties (the "exactly one
+    of these property sets" idiom), or None when a branch asserts anything else. An object matches branch j iff
+    it has every name of R_j, so exactly one matches iff, for some i, it has R_i and lacks a name of each other
+    R_j - R_i (an empty difference makes branch i impossible). A non-object matches every branch without a
+    `type`: oneOf accepts it iff exactly one branch is untyped."""
+    required: list[list[str]] = []
+    untyped = 0
+    for b in branches:
+        b = ctx._deref(b)
+        if not isinstance(b, dict) or set(b) - _PLAIN_ANNOT - {"required", "type"}:
+            return None
+        req = b.get("required", [])
+        if not (isinstance(req, list) and all(isinstance(x, str) for x in req)):
+            return None
+        if "type" not in b:
+            untyped += 1
+        elif b["type"] not in ("object", ["object"]):
+            return None
+        required.append(list(dict.fromkeys(req)))
+    out: list = []
+    for i, own in enumerate(required):
+        forbid: dict[str, bool] = {}
+        choices: list[list[str]] = []
+        for j, other in enumerate(required):
+            if j == i:
+                continue
+            missing = [x for x in other if x not in own]
+            if not missing:
+                break  # every object with R_i also has R_j: two branches match
+            if len(missing) == 1:
+                forbid[missing[0]] = False
+            else:
+                choices.append(missing)
+        else:
+            choices = [c for c in choices if not any(x in forbid for x in c)]  # already lacking one
+            if math.prod(len(c) for c in choices) > _MAX_ONEOF_REQUIRED_ALTERNATIVES:
+                return None
+            branch: dict[str, Any] = {"type": "object"}
+            if own:
+                branch["required"] = own
+            if forbid:
+                branch["properties"] = forbid
+            if len(choices) == 1:
+                branch["anyOf"] = [{"properties": {x: False}} for x in choices[0]]
+            elif choices:
+                branch["allOf"] = [{"anyOf": [{"properties": {x: False}} for x in c]} for c in choices]
+            out.append(branch)
+    if untyped == 1:
+        out.append({"type": ["null", "boolean", "number", "string", "array"]})
+    return out
 
 
 def _unique_items(node: dict, ctx: _Ctx) -> dict:

@@ -19,6 +19,13 @@ _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "con
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
+# Formats JSON Schema defines (draft 2020-12, 7.3); any other name is an annotation every validator ignores.
+STANDARD_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
+    "relative-json-pointer", "regex",
+})
+
 # outlines-core 0.2.14, checked against its regex output and the MaskBench cases.
 OUTLINES_ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "$ref",

@@ -18,7 +18,7 @@ D7 = "http://json-schema.org/draft-07/schema#"
 _SCALARS = [None, True, False, 0, 1, 1.0, 2, 2.5, -3, 7, 14, "", "a", "ab", "abc", "b", "x1", "2020-01-01"]
 _OBJECTS = [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 3}, {"a": 1, "b": 2, "c": 3}, {"k": "a"},
             {"k": "b"}, {"k": "a", "v": 1}, {"k": "b", "v": "s"}, {"ab": 1}, {"ab": 1, "b": 1}, {"error": 1},
-            {"x": None}, {"k": 1}]
+            {"x": None}, {"k": 1}, {"c": 1}, {"b": 1, "c": 2}]
 _ARRAYS = [[], [1], [1, 1], [1, 2], ["a"], ["a", "a"], ["a", "b"], [1, 2, 3, 4, 5], [{"foo": "bar"}], [None]]
 DOCS = _SCALARS + _OBJECTS + _ARRAYS
 
@@ -70,6 +70,16 @@ CASES = [
                                              "additionalProperties": False}]}, "oneOf"),
     ("oneOf with anyOf sibling", {"anyOf": [{"type": "string"}, {"type": "integer"}],
                                   "oneOf": [{"minLength": 2, "type": "string"}, {"type": "integer"}]}, "oneOf"),
+    ("oneOf exactly one required", {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, "oneOf"),
+    ("oneOf required sets", {"type": "object", "oneOf": [{"required": ["a", "b"]}, {"required": ["c"]},
+                                                         {"required": ["a", "c"]}]}, "oneOf"),
+    ("oneOf required pairs", {"oneOf": [{"required": ["a", "b"]}, {"required": ["b", "c"]},
+                                        {"required": ["a", "c"], "description": "d"}]}, "oneOf"),
+    ("oneOf one untyped required", {"definitions": {"b": {"required": ["b"]}},
+                                    "oneOf": [{"type": "object", "required": ["a"]}, {"$ref": "#/definitions/b"}]},
+     "oneOf"),
+    ("oneOf required or nothing", {"oneOf": [{"required": ["a"]}, {"type": "object"}]}, "oneOf"),
+    ("format json schema does not define", {"type": "string", "format": "url"}, "format"),
     ("not false", {"type": "integer", "not": False}, "not"),
     ("not type", {"not": {"type": ["string", "null"]}}, "not"),
     ("not number", {"not": {"type": "number"}}, "not"),
@@ -112,6 +122,8 @@ UNTOUCHED = [
     ("oneOf overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
     ("oneOf untyped objects",
      {"oneOf": [{"properties": {"k": {"const": "a"}}}, {"properties": {"k": {"const": "b"}}}]}),
+    ("oneOf required and more", {"oneOf": [{"required": ["a"], "properties": {"a": {"type": "string"}}},
+                                           {"required": ["b"]}]}),
     ("oneOf patterns", {"oneOf": [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}]}),
     ("not pattern", {"type": "string", "not": {"pattern": "^a"}}),
     ("not integer", {"not": {"type": "integer"}}),

@@ -68,6 +68,25 @@ def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compile
     assert g.unenforced == ("/properties/tags/uniqueItems",)
 
 
+def test_strict_schema_names_the_format_it_cannot_enforce_and_ignores_formats_json_schema_does_not_define(
+        gpt2_compiler):
+    props = {"when": {"type": "string", "format": "date-time"}, "site": {"type": "string", "format": "url"},
+             "size": {"type": "integer", "format": "int64"}, "host": {"type": "string", "format": "idn-hostname"}}
+
+    def spec(properties, strict):
+        schema = {"type": "object", "properties": properties, "required": list(properties),
+                  "additionalProperties": False}
+        return spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "t", "schema": schema, "strict": strict}})
+
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec(props, True))
+    assert exc.value.pointer == "/properties/host/format" and "/properties/host/format" in exc.value.message
+    assert gpt2_compiler.compile(spec(props, False)).unenforced == ("/properties/host/format",)
+    known = {k: v for k, v in props.items() if k != "host"}
+    assert gpt2_compiler.compile(spec(known, True)).unenforced == ()
+
+
 def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
     from constrain import spec as spec_module
 

@@ -1,0 +1,88 @@
+"""Regular expressions for the JSON-Schema formats llguidance 1.9.1 has no matcher for, each the exact language of
+its RFC's grammar (every one of these grammars is regular). constrain/rewrite.py turns such a `format` into the
+equivalent `pattern`, so both backends enforce it instead of refusing the schema.
+
+Written in the common subset of ECMA-262, Rust's regex and Python's re: classes, `(?:...)`, counted repeats, no
+look-around; non-ASCII ranges are literal characters. Not here: `idn-email` and `idn-hostname` (IDNA's rules
+are not a grammar), `regex` (ECMA-262 regexes nest, so no regular expression describes them).
+"""
+
+from __future__ import annotations
+
+_HEX = "[0-9A-Fa-f]"
+_PCT = f"%{_HEX}{_HEX}"
+_UNRESERVED = "A-Za-z0-9\\-._~"
+_SUB_DELIMS = "!$&'()*+,;="
+# RFC 3987: the non-ASCII characters an IRI may hold, and those only its query may hold.
+_UCSCHAR = ("\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef\U00010000-\U0001fffd\U00020000-\U0002fffd"
+            "\U00030000-\U0003fffd\U00040000-\U0004fffd\U00050000-\U0005fffd\U00060000-\U0006fffd"
+            "\U00070000-\U0007fffd\U00080000-\U0008fffd\U00090000-\U0009fffd\U000a0000-\U000afffd"
+            "\U000b0000-\U000bfffd\U000c0000-\U000cfffd\U000d0000-\U000dfffd\U000e1000-\U000efffd")
+_IPRIVATE = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd"
+
+_DEC_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]|[0-9])"
+IPV4 = f"{_DEC_OCTET}(?:\\.{_DEC_OCTET}){{3}}"
+_H16 = f"{_HEX}{{1,4}}"
+_LS32 = f"(?:{_H16}:{_H16}|{IPV4})"
+IPV6 = "(?:" + "|".join([
+    f"(?:{_H16}:){{6}}{_LS32}",
+    f"::(?:{_H16}:){{5}}{_LS32}",
+    f"(?:{_H16})?::(?:{_H16}:){{4}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,1}}{_H16})?::(?:{_H16}:){{3}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,2}}{_H16})?::(?:{_H16}:){{2}}{_LS32}",
+    f"(?:(?:{_H16}:){{0,3}}{_H16})?::{_H16}:{_LS32}",
+    f"(?:(?:{_H16}:){{0,4}}{_H16})?::{_LS32}",
+    f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
+    f"(?:(?:{_H16}:){{0,6}}{_H16})?::",
+]) + ")"
+
+
+def _reference(iri: bool, absolute: bool) -> str:
+    """RFC 3986 URI / URI-reference, or with `iri` RFC 3987 IRI / IRI-reference."""
+    unreserved = _UNRESERVED + (_UCSCHAR if iri else "")
+    plain = f"[{unreserved}{_SUB_DELIMS}]|{_PCT}"  # unreserved / pct-encoded / sub-delims
+    pchar = f"(?:[{unreserved}{_SUB_DELIMS}:@]|{_PCT})"
+    query_char = f"(?:[{unreserved}{_IPRIVATE if iri else ''}{_SUB_DELIMS}:@/?]|{_PCT})"
+    fragment_char = f"(?:[{unreserved}{_SUB_DELIMS}:@/?]|{_PCT})"
+    ip_literal = f"\\[(?:{IPV6}|v{_HEX}+\\.[{_UNRESERVED}{_SUB_DELIMS}:]+)\\]"
+    host = f"(?:{ip_literal}|(?:{plain})*)"  # reg-name covers IPv4address
+    authority = f"(?:(?:[{unreserved}{_SUB_DELIMS}:]|{_PCT})*@)?{host}(?::[0-9]*)?"
+    path_abempty = f"(?:/{pchar}*)*"
+    path_absolute = f"/(?:{pchar}+(?:/{pchar}*)*)?"
+    path_rootless = f"{pchar}+(?:/{pchar}*)*"
+    path_noscheme = f"(?:[{unreserved}{_SUB_DELIMS}@]|{_PCT})+(?:/{pchar}*)*"
+    tail = f"(?:\\?{query_char}*)?(?:#{fragment_char}*)?"
+    hier = f"(?://{authority}{path_abempty}|{path_absolute}|{path_rootless})?"
+    absolute_ref = f"[A-Za-z][A-Za-z0-9+\\-.]*:{hier}{tail}"
+    if absolute:
+        return absolute_ref
+    relative = f"(?://{authority}{path_abempty}|{path_absolute}|{path_noscheme})?{tail}"
+    return f"(?:{absolute_ref}|{relative})"
+
+
+def _uri_template() -> str:
+    """RFC 6570 level 4: literals and `{op var,var:3,list*}` expressions."""
+    literal = (f"(?:[!#$&(-;=?-\\[\\]_a-z~{_UCSCHAR}{_IPRIVATE}]|{_PCT})")
+    varchar = f"(?:[A-Za-z0-9_]|{_PCT})"
+    varspec = f"{varchar}(?:\\.?{varchar})*(?::[1-9][0-9]{{0,3}}|\\*)?"
+    expression = f"\\{{[+#./;?&=,!@|]?{varspec}(?:,{varspec})*\\}}"
+    return f"(?:{literal}|{expression})*"
+
+
+_JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
+
+# format name -> the regex its strings match in full
+FORMAT_PATTERNS = {
+    "uri-reference": _reference(iri=False, absolute=False),
+    "iri": _reference(iri=True, absolute=True),
+    "iri-reference": _reference(iri=True, absolute=False),
+    "uri-template": _uri_template(),
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": f"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})",
+}
+
+
+def format_pattern(name: str) -> str | None:
+    """An anchored `pattern` for format `name`, or None when the backends need no help with it."""
+    body = FORMAT_PATTERNS.get(name)
+    return None if body is None else f"^{body}$"

@@ -1,0 +1,79 @@
+"""constrain/formats.py: each format's pattern is its RFC grammar (RFC examples in, near misses out), the rewrite
+puts it in place of the `format`, and both backends then accept and refuse the same strings through the mask."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from constrain import ConstraintSpec, GrammarCompiler
+from constrain.formats import FORMAT_PATTERNS, format_pattern
+from constrain.maskbench import walk_instance
+from constrain.rewrite import rewrite_schema
+
+VALID = {
+    "uri-reference": ["http://example.com/a?b#c", "//host:80/p", "../a/b", "", "#frag", "?q", "mailto:x@y.z",
+                      "urn:isbn:0451450523", "http://[::1]:8080/", "http://[2001:db8::7]/c=GB?x", "a:b",
+                      "http://user:pw@h/%20x", "foo/bar:baz@", "ldap://[v7.fe80::a+en1]/"],
+    "iri": ["http://ex.com/résumé", "https://例え.テスト/パス?q=値#ф", "urn:x", "http://x/\U00010400"],
+    "iri-reference": ["résumé/x", "//ü/", "#ф", "", "http://a/b"],
+    "uri-template": ["http://example.com/{id}", "{/path*}{?q,lang:2}", "{+base}x{#frag}", "/x/{a.b}", "plain",
+                     "{var%20x}", "{;x,y:3}", "é{x}"],
+    "json-pointer": ["", "/a/b", "/a~0b/~1", "/ é/\"x", "/"],
+    "relative-json-pointer": ["0", "1/a", "2#", "10/a~1b"],
+}
+INVALID = {
+    "uri-reference": ["http://exa mple.com", "a b", "http://[::1/", "%zz", "http://x/<>", ":nope", "1a:b/c:d",
+                      "http://[1:2:3:4:5:6:7:8:9]/"],
+    "iri": ["résumé", "http://x/a b", "/rel", "http://x/\ufffe"],
+    "iri-reference": ["a b", "%g0", "x\x7f"],
+    "uri-template": ["{", "}", "{a b}", "{a,}", "{a:0}", "{a:12345}", "x'y", "{}", "a{b}}", "{.a.}"],
+    "json-pointer": ["a", "/a~2", "/~"],
+    "relative-json-pointer": ["", "01", "-1", "1a", "#", "0##"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMAT_PATTERNS))
+def test_pattern_is_the_rfc_grammar(name):
+    pattern = re.compile(format_pattern(name))
+    assert [s for s in VALID[name] if not pattern.fullmatch(s)] == []
+    assert [s for s in INVALID[name] if pattern.fullmatch(s)] == []
+
+
+def test_formats_the_backends_lack_become_patterns_and_the_others_stay():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string", "format": "uri-reference"},
+        "b": {"type": "string", "format": "json-pointer", "pattern": "^/"},
+        "c": {"type": "string", "format": "date-time"},
+        "d": {"type": "string", "format": "idn-hostname"}}}
+    props = rewrite_schema(schema)["properties"]
+    assert props["a"] == {"type": "string", "pattern": format_pattern("uri-reference")}
+    assert props["b"] == {"type": "string", "pattern": "^/", "allOf": [{"pattern": format_pattern("json-pointer")}]}
+    assert props["c"] == schema["properties"]["c"] and props["d"] == schema["properties"]["d"]
+    assert format_pattern("date-time") is None and format_pattern("idn-email") is None
+
+
+def _accepts(grammar, tokenizer, vocab, value: str) -> bool:
+    tokens = tokenizer.encode(json.dumps({"v": value}, ensure_ascii=False), add_special_tokens=False)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    return walk_instance(grammar, tokens, min(vocab.eos_token_ids), bitmask, [])
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_both_backends_enforce_the_formats_in_strict_mode(backend, tokenizers, vocabs):
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend=backend, background_outlines=False, compile_timeout_s=120)
+    names = ["uri-template", "json-pointer", "relative-json-pointer"] if backend == "outlines" else FORMAT_PATTERNS
+    try:
+        for name in names:
+            schema = {"type": "object", "properties": {"v": {"type": "string", "format": name}},
+                      "required": ["v"], "additionalProperties": False}
+            g = compiler.compile(ConstraintSpec(kind="json_schema", schema=rewrite_schema(schema), strict=True))
+            assert g.unenforced == ()
+            assert [s for s in VALID[name] if not _accepts(g, tok, vocab, s)] == [], name
+            assert [s for s in INVALID[name] if _accepts(g, tok, vocab, s)] == [], name
+    finally:
+        compiler.close()
