@@ -15,6 +15,7 @@ budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
-from constrain.support import STANDARD_FORMATS, pointers_of
+from constrain.support import STANDARD_FORMATS, pointers_of, walk
 from constrain.vocabulary import Vocabulary
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
@@ -89,7 +90,54 @@ def grammar_text(kind: str, *, schema=None, regex: str | None = None, whitespace
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(regex)
     return llguidance.LLMatcher.grammar_from_json_schema(
-        schema if schema is not None else {"type": "object"}, overrides=_json_options(whitespace_pattern, lenient))
+        quote_safe_patterns(schema) if schema is not None else {"type": "object"},
+        overrides=_json_options(whitespace_pattern, lenient))
+
+
+# Inside a JSON string, llguidance 1.9.1 lets the escapes \" and \\ through a negated class that excludes '"' or
+# '\' but holds the control characters: `[^"]` accepts a quote. Such a class also refusing the control
+# characters (which JSON must escape, and which no answer needs there) is spelled correctly.
+_QUOTE_OR_BACKSLASH = re.compile(r'"|\\\\|\\x(?:22|5[cC])|\\u00(?:22|5[cC])')
+
+
+def _quote_safe(pattern: str) -> str:
+    """Each negated class `[^...]` naming '"' or '\\' also names \\x00-\\x1f."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if ch == "[" and pattern.startswith("[^", i) and i + 2 < n and pattern[i + 2] != "]":
+            j = i + 2
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            body = pattern[i + 2:j]
+            if j < n and _QUOTE_OR_BACKSLASH.search(body):
+                body = "\\" + body if body.startswith("-") else body
+                out.append(f"[^\\x00-\\x1f{body}]")
+                i = j + 1
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def quote_safe_patterns(schema):
+    """`schema` with every `pattern` and `patternProperties` regex made safe from the quoting bug above (a copy
+    where one changes; the input is never modified)."""
+    if "[^" not in json.dumps(schema):
+        return schema
+    schema = copy.deepcopy(schema)
+    for _, key, node in list(walk(schema)):
+        value = node.get(key)
+        if key == "pattern" and isinstance(value, str):
+            node[key] = _quote_safe(value)
+        elif key == "patternProperties" and isinstance(value, dict):
+            node[key] = {_quote_safe(k): v for k, v in value.items()}
+    return schema
 
 
 def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:

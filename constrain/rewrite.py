@@ -356,35 +356,96 @@ def _not(node: dict, ctx: _Ctx) -> dict:
     if n is True or (isinstance(n, dict) and not (set(n) - _ANNOT)):
         ctx.changed = True
         return False  # `not` of the schema accepting everything: this node accepts nothing
-    if not isinstance(n, dict):
-        return node
-    body = {k: v for k, v in n.items() if k not in _ANNOT}
-    repl = None
-    if set(body) == {"not"} and not ({"$defs", "definitions"} & set(n)):
-        repl = body["not"]
-    elif set(body) == {"type"}:
-        t = body["type"] if isinstance(body["type"], list) else [body["type"]]
-        if all(isinstance(x, str) for x in t) and ("integer" not in t or "number" in t):
-            names = {"null", "boolean", "object", "array", "string", "number"}
-            if not set(t) <= names | {"integer"}:
-                return node
-            rest = sorted(names - set(t))
-            if not rest:
-                return node
-            repl = {"type": rest}
-    elif set(body) == {"required"} and isinstance(body["required"], list) and body["required"] \
-            and all(isinstance(x, str) for x in body["required"]):
-        names = list(dict.fromkeys(body["required"]))
-        if len(names) == 1:
-            repl = {"type": "object", "properties": {names[0]: False}}
-        elif len(names) <= 4:
-            repl = {"type": "object", "anyOf": [{"properties": {x: False}} for x in names]}
+    repl = _negation(n, ctx, only_strings=node.get("type") == "string")
     if repl is None:
         return node
     node = {k: v for k, v in node.items() if k != "not"}
     _add_all_of(node, repl)
     ctx.changed = True
     return node
+
+
+def _negation(n: Any, ctx: _Ctx, only_strings: bool = False, depth: int = 0) -> Any:
+    """A schema without `not` accepting exactly what `n` refuses, or None. `only_strings`: the caller's node
+    accepts nothing but strings, so the answer need only be right for strings."""
+    if depth > 8:
+        return None
+    if n is False or n is True:
+        return not n
+    n = ctx._deref(n)
+    if not isinstance(n, dict) or {"$defs", "definitions"} & set(n):
+        return None
+    body = {k: v for k, v in n.items() if k not in _ANNOT}
+    if not body:
+        return False
+    if set(body) == {"not"}:
+        return body["not"]
+    if set(body) in ({"anyOf"}, {"allOf"}) and isinstance(next(iter(body.values())), list):
+        # De Morgan: not (A or B) = not A and not B; not (A and B) = not A or not B
+        key = next(iter(body))
+        parts = [_negation(b, ctx, only_strings, depth + 1) for b in body[key]]
+        if not parts or any(p is None for p in parts):
+            return None
+        return {("allOf" if key == "anyOf" else "anyOf"): parts}
+    if set(body) == {"type"}:
+        t = body["type"] if isinstance(body["type"], list) else [body["type"]]
+        names = {"null", "boolean", "object", "array", "string", "number"}
+        if all(isinstance(x, str) for x in t) and ("integer" not in t or "number" in t) \
+                and set(t) <= names | {"integer"} and names - set(t):
+            return {"type": sorted(names - set(t))}
+        return None
+    if set(body) == {"required"} and isinstance(body["required"], list) and body["required"] \
+            and all(isinstance(x, str) for x in body["required"]):
+        names = list(dict.fromkeys(body["required"]))
+        if len(names) == 1:
+            return {"type": "object", "properties": {names[0]: False}}
+        if len(names) <= 4:
+            return {"type": "object", "anyOf": [{"properties": {x: False}} for x in names]}
+        return None
+    values = ctx.values(body)
+    if values is not None and set(body) <= {"enum", "const", "type"} and body.get("type", "string") == "string" \
+            and all(isinstance(v, str) for v in values):
+        pattern = _other_strings_pattern(values)
+        if pattern is None:
+            return None
+        if only_strings:
+            return {"pattern": pattern}
+        return {"anyOf": [{"type": ["array", "boolean", "null", "number", "object"]},
+                          {"type": "string", "pattern": pattern}]}
+    return None
+
+
+_MAX_COMPLEMENT_CHARS = 20_000  # a `not: {enum: [strings]}` pattern grows with the strings' total length
+
+
+def _regex_char(ch: str) -> str:
+    """One character, literal in ECMA-262, Rust and Python regexes alike, in or out of a class."""
+    if ch.isascii() and ch.isalnum():
+        return ch
+    code = ord(ch)
+    return f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
+
+
+def _other_strings_pattern(words: list[str]) -> str | None:
+    """An anchored regex matching every string except `words`: walk their trie; a string is another string when
+    it leaves the trie (a character no word continues with, then anything), or ends where no word ends."""
+    if sum(len(w) for w in words) > _MAX_COMPLEMENT_CHARS or any('"' in w or "\\" in w for w in words):
+        return None  # (llguidance 1.9.1 lets `\\"` through a class without '"' that holds control characters)
+    trie: dict = {}
+    for w in words:
+        node = trie
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = True  # a word ends here
+
+    def rest(node: dict) -> str:
+        chars = sorted(k for k in node if k)
+        leave = f"[^{''.join(_regex_char(c) for c in chars)}]" if chars else "[\\s\\S]"
+        alts = [leave + "[\\s\\S]*"] + [_regex_char(c) + rest(node[c]) for c in chars]
+        group = "(?:" + "|".join(alts) + ")"
+        return group if node.get("") else group + "?"
+
+    return "^" + rest(trie) + "$"
 
 
 def _one_of(node: dict, ctx: _Ctx) -> dict:

@@ -126,6 +126,78 @@ def _fully_anchored(pattern) -> bool:
     return True
 
 
+_JSON_ESCAPED = frozenset(range(0x20)) | {0x22, 0x5C}  # characters a JSON string must escape
+
+
+def _escaped_code(pattern: str, i: int, in_class: bool) -> tuple[int | None, int, bool]:
+    """(code point or None for a zero-width or safe shorthand, next index, safe) for the escape at pattern[i]."""
+    e = pattern[i + 1] if i + 1 < len(pattern) else ""
+    if e in ("d", "w") or (e in ("b", "B") and not in_class):
+        return None, i + 2, True
+    if e == "b":
+        return 0x08, i + 2, True
+    if e in ("x", "u"):
+        if pattern.startswith("{", i + 2):
+            end = pattern.find("}", i + 3)
+            digits, nxt = pattern[i + 3:end], end + 1
+        else:
+            width = 2 if e == "x" else 4
+            digits, nxt = pattern[i + 2:i + 2 + width], i + 2 + width
+        try:
+            return int(digits, 16), nxt, True
+        except ValueError:
+            return None, nxt, False
+    if not e or e.isalnum():
+        return None, i + 2, False  # \s \S \W \D \n \t \p{..} ...: may hold what JSON escapes, or unknown
+    return ord(e), i + 2, True
+
+
+def json_safe_pattern(pattern: str) -> bool:
+    """True when no string the regex matches holds a character JSON must escape ('"', '\\', U+0000..U+001F).
+    outlines-core puts a `pattern` between the quotes as it is: a regex that can match such a character would let
+    it through raw (`[^,]+` writes a bare '"', and the JSON breaks). Conservative: `.`, negated classes and the
+    negated shorthands count as unsafe."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            code, i, ok = _escaped_code(pattern, i, in_class=False)
+            if not ok or code in _JSON_ESCAPED:
+                return False
+            continue
+        if c == ".":
+            return False
+        if c == "[":
+            i += 1
+            if pattern.startswith("^", i):
+                return False
+            first = True
+            while i < n and (pattern[i] != "]" or first):
+                first = False
+                if pattern[i] == "\\":
+                    low, i, ok = _escaped_code(pattern, i, in_class=True)
+                    if not ok:
+                        return False
+                else:
+                    low, i = ord(pattern[i]), i + 1
+                high = low
+                if low is not None and pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
+                    if pattern[i + 1] == "\\":
+                        high, i, ok = _escaped_code(pattern, i + 1, in_class=True)
+                        if not ok or high is None:
+                            return False
+                    else:
+                        high, i = ord(pattern[i + 1]), i + 2
+                if low is not None and any(low <= x <= high for x in _JSON_ESCAPED):
+                    return False
+            i += 1
+            continue
+        if ord(c) in _JSON_ESCAPED:
+            return False
+        i += 1
+    return True
+
+
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
@@ -150,8 +222,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
             bad.append(ptr)
         elif key in ("minLength", "maxLength", "format") and "pattern" in node:
             bad.append(ptr)  # outlines uses the pattern alone
-        elif key == "pattern" and not _fully_anchored(value):
-            bad.append(ptr)  # outlines matches the whole string; JSON Schema searches
+        elif key == "pattern" and not (_fully_anchored(value) and json_safe_pattern(value)):
+            bad.append(ptr)  # outlines matches the whole string (JSON Schema searches), and does not escape
         elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
             bad.append(ptr)
         elif key == "items" and not isinstance(value, dict):

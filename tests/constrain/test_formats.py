@@ -66,7 +66,8 @@ def _accepts(grammar, tokenizer, vocab, value: str) -> bool:
 def test_both_backends_enforce_the_formats_in_strict_mode(backend, tokenizers, vocabs):
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
     compiler = GrammarCompiler(vocab, tok, backend=backend, background_outlines=False, compile_timeout_s=120)
-    names = ["uri-template", "json-pointer", "relative-json-pointer"] if backend == "outlines" else FORMAT_PATTERNS
+    # json-pointer's strings may hold '"': outlines cannot escape it (constrain/support.py json_safe_pattern)
+    names = ["uri-template", "uri-reference"] if backend == "outlines" else FORMAT_PATTERNS
     try:
         for name in names:
             schema = {"type": "object", "properties": {"v": {"type": "string", "format": name}},

@@ -1,0 +1,85 @@
+"""String patterns: through the llguidance mask, negated classes refuse '"' and '\\' (llguidance 1.9.1 alone lets
+their escapes through) and `not: {enum: [strings]}` (rewritten to a complement pattern) refuses exactly its
+strings; outlines only gets patterns that cannot match a character JSON escapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
+from constrain.maskbench import walk_instance
+from constrain.spec import normalise_schema
+from constrain.support import json_safe_pattern, outlines_unsupported
+
+
+@pytest.fixture(scope="module")
+def llg(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    yield c, tokenizers["qwen2"], vocabs["qwen2"]
+    c.close()
+
+
+def _accepts(llg, schema, value) -> bool:
+    compiler, tok, vocab = llg
+    g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+    tokens = tok.encode(json.dumps({"v": value}, ensure_ascii=False), add_special_tokens=False)
+    return walk_instance(g, tokens, min(vocab.eos_token_ids), torch.zeros((1, vocab.words), dtype=torch.int32), [])
+
+
+def _object(value_schema):
+    return {"type": "object", "properties": {"v": value_schema}, "required": ["v"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("pattern,refused,accepted", [
+    ('^[^"]*$', ['a"b', '"'], ["ab", "a'b", "a\\b"]),
+    ("^[^\\\\]+$", ["a\\b", "\\"], ['a"b', "x"]),
+    ('^[^,"<>]+$', ['x"', "a,b", "<"], ["plain text"]),
+    ('^[^\\x22]$', ['"'], ["a"]),
+])
+def test_negated_classes_refuse_quote_and_backslash(llg, pattern, refused, accepted):
+    schema = _object({"type": "string", "pattern": pattern})
+    assert [v for v in refused if _accepts(llg, schema, v)] == []
+    assert [v for v in accepted if not _accepts(llg, schema, v)] == []
+
+
+def test_not_enum_of_strings_refuses_exactly_those_strings(llg):
+    words = ["delayed", "de", "x.y", "é😀", "[", ""]
+    schema = _object({"not": {"enum": words}})
+    assert [w for w in words if _accepts(llg, schema, w)] == []
+    others = ["d", "del", "delayedx", "dex", "x.", "x.yz", "é", "é😀!", "[[", " ", 7, None, ["de"]]
+    assert [w for w in others if not _accepts(llg, schema, w)] == []
+    typed = _object({"type": "string", "not": {"const": "upstart"}})
+    assert not _accepts(llg, typed, "upstart") and _accepts(llg, typed, "systemd")
+    assert not _accepts(llg, typed, 1)
+
+
+SAFE = ["^[a-z]+$", "^\\d{4}-\\d{2}$", "^[A-Za-z0-9_\\-]+$", "^\\w+@\\w+\\.com$", "^[!#-\\[\\]-~]+$", "^(a|b)\\b$",
+        "^\\x41\\u00e9$"]
+UNSAFE = ["^.+$", "^[^,]+$", "^[ -~]+$", '^a"b$', "^a\\\\b$", "^\\s+$", "^\\S+$", "^[\\s\\S]*$", "^\\x22$",
+          "^[\\x00-\\x7f]$", "^[\\b]$", "^\\p{L}+$", "^\\n$", "^[!-#]$", "^\\u{22}$"]
+
+
+def test_outlines_takes_only_patterns_that_cannot_match_what_json_escapes():
+    """outlines-core writes a pattern between the quotes unescaped: `^.+$` would let a bare '"' end the string."""
+    assert [p for p in SAFE if not json_safe_pattern(p)] == []
+    assert [p for p in UNSAFE if json_safe_pattern(p)] == []
+    for p in SAFE + UNSAFE:
+        schema = _object({"type": "string", "pattern": p})
+        assert outlines_unsupported(schema) == ([] if p in SAFE else ["/properties/v/pattern"]), p
+
+
+def test_outlines_backend_refuses_a_pattern_that_could_break_the_json(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", background_outlines=False)
+    try:
+        with pytest.raises(ConstraintError) as exc:
+            c.compile(ConstraintSpec(kind="json_schema", schema=_object({"type": "string", "pattern": "^.+$"}),
+                                     strict=True))
+        assert exc.value.pointer == "/properties/v/pattern"
+        g = c.compile(ConstraintSpec(kind="json_schema", schema=_object({"type": "string", "pattern": "^[a-z]+$"}),
+                                     strict=True))
+        assert g.backend == "outlines"
+    finally:
+        c.close()
