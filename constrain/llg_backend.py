@@ -30,6 +30,7 @@ from constrain.vocabulary import Vocabulary
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
 _UNKNOWN_FORMAT = "Unknown format: "
+_ONE_OF_AS_ANY_OF = "oneOf not fully supported, falling back to anyOf"
 
 
 # Bytes the closing walk tries, best first: closers, then the shortest JSON values, then anything printable.
@@ -151,6 +152,8 @@ def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
             keys.update(json.loads("[" + m.group(1) + "]"))
         elif msg.startswith(_UNKNOWN_FORMAT):
             formats.add(msg[len(_UNKNOWN_FORMAT):])
+        elif msg.startswith(_ONE_OF_AS_ANY_OF):
+            keys.add("oneOf")  # (lenient mode only) a oneOf enforced as anyOf: weaker, so unenforced
         else:
             other.append(msg)
     return keys, formats, other
@@ -169,9 +172,9 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
                 base_pointer: str = "") -> "LlgGrammar":
     """Validate and build; strict schemas with unimplemented keywords fail with the keyword's pointer.
 
-    llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them), so
-    that list names the unenforced pointers. Formats JSON Schema does not define are annotations every validator
-    ignores: ignoring them loses nothing, and they are never named."""
+    llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them, and
+    enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
+    are annotations every validator ignores: ignoring them loses nothing, and they are never named."""
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     unenforced: tuple[str, ...] = ()
@@ -182,7 +185,9 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
         text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
         lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
         if not lenient_error:
-            keys, formats, _ = _warnings(lenient_msgs)
+            keys, formats, other = _warnings(lenient_msgs)
+            if other:  # an approximation we cannot name: never compile weaker than asked without saying so
+                raise ConstraintError(f"cannot compile schema: {'; '.join(other)[:500]}", param=param)
         keys.discard("format")
         pointers = sorted(set(pointers_of(schema, keys, base_pointer)))
         if keys and not pointers:

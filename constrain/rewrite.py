@@ -32,6 +32,7 @@ depends on context a local rewrite cannot see).
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Any
 
@@ -48,6 +49,7 @@ _PLAIN_ANNOT = frozenset({"$comment", "title", "description", "default", "exampl
 _UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
 _MAX_ONEOF_REQUIRED_ALTERNATIVES = 16  # "exactly one of these property sets": lacking-one choices multiplied
+_MAX_COUNT_ANYOF = 16  # min/maxProperties on a closed object: alternatives of which properties are present
 _MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
                  "$dynamicAnchor")
@@ -605,8 +607,40 @@ def _properties_count(node: dict, ctx: _Ctx) -> dict:
             and node.get("additionalProperties") is False and not node.get("patternProperties") \
             and len(props) <= mx:
         out = {k: v for k, v in out.items() if k != "maxProperties"}
+    out = _closed_object_counts(out)
     if out is not node:
         ctx.changed = True
+    return out
+
+
+def _closed_object_counts(node: dict) -> dict:
+    """On a closed object (every key a declared property), min/maxProperties only count the optional properties
+    present: "at least k of them" is an anyOf of which k are required, "at most k" an anyOf of which the others
+    are absent (when the alternatives are few)."""
+    props = node.get("properties")
+    req = node.get("required", [])
+    if not (isinstance(props, dict) and node.get("additionalProperties") is False
+            and not node.get("patternProperties") and isinstance(req, list) and set(req) <= set(props)):
+        return node
+    optional = [k for k, v in props.items() if k not in req and v is not False]
+    out = node
+    for key in ("minProperties", "maxProperties"):
+        bound = node.get(key)
+        if not isinstance(bound, int) or isinstance(bound, bool):
+            continue
+        # how many optional properties must be present (min), or absent (max)
+        count = bound - len(set(req)) if key == "minProperties" else len(optional) - (bound - len(set(req)))
+        if count > len(optional) or (count > 0 and math.comb(len(optional), count) > _MAX_COUNT_ANYOF):
+            continue  # unsatisfiable (the backend says so) or too many alternatives
+        out = {k: v for k, v in out.items() if k != key}
+        if count <= 0:
+            continue  # true of every object the node accepts
+        combos = itertools.combinations(optional, count)
+        if key == "minProperties":
+            branches = [{"required": list(c)} for c in combos]
+        else:
+            branches = [{"properties": {x: False for x in c}} for c in combos]
+        _add_all_of(out, branches[0] if len(branches) == 1 else {"anyOf": branches})
     return out
 
 

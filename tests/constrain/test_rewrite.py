@@ -106,6 +106,13 @@ CASES = [
     ("minProperties by required", {"type": "object", "required": ["a", "b"], "minProperties": 2}, "minProperties"),
     ("maxProperties by closed", {"type": "object", "properties": {"a": {}, "b": {}},
                                  "additionalProperties": False, "maxProperties": 2}, "maxProperties"),
+    ("minProperties on a closed object", {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+                                          "additionalProperties": False, "minProperties": 1}, "minProperties"),
+    ("minProperties beyond required, closed", {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+                                               "required": ["a"], "additionalProperties": False,
+                                               "minProperties": 2}, "minProperties"),
+    ("maxProperties on a closed object", {"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+                                          "additionalProperties": False, "maxProperties": 1}, "maxProperties"),
     ("propertyNames closed", {"type": "object", "propertyNames": {"maxLength": 1},
                               "properties": {"ab": {}, "b": {}}, "additionalProperties": False}, "propertyNames"),
     ("propertyNames true", {"type": "object", "propertyNames": True}, "propertyNames"),
@@ -142,6 +149,8 @@ UNTOUCHED = [
     ("propertyNames open", {"type": "object", "propertyNames": {"pattern": "^a"}}),
     ("unevaluated", {"allOf": [{"enum": [{"a": 1}]}], "unevaluatedProperties": False}),
     ("minProperties beyond required", {"type": "object", "required": ["a"], "minProperties": 2}),
+    ("minProperties with many alternatives", {"type": "object", "properties": {k: {} for k in "abcdefghij"},
+                                              "additionalProperties": False, "minProperties": 3}),
 ]
 
 

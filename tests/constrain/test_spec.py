@@ -87,6 +87,19 @@ def test_strict_schema_names_the_format_it_cannot_enforce_and_ignores_formats_js
     assert gpt2_compiler.compile(spec(known, True)).unenforced == ()
 
 
+def test_a_oneof_llguidance_would_enforce_as_anyof_is_never_silently_weaker(gpt2_compiler):
+    """llguidance's lenient pass (used to ignore an unenforceable keyword) enforces a oneOf as anyOf: named."""
+    schema = {"type": "object", "properties": {"host": {"type": "string", "format": "idn-hostname"},
+                                               "n": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}
+    lax = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    assert set(gpt2_compiler.compile(lax).unenforced) == {"/properties/host/format", "/properties/n/oneOf"}
+    strict = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "t", "schema": schema, "strict": True}})
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(strict)
+    assert exc.value.pointer in ("/properties/host/format", "/properties/n/oneOf")
+
+
 def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
     from constrain import spec as spec_module
 
