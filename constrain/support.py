@@ -217,6 +217,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
             bad.append(ptr)  # outlines would build an object for a node typed otherwise
         elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             bad.extend(f"{ptr}/{escape(k)}" for k, v in value.items() if _any_value(v))
+            if key == "properties":  # outlines-core writes property names between the quotes unescaped
+                bad.extend(f"{ptr}/{escape(k)}" for k in value if any(ord(ch) in _JSON_ESCAPED for ch in k))
         elif key in ("items", "anyOf") and (_any_value(value) or (isinstance(value, list)
                                                                   and any(_any_value(v) for v in value))):
             bad.append(ptr)

@@ -1,6 +1,6 @@
 """String patterns: through the llguidance mask, negated classes refuse '"' and '\\' (llguidance 1.9.1 alone lets
 their escapes through) and `not: {enum: [strings]}` (rewritten to a complement pattern) refuses exactly its
-strings; outlines only gets patterns that cannot match a character JSON escapes."""
+strings; outlines only gets patterns and property names that cannot hold a character JSON escapes."""
 
 from __future__ import annotations
 
@@ -69,6 +69,12 @@ def test_outlines_takes_only_patterns_that_cannot_match_what_json_escapes():
     for p in SAFE + UNSAFE:
         schema = _object({"type": "string", "pattern": p})
         assert outlines_unsupported(schema) == ([] if p in SAFE else ["/properties/v/pattern"]), p
+
+
+def test_outlines_takes_no_property_name_json_escapes():
+    schema = {"type": "object", "properties": {'a"b': {"type": "integer"}, "c\\d": {"type": "integer"},
+                                               "e.f(g)": {"type": "integer"}}, "additionalProperties": False}
+    assert outlines_unsupported(schema) == ["/properties/a\"b", "/properties/c\\d"]
 
 
 def test_outlines_backend_refuses_a_pattern_that_could_break_the_json(tokenizers, vocabs):
