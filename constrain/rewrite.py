@@ -405,8 +405,8 @@ def _negation(n: Any, ctx: _Ctx, only_strings: bool = False, depth: int = 0) -> 
             return {"type": "object", "anyOf": [{"properties": {x: False}} for x in names]}
         return None
     values = ctx.values(body)
-    if values is not None and set(body) <= {"enum", "const", "type"} and body.get("type", "string") == "string" \
-            and all(isinstance(v, str) for v in values):
+    if values is not None and set(body) in ({"enum"}, {"const"}, {"enum", "type"}, {"const", "type"}) \
+            and body.get("type", "string") == "string" and all(isinstance(v, str) for v in values):
         pattern = _other_strings_pattern(values)
         if pattern is None:
             return None

@@ -139,6 +139,8 @@ def _escaped_code(pattern: str, i: int, in_class: bool) -> tuple[int | None, int
     if e in ("x", "u"):
         if pattern.startswith("{", i + 2):
             end = pattern.find("}", i + 3)
+            if end < 0:
+                return None, len(pattern), False
             digits, nxt = pattern[i + 3:end], end + 1
         else:
             width = 2 if e == "x" else 4

@@ -141,6 +141,7 @@ UNTOUCHED = [
     ("not pattern", {"type": "string", "not": {"pattern": "^a"}}),
     ("not integer", {"not": {"type": "integer"}}),
     ("not enum with a number", {"not": {"enum": [1, "a"]}}),
+    ("not const and enum", {"not": {"const": "a", "enum": ["b"]}}),
     ("not anyOf with a pattern", {"not": {"anyOf": [{"required": ["a"]}, {"type": "string", "pattern": "x"}]}}),
     ("uniqueItems", {"type": "array", "uniqueItems": True}),
     ("enum with format", {"allOf": [{"enum": ["a", "2020-01-01", 5]}, {"format": "date"}, {"not": {"const": 5}}]}),

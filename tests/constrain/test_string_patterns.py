@@ -59,7 +59,7 @@ def test_not_enum_of_strings_refuses_exactly_those_strings(llg):
 SAFE = ["^[a-z]+$", "^\\d{4}-\\d{2}$", "^[A-Za-z0-9_\\-]+$", "^\\w+@\\w+\\.com$", "^[!#-\\[\\]-~]+$", "^(a|b)\\b$",
         "^\\x41\\u00e9$"]
 UNSAFE = ["^.+$", "^[^,]+$", "^[ -~]+$", '^a"b$', "^a\\\\b$", "^\\s+$", "^\\S+$", "^[\\s\\S]*$", "^\\x22$",
-          "^[\\x00-\\x7f]$", "^[\\b]$", "^\\p{L}+$", "^\\n$", "^[!-#]$", "^\\u{22}$"]
+          "^[\\x00-\\x7f]$", "^[\\b]$", "^\\p{L}+$", "^\\n$", "^[!-#]$", "^\\u{22}$", "^a\\x{41", "^[\\u{41"]
 
 
 def test_outlines_takes_only_patterns_that_cannot_match_what_json_escapes():
