@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from constrain import GrammarCompiler, Vocabulary
+from constrain.maskbench import walk_instance
 from tests.conftest import TOKENIZERS
 
 # Padded logits widths, as models round their vocabularies up.
@@ -86,3 +88,11 @@ def random_walk(grammar, vocab, rng: random.Random, max_tokens: int, budget: boo
 
 def decode(vocab, toks: list[int]) -> str:
     return b"".join(vocab.token_bytes[t] for t in toks).decode("utf-8")
+
+
+def accepts_value(grammar, tokenizer, vocab, value) -> bool:
+    """The grammar (over `{"v": ...}` documents) takes `{"v": value}`, spelled as the tokenizer spells it,
+    token by token through the mask, and may end after it. Non-ASCII is written raw, as a model writes it."""
+    tokens = tokenizer.encode(json.dumps({"v": value}, ensure_ascii=False), add_special_tokens=False)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    return walk_instance(grammar, tokens, min(vocab.eos_token_ids), bitmask, [])

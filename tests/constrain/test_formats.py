@@ -3,16 +3,14 @@ puts it in place of the `format`, and both backends then accept and refuse the s
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-import torch
 
 from constrain import ConstraintSpec, GrammarCompiler
 from constrain.formats import FORMAT_PATTERNS, format_pattern
-from constrain.maskbench import walk_instance
 from constrain.rewrite import rewrite_schema
+from tests.constrain.conftest import accepts_value
 
 VALID = {
     "uri-reference": ["http://example.com/a?b#c", "//host:80/p", "../a/b", "", "#frag", "?q", "mailto:x@y.z",
@@ -56,12 +54,6 @@ def test_formats_the_backends_lack_become_patterns_and_the_others_stay():
     assert format_pattern("date-time") is None and format_pattern("idn-email") is None
 
 
-def _accepts(grammar, tokenizer, vocab, value: str) -> bool:
-    tokens = tokenizer.encode(json.dumps({"v": value}, ensure_ascii=False), add_special_tokens=False)
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    return walk_instance(grammar, tokens, min(vocab.eos_token_ids), bitmask, [])
-
-
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
 def test_both_backends_enforce_the_formats_in_strict_mode(backend, tokenizers, vocabs):
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
@@ -74,7 +66,7 @@ def test_both_backends_enforce_the_formats_in_strict_mode(backend, tokenizers, v
                       "required": ["v"], "additionalProperties": False}
             g = compiler.compile(ConstraintSpec(kind="json_schema", schema=rewrite_schema(schema), strict=True))
             assert g.unenforced == ()
-            assert [s for s in VALID[name] if not _accepts(g, tok, vocab, s)] == [], name
-            assert [s for s in INVALID[name] if _accepts(g, tok, vocab, s)] == [], name
+            assert [s for s in VALID[name] if not accepts_value(g, tok, vocab, s)] == [], name
+            assert [s for s in INVALID[name] if accepts_value(g, tok, vocab, s)] == [], name
     finally:
         compiler.close()

@@ -4,15 +4,12 @@ strings; outlines only gets patterns and property names that cannot hold a chara
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
 from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
-from constrain.maskbench import walk_instance
 from constrain.spec import normalise_schema
 from constrain.support import json_safe_pattern, outlines_unsupported
+from tests.constrain.conftest import accepts_value
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +22,7 @@ def llg(tokenizers, vocabs):
 def _accepts(llg, schema, value) -> bool:
     compiler, tok, vocab = llg
     g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
-    tokens = tok.encode(json.dumps({"v": value}, ensure_ascii=False), add_special_tokens=False)
-    return walk_instance(g, tokens, min(vocab.eos_token_ids), torch.zeros((1, vocab.words), dtype=torch.int32), [])
+    return accepts_value(g, tok, vocab, value)
 
 
 def _object(value_schema):
