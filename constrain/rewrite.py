@@ -13,9 +13,18 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 - `oneOf` whose branches are pairwise provably disjoint is an `anyOf` (types, finite value sets, a required
   property whose values are disjoint or that one branch forbids); a `oneOf` whose branches only require
   properties ("exactly one of these property sets") is an `anyOf` of disjoint branches, each forbidding a
-  property of every other set;
-- `not`: `not: false` dropped, `not: {"not": S}` is S, `not: {"type": T}` is the complementary `type`,
-  `not: {"required": [a, ...]}` is an object lacking at least one of them (`properties: {a: false}`);
+  property of every other set; any other `oneOf` of up to 8 branches is `anyOf` over i of (Bi and not Bj for
+  every j != i), when each `not Bj` has a `not`-free form (below);
+- `not S` becomes a `not`-free schema keyword by keyword: a value fails S iff its type is not allowed or it fails
+  one keyword of its type, so the negation is an `anyOf` of pieces: the complementary `type`; for `properties`,
+  the property present with a value failing its schema; for `required`, a name absent (`properties: {a:
+  false}`); `min/maxLength`, `min/maxItems`, `minimum`/`maximum` (and the exclusive forms) flipped; `enum`/`const`
+  of strings, booleans and null by the other values (strings by a complement pattern of their trie); `anyOf`,
+  `allOf` and `not` by De Morgan. It is computed among the values the surrounding schema allows, which makes some
+  negations possible that are not alone: `not: {type: integer}` among integers is nothing, while alone it would be
+  "a number with a fraction", which no keyword says. Out of reach (the `not` or `oneOf` is left alone): `pattern`,
+  `format`, `multipleOf`, `items`, `additionalProperties` (except between closed objects), `patternProperties`,
+  `propertyNames`, `dependencies`, `if`, `min/maxProperties`, `uniqueItems`, enums of numbers, objects or arrays;
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
   `maxItems: 1` when every item must equal one constant;
 - `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
@@ -39,7 +48,7 @@ from typing import Any
 import jsonschema
 
 from constrain.formats import format_pattern
-from constrain.support import STANDARD_FORMATS
+from constrain.support import ASSERTIONS, STANDARD_FORMATS
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -49,6 +58,8 @@ _PLAIN_ANNOT = frozenset({"$comment", "title", "description", "default", "exampl
 _UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
 _MAX_ONEOF_REQUIRED_ALTERNATIVES = 16  # "exactly one of these property sets": lacking-one choices multiplied
+_MAX_ONEOF_NEGATED = 8  # oneOf branches rewritten through their negations
+_MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_COUNT_ANYOF = 16  # min/maxProperties on a closed object: alternatives of which properties are present
 _MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
@@ -358,7 +369,8 @@ def _not(node: dict, ctx: _Ctx) -> dict:
     if n is True or (isinstance(n, dict) and not (set(n) - _ANNOT)):
         ctx.changed = True
         return False  # `not` of the schema accepting everything: this node accepts nothing
-    repl = _negation(n, ctx, only_strings=node.get("type") == "string")
+    rest = {k: v for k, v in node.items() if k != "not"}
+    repl = _negation(n, ctx, ctx.types(rest), rest)
     if repl is None:
         return node
     node = {k: v for k, v in node.items() if k != "not"}
@@ -367,9 +379,15 @@ def _not(node: dict, ctx: _Ctx) -> dict:
     return node
 
 
-def _negation(n: Any, ctx: _Ctx, only_strings: bool = False, depth: int = 0) -> Any:
-    """A schema without `not` accepting exactly what `n` refuses, or None. `only_strings`: the caller's node
-    accepts nothing but strings, so the answer need only be right for strings."""
+def _negation(n: Any, ctx: _Ctx, within: frozenset = _ALL_TYPES, context: Any = None, depth: int = 0) -> Any:
+    """A schema without `not` that, among values of the types `within` that satisfy `context` (a schema, or None
+    for no knowledge), accepts exactly those `n` refuses; None when out of reach. The caller conjoins the answer
+    with that context, so it may be loose outside it: `not: {type: integer}` is inexpressible alone (a number
+    with a fraction), but among values known to be integers it is simply nothing.
+
+    A schema is the conjunction of its keywords, and each keyword other than `type` constrains only values of
+    its own type (`minLength` holds for every non-string). So a value fails `n` iff its type is not allowed, or
+    it is of some keyword's type and fails that keyword: the answer is the `anyOf` of one piece per keyword."""
     if depth > 8:
         return None
     if n is False or n is True:
@@ -377,44 +395,172 @@ def _negation(n: Any, ctx: _Ctx, only_strings: bool = False, depth: int = 0) -> 
     n = ctx._deref(n)
     if not isinstance(n, dict) or {"$defs", "definitions"} & set(n):
         return None
-    body = {k: v for k, v in n.items() if k not in _ANNOT}
+    body = {k: v for k, v in n.items() if k in ASSERTIONS}  # (unknown keywords assert nothing)
     if not body:
         return False
     if set(body) == {"not"}:
         return body["not"]
-    if set(body) in ({"anyOf"}, {"allOf"}) and isinstance(next(iter(body.values())), list):
-        # De Morgan: not (A or B) = not A and not B; not (A and B) = not A or not B
-        key = next(iter(body))
-        parts = [_negation(b, ctx, only_strings, depth + 1) for b in body[key]]
-        if not parts or any(p is None for p in parts):
+    if "$ref" in body:
+        return None  # with siblings: drafts up to 7 ignore them, later ones do not
+    allowed = _types_of(body["type"]) if "type" in body else _ALL_TYPES
+    if allowed is None:
+        return None
+    pieces: list = []
+    if within - allowed:
+        names = _type_value(_ALL_TYPES - allowed) or _type_value(within - allowed)
+        if names is None:
             return None
-        return {("allOf" if key == "anyOf" else "anyOf"): parts}
-    if set(body) == {"type"}:
-        t = body["type"] if isinstance(body["type"], list) else [body["type"]]
-        names = {"null", "boolean", "object", "array", "string", "number"}
-        if all(isinstance(x, str) for x in t) and ("integer" not in t or "number" in t) \
-                and set(t) <= names | {"integer"} and names - set(t):
-            return {"type": sorted(names - set(t))}
+        pieces.append({"type": names})
+    inside = within & allowed
+    for key, value in body.items():
+        if key == "type" or not inside:
+            continue
+        failing = _keyword_negation(key, value, body, ctx, inside, context, depth)
+        if failing is None:
+            return None
+        pieces += [p for p in (_restrict_types(piece, inside) for piece in failing) if p is not None]
+    if not pieces:
+        return False
+    return pieces[0] if len(pieces) == 1 else {"anyOf": pieces}
+
+
+def _types_of(t: Any) -> frozenset | None:
+    """A `type` value as a set of _ALL_TYPES ("number" is "integer" and "fraction"); None if malformed."""
+    t = t if isinstance(t, list) else [t]
+    out: set[str] = set()
+    for x in t:
+        if x == "number":
+            out |= {"integer", "fraction"}
+        elif isinstance(x, str) and x in _ALL_TYPES and x != "fraction":
+            out.add(x)
+        else:
+            return None
+    return frozenset(out) if out else None
+
+
+def _type_value(types: frozenset) -> list[str] | None:
+    """A set of _ALL_TYPES as `type` names; None when it has numbers with a fraction but not integers."""
+    if "fraction" in types and "integer" not in types:
         return None
-    if set(body) == {"required"} and isinstance(body["required"], list) and body["required"] \
-            and all(isinstance(x, str) for x in body["required"]):
-        names = list(dict.fromkeys(body["required"]))
-        if len(names) == 1:
-            return {"type": "object", "properties": {names[0]: False}}
-        if len(names) <= 4:
-            return {"type": "object", "anyOf": [{"properties": {x: False}} for x in names]}
+    names = sorted(x for x in types if x not in ("integer", "fraction"))
+    if "fraction" in types:
+        names.append("number")
+    elif "integer" in types:
+        names.append("integer")
+    return names
+
+
+def _restrict_types(piece: Any, types: frozenset) -> Any:
+    """`piece`, narrowed to values of `types` where that can be said (None: it has no such value). Narrowing
+    only drops values the caller's context excludes, so a piece that cannot be narrowed stays as it is."""
+    if types == _ALL_TYPES:
+        return piece
+    if isinstance(piece, dict) and "type" in piece:
+        own = _types_of(piece["type"])
+        if own is None:
+            return piece
+        names = _type_value(own & types)
+        if names == []:
+            return None
+        return piece if names is None else {**piece, "type": names}
+    names = _type_value(types)
+    return piece if names is None else {"type": names, "allOf": [piece]}
+
+
+_KEYWORD_TYPE = {"required": "object", "minItems": "array", "maxItems": "array", "minLength": "string",
+                 "maxLength": "string", "minimum": "number", "maximum": "number", "exclusiveMinimum": "number",
+                 "exclusiveMaximum": "number"}
+
+
+def _keyword_negation(key: str, value: Any, body: dict, ctx: _Ctx, within: frozenset, context: Any,
+                      depth: int) -> list | None:
+    """Schemas whose union is exactly the values failing keyword `key` (within the caller's context, see
+    `_negation`); None when not expressible here."""
+    kind = _KEYWORD_TYPE.get(key)
+    if key == "properties" and isinstance(value, dict):
+        out = []
+        for name, sub in value.items():
+            known = ctx.prop_schema(context, name) if isinstance(context, dict) else None
+            known_types = ctx.types(known) if known is not None else _ALL_TYPES
+            failing = _negation(sub, ctx, known_types, known, depth + 1)
+            if failing is None:
+                return None
+            if failing is not False:
+                out.append({"type": "object", "required": [name], "properties": {name: failing}})
+        return out
+    if key == "required" and isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return [{"type": "object", "properties": {x: False}} for x in dict.fromkeys(value)]
+    if key in ("minItems", "minLength") and _count(value):
+        return [{"type": kind, key.replace("min", "max"): value - 1}] if value > 0 else []
+    if key in ("maxItems", "maxLength") and _count(value):
+        return [{"type": kind, key.replace("max", "min"): value + 1}]
+    if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and _number(value) \
+            and not any(isinstance(body.get(k), bool) for k in ("exclusiveMinimum", "exclusiveMaximum")):
+        opposite = {"minimum": "exclusiveMaximum", "maximum": "exclusiveMinimum",
+                    "exclusiveMinimum": "maximum", "exclusiveMaximum": "minimum"}[key]
+        return [{"type": kind, opposite: value}]
+    if key in ("enum", "const"):
+        values = [value] if key == "const" else value
+        if not isinstance(values, list):
+            return None
+        return _other_values([v for v in values if _json_type(v) in within])
+    if key == "not":
+        return [value]
+    if key in ("anyOf", "allOf") and isinstance(value, list):
+        parts = [_negation(b, ctx, within, context, depth + 1) for b in value]
+        if any(p is None for p in parts):
+            return None
+        if key == "allOf":  # not (A and B) = not A or not B
+            return [p for p in parts if p is not False]
+        return [] if any(p is False for p in parts) else [{"allOf": parts}]  # not (A or B) = not A and not B
+    if key in ("items", "additionalProperties", "additionalItems") and (value is True or value == {}):
+        return []
+    if key == "additionalProperties" and value is False and "patternProperties" not in body:
+        # "Has a key outside `properties`" needs an existential over keys, except where the context is closed
+        # too: then that key is one of the context's own names.
+        names = _closed_names(context)
+        if names is None:
+            return None
+        declared = body.get("properties", {})
+        return [{"type": "object", "required": [x]} for x in names if x not in declared]
+    if key == "uniqueItems" and value is False:
+        return []
+    return None
+
+
+def _closed_names(s: Any) -> list[str] | None:
+    """The only property names objects accepted by `s` can have (None: not known to be limited)."""
+    if not isinstance(s, dict) or s.get("additionalProperties") is not False or "patternProperties" in s:
         return None
-    values = ctx.values(body)
-    if values is not None and set(body) in ({"enum"}, {"const"}, {"enum", "type"}, {"const", "type"}) \
-            and body.get("type", "string") == "string" and all(isinstance(v, str) for v in values):
-        pattern = _other_strings_pattern(values)
+    props = s.get("properties", {})
+    return list(props) if isinstance(props, dict) else None
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _other_values(values: list) -> list | None:
+    """Pieces accepting exactly the JSON values not in `values` (None when numbers, objects or arrays are among
+    them, or their strings defy a complement pattern)."""
+    kinds = {_json_type(v) for v in values}
+    if kinds - {"string", "boolean", "null"}:
+        return None
+    pieces: list = [{"type": sorted({"array", "number", "object"} | ({"string", "boolean", "null"} - kinds))}]
+    strings = [v for v in values if isinstance(v, str)]
+    if strings:
+        pattern = _other_strings_pattern(strings)
         if pattern is None:
             return None
-        if only_strings:
-            return {"pattern": pattern}
-        return {"anyOf": [{"type": ["array", "boolean", "null", "number", "object"]},
-                          {"type": "string", "pattern": pattern}]}
-    return None
+        pieces.append({"type": "string", "pattern": pattern})
+    booleans = {v for v in values if isinstance(v, bool)}
+    if len(booleans) == 1:
+        pieces.append({"type": "boolean", "enum": [not next(iter(booleans))]})
+    return pieces
 
 
 _MAX_COMPLEMENT_CHARS = 4096  # `not: {enum: [strings]}`: the pattern grows ~20x the strings (4096: ~0.1 s to compile)
@@ -459,7 +605,8 @@ def _one_of(node: dict, ctx: _Ctx) -> dict:
     ctxd = [{"allOf": [b, rest]} if rest else b for b in branches]
     disjoint = all(ctx.disjoint(ctxd[i], ctxd[j]) for i in range(len(branches)) for j in range(i + 1, len(branches)))
     if not disjoint:
-        branches = _exactly_one_required(branches, ctx)
+        exact = _exactly_one_required(branches, ctx)
+        branches = exact if exact is not None else _exactly_one_by_negation(branches, ctx)
         if branches is None:
             return node
         if not branches:
@@ -524,6 +671,49 @@ def _exactly_one_required(branches: list, ctx: _Ctx) -> list | None:
             out.append(branch)
     if untyped == 1:
         out.append({"type": ["null", "boolean", "number", "string", "array"]})
+    return out
+
+
+def _exactly_one_by_negation(branches: list, ctx: _Ctx) -> list | None:
+    """oneOf [B1, ..., Bn] is anyOf over i of (Bi and, for every j != i, not Bj): exact whenever each Bj has a
+    `not`-free negation among the values of Bi (`_negation`, an anyOf of pieces). Pieces of a type Bi cannot
+    have are left out; the pieces a branch multiplies are capped so that llguidance's intersection of them stays
+    small."""
+    if len(branches) > _MAX_ONEOF_NEGATED:
+        return None
+    names: dict[str, Any] = {}
+    for b in branches:
+        b = ctx._deref(b)
+        if isinstance(b, dict) and isinstance(b.get("properties"), dict):
+            names.update({x: {} for x in b["properties"]})
+    # llguidance lays out an object's properties in the order it meets them: without this, each branch would
+    # put its own names first and the others' (from the negations) after.
+    order = [{"properties": names}] if names else []
+    out: list = []
+    for i, branch in enumerate(branches):
+        own = ctx._deref(branch)
+        types = ctx.types(own)
+        conjuncts: list = []
+        size = 1
+        for j, other in enumerate(branches):
+            if j == i:
+                continue
+            negation = _negation(other, ctx, types, own)
+            if negation is None:
+                return None
+            if negation is True:
+                continue
+            pieces = negation["anyOf"] if isinstance(negation, dict) and set(negation) == {"anyOf"} \
+                else [negation]
+            pieces = [p for p in pieces if p is not False and ctx.types(p) & types]
+            if not pieces:
+                break  # every value of Bi also matches Bj: Bi never matches alone
+            size *= len(pieces)
+            conjuncts.append(pieces[0] if len(pieces) == 1 else {"anyOf": pieces})
+        else:
+            if size > _MAX_ONEOF_NEGATION_PIECES:
+                return None
+            out.append({"allOf": [*order, branch, *conjuncts]} if conjuncts else branch)
     return out
 
 

@@ -11,6 +11,7 @@ import pytest
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import rewrite_schema
 from constrain.spec import normalise_schema
+from tests.constrain.conftest import accepts_value
 
 D7 = "http://json-schema.org/draft-07/schema#"
 
@@ -18,7 +19,8 @@ D7 = "http://json-schema.org/draft-07/schema#"
 _SCALARS = [None, True, False, 0, 1, 1.0, 2, 2.5, -3, 7, 14, "", "a", "ab", "abc", "b", "x1", "2020-01-01"]
 _OBJECTS = [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 3}, {"a": 1, "b": 2, "c": 3}, {"k": "a"},
             {"k": "b"}, {"k": "a", "v": 1}, {"k": "b", "v": "s"}, {"ab": 1}, {"ab": 1, "b": 1}, {"error": 1},
-            {"x": None}, {"k": 1}, {"c": 1}, {"b": 1, "c": 2}]
+            {"x": None}, {"k": 1}, {"c": 1}, {"b": 1, "c": 2}, {"a": 1, "b": "s"}, {"a": "s", "b": 1}, {"a": 1.5},
+            {"a": 3}, {"b": 1.5, "c": "x"}, {"b": 2, "c": "x", "k": ""}]
 _ARRAYS = [[], [1], [1, 1], [1, 2], ["a"], ["a", "a"], ["a", "b"], [1, 2, 3, 4, 5], [{"foo": "bar"}], [None]]
 DOCS = _SCALARS + _OBJECTS + _ARRAYS
 
@@ -116,6 +118,38 @@ CASES = [
     ("propertyNames closed", {"type": "object", "propertyNames": {"maxLength": 1},
                               "properties": {"ab": {}, "b": {}}, "additionalProperties": False}, "propertyNames"),
     ("propertyNames true", {"type": "object", "propertyNames": True}, "propertyNames"),
+    # oneOf through the negation of each branch, and `not` keyword by keyword
+    ("oneOf untyped objects",
+     {"oneOf": [{"properties": {"k": {"const": "a"}}}, {"properties": {"k": {"const": "b"}}}]}, "oneOf"),
+    ("oneOf required and more", {"oneOf": [{"required": ["a"], "properties": {"a": {"type": "string"}}},
+                                           {"required": ["b"]}]}, "oneOf"),
+    ("oneOf open objects", {"type": "object", "oneOf": [{"properties": {"a": {"type": "number"}}},
+                                                        {"properties": {"b": {"type": "number"}}}]}, "oneOf"),
+    ("oneOf overlapping ranges", {"oneOf": [{"type": "integer", "minimum": 3}, {"type": "integer", "maximum": 7}]},
+     "oneOf"),
+    ("oneOf exclusive ranges", {"oneOf": [{"type": "number", "exclusiveMinimum": 1},
+                                          {"type": "number", "exclusiveMaximum": 7}]}, "oneOf"),
+    ("oneOf lengths and values", {"oneOf": [{"type": "string", "maxLength": 2}, {"enum": ["a", "abc", True]},
+                                            {"type": "array", "minItems": 2}, {"type": "array", "maxItems": 4}]},
+     "oneOf"),
+    ("oneOf three required shapes", {"type": "object", "oneOf": [
+        {"properties": {"a": {"type": "number"}}, "required": ["a"]},
+        {"properties": {"b": {"type": "number"}, "c": {"type": ["number", "string"]}}, "required": ["b", "c"]},
+        {"properties": {"k": {"type": "string", "minLength": 1}}, "required": ["k"]}]}, "oneOf"),
+    ("oneOf nested anyOf and allOf", {"oneOf": [{"anyOf": [{"type": "string", "minLength": 2}, {"type": "null"}]},
+                                                {"allOf": [{"type": "string"}, {"maxLength": 2}]}]}, "oneOf"),
+    ("oneOf closed objects", {"oneOf": [{"properties": {"a": {}, "b": {}}, "additionalProperties": False},
+                                        {"properties": {"b": {}, "c": {}}, "additionalProperties": False}]},
+     "oneOf"),
+    ("not const and enum", {"type": "string", "not": {"const": "a", "enum": ["a", "b"]}}, "not"),
+    ("not object", {"not": {"type": "object", "properties": {"a": {"type": "number", "minimum": 2}},
+                            "required": ["a"]}}, "not"),
+    ("not lengths", {"not": {"type": ["string", "array"], "minLength": 2, "maxItems": 1}}, "not"),
+    ("not not in properties", {"not": {"properties": {"k": {"not": {"type": "string"}}}}}, "not"),
+    ("not integer among integers", {"type": "integer", "not": {"type": "integer", "maximum": 2}}, "not"),
+    ("not enum with numbers among strings", {"type": "string", "not": {"enum": [1, "a", 2.5]}}, "not"),
+    ("oneOf enum with a number and strings", {"oneOf": [{"enum": [1, "b"]}, {"type": "string"}]}, "oneOf"),
+    ("not boolean and null values", {"not": {"enum": [True, None, "x1"]}}, "not"),
 ]
 
 
@@ -133,15 +167,22 @@ UNTOUCHED = [
     ("propertyNames pattern", {"type": "object", "propertyNames": {"pattern": "^a"},
                                "properties": {"ab": {}, "b": {}}, "additionalProperties": False}),
     ("oneOf overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
-    ("oneOf untyped objects",
-     {"oneOf": [{"properties": {"k": {"const": "a"}}}, {"properties": {"k": {"const": "b"}}}]}),
-    ("oneOf required and more", {"oneOf": [{"required": ["a"], "properties": {"a": {"type": "string"}}},
-                                           {"required": ["b"]}]}),
     ("oneOf patterns", {"oneOf": [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}]}),
     ("not pattern", {"type": "string", "not": {"pattern": "^a"}}),
     ("not integer", {"not": {"type": "integer"}}),
+    ("oneOf integer and number", {"oneOf": [{"type": "number", "minimum": 0}, {"type": "integer"}]}),
+    ("oneOf closed and open objects", {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                                                 {"properties": {"b": {}}, "additionalProperties": False}]}),
+    ("oneOf draft-04 exclusive bounds", {"$schema": "http://json-schema.org/draft-04/schema#",
+                                         "oneOf": [{"type": "number", "minimum": 1, "exclusiveMinimum": True},
+                                                   {"type": "number", "maximum": 7}]}),
+    ("not multipleOf", {"not": {"type": "integer", "multipleOf": 2}}),
+    ("oneOf overlapping enum with a number", {"oneOf": [{"enum": [1, "b"]}, {"type": "number"}]}),
+    ("oneOf open objects with integers", {"type": "object", "oneOf": [{"properties": {"a": {"type": "integer"}}},
+                                                                      {"properties": {"b": {"type": "integer"}}}]}),
+    ("not $ref with siblings", {"definitions": {"s": {"type": "string"}},
+                                "not": {"$ref": "#/definitions/s", "maxLength": 1}}),
     ("not enum with a number", {"not": {"enum": [1, "a"]}}),
-    ("not const and enum", {"not": {"const": "a", "enum": ["b"]}}),
     ("not anyOf with a pattern", {"not": {"anyOf": [{"required": ["a"]}, {"type": "string", "pattern": "x"}]}}),
     ("uniqueItems", {"type": "array", "uniqueItems": True}),
     ("enum with format", {"allOf": [{"enum": ["a", "2020-01-01", 5]}, {"format": "date"}, {"not": {"const": 5}}]}),
@@ -188,15 +229,34 @@ def test_rewritten_schemas_compile_strictly_and_still_refuse_what_they_cannot_en
     assert exc.value.pointer in ("/properties/tags/uniqueItems", "/properties/n/oneOf", "/")
 
 
-@pytest.mark.parametrize("a,b", list(itertools.combinations([{"type": "string"}, {"const": "a"}, {"enum": [1, "b"]},
+@pytest.mark.parametrize("a,b", list(itertools.combinations([{"type": "string"}, {"const": "a"}, {"enum": [True, "b"]},
                                                              {"type": "integer", "minimum": 3}], 2)))
-def test_one_of_pairs_are_rewritten_only_when_disjoint(a, b):
+def test_one_of_pairs_become_an_exact_any_of(a, b):
+    """Disjoint pairs directly; overlapping pairs through each branch's negation (the overlap is refused)."""
     schema = {"oneOf": [a, b]}
     out = rewrite_schema(schema)
+    assert "oneOf" not in _keys(out)
     _same(schema, out)
-    overlap = any(jsonschema.Draft202012Validator(a).is_valid(d) and jsonschema.Draft202012Validator(b).is_valid(d)
-                  for d in DOCS)
-    if overlap:
-        assert "oneOf" in out  # never an anyOf when a value matches both
-    else:
-        assert "oneOf" not in out  # each of these disjoint pairs is provable
+    both = [d for d in DOCS if jsonschema.Draft202012Validator(a).is_valid(d)
+            and jsonschema.Draft202012Validator(b).is_valid(d)]
+    assert not any(jsonschema.Draft202012Validator(out).is_valid(d) for d in both)
+
+
+ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive ranges", "oneOf lengths and values",
+            "oneOf three required shapes", "oneOf closed objects", "oneOf enum with a number and strings",
+            "not object", "not lengths", "not integer among integers", "not boolean and null values"]
+
+
+@pytest.mark.parametrize("name", ENFORCED)
+def test_llguidance_enforces_the_rewritten_one_of_and_not_exactly(name, gpt2_compiler, tokenizers, vocabs):
+    """Through the real grammar and mask: the documents of the bank the original accepts, and only those."""
+    schema = next(c[1] for c in CASES if c[0] == name)
+    wrapped = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(wrapped), strict=True,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+    # (1.0 is an integer to JSON Schema; llguidance's integers are written without a fraction)
+    docs = [d for d in DOCS if not (isinstance(d, float) and d.is_integer())]
+    wrong = [d for d in docs if accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], d) != validator.is_valid(d)]
+    assert wrong == []
