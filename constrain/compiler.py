@@ -1,9 +1,9 @@
 """GrammarCompiler: ConstraintSpec -> Grammar, off the event loop, cached in memory (LRU bounded in bytes) and on disk.
 
 The `auto` policy (measured, see README): llguidance compiles any schema in milliseconds, outlines-core takes
-seconds on a 152k vocabulary. So a first request for a new constraint is served by llguidance; when outlines can
-enforce the constraint exactly, an outlines compile starts in the background and, once done (memory and disk
-cache), serves the repeats (cached mask rows, exact budget rule). When llguidance refuses a constraint that
+seconds on a 152k vocabulary. So a new constraint is served by llguidance; when it is requested a second time and
+outlines can enforce it exactly, an outlines compile starts in the background and, once done (memory and disk
+cache), serves the later repeats (cached mask rows, exact budget rule). When llguidance refuses a constraint that
 outlines enforces exactly, outlines serves it (waiting for the compile). When both refuse: ConstraintError.
 Outlines builds run in worker processes (constrain/compile_worker.py): killed at the time limit, capped in
 memory, at the lowest CPU priority. A failed outlines build is remembered, so repeats never rebuild it.
@@ -122,6 +122,7 @@ class GrammarCompiler:
                                       memory_mb=compile_memory_mb)
         self._pending: dict[str, Future] = {}
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
+        self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
         self._lock = threading.Lock()
         self._lltok = None
         self._tmp_dir: str | None = None
@@ -197,12 +198,25 @@ class GrammarCompiler:
             return self._outlines(spec, wait=True)
         if g.unenforced and outlines_ok:
             return self._outlines(spec, wait=True)
-        if outlines_ok and self.background_outlines and okey not in self._failed:
+        if outlines_ok and self.background_outlines and okey not in self._failed and self._seen_before(okey):
             try:
                 self._outlines(spec, wait=False)
             except ConstraintError:
                 pass  # outlines cannot serve the repeats; llguidance does
         return g
+
+    def _seen_before(self, okey: str) -> bool:
+        """True from the second request for a constraint on. The background outlines build starts only then:
+        it takes a core for seconds, which one-off schemas (generated per request, as dynamic tool schemas are)
+        would never repay, and on a CPU host it slows the forward of the request that triggered it."""
+        with self._lock:
+            if okey in self._seen_once:
+                del self._seen_once[okey]
+                return True
+            self._seen_once[okey] = None
+            while len(self._seen_once) > 65536:
+                self._seen_once.popitem(last=False)
+            return False
 
     def _outlines_supported(self, spec: ConstraintSpec) -> bool:
         if spec.kind in ("regex", "choice"):

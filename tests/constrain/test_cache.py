@@ -37,10 +37,12 @@ def test_disk_cache_survives_a_restart(tmp_path, tokenizers, vocabs):
     restarted.close()
 
 
-def test_auto_serves_first_request_with_llguidance_and_repeats_with_outlines(tokenizers, vocabs):
+def test_auto_serves_new_schemas_with_llguidance_and_builds_outlines_from_the_second_request(tokenizers, vocabs):
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto")
-    first = c.compile(_spec())
-    assert first.backend == "llguidance"
+    assert c.compile(_spec()).backend == "llguidance"
+    assert not c._pending and c.stats.background_compiles == 0  # a one-off schema costs no outlines build
+    assert c.compile(_spec()).backend == "llguidance"  # a repeat: the build starts
+    assert len(c._pending) == 1
     for fut in list(c._pending.values()):
         fut.result(timeout=120)
     assert c.compile(_spec()).backend == "outlines"
