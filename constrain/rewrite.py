@@ -11,10 +11,9 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   `iri`, `iri-reference`, `uri-template`, `json-pointer` and `relative-json-pointer` (regular RFC grammars
   llguidance has no matcher for) become the grammar's `pattern` (constrain/formats.py);
 - `oneOf` whose branches are pairwise provably disjoint is an `anyOf` (types, finite value sets, a required
-  property whose values are disjoint or that one branch forbids); a `oneOf` whose branches only require
-  properties ("exactly one of these property sets") is an `anyOf` of disjoint branches, each forbidding a
-  property of every other set; any other `oneOf` of up to 8 branches is `anyOf` over i of (Bi and not Bj for
-  every j != i), when each `not Bj` has a `not`-free form (below);
+  property whose values are disjoint or that one branch forbids); any other `oneOf` of up to 8 branches is
+  `anyOf` over i of (Bi and not Bj for every j != i), when each `not Bj` has a `not`-free form (below; this
+  covers the "exactly one of these property sets" idiom, `oneOf` of branches that only require properties);
 - `not S` becomes a `not`-free schema keyword by keyword: a value fails S iff its type is not allowed or it fails
   one keyword of its type, so the negation is an `anyOf` of pieces: the complementary `type`; for `properties`,
   the property present with a value failing its schema; for `required`, a name absent (`properties: {a:
@@ -53,11 +52,8 @@ from constrain.support import ASSERTIONS, STANDARD_FORMATS
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
                     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "markdownDescription"})
-_PLAIN_ANNOT = frozenset({"$comment", "title", "description", "default", "examples", "example", "deprecated",
-                          "readOnly", "writeOnly", "markdownDescription"})  # (no $defs: a $ref may point inside)
 _UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
-_MAX_ONEOF_REQUIRED_ALTERNATIVES = 16  # "exactly one of these property sets": lacking-one choices multiplied
 _MAX_ONEOF_NEGATED = 8  # oneOf branches rewritten through their negations
 _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_COUNT_ANYOF = 16  # min/maxProperties on a closed object: alternatives of which properties are present
@@ -373,7 +369,7 @@ def _not(node: dict, ctx: _Ctx) -> dict:
     repl = _negation(n, ctx, ctx.types(rest), rest)
     if repl is None:
         return node
-    node = {k: v for k, v in node.items() if k != "not"}
+    node = rest
     _add_all_of(node, repl)
     ctx.changed = True
     return node
@@ -505,7 +501,7 @@ def _keyword_negation(key: str, value: Any, body: dict, ctx: _Ctx, within: froze
             return None
         return _other_values([v for v in values if _json_type(v) in within])
     if key == "not":
-        return [value]
+        return [] if value is False else [value]  # failing `not X` is matching X (`not: false` never fails)
     if key in ("anyOf", "allOf") and isinstance(value, list):
         parts = [_negation(b, ctx, within, context, depth + 1) for b in value]
         if any(p is None for p in parts):
@@ -605,8 +601,7 @@ def _one_of(node: dict, ctx: _Ctx) -> dict:
     ctxd = [{"allOf": [b, rest]} if rest else b for b in branches]
     disjoint = all(ctx.disjoint(ctxd[i], ctxd[j]) for i in range(len(branches)) for j in range(i + 1, len(branches)))
     if not disjoint:
-        exact = _exactly_one_required(branches, ctx)
-        branches = exact if exact is not None else _exactly_one_by_negation(branches, ctx)
+        branches = _exactly_one_by_negation(branches, ctx)
         if branches is None:
             return node
         if not branches:
@@ -619,59 +614,6 @@ def _one_of(node: dict, ctx: _Ctx) -> dict:
         return node
     # Same place in the object: llguidance orders merged properties by the order it meets the keywords.
     return {("anyOf" if k == "oneOf" else k): (branches if k == "oneOf" else v) for k, v in node.items()}
-
-
-def _exactly_one_required(branches: list, ctx: _Ctx) -> list | None:
-    """Disjoint branches equivalent to a `oneOf` whose branches each only require properties (the "exactly one
-    of these property sets" idiom), or None when a branch asserts anything else. An object matches branch j iff
-    it has every name of R_j, so exactly one matches iff, for some i, it has R_i and lacks a name of each other
-    R_j - R_i (an empty difference makes branch i impossible). A non-object matches every branch without a
-    `type`: oneOf accepts it iff exactly one branch is untyped."""
-    required: list[list[str]] = []
-    untyped = 0
-    for b in branches:
-        b = ctx._deref(b)
-        if not isinstance(b, dict) or set(b) - _PLAIN_ANNOT - {"required", "type"}:
-            return None
-        req = b.get("required", [])
-        if not (isinstance(req, list) and all(isinstance(x, str) for x in req)):
-            return None
-        if "type" not in b:
-            untyped += 1
-        elif b["type"] not in ("object", ["object"]):
-            return None
-        required.append(list(dict.fromkeys(req)))
-    out: list = []
-    for i, own in enumerate(required):
-        forbid: dict[str, bool] = {}
-        choices: list[list[str]] = []
-        for j, other in enumerate(required):
-            if j == i:
-                continue
-            missing = [x for x in other if x not in own]
-            if not missing:
-                break  # every object with R_i also has R_j: two branches match
-            if len(missing) == 1:
-                forbid[missing[0]] = False
-            else:
-                choices.append(missing)
-        else:
-            choices = [c for c in choices if not any(x in forbid for x in c)]  # already lacking one
-            if math.prod(len(c) for c in choices) > _MAX_ONEOF_REQUIRED_ALTERNATIVES:
-                return None
-            branch: dict[str, Any] = {"type": "object"}
-            if own:
-                branch["required"] = own
-            if forbid:
-                branch["properties"] = forbid
-            if len(choices) == 1:
-                branch["anyOf"] = [{"properties": {x: False}} for x in choices[0]]
-            elif choices:
-                branch["allOf"] = [{"anyOf": [{"properties": {x: False}} for x in c]} for c in choices]
-            out.append(branch)
-    if untyped == 1:
-        out.append({"type": ["null", "boolean", "number", "string", "array"]})
-    return out
 
 
 def _exactly_one_by_negation(branches: list, ctx: _Ctx) -> list | None:

@@ -150,6 +150,8 @@ CASES = [
     ("not enum with numbers among strings", {"type": "string", "not": {"enum": [1, "a", 2.5]}}, "not"),
     ("oneOf enum with a number and strings", {"oneOf": [{"enum": [1, "b"]}, {"type": "string"}]}, "oneOf"),
     ("not boolean and null values", {"not": {"enum": [True, None, "x1"]}}, "not"),
+    ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
+                                           "not": {"$ref": "#/definitions/d"}}, "not"),
 ]
 
 
