@@ -18,12 +18,14 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   one keyword of its type, so the negation is an `anyOf` of pieces: the complementary `type`; for `properties`,
   the property present with a value failing its schema; for `required`, a name absent (`properties: {a:
   false}`); `min/maxLength`, `min/maxItems`, `minimum`/`maximum` (and the exclusive forms) flipped; `enum`/`const`
-  of strings, booleans and null by the other values (strings by a complement pattern of their trie); `anyOf`,
-  `allOf` and `not` by De Morgan. It is computed among the values the surrounding schema allows, which makes some
-  negations possible that are not alone: `not: {type: integer}` among integers is nothing, while alone it would be
-  "a number with a fraction", which no keyword says. Out of reach (the `not` or `oneOf` is left alone): `pattern`,
-  `format`, `multipleOf`, `items`, `additionalProperties` (except between closed objects), `patternProperties`,
-  `propertyNames`, `dependencies`, `if`, `min/maxProperties`, `uniqueItems`, enums of numbers, objects or arrays;
+  of strings, booleans and null by the other values (strings by a complement pattern of their trie); `pattern`
+  by its complement pattern (constrain.regex_sets.py); `anyOf`, `allOf` and `not` by De Morgan. It is
+  computed among the values the surrounding schema allows, which makes some negations possible that are not
+  alone: `not: {type: integer}` among integers is nothing, while alone it would be "a number with a fraction",
+  which no keyword says. Out of reach (the `not` or `oneOf` is left alone): patterns beyond regular expressions
+  or too large to complement, `format`, `multipleOf`, `items`, `additionalProperties` (except between closed
+  objects), `patternProperties`, `propertyNames`, `dependencies`, `if`, `min/maxProperties`, `uniqueItems`,
+  enums of numbers, objects or arrays;
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
   `maxItems: 1` when every item must equal one constant;
 - `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
@@ -47,6 +49,7 @@ from typing import Any
 import jsonschema
 
 from constrain.formats import format_pattern
+from constrain.regex_sets import complement_pattern, disjoint_regions
 from constrain.support import ASSERTIONS, STANDARD_FORMATS
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -300,7 +303,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_format, _not, _one_of, _unique_items, _dependencies, _properties_count, _property_names):
+    for step in (_format, _not, _one_of, _unique_items, _dependencies, _properties_count, _property_names,
+                 _pattern_properties):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -521,6 +525,11 @@ def _keyword_negation(key: str, value: Any, body: dict, ctx: _Ctx, within: froze
         return [{"type": "object", "required": [x]} for x in names if x not in declared]
     if key == "uniqueItems" and value is False:
         return []
+    if key == "pattern" and isinstance(value, str):
+        if "string" not in within:
+            return []
+        other = complement_pattern(value)
+        return None if other is None else [{"type": "string", "pattern": other}]
     return None
 
 
@@ -796,3 +805,23 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
     return out
 
 
+_MAX_PATTERN_PROPERTIES = 6  # overlapping patternProperties cut into disjoint regions (at most 2^n - 1 of them)
+
+
+def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
+    """Overlapping `patternProperties` (llguidance wants them disjoint): one pattern per region of names matched
+    by exactly a set R of the patterns, with the schemas of R together (an `allOf`). A name matched by several
+    patterns must pass each of their schemas: so it does in its region."""
+    pp = node.get("patternProperties")
+    if not isinstance(pp, dict) or not (2 <= len(pp) <= _MAX_PATTERN_PROPERTIES):
+        return node
+    patterns = list(pp)
+    regions = disjoint_regions(patterns)
+    if regions is None or all(len(members) == 1 for _, members in regions):
+        return node  # out of reach, or already disjoint (left as the client wrote them)
+    ctx.changed = True
+    out = {}
+    for region, members in regions:
+        schemas = [pp[patterns[i]] for i in sorted(members)]
+        out[region] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+    return {**node, "patternProperties": out}

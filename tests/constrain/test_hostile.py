@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, spec_from_request
@@ -101,12 +103,37 @@ def test_outlines_core_regex_completeness_bug_is_kept_away_from_auto(gpt2_compil
     {"type": "string", "pattern": "^(a+)+$", "enum": ["a" * 40 + "!", "aa"]},
     {"type": "object", "additionalProperties": False, "properties": {"a" * 40 + "!": {"type": "integer"}},
      "propertyNames": {"pattern": "^(a+)+$"}},
-    {"oneOf": [{"type": "string", "pattern": "^(a+)+$"}, {"const": "a" * 40 + "!"}]},
 ])
 def test_schema_rewrites_never_run_the_clients_regexes(schema):
-    """A catastrophic pattern next to an enum, propertyNames or a oneOf const would backtrack for hours in
-    Python's `re` (holding the GIL: the whole server stalls) if the exact rewrites validated values against it:
-    they leave such nodes alone instead (the backends' regex engines are linear)."""
+    """A catastrophic pattern next to an enum or propertyNames would backtrack for hours in Python's `re` (holding
+    the GIL: the whole server stalls) if the exact rewrites validated values against it: they leave such nodes
+    alone instead (the backends' regex engines are linear)."""
     from constrain.spec import normalise_schema
 
     assert normalise_schema(schema) == schema
+
+
+@pytest.mark.timeout(60)
+def test_a_one_of_against_a_catastrophic_pattern_is_rewritten_from_its_automaton():
+    """The pattern is parsed, never run: its negation comes from its automaton (constrain/regex_sets.py), and that
+    complement, a DFA written back, is itself safe to run."""
+    import re
+
+    from constrain.spec import normalise_schema
+
+    const = "a" * 40 + "!"
+    out = normalise_schema({"oneOf": [{"type": "string", "pattern": "^(a+)+$"}, {"const": const}]})
+    assert "oneOf" not in json.dumps(out)
+    const_branch = next(b for b in out["anyOf"] if const in json.dumps(b))
+    (not_pattern,) = [p for p in _patterns(const_branch)]
+    assert re.search(not_pattern, const) and not re.search(not_pattern, "aaa")
+
+
+def _patterns(node):
+    if isinstance(node, dict):
+        yield from ([node["pattern"]] if isinstance(node.get("pattern"), str) else [])
+        for v in node.values():
+            yield from _patterns(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _patterns(v)

@@ -150,6 +150,15 @@ CASES = [
     ("not enum with numbers among strings", {"type": "string", "not": {"enum": [1, "a", 2.5]}}, "not"),
     ("oneOf enum with a number and strings", {"oneOf": [{"enum": [1, "b"]}, {"type": "string"}]}, "oneOf"),
     ("not boolean and null values", {"not": {"enum": [True, None, "x1"]}}, "not"),
+    ("oneOf enum vs pattern", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "pattern": "^x"}]}, "oneOf"),
+    ("oneOf patterns", {"oneOf": [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}]}, "oneOf"),
+    ("not pattern", {"type": "string", "not": {"pattern": "^a"}}, "not"),
+    ("not pattern among any values", {"not": {"pattern": "b$", "minLength": 2}}, "not"),
+    ("not anyOf with a pattern", {"not": {"anyOf": [{"required": ["a"]}, {"type": "string", "pattern": "x"}]}},
+     "not"),
+    ("overlapping patternProperties", {"type": "object", "patternProperties": {"a": {"type": "integer"},
+                                                                              "^[ab]+$": {"minimum": 2}}},
+     "^[ab]+$"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
 ]
@@ -165,12 +174,9 @@ def test_rewrite_is_exact_and_removes_the_keyword(name, schema, gone):
 
 UNTOUCHED = [
     # deciding these would run the client's regex in Python's backtracking `re` (see test_hostile.py)
-    ("oneOf enum vs pattern", {"oneOf": [{"enum": ["a", "b"]}, {"type": "string", "pattern": "^x"}]}),
     ("propertyNames pattern", {"type": "object", "propertyNames": {"pattern": "^a"},
                                "properties": {"ab": {}, "b": {}}, "additionalProperties": False}),
     ("oneOf overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
-    ("oneOf patterns", {"oneOf": [{"type": "string", "pattern": "a"}, {"type": "string", "pattern": "b"}]}),
-    ("not pattern", {"type": "string", "not": {"pattern": "^a"}}),
     ("not integer", {"not": {"type": "integer"}}),
     ("oneOf integer and number", {"oneOf": [{"type": "number", "minimum": 0}, {"type": "integer"}]}),
     ("oneOf closed and open objects", {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
@@ -185,12 +191,14 @@ UNTOUCHED = [
     ("not $ref with siblings", {"definitions": {"s": {"type": "string"}},
                                 "not": {"$ref": "#/definitions/s", "maxLength": 1}}),
     ("not enum with a number", {"not": {"enum": [1, "a"]}}),
-    ("not anyOf with a pattern", {"not": {"anyOf": [{"required": ["a"]}, {"type": "string", "pattern": "x"}]}}),
     ("uniqueItems", {"type": "array", "uniqueItems": True}),
     ("enum with format", {"allOf": [{"enum": ["a", "2020-01-01", 5]}, {"format": "date"}, {"not": {"const": 5}}]}),
     ("dependencies in 2020-12", {"type": "object", "dependencies": {"a": ["b"]}}),
     ("many dependencies", {"$schema": D7, "dependencies": {"a": ["b"], "b": ["c"], "c": ["d"], "d": ["a"]}}),
     ("propertyNames open", {"type": "object", "propertyNames": {"pattern": "^a"}}),
+    ("not lookahead pattern", {"type": "string", "not": {"pattern": "a(?=b)"}}),
+    ("oneOf patterns with a quote", {"oneOf": [{"type": "string", "pattern": "a\"b"}, {"type": "string"}]}),
+    ("disjoint patternProperties", {"patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}}}),
     ("unevaluated", {"allOf": [{"enum": [{"a": 1}]}], "unevaluatedProperties": False}),
     ("minProperties beyond required", {"type": "object", "required": ["a"], "minProperties": 2}),
     ("minProperties with many alternatives", {"type": "object", "properties": {k: {} for k in "abcdefghij"},
@@ -246,7 +254,9 @@ def test_one_of_pairs_become_an_exact_any_of(a, b):
 
 ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive ranges", "oneOf lengths and values",
             "oneOf three required shapes", "oneOf closed objects", "oneOf enum with a number and strings",
-            "not object", "not lengths", "not integer among integers", "not boolean and null values"]
+            "not object", "not lengths", "not integer among integers", "not boolean and null values",
+            "oneOf enum vs pattern", "oneOf patterns", "not pattern", "not pattern among any values",
+            "not anyOf with a pattern", "overlapping patternProperties"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)

@@ -1,0 +1,524 @@
+r"""Patterns as sets of strings: the complement of a JSON-schema `pattern` (what `not: {pattern: P}` means among
+strings) and the disjoint regions of overlapping patterns (what llguidance needs of `patternProperties`).
+
+JSON Schema's `pattern` is a search: a string passes when P matches somewhere in it. No regex syntax that both
+llguidance (Rust `regex`) and the validators read says "does not match", so the complement is computed: P is
+parsed with Python's own regex parser (no client regex is ever run), wrapped in `[\s\S]*` on each side it does not
+anchor, turned into an NFA, then a DFA over classes of characters no part of P tells apart; each DFA state knows
+which patterns have matched, the states of the wanted set become the accepting ones (for a complement: none
+matched), and the minimised DFA is written back as a regex by state elimination.
+
+Only true regular expressions are taken: literals, classes, `.`, groups, alternation, greedy or lazy repeats, and
+`^`/`$` where they anchor a whole alternative. Lookarounds, backreferences, word boundaries, inline flags and
+possessive repeats give None, as do automata past the `_MAX_*` limits (which also bound the work on hostile
+patterns). Classes follow Python's `re` (`\d`: Unicode decimal digits; `\w`: alphanumerics and `_`; `\s`:
+`str.isspace`); a class holding one of these whole is written with its shorthand, so the engine reads it with its
+own definition, as it reads the client's pattern. `$` anchors at the very end, as in ECMA-262 (Python's `$` also
+matches before a final newline).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import re
+import re._constants as sre
+import re._parser as sre_parse
+from typing import Iterable
+
+_MAX_PATTERN_CHARS = 1000
+_MAX_NFA_STATES = 4000
+_MAX_DFA_STATES = 200
+_MAX_OUTPUT_CHARS = 8000
+_TOP = 0x10FFFF
+
+Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
+_ANY: Ranges = ((0, _TOP),)
+_CONTROLS: Ranges = ((0, 0x1F),)
+_QUOTE: Ranges = ((0x22, 0x22),)
+_BACKSLASH: Ranges = ((0x5C, 0x5C),)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def complement_pattern(pattern: str) -> str | None:
+    """An anchored pattern matching exactly the strings in which `pattern` finds no match (None: out of reach)."""
+    dfa = _search_dfa([pattern])
+    if dfa is None:
+        return None
+    return _region(dfa, frozenset())  # (None when P matches every string: an empty complement needs no pattern)
+
+
+def disjoint_regions(patterns: list[str]) -> list[tuple[str, frozenset[int]]] | None:
+    """The strings some of `patterns` find a match in, cut by which ones do: for each non-empty set R of indices
+    whose region is not empty, an anchored pattern matching exactly the strings matched by the patterns in R and
+    by no other. The regions are pairwise disjoint and their union is the union of the patterns (None: out of
+    reach)."""
+    dfa = _search_dfa(patterns)
+    if dfa is None:
+        return None
+    out = []
+    for sig in dict.fromkeys(dfa.sigs):
+        if sig:
+            region = _region(dfa, sig)
+            if region is None:
+                return None
+            out.append((region, sig))
+    return out
+
+
+def _search_dfa(patterns: list[str]) -> "_Dfa | None":
+    if not all(isinstance(p, str) and len(p) <= _MAX_PATTERN_CHARS for p in patterns):
+        return None
+    try:
+        trees = [sre_parse.parse(p) for p in patterns]
+    except (re.error, RecursionError, OverflowError):
+        return None
+    if any(t.state.flags & ~sre.SRE_FLAG_UNICODE for t in trees):
+        return None  # (?i), (?s), (?m), (?x)...
+    try:
+        nfa = _Nfa()
+        parts = [nfa.search(list(t)) for t in trees]
+        start = nfa.state()
+        nfa.eps[start] = [a for a, _ in parts]
+        return _Dfa.build(nfa, start, [b for _, b in parts])
+    except (_Unsupported, RecursionError):
+        return None
+
+
+def _region(dfa: "_Dfa", sig: frozenset) -> str | None:
+    """An anchored pattern for the strings whose DFA state has signature `sig` (None: empty or too large)."""
+    dfa = _Dfa(dfa.classes, dfa.trans, {i for i, s in enumerate(dfa.sigs) if s == sig}).minimised()
+    if not dfa.finals:
+        return None
+    try:
+        return f"^(?:{_write(dfa.to_regex())})$"
+    except _Unsupported:
+        return None
+
+
+# ---- character sets --------------------------------------------------------------------------------------------
+
+def _ranges(codes: Iterable[int]) -> Ranges:
+    out: list[list[int]] = []
+    for c in sorted(set(codes)):
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return tuple((a, b) for a, b in out)
+
+
+def _union(*sets: Ranges) -> Ranges:
+    spans = sorted(r for s in sets for r in s)
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def _negate(s: Ranges) -> Ranges:
+    out, nxt = [], 0
+    for a, b in s:
+        if a > nxt:
+            out.append((nxt, a - 1))
+        nxt = b + 1
+    if nxt <= _TOP:
+        out.append((nxt, _TOP))
+    return tuple(out)
+
+
+def _contains(s: Ranges, sub: Ranges) -> bool:
+    return _union(s, sub) == s
+
+
+@functools.lru_cache(maxsize=None)
+def _category(name: str) -> Ranges:
+    """Python `re`'s (str pattern) definition of \\d, \\w, \\s, computed once over all code points."""
+    test = {"digit": str.isdecimal, "space": str.isspace,
+            "word": lambda ch: ch.isalnum() or ch == "_"}[name]
+    return _ranges(c for c in range(_TOP + 1) if test(chr(c)))
+
+
+_CATEGORIES = {
+    sre.CATEGORY_DIGIT: ("digit", False), sre.CATEGORY_NOT_DIGIT: ("digit", True),
+    sre.CATEGORY_SPACE: ("space", False), sre.CATEGORY_NOT_SPACE: ("space", True),
+    sre.CATEGORY_WORD: ("word", False), sre.CATEGORY_NOT_WORD: ("word", True),
+}
+_SHORTHANDS = (("digit", "\\d", "\\D"), ("word", "\\w", "\\W"), ("space", "\\s", "\\S"))
+
+
+def _class_ranges(items) -> Ranges:
+    negate, parts = False, []
+    for op, arg in items:
+        if op is sre.NEGATE:
+            negate = True
+        elif op is sre.LITERAL:
+            parts.append(((arg, arg),))
+        elif op is sre.RANGE:
+            parts.append(((arg[0], arg[1]),))
+        elif op is sre.CATEGORY and arg in _CATEGORIES:
+            name, negated = _CATEGORIES[arg]
+            parts.append(_negate(_category(name)) if negated else _category(name))
+        else:
+            raise _Unsupported(op)
+    s = _union(*parts)
+    return _negate(s) if negate else s
+
+
+# ---- NFA (Thompson) from Python's parse tree ----------------------------------------------------------------------
+
+class _Nfa:
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[Ranges, int]]] = []
+
+    def state(self) -> int:
+        if len(self.eps) >= _MAX_NFA_STATES:
+            raise _Unsupported("automaton too large")
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def chars(self, s: Ranges) -> tuple[int, int]:
+        a, b = self.state(), self.state()
+        self.edges[a].append((s, b))
+        return a, b
+
+    def search(self, items: list, begin: bool = False) -> tuple[int, int]:
+        """A match anywhere: each top-level alternative gets `[\\s\\S]*` on the sides it does not anchor."""
+        if items[:1] in ([(sre.AT, sre.AT_BEGINNING)], [(sre.AT, sre.AT_BEGINNING_STRING)]):
+            begin, items = True, items[1:]  # (Python's parser hoists a `^` common to all alternatives)
+        if len(items) == 1 and items[0][0] is sre.BRANCH:
+            return self._alternation([self.search(list(alt), begin) for alt in items[0][1][1]])
+        if len(items) == 1 and items[0][0] is sre.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
+            return self.search(list(items[0][1][3]), begin)
+        end = items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
+        items = items[:-1] if end else items
+        parts = ([] if begin else [self._star(self.chars(_ANY))]) + [self.sequence(items)] \
+            + ([] if end else [self._star(self.chars(_ANY))])
+        return self._concat(parts)
+
+    def sequence(self, items) -> tuple[int, int]:
+        return self._concat([self.item(op, arg) for op, arg in items])
+
+    def item(self, op, arg) -> tuple[int, int]:
+        if op is sre.LITERAL:
+            return self.chars(((arg, arg),))
+        if op is sre.NOT_LITERAL:
+            return self.chars(_negate(((arg, arg),)))
+        if op is sre.ANY:
+            return self.chars(_negate(((10, 10),)))  # `.` is any character but a line feed
+        if op is sre.IN:
+            return self.chars(_class_ranges(arg))
+        if op is sre.BRANCH:
+            return self._alternation([self.sequence(alt) for alt in arg[1]])
+        if op is sre.SUBPATTERN:
+            _, add_flags, del_flags, sub = arg
+            if add_flags or del_flags:
+                raise _Unsupported("scoped flags")
+            return self.sequence(sub)
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):  # laziness changes where a match is, not whether one exists
+            lo, hi, sub = arg
+            parts = [self.sequence(sub) for _ in range(lo)]
+            if hi == sre.MAXREPEAT:
+                parts.append(self._star(self.sequence(sub)))
+            else:
+                parts += [self._optional(self.sequence(sub)) for _ in range(hi - lo)]
+            return self._concat(parts)
+        raise _Unsupported(op)  # anchors inside, lookarounds, backreferences, atomic groups, possessive repeats
+
+    def _concat(self, parts: list[tuple[int, int]]) -> tuple[int, int]:
+        if not parts:
+            s = self.state()
+            return s, s
+        for (_, end), (start, _) in zip(parts, parts[1:]):
+            self.eps[end].append(start)
+        return parts[0][0], parts[-1][1]
+
+    def _alternation(self, parts: list[tuple[int, int]]) -> tuple[int, int]:
+        a, b = self.state(), self.state()
+        for start, end in parts:
+            self.eps[a].append(start)
+            self.eps[end].append(b)
+        return a, b
+
+    def _optional(self, part: tuple[int, int]) -> tuple[int, int]:
+        self.eps[part[0]].append(part[1])
+        return part
+
+    def _star(self, part: tuple[int, int]) -> tuple[int, int]:
+        a = self.state()
+        self.eps[a].append(part[0])
+        self.eps[part[1]].append(a)
+        return a, a
+
+
+# ---- DFA over classes of characters ---------------------------------------------------------------------------
+
+class _Dfa:
+    def __init__(self, classes: list[Ranges], trans: list[list[int]], finals: set[int],
+                 sigs: list[frozenset] | None = None):
+        self.classes = classes  # a partition of all code points
+        self.trans = trans  # trans[state][class] -> state (complete)
+        self.finals = finals
+        self.sigs = sigs  # from build: for each state, the indices of the patterns that matched
+
+    @staticmethod
+    def build(nfa: _Nfa, start: int, ends: list[int]) -> "_Dfa":
+        labels = sorted({s for edges in nfa.edges for s, _ in edges})
+        classes, members = _partition(labels)
+        label_classes = {lab: m for lab, m in zip(labels, members)}
+
+        def closure(states: Iterable[int]) -> frozenset:
+            todo = list(states)
+            seen = set(todo)
+            while todo:
+                for t in nfa.eps[todo.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            return frozenset(seen)
+
+        first = closure([start])
+        index, order, trans = {first: 0}, [first], []
+        while len(trans) < len(order):
+            current = order[len(trans)]
+            row = []
+            for c in range(len(classes)):
+                nxt = closure(t for s in current for lab, t in nfa.edges[s] if c in label_classes[lab])
+                if nxt not in index:
+                    if len(order) >= _MAX_DFA_STATES:
+                        raise _Unsupported("automaton too large")
+                    index[nxt] = len(order)
+                    order.append(nxt)
+                row.append(index[nxt])
+            trans.append(row)
+        sigs = [frozenset(k for k, end in enumerate(ends) if end in s) for s in order]
+        return _Dfa(classes, trans, set(), sigs)
+
+    def minimised(self) -> "_Dfa":
+        """Moore's partition refinement (states are few: _MAX_DFA_STATES); state 0 stays initial."""
+        n = len(self.trans)
+        block = [int(i in self.finals) for i in range(n)]
+        while True:
+            keys = [(block[i], *(block[t] for t in self.trans[i])) for i in range(n)]
+            ids: dict = {}
+            for k in [keys[0]] + keys:  # numbered in order of first appearance, from state 0
+                ids.setdefault(k, len(ids))
+            new = [ids[k] for k in keys]
+            if len(ids) == len(set(block)):
+                break
+            block = new
+        trans = [[]] * len(ids)
+        for i in range(n):
+            trans[new[i]] = [new[t] for t in self.trans[i]]
+        return _Dfa(self.classes, trans, {new[i] for i in self.finals})
+
+    def to_regex(self) -> "_Node":
+        """State elimination (Brzozowski-McCluskey): cheapest state first; _Unsupported past _MAX_OUTPUT_CHARS."""
+        n = len(self.trans)
+        live = self._live()
+        start, final = n, n + 1
+        edges: dict[int, dict[int, _Node]] = {i: {} for i in range(n + 2)}
+        edges[start][0] = _EPS
+        for i in live:
+            by_target: dict[int, list[Ranges]] = {}
+            for c, t in enumerate(self.trans[i]):
+                if t in live:
+                    by_target.setdefault(t, []).append(self.classes[c])
+            for t, sets in by_target.items():
+                edges[i][t] = _set(_union(*sets))
+            if i in self.finals:
+                edges[i][final] = _EPS
+        todo = set(live)
+        while todo:
+            def cost(k: int) -> int:
+                ins = sum(1 for i in edges if k in edges[i] and i != k)
+                return ins * sum(1 for j in edges[k] if j != k)
+            k = min(todo, key=lambda k: (cost(k), k))
+            todo.discard(k)
+            loop = _star(edges[k].pop(k)) if k in edges[k] else _EPS
+            outs = edges.pop(k)
+            for i in edges:
+                into = edges[i].pop(k, None)
+                if into is None:
+                    continue
+                for j, out in outs.items():
+                    edges[i][j] = _alt(edges[i].get(j), _cat(_cat(into, loop), out))
+                    if edges[i][j].size > _MAX_OUTPUT_CHARS:
+                        raise _Unsupported("regex too long")
+        if final not in edges[start]:
+            raise _Unsupported("empty language")
+        return edges[start][final]
+
+    def _live(self) -> set[int]:
+        """States reachable from 0 from which a final state is reachable."""
+        reach, todo = {0}, [0]
+        while todo:
+            for t in self.trans[todo.pop()]:
+                if t not in reach:
+                    reach.add(t)
+                    todo.append(t)
+        live = set(self.finals) & reach
+        changed = True
+        while changed:
+            changed = False
+            for i in reach - live:
+                if any(t in live for t in self.trans[i]):
+                    live.add(i)
+                    changed = True
+        return live
+
+
+def _partition(labels: list[Ranges]) -> tuple[list[Ranges], list[set[int]]]:
+    """The coarsest classes of code points no label tells apart, and for each label the classes it holds."""
+    bounds = sorted({0, _TOP + 1} | {a for lab in labels for a, _ in lab} | {b + 1 for lab in labels for _, b in lab})
+    starts = [[a for a, _ in lab] for lab in labels]
+    by_signature: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for lo, nxt in zip(bounds, bounds[1:]):
+        sig = tuple(i for i, lab in enumerate(labels)
+                    if (k := bisect.bisect_right(starts[i], lo) - 1) >= 0 and lab[k][1] >= lo)
+        by_signature.setdefault(sig, []).append((lo, nxt - 1))
+    classes = [_union(tuple(spans)) for spans in by_signature.values()]
+    members: list[set[int]] = [set() for _ in labels]
+    for c, sig in enumerate(by_signature):
+        for i in sig:
+            members[i].add(c)
+    return classes, members
+
+
+# ---- regex terms and writing them -----------------------------------------------------------------------------
+
+class _Node(tuple):
+    """(kind, size, payload): kind eps | set | cat | alt | opt | star; size bounds the written length."""
+
+    @property
+    def kind(self) -> str:
+        return self[0]
+
+    @property
+    def size(self) -> int:
+        return self[1]
+
+
+_EPS = _Node(("eps", 0, None))
+
+
+def _set(s: Ranges) -> _Node:
+    return _Node(("set", len(_write_class(s)), s))
+
+
+def _cat(a: _Node, b: _Node) -> _Node:
+    if a is _EPS:
+        return b
+    if b is _EPS:
+        return a
+    parts = (a[2] if a.kind == "cat" else (a,)) + (b[2] if b.kind == "cat" else (b,))
+    return _Node(("cat", a.size + b.size, parts))
+
+
+def _alt(a: _Node | None, b: _Node) -> _Node:
+    if a is None or a == b:
+        return b
+    if a is _EPS:
+        return _opt(b)
+    if b is _EPS:
+        return _opt(a)
+    if a.kind == "opt" or b.kind == "opt":
+        return _opt(_alt(a[2] if a.kind == "opt" else a, b[2] if b.kind == "opt" else b))
+    if a.kind == "set" and b.kind == "set":
+        return _set(_union(a[2], b[2]))
+    parts = tuple(dict.fromkeys((a[2] if a.kind == "alt" else (a,)) + (b[2] if b.kind == "alt" else (b,))))
+    return _Node(("alt", sum(p.size for p in parts) + 4 + len(parts), parts))
+
+
+def _opt(a: _Node) -> _Node:
+    return a if a.kind in ("eps", "opt", "star") else _Node(("opt", a.size + 5, a))
+
+
+def _star(a: _Node) -> _Node:
+    if a.kind in ("eps", "star"):
+        return a
+    return _Node(("star", a.size + 5, a[2] if a.kind == "opt" else a))
+
+
+def _write(n: _Node) -> str:
+    if n.kind == "eps":
+        return ""
+    if n.kind == "set":
+        return _write_class(n[2])
+    if n.kind == "alt":
+        return "|".join(_write(p) for p in n[2])
+    if n.kind == "cat":
+        out, parts, i = [], n[2], 0
+        while i < len(parts):
+            p = parts[i]
+            if i + 1 < len(parts) and parts[i + 1].kind == "star" and parts[i + 1][2] == p:
+                out.append(_atom(p) + "+")  # x x* is x+
+                i += 2
+                continue
+            out.append(f"(?:{_write(p)})" if p.kind == "alt" else _write(p))
+            i += 1
+        return "".join(out)
+    return _atom(n[2]) + ("?" if n.kind == "opt" else "*")
+
+
+def _atom(n: _Node) -> str:
+    return _write(n) if n.kind == "set" else f"(?:{_write(n)})"
+
+
+def _char(code: int) -> str:
+    ch = chr(code)
+    if ch.isascii() and ch.isalnum():
+        return ch
+    return f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
+
+
+def _items(s: Ranges) -> str:
+    return "".join(_char(a) if a == b else f"{_char(a)}-{_char(b)}" for a, b in s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_class(s: Ranges) -> str:
+    if _contains(s, _CONTROLS) and not (_contains(s, _QUOTE) and _contains(s, _BACKSLASH)):
+        # llguidance 1.9.1 reads a class holding every control character (which JSON writes as escapes) as letting
+        # any escape through, \" and \\ included: such a class would accept what it excludes.
+        raise _Unsupported("control characters without quote or backslash")
+    if s == _ANY:
+        return "[\\s\\S]"
+    if len(s) == 1 and s[0][0] == s[0][1]:
+        return _char(s[0][0])
+    comp = _negate(s)
+    candidates = [f"[{_items(s)}]"]
+    # A negated class naming '"' or '\\' is rewritten by constrain/llg_backend.py: never written here.
+    if not _holds_quote_or_backslash(comp):
+        candidates.append(f"[^{_items(comp)}]")
+    for name, short, negated_short in _SHORTHANDS:
+        for cat, written in ((_category(name), short), (_negate(_category(name)), negated_short)):
+            if _contains(s, cat):
+                rest = _minus(s, cat)
+                candidates.append(f"[{written}{_items(rest)}]" if rest else written)
+            if _contains(comp, cat) and not _holds_quote_or_backslash(rest := _minus(comp, cat)):
+                candidates.append(f"[^{written}{_items(rest)}]")
+        inside, outside = _minus(s, _negate(_category(name))), _minus(s, _category(name))
+        if inside and outside:  # part of a shorthand's set, and more: (?:[^\W<excluded>]|[<the rest>])
+            excluded = _minus(_category(name), s)
+            if not _holds_quote_or_backslash(excluded):
+                single = len(outside) == 1 and outside[0][0] == outside[0][1]
+                other = _char(outside[0][0]) if single else f"[{_items(outside)}]"
+                candidates.append(f"(?:[^{negated_short}{_items(excluded)}]|{other})")
+    return min(candidates, key=len)
+
+
+def _minus(s: Ranges, t: Ranges) -> Ranges:
+    return _negate(_union(_negate(s), t))
+
+
+def _holds_quote_or_backslash(s: Ranges) -> bool:
+    return any(a <= c <= b for a, b in s for c in (0x22, 0x5C))

@@ -1,0 +1,89 @@
+"""constrain.regex_sets.py: the complement of a pattern matches exactly the strings the pattern finds no match
+in, checked against Python's `re` on a seeded bank of strings built from each pattern's own alphabet."""
+
+import random
+import re
+
+import pytest
+
+from constrain.regex_sets import complement_pattern, disjoint_regions
+
+# Patterns found under `not` or `oneOf` in real-world schemas (../shared/jsonschemabench), and the edge cases of
+# the construction: anchors on one side, hoisted by Python's parser, inside a group; lazy repeats; classes with
+# shorthands; the dot; counted repeats.
+PATTERNS = [
+    "abc", "^[A-Fa-f\\d]{24}$", "^[\\w]*$", "\\d\\d", "^[\\w]+", "1.*2", "^....$", "[a|b]", "(^[^5]*$)|7",
+    "^([a-z][0-9])+$", "^https?://.+$", "(t|8){10,10}$", "^/?([^/]+/)*[^/]+/?$", "[^a-zA-Z0-9.,()@&' -]",
+    "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$", "^(0|([1-9]\\d*))\\.(0|([1-9]\\d*))\\.(0|([1-9]\\d*))$",
+    "^\\d+-\\d+|^\\d+$", ",,|^,|,$", "^.*\\.[Cc][Aa][Nn]$", "^\\$[A-Z0-9-_]+", "^a*$", "x*?y", "^$", "[^\"]+",
+    "^\\s*\\S", "\\Aab\\Z", "a{2,3}b?", "(?:ab|a)c",
+]
+
+_EXTRA = ["a", "b", "0", "1", "9", "x", "-", ".", "/", ",", " ", "\t", "\n", "\"", "\\", "é", "\u0663", "\u00a0",
+          "😀", "_", ":"]
+
+
+def _bank(pattern: str, rnd: random.Random) -> list[str]:
+    """Strings over the pattern's own characters and a few others: random, and prefixes/edits of matches."""
+    alphabet = sorted(set(c for c in pattern if c.isprintable()) | set(_EXTRA))
+    out = ["", "abc", "0123456789abcdef01234567", "1.2.3", "http://x", "@/a", "a.can", "a1b2c3", "x8ttt8ttt8tt",
+           "0123abcd-0123-4567-89ab-0123456789ab"]
+    for _ in range(1500):
+        n = rnd.choice([0, 1, 2, 3, 4, 5, 8, 12, 23, 24, 25, 36, 40])
+        out.append("".join(rnd.choice(alphabet) for _ in range(n)))
+    regex = re.compile(pattern)
+    matches = [s for s in out if regex.search(s)]
+    for s in matches[:200]:  # the boundary: one character dropped, changed or added
+        i = rnd.randrange(len(s) + 1)
+        out += [s[:i] + s[i + 1:], s[:i] + rnd.choice(alphabet) + s[i + 1:], s[:i] + rnd.choice(alphabet) + s[i:]]
+    # (Python's `$` also matches before a final newline; the complement follows ECMA-262's `$`: the very end)
+    return [s for s in out if not s.endswith("\n")]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_complement_matches_exactly_the_strings_the_pattern_does_not(pattern):
+    other = complement_pattern(pattern)
+    assert other is not None and other.startswith("^") and other.endswith("$")
+    positive, negative = re.compile(pattern), re.compile(other)
+    bank = _bank(pattern, random.Random(pattern))
+    wrong = [s for s in bank if (negative.search(s) is None) == (positive.search(s) is None)]
+    assert wrong == []
+    assert any(positive.search(s) for s in bank) and any(negative.search(s) for s in bank)
+
+
+@pytest.mark.parametrize("pattern", [
+    "a(?=b)", "(?<!a)b", "(a)\\1", "\\bfoo", "(?i)abc", "a(?i:b)", "a$b", "(a|^b)c",  # not regular, or flags
+    "", ".*", "^[\\s\\S]*",  # matches every string: the complement is empty
+    "^[0-9a-zA-Z_-]{1,255}$", "(a|b)*a(a|b){12}",  # automata too large to write back
+    "a\"b", "\\\\",  # a class with every control character but no quote (llguidance would let \" through it)
+    "x" * 1001,
+])
+def test_what_is_out_of_reach_gives_none(pattern):
+    assert complement_pattern(pattern) is None
+
+
+@pytest.mark.parametrize("pattern", ["((a{100}){100}){100}", "(?:(?:a|b)*c){50}d{0,1000}", "[\\w\\d\\s]{1000}"])
+def test_hostile_patterns_stop_at_the_automaton_limits(pattern):
+    assert complement_pattern(pattern) is None
+
+
+@pytest.mark.parametrize("patterns", [
+    ["^\\w[-\\w_]*$", "^(relationships|links)$"], ["a*", "aaa*"], ["X_", "[0-9]{2,}"], ["b.*", "f.*", "^.{1,3}$"],
+    ["netdir_(projects|work|scratch|share)", "netdrv_([a-z]+)"], ["^[a-zA-Z0-9_-]{1,}$", "^MD5$"],
+])
+def test_disjoint_regions_cut_the_union_by_which_patterns_match(patterns):
+    regions = disjoint_regions(patterns)
+    assert regions is not None and any(len(members) > 1 for _, members in regions)
+    compiled = [re.compile(p) for p in patterns]
+    cut = [(re.compile(r), members) for r, members in regions]
+    rnd = random.Random(" ".join(patterns))
+    bank = [s for p in patterns for s in _bank(p, rnd)] + ["relationships", "links", "MD5", "netdir_work", "X_12"]
+    for s in bank:
+        matched = frozenset(i for i, p in enumerate(compiled) if p.search(s))
+        inside = [members for r, members in cut if r.search(s)]
+        assert inside == ([matched] if matched else []), s
+
+
+def test_disjoint_patterns_give_one_region_each():
+    regions = disjoint_regions(["^a", "^b"])
+    assert sorted(members for _, members in regions) == [frozenset({0}), frozenset({1})]
