@@ -247,8 +247,9 @@ class LlgMatcher(Matcher):
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         v = bitmask[row]
         out = v.numpy()
+        self._raise_if_gave_up()
         can_end = self._m.is_accepting()
-        if self._m.is_error() or self._m.is_stopped():
+        if self._m.is_stopped():
             out[:] = self._g._eos if can_end else 0
             return
         if tokens_left is not None:
@@ -265,9 +266,20 @@ class LlgMatcher(Matcher):
                     out[:] = self._g._eos
                 return
         self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
+        self._raise_if_gave_up()
         np.bitwise_and(out, self._g._allowed, out=out)
         if can_end:
             np.bitwise_or(out, self._g._eos, out=out)
+
+    def _raise_if_gave_up(self) -> None:
+        """A matcher in error gave up on the constraint (accept never consumes a refused token): llguidance's
+        per-token work limit, e.g. a long `maxLength` intersected with a pattern. That ends this output, with a
+        message that says so, instead of an empty mask (which would read as a logit_bias conflict)."""
+        if self._m.is_error():
+            reason = self._m.get_error().split("\n", 1)[0][:200]
+            raise ConstraintError(f"the output constraint is too complex to follow at this point of the output "
+                                  f"(llguidance: {reason}); a simpler pattern or smaller length bounds avoid this",
+                                  param="response_format", code="constraint_too_complex")
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """Near the budget: the sampled token if the output can still be completed after it within the tokens

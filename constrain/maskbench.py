@@ -43,7 +43,10 @@ def walk_instance(grammar, tokens: list[int], eos: int, bitmask: torch.Tensor, t
     m = grammar.matcher()
     for tok in tokens + [eos]:
         t0 = time.perf_counter()
-        m.fill_bitmask(bitmask, 0)
+        try:
+            m.fill_bitmask(bitmask, 0)
+        except ConstraintError:  # the matcher gave up (a backend work limit): the instance is not accepted
+            return False
         times.append(time.perf_counter() - t0)
         if not _allowed(bitmask, tok):
             return False

@@ -18,6 +18,7 @@ from typing import AsyncIterator
 
 import torch
 
+from constrain.grammar import ConstraintError
 from constrain.stops import StopMatcher
 from engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from engine.kv_batch import KVBatch
@@ -483,7 +484,8 @@ class Engine:
                 except Exception as exc:  # noqa: BLE001 - e.g. the matcher's accept raised: this choice only
                     _grammar_failed(seq, exc)
             if seq.grammar_error is not None:
-                event = seq.finish_with_error(f"decoding this choice failed: {seq.grammar_error}", "internal")
+                event = seq.finish_with_error(f"decoding this choice failed: {seq.grammar_error}",
+                                              seq.grammar_error_code)
             elif out.empty[row]:
                 event = seq.finish_with_error("no token is allowed here: the grammar and logit_bias leave an "
                                               "empty set", "empty_allowed_set")
@@ -542,6 +544,10 @@ class Engine:
 
 
 def _grammar_failed(seq: Sequence, exc: Exception) -> None:
+    if isinstance(exc, ConstraintError):  # the client's constraint is past what the backend can follow
+        log.info("output constraint gave up for %s: %s", seq.state.request.request_id, exc.message)
+        seq.grammar_error, seq.grammar_error_code = exc.message[:500], "constraint_too_complex"
+        return
     log.exception("output constraint failed for %s", seq.state.request.request_id, exc_info=exc)
     seq.grammar_error = f"{type(exc).__name__}: {exc}"[:300]
 

@@ -57,6 +57,8 @@ def engine_error(message: str | None, code: str | None) -> APIError:
     message = message or "engine error"
     if code == "empty_allowed_set":  # grammar and logit_bias together leave nothing to sample
         return APIError(400, message, param="logit_bias", code="empty_allowed_set")
+    if code == "constraint_too_complex":  # the grammar gave up mid-output: the client's constraint is the cause
+        return APIError(400, message, param="response_format", code="constraint_too_complex")
     if code == "invalid_request":
         return APIError(400, message, code="invalid_request")
     if code == "unavailable":

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from constrain.grammar import Grammar, Matcher
+from constrain.grammar import ConstraintError, Grammar, Matcher
 from engine import Engine
 from tests.engine.driver import request, run_all
 
@@ -154,6 +154,28 @@ def test_empty_allowed_set_ends_that_choice_with_an_error_and_the_batch_continue
                          request("a", PROMPT, max_tokens=6, **VARIED))
     assert broken[0].last.finish_reason == "error" and "empty" in broken[0].last.error
     assert broken[0].last.error_code == "empty_allowed_set"
+
+
+class _GivesUp(_NothingAllowed):
+    """A grammar whose matcher gives up at its first mask, as llguidance does past its per-token work limit."""
+
+    def matcher(self) -> Matcher:
+        return _GivingUpMatcher()
+
+
+class _GivingUpMatcher(_EmptyMatcher):
+    def fill_bitmask(self, bitmask, row, tokens_left=None):
+        raise ConstraintError("the output constraint is too complex to follow here", param="response_format",
+                              code="constraint_too_complex")
+
+
+def test_a_matcher_giving_up_ends_that_choice_as_constraint_too_complex_and_the_batch_continues(engine):
+    (alone,) = run_all(engine, request("a", PROMPT, max_tokens=6, **VARIED))
+    broken, ok = run_all(engine, request("b", PROMPT, grammar=_GivesUp(), max_tokens=6),
+                         request("a", PROMPT, max_tokens=6, **VARIED))
+    assert broken[0].last.finish_reason == "error" and "too complex" in broken[0].last.error
+    assert broken[0].last.error_code == "constraint_too_complex"
+    assert ok[0].tokens == alone[0].tokens
     assert broken[0].tokens == []
     assert ok[0].tokens == alone[0].tokens
 

@@ -104,6 +104,30 @@ def test_unsupported_schema_keyword_in_strict_mode_is_400(http):
     _assert_error(r, 400, "response_format")
 
 
+# llguidance 1.9.1 exceeds its per-token lexer work on this pattern within a 1000-character bound
+TOO_COMPLEX = {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 1000}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_constraint_that_gives_up_mid_output_is_a_400_saying_so(http, stream):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 8, "stream": stream,
+                                                "response_format": {"type": "json_schema", "json_schema": {
+                                                    "name": "x", "schema": TOO_COMPLEX}}})
+    if not stream:
+        error = _assert_error(r, 400, "response_format")
+    else:  # the stream had started: the error arrives as its last event
+        assert r.status_code == 200
+        error = next(e["error"] for e in _sse_events(r.text) if "error" in e)
+    assert error["code"] == "constraint_too_complex" and "too complex" in error["message"]
+    assert http.get("/health").status_code == 200
+
+
+def _sse_events(text: str) -> list[dict]:
+    import json
+
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
 def test_two_constraints_at_once_are_refused(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "regex": "a+",
                                                "choice": ["a"]})
