@@ -225,6 +225,8 @@ class _Nfa:
             return self.sequence(sub)
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):  # laziness changes where a match is, not whether one exists
             lo, hi, sub = arg
+            if max(lo, 0 if hi == sre.MAXREPEAT else hi) >= _MAX_DFA_STATES:
+                raise _Unsupported("a count past the DFA limit")  # counting to n takes n states
             parts = [self.sequence(sub) for _ in range(lo)]
             if hi == sre.MAXREPEAT:
                 parts.append(self._star(self.sequence(sub)))
