@@ -43,20 +43,39 @@ class _Unsupported(Exception):
     pass
 
 
-def complement_pattern(pattern: str) -> str | None:
+class Work:
+    """A budget of automaton states shared by several calls (a schema's rewrites share one), so that a schema
+    holding many patterns cannot buy unbounded work: once spent, every further call gives None."""
+
+    def __init__(self, nfa_states: int = _MAX_NFA_STATES, dfa_states: int = _MAX_DFA_STATES):
+        self.nfa_states = nfa_states
+        self.dfa_states = dfa_states
+
+    def spend_nfa(self) -> None:
+        self.nfa_states -= 1
+        if self.nfa_states < 0:
+            raise _Unsupported("work budget spent")
+
+    def spend_dfa(self) -> None:
+        self.dfa_states -= 1
+        if self.dfa_states < 0:
+            raise _Unsupported("work budget spent")
+
+
+def complement_pattern(pattern: str, work: Work | None = None) -> str | None:
     """An anchored pattern matching exactly the strings in which `pattern` finds no match (None: out of reach)."""
-    dfa = _search_dfa([pattern])
+    dfa = _search_dfa([pattern], work or Work())
     if dfa is None:
         return None
     return _region(dfa, frozenset())  # (None when P matches every string: an empty complement needs no pattern)
 
 
-def disjoint_regions(patterns: list[str]) -> list[tuple[str, frozenset[int]]] | None:
+def disjoint_regions(patterns: list[str], work: Work | None = None) -> list[tuple[str, frozenset[int]]] | None:
     """The strings some of `patterns` find a match in, cut by which ones do: for each non-empty set R of indices
     whose region is not empty, an anchored pattern matching exactly the strings matched by the patterns in R and
     by no other. The regions are pairwise disjoint and their union is the union of the patterns (None: out of
     reach)."""
-    dfa = _search_dfa(patterns)
+    dfa = _search_dfa(patterns, work or Work())
     if dfa is None:
         return None
     out = []
@@ -69,7 +88,7 @@ def disjoint_regions(patterns: list[str]) -> list[tuple[str, frozenset[int]]] | 
     return out
 
 
-def _search_dfa(patterns: list[str]) -> "_Dfa | None":
+def _search_dfa(patterns: list[str], work: Work) -> "_Dfa | None":
     if not all(isinstance(p, str) and len(p) <= _MAX_PATTERN_CHARS for p in patterns):
         return None
     try:
@@ -79,11 +98,11 @@ def _search_dfa(patterns: list[str]) -> "_Dfa | None":
     if any(t.state.flags & ~sre.SRE_FLAG_UNICODE for t in trees):
         return None  # (?i), (?s), (?m), (?x)...
     try:
-        nfa = _Nfa()
+        nfa = _Nfa(work)
         parts = [nfa.search(list(t)) for t in trees]
         start = nfa.state()
         nfa.eps[start] = [a for a, _ in parts]
-        return _Dfa.build(nfa, start, [b for _, b in parts])
+        return _Dfa.build(nfa, start, [b for _, b in parts], work)
     except (_Unsupported, RecursionError):
         return None
 
@@ -174,13 +193,15 @@ def _class_ranges(items) -> Ranges:
 # ---- NFA (Thompson) from Python's parse tree ----------------------------------------------------------------------
 
 class _Nfa:
-    def __init__(self):
+    def __init__(self, work: Work):
+        self.work = work
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[Ranges, int]]] = []
 
     def state(self) -> int:
         if len(self.eps) >= _MAX_NFA_STATES:
             raise _Unsupported("automaton too large")
+        self.work.spend_nfa()
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
@@ -272,7 +293,7 @@ class _Dfa:
         self.sigs = sigs  # from build: for each state, the indices of the patterns that matched
 
     @staticmethod
-    def build(nfa: _Nfa, start: int, ends: list[int]) -> "_Dfa":
+    def build(nfa: _Nfa, start: int, ends: list[int], work: Work) -> "_Dfa":
         labels = sorted({s for edges in nfa.edges for s, _ in edges})
         classes, members = _partition(labels)
         label_classes = {lab: m for lab, m in zip(labels, members)}
@@ -297,6 +318,7 @@ class _Dfa:
                 if nxt not in index:
                     if len(order) >= _MAX_DFA_STATES:
                         raise _Unsupported("automaton too large")
+                    work.spend_dfa()
                     index[nxt] = len(order)
                     order.append(nxt)
                 row.append(index[nxt])

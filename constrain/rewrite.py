@@ -49,7 +49,7 @@ from typing import Any
 import jsonschema
 
 from constrain.formats import format_pattern
-from constrain.regex_sets import complement_pattern, disjoint_regions
+from constrain.regex_sets import Work, complement_pattern, disjoint_regions
 from constrain.support import ASSERTIONS, STANDARD_FORMATS
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -60,6 +60,7 @@ _MAX_ONEOF = 64  # branches checked pairwise
 _MAX_ONEOF_NEGATED = 8  # oneOf branches rewritten through their negations
 _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_COUNT_ANYOF = 16  # min/maxProperties on a closed object: alternatives of which properties are present
+_REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
 _MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
                  "$dynamicAnchor")
@@ -117,6 +118,8 @@ class _Ctx:
         self.validator = cls(root)
         self.root_decidable = self.decidable(root)
         self.changed = False
+        self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES)  # shared by all of this schema's patterns
+        self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
 
     def resolve(self, ref: Any) -> Any:
         if not (isinstance(ref, str) and ref.startswith("#")):
@@ -528,7 +531,9 @@ def _keyword_negation(key: str, value: Any, body: dict, ctx: _Ctx, within: froze
     if key == "pattern" and isinstance(value, str):
         if "string" not in within:
             return []
-        other = complement_pattern(value)
+        if value not in ctx.complements:
+            ctx.complements[value] = complement_pattern(value, ctx.regex_work)
+        other = ctx.complements[value]
         return None if other is None else [{"type": "string", "pattern": other}]
     return None
 
@@ -816,7 +821,7 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
     if not isinstance(pp, dict) or not (2 <= len(pp) <= _MAX_PATTERN_PROPERTIES):
         return node
     patterns = list(pp)
-    regions = disjoint_regions(patterns)
+    regions = disjoint_regions(patterns, ctx.regex_work)
     if regions is None or all(len(members) == 1 for _, members in regions):
         return node  # out of reach, or already disjoint (left as the client wrote them)
     ctx.changed = True

@@ -137,3 +137,15 @@ def _patterns(node):
     elif isinstance(node, list):
         for v in node:
             yield from _patterns(v)
+
+
+def test_a_schema_full_of_patterns_to_negate_gets_a_bounded_share_of_regex_work():
+    """Each `not: {pattern}` costs an automaton; one schema's rewrites share one budget of states
+    (rewrite._REGEX_DFA_STATES), after which the rest are left alone (refused by pointer in strict mode)."""
+    from constrain.rewrite import rewrite_schema
+
+    props = {f"p{i}": {"type": "string", "not": {"pattern": f"^x{i}[a-z]{{0,60}}$"}} for i in range(100)}
+    out = rewrite_schema({"type": "object", "properties": props})
+    negated = [name for name, sub in out["properties"].items() if "not" not in json.dumps(sub)]
+    assert 0 < len(negated) < 100
+    assert out["properties"]["p99"] == props["p99"]
