@@ -49,7 +49,7 @@ class Sequence:
     error_code: ErrorCode | None = None
     sent_first: bool = False
     grammar_error: str | None = None  # the matcher raised: this choice ends with an error, the batch goes on
-    grammar_error_code: ErrorCode = "internal"  # "constraint_too_complex" when the matcher gave up on the client's
+    grammar_error_code: ErrorCode = "internal"  # "constraint_too_complex": the matcher gave up (a work limit)
 
     @property
     def params(self):
