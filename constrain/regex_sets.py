@@ -497,11 +497,16 @@ def _atom(n: _Node) -> str:
     return _write(n) if n.kind == "set" else f"(?:{_write(n)})"
 
 
-def _char(code: int) -> str:
-    ch = chr(code)
+def regex_char(ch: str) -> str:
+    """One character, literal in ECMA-262, Rust and Python regexes alike, in or out of a class."""
     if ch.isascii() and ch.isalnum():
         return ch
+    code = ord(ch)
     return f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
+
+
+def _char(code: int) -> str:
+    return regex_char(chr(code))
 
 
 def _items(s: Ranges) -> str:

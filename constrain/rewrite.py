@@ -49,7 +49,7 @@ from typing import Any
 import jsonschema
 
 from constrain.formats import format_pattern
-from constrain.regex_sets import Work, complement_pattern, disjoint_regions
+from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char
 from constrain.support import ASSERTIONS, STANDARD_FORMATS
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -576,14 +576,6 @@ def _other_values(values: list) -> list | None:
 _MAX_COMPLEMENT_CHARS = 4096  # `not: {enum: [strings]}`: the pattern grows ~20x the strings (4096: ~0.1 s to compile)
 
 
-def _regex_char(ch: str) -> str:
-    """One character, literal in ECMA-262, Rust and Python regexes alike, in or out of a class."""
-    if ch.isascii() and ch.isalnum():
-        return ch
-    code = ord(ch)
-    return f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
-
-
 def _other_strings_pattern(words: list[str]) -> str | None:
     """An anchored regex matching every string except `words`: walk their trie; a string is another string when
     it leaves the trie (a character no word continues with, then anything), or ends where no word ends."""
@@ -598,8 +590,8 @@ def _other_strings_pattern(words: list[str]) -> str | None:
 
     def rest(node: dict) -> str:
         chars = sorted(k for k in node if k)
-        leave = f"[^{''.join(_regex_char(c) for c in chars)}]" if chars else "[\\s\\S]"
-        alts = [leave + "[\\s\\S]*"] + [_regex_char(c) + rest(node[c]) for c in chars]
+        leave = f"[^{''.join(regex_char(c) for c in chars)}]" if chars else "[\\s\\S]"
+        alts = [leave + "[\\s\\S]*"] + [regex_char(c) + rest(node[c]) for c in chars]
         group = "(?:" + "|".join(alts) + ")"
         return group if node.get("") else group + "?"
 
