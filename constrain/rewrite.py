@@ -18,22 +18,31 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   one keyword of its type, so the negation is an `anyOf` of pieces: the complementary `type`; for `properties`,
   the property present with a value failing its schema; for `required`, a name absent (`properties: {a:
   false}`); `min/maxLength`, `min/maxItems`, `minimum`/`maximum` (and the exclusive forms) flipped; `enum`/`const`
-  of strings, booleans and null by the other values (strings by a complement pattern of their trie); `pattern`
+  of strings, numbers, booleans and null by the other values (strings by a complement pattern of their trie,
+  numbers by the open intervals between them); `pattern`
   by its complement pattern (constrain.regex_sets.py); `anyOf`, `allOf` and `not` by De Morgan. It is
   computed among the values the surrounding schema allows, which makes some negations possible that are not
   alone: `not: {type: integer}` among integers is nothing, while alone it would be "a number with a fraction",
   which no keyword says. Out of reach (the `not` or `oneOf` is left alone): patterns beyond regular expressions
   or too large to complement, `format`, `multipleOf`, `items`, `additionalProperties` (except between closed
   objects), `patternProperties`, `propertyNames`, `dependencies`, `if`, `min/maxProperties`, `uniqueItems`,
-  enums of numbers, objects or arrays;
+  enums of objects or arrays;
+- `if A then B else C` becomes `anyOf: [A and B, (not A) and C]` (without `then`: A or C; without `else`: B or
+  not A), when `not A` has a `not`-free form as above; `then`/`else` without `if` are dropped;
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
   `maxItems: 1` when every item must equal one constant;
 - `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
   already required, dropped; `dependentSchemas`/`dependencies` (schema form) on a required property: `allOf`;
-  otherwise, for at most 3 triggers, `anyOf: [{"properties": {k: false}}, {"required": [k, ...]}]` per trigger;
-- `minProperties` implied by `required`, `maxProperties` implied by a closed `properties` list: dropped;
-- `propertyNames` on a closed object (additionalProperties false, no patternProperties): dropped, after each
-  declared property whose name it refuses is forbidden (`false`).
+  otherwise, for at most 5 triggers, `anyOf: [{"properties": {k: false}}, {"required": [k, ...]}]` per trigger.
+  `dependencies` keeps its draft 4-7 meaning in every draft (see `validator_class`);
+- `minProperties` implied by `required`, `maxProperties` implied by a closed `properties` list: dropped; other
+  min/maxProperties become an anyOf of few alternatives of which optional properties are present (each requires
+  or forbids them: llguidance counts keys only then);
+- `propertyNames` that only constrains strings (`pattern`, lengths, an enum): the keys other than the declared ones
+  become `patternProperties: {those names: additionalProperties}` with `additionalProperties: false`, and a
+  declared property whose name it refuses is forbidden (decided on automata, never by running the regex); any
+  other `propertyNames` on a closed object: dropped, after the same forbidding (decided by jsonschema);
+- overlapping `patternProperties`: one pattern per region of names matched by exactly a set of the patterns.
 
 Skipped entirely for schemas using `unevaluated*`, `$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning
 depends on context a local rewrite cannot see).
@@ -42,6 +51,7 @@ depends on context a local rewrite cannot see).
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 from typing import Any
@@ -59,9 +69,9 @@ _UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
 _MAX_ONEOF_NEGATED = 8  # oneOf branches rewritten through their negations
 _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
-_MAX_COUNT_ANYOF = 16  # min/maxProperties on a closed object: alternatives of which properties are present
+_MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
-_MAX_DEP_ANYOF = 3  # dependency triggers turned into anyOf (2^n alternatives)
+_MAX_DEP_ANYOF = 5  # dependency triggers turned into anyOf (2^n alternatives; at 7, llguidance ran out of parser items)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
                  "$dynamicAnchor")
 
@@ -111,11 +121,29 @@ def _has_key(node: Any, key: str) -> bool:
     return any(key in n for n in _iter_nodes(node))
 
 
+def validator_class(root: dict) -> type:
+    """The schema's draft (2020-12 when it names none), with the dependency keywords of every draft: a schema
+    that writes `dependencies` means its draft 4-7 sense, whatever draft it declares (2019-09 split it into
+    `dependentRequired` and `dependentSchemas` and left the old name without meaning, so a 2020-12 validator would
+    ignore it). Enforcing the keyword keeps every output valid under either reading."""
+    cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+    return _with_dependency_keywords(cls)
+
+
+@functools.cache
+def _with_dependency_keywords(cls: type) -> type:
+    extra = {}
+    for draft in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator):
+        for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+            if key in draft.VALIDATORS and key not in cls.VALIDATORS:
+                extra[key] = draft.VALIDATORS[key]
+    return jsonschema.validators.extend(cls, extra) if extra else cls
+
+
 class _Ctx:
     def __init__(self, root: dict):
         self.root = root
-        cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-        self.validator = cls(root)
+        self.validator = validator_class(root)(root)
         self.root_decidable = self.decidable(root)
         self.changed = False
         self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES)  # shared by all of this schema's patterns
@@ -306,7 +334,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_format, _not, _one_of, _unique_items, _dependencies, _properties_count, _property_names,
+    for step in (_format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count, _property_names,
                  _pattern_properties):
         node = step(node, ctx)
         if not isinstance(node, dict):
@@ -551,16 +579,21 @@ def _count(v: Any) -> bool:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
 
 
 def _other_values(values: list) -> list | None:
-    """Pieces accepting exactly the JSON values not in `values` (None when numbers, objects or arrays are among
-    them, or their strings defy a complement pattern)."""
+    """Pieces accepting exactly the JSON values not in `values` (None when objects or arrays are among them, or
+    their strings defy a complement pattern). Numbers leave the open intervals between them."""
     kinds = {_json_type(v) for v in values}
-    if kinds - {"string", "boolean", "null"}:
+    if kinds - {"string", "boolean", "null", "integer", "fraction"}:
         return None
-    pieces: list = [{"type": sorted({"array", "number", "object"} | ({"string", "boolean", "null"} - kinds))}]
+    numbers = sorted({v for v in values if _number(v)})
+    other_types = {"array", "object"} | ({"string", "boolean", "null"} - kinds) | ({"number"} if not numbers else set())
+    pieces: list = [{"type": sorted(other_types)}]
+    for low, high in zip([None] + numbers, numbers + [None]):
+        bounds = {k: b for k, b in (("exclusiveMinimum", low), ("exclusiveMaximum", high)) if b is not None}
+        pieces.append({"type": "number", **bounds})
     strings = [v for v in values if isinstance(v, str)]
     if strings:
         pattern = _other_strings_pattern(strings)
@@ -596,6 +629,32 @@ def _other_strings_pattern(words: list[str]) -> str | None:
         return group if node.get("") else group + "?"
 
     return "^" + rest(trie) + "$"
+
+
+def _conditional(node: dict, ctx: _Ctx) -> dict:
+    """`if A then B else C` holds for (A and B) or (not A and C): without `else`, B or not A; without `then`,
+    A or C (no negation needed); `then`/`else` without `if`, or `if` alone, assert nothing. `not A` is computed as
+    for `not` (among the values the rest of the node allows); when it is out of reach the keywords stay."""
+    keys = [k for k in ("if", "then", "else") if k in node]
+    if not keys or "if" not in ctx.validator.VALIDATORS:
+        return node  # (drafts before 7 have no conditionals: there these are unknown keywords)
+    rest = {k: v for k, v in node.items() if k not in keys}
+    a, b, c = node.get("if"), node.get("then", True), node.get("else", True)
+    if a is None or (b is True and c is True):
+        ctx.changed = True
+        return rest
+    if b is True:
+        _add_all_of(rest, {"anyOf": [a, c]})
+    else:
+        not_a = _negation(a, ctx, ctx.types(rest), rest)
+        if not_a is None:
+            return node
+        if c is True:
+            _add_all_of(rest, {"anyOf": [b, not_a]})
+        else:
+            _add_all_of(rest, {"anyOf": [{"allOf": [a, b]}, {"allOf": [not_a, c]}]})
+    ctx.changed = True
+    return rest
 
 
 def _one_of(node: dict, ctx: _Ctx) -> dict:
@@ -689,8 +748,8 @@ def _dependencies(node: dict, ctx: _Ctx) -> dict:
     out = node
     for key in ("dependentRequired", "dependencies", "dependentSchemas"):
         deps = out.get(key)
-        if not isinstance(deps, dict) or key not in ctx.validator.VALIDATORS:
-            continue  # a keyword of another draft: its meaning here is not ours to decide
+        if not isinstance(deps, dict):
+            continue
         req = list(out.get("required", [])) if isinstance(out.get("required"), list) else []
         left, extra_req, extra_all, alts = {}, [], [], []
         for trigger, dep in deps.items():
@@ -745,7 +804,7 @@ def _properties_count(node: dict, ctx: _Ctx) -> dict:
             and node.get("additionalProperties") is False and not node.get("patternProperties") \
             and len(props) <= mx:
         out = {k: v for k, v in out.items() if k != "maxProperties"}
-    out = _closed_object_counts(out)
+    out = _open_object_counts(_closed_object_counts(out))
     if out is not node:
         ctx.changed = True
     return out
@@ -782,14 +841,52 @@ def _closed_object_counts(node: dict) -> dict:
     return out
 
 
+def _open_object_counts(node: dict) -> dict:
+    """min/maxProperties where keys beyond the declared properties may appear (llguidance counts keys only when
+    every declared property is required or forbidden): an anyOf of alternatives in which each optional declared
+    property is required or forbidden, each keeping the bound. "At least m" needs only the alternatives with fewer
+    than the missing count present (the others: any `m - |required|` of them required); "at most M" those with at
+    most `M - |required|` present. With both bounds, the latter, carrying both."""
+    lo, hi = (node.get(k) for k in ("minProperties", "maxProperties"))
+    lo = lo if isinstance(lo, int) and not isinstance(lo, bool) else None
+    hi = hi if isinstance(hi, int) and not isinstance(hi, bool) else None
+    props = node.get("properties", {})
+    req = node.get("required", [])
+    if (lo is None and hi is None) or not isinstance(props, dict) or not isinstance(req, list) \
+            or not all(isinstance(r, str) for r in req):
+        return node
+    optional = [k for k, v in props.items() if k not in req and v is not False]
+    if not optional:
+        return node  # nothing to split: the backend counts the keys itself
+    missing = len(optional) + 1 if hi is None else hi - len(set(req))  # optional properties that may be present
+    need = 0 if lo is None else lo - len(set(req))  # present keys needed beyond the required ones
+    if missing < 0:
+        return node  # unsatisfiable: the backend says so
+    exact = [c for j in range(min(missing, need - 1 if hi is None else missing, len(optional)) + 1)
+             for c in itertools.combinations(optional, j)]
+    some = list(itertools.combinations(optional, need)) if hi is None and 0 < need <= len(optional) else []
+    if not exact + some or len(exact) + len(some) > _MAX_COUNT_ANYOF:
+        return node
+    bounds = {k: node[k] for k in ("minProperties", "maxProperties") if k in node}
+    branches = [{"required": list(c)} for c in some]
+    branches += [{"required": list(c), "properties": {x: False for x in optional if x not in c}, **bounds}
+                 for c in exact]
+    out = {k: v for k, v in node.items() if k not in bounds}
+    _add_all_of(out, branches[0] if len(branches) == 1 else {"anyOf": branches})
+    return out
+
+
 def _property_names(node: dict, ctx: _Ctx) -> dict:
     if "propertyNames" not in node:
         return node
     pn = node["propertyNames"]
     props = node.get("properties", {})
-    if pn is True or pn == {}:
+    if pn is True or _name_patterns(ctx._deref(pn)) == []:
         ctx.changed = True
         return {k: v for k, v in node.items() if k != "propertyNames"}
+    if isinstance(props, dict) and not node.get("patternProperties") \
+            and _name_patterns(ctx._deref(pn)) is not None:
+        return _names_as_patterns(node, ctx)
     if not (isinstance(props, dict) and node.get("additionalProperties") is False
             and not node.get("patternProperties") and isinstance(pn, (dict, bool)) and ctx.decidable(pn)):
         return node
@@ -802,7 +899,71 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
     return out
 
 
-_MAX_PATTERN_PROPERTIES = 6  # overlapping patternProperties cut into disjoint regions (at most 2^n - 1 of them)
+def _names_as_patterns(node: dict, ctx: _Ctx) -> dict:
+    """`propertyNames` N on an object without patternProperties: keys other than the declared ones must be names
+    N accepts, so they become `patternProperties: {N minus the declared names: additionalProperties}` with
+    `additionalProperties: false`, and a declared property whose name N refuses is forbidden. Only for an N that
+    says string things (`pattern`, lengths, an enum of strings), written as regexes; the declared names are cut
+    out of N, and tested against it, with automata (constrain/regex_sets.py), never by running N's regex."""
+    props = node.get("properties", {})
+    names = _name_patterns(ctx._deref(node["propertyNames"]))
+    if names is None or len(props) > _MAX_PATTERN_PROPERTIES:
+        return node
+    literals = ["^" + "".join(regex_char(c) for c in k) + "$" for k in props]
+    if literals or len(names) > 1:
+        regions = disjoint_regions(names + literals, ctx.regex_work)
+        if regions is None:
+            return node
+        every = frozenset(range(len(names)))
+        others = [r for r, sig in regions if sig == every]  # all of N's regexes, no declared name
+        allowed = {props_i for r, sig in regions if every <= sig for props_i in sig - every}
+    else:
+        others, allowed = names, set()
+    out = {k: v for k, v in node.items() if k not in ("propertyNames", "additionalProperties")}
+    if props:
+        out["properties"] = {k: (v if len(names) + i in allowed else False) for i, (k, v) in enumerate(props.items())}
+    req = out.get("required")
+    if isinstance(req, list) and any(out.get("properties", {}).get(r) is False for r in req):
+        return node  # a required name refused: the node accepts no object; leave it to the backend
+    extra = node.get("additionalProperties", True)
+    if others and extra is not False:
+        out["patternProperties"] = {others[0]: extra}
+    out["additionalProperties"] = False
+    ctx.changed = True
+    return out
+
+
+def _name_patterns(pn: Any) -> list[str] | None:
+    """Regexes whose intersection is the strings `pn` accepts, when it constrains only strings that way ([]: every
+    string, as `type: string` says of names; None: anything else, e.g. `format`, `not`, a `$ref` with siblings)."""
+    if not isinstance(pn, dict):
+        return None
+    body = {k: v for k, v in pn.items() if k in ASSERTIONS}
+    if set(body) - {"type", "pattern", "minLength", "maxLength", "enum", "const"}:
+        return None
+    types = _types_of(body["type"]) if "type" in body else _ALL_TYPES
+    if types is None or "string" not in types:
+        return None
+    out = []
+    if "pattern" in body:
+        if not isinstance(body["pattern"], str):
+            return None
+        out.append(body["pattern"])
+    lo, hi = body.get("minLength", 0), body.get("maxLength")
+    if not _count(lo) or (hi is not None and not _count(hi)):
+        return None
+    if lo or hi is not None:
+        out.append(f"^[\\s\\S]{{{lo},{'' if hi is None else hi}}}$")
+    if "enum" in body or "const" in body:
+        values = [body["const"]] if "const" in body else body["enum"]
+        strings = [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
+        if not strings or "enum" in body and "const" in body:
+            return None
+        out.append("^(?:" + "|".join("".join(regex_char(c) for c in v) for v in strings) + ")$")
+    return out
+
+
+_MAX_PATTERN_PROPERTIES = 16  # overlapping patternProperties cut into disjoint regions (at most 2^n - 1 of them)
 
 
 def _pattern_properties(node: dict, ctx: _Ctx) -> dict:

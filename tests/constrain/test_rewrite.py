@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from constrain.grammar import ConstraintError, ConstraintSpec
-from constrain.rewrite import rewrite_schema
+from constrain.rewrite import rewrite_schema, validator_class
 from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_value
 
@@ -26,7 +26,7 @@ DOCS = _SCALARS + _OBJECTS + _ARRAYS
 
 
 def _same(original, rewritten, docs=DOCS):
-    cls = jsonschema.validators.validator_for(original, default=jsonschema.Draft202012Validator)
+    cls = validator_class(original)  # the meaning the product enforces (`dependencies` in every draft)
     a, b = cls(original), cls(rewritten) if isinstance(rewritten, dict) else None
     accepted = refused = 0
     for d in docs:
@@ -103,6 +103,33 @@ CASES = [
      "dependencies"),
     ("dependencies schema", {"$schema": D7, "dependencies": {"a": {"required": ["c"]}}}, "dependencies"),
     ("dependentRequired", {"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+    # numbers in an enum to negate: the open intervals between them
+    ("oneOf overlapping enum with a number", {"oneOf": [{"enum": [1, "b"]}, {"type": "number"}]}, "oneOf"),
+    ("not enum with numbers", {"not": {"enum": [1, "a", 2.5, None]}}, "not"),
+    # propertyNames that only say string things: other keys become patternProperties (the declared names cut out
+    # of the pattern, and tested against it, by automata: the client's regex is never run)
+    ("propertyNames pattern", {"type": "object", "propertyNames": {"pattern": "^a"},
+                               "properties": {"ab": {}, "b": {}}, "additionalProperties": False}, "propertyNames"),
+    ("propertyNames open", {"type": "object", "propertyNames": {"pattern": "^a"}}, "propertyNames"),
+    ("propertyNames pattern and length", {"type": "object", "propertyNames": {"pattern": "^[a-c]", "maxLength": 1},
+                                          "additionalProperties": {"type": "integer"}}, "propertyNames"),
+    ("propertyNames with declared names", {"type": "object", "properties": {"ab": {"type": "integer"}, "k": {}},
+                                           "propertyNames": {"pattern": "^a", "maxLength": 2}}, "propertyNames"),
+    ("propertyNames enum", {"type": "object", "propertyNames": {"enum": ["a", "b", 3]}}, "propertyNames"),
+    ("propertyNames type string", {"type": "object", "propertyNames": {"type": "string"},
+                                   "additionalProperties": {"type": "integer"}}, "propertyNames"),
+    # if/then/else: (if and then) or (not if and else)
+    ("if then else", {"type": "object", "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+                      "then": {"required": ["b"]}, "else": {"properties": {"b": {"type": "string"}}}}, "if"),
+    ("if then", {"if": {"type": "string"}, "then": {"minLength": 2}}, "if"),
+    ("if else", {"$schema": D7, "if": {"type": "string"}, "else": {"type": "integer"}}, "if"),
+    ("then without if", {"type": "integer", "then": {"type": "string"}}, "then"),
+    # 2019-09 replaced `dependencies`; a schema that still writes it (declaring no draft, or a later one) means it
+    ("dependencies in 2020-12", {"type": "object", "dependencies": {"a": ["b"]}}, "dependencies"),
+    ("dependencies declared 2020-12", {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                                       "dependencies": {"b": {"required": ["c"]}}}, "dependencies"),
+    ("five dependencies", {"$schema": D7, "dependencies": {"a": ["b"], "b": ["c"], "c": {"minProperties": 3},
+                                                           "k": ["a"], "v": ["k"]}}, "dependencies"),
     ("dependentSchemas", {"type": "object", "required": ["a"],
                           "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}}}}, "dependentSchemas"),
     ("minProperties by required", {"type": "object", "required": ["a", "b"], "minProperties": 2}, "minProperties"),
@@ -172,10 +199,34 @@ def test_rewrite_is_exact_and_removes_the_keyword(name, schema, gone):
     assert accepted and refused  # the bank exercises both sides
 
 
+# On an object open to other keys, llguidance counts keys only where every declared property is required or
+# forbidden: the bound stays, inside alternatives that require or forbid each optional property.
+COUNTS = [
+    # (one declared property: the bank writes other keys after "a", where llguidance lays them out)
+    ("minProperties open object", {"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2}),
+    ("maxProperties open object", {"type": "object", "properties": {"a": {"type": "integer"}},
+                                   "additionalProperties": {"type": "integer"}, "maxProperties": 2}),
+    ("minProperties one of three", {"type": "object", "properties": {"a": {}, "b": {}, "c": {"type": "integer"}},
+                                    "minProperties": 1}),
+    ("min and maxProperties with patternProperties", {"type": "object", "properties": {"a": {}, "c": {}},
+                                                      "patternProperties": {"^k": {"type": "string"}},
+                                                      "minProperties": 2, "maxProperties": 2}),
+]
+
+
+@pytest.mark.parametrize("name,schema", COUNTS, ids=[c[0] for c in COUNTS])
+def test_property_counts_of_open_objects_become_alternatives_the_backend_counts(name, schema):
+    out = rewrite_schema(schema)
+    accepted, refused = _same(schema, out)
+    assert accepted and refused
+    branches = out["allOf"][-1]["anyOf"]
+    optional = [k for k in schema["properties"] if k not in schema.get("required", [])]
+    for branch in branches:  # every optional property required or forbidden, or a plain "these are present"
+        if "minProperties" in branch or "maxProperties" in branch:
+            assert all(k in branch["required"] or branch["properties"].get(k) is False for k in optional)
+
+
 UNTOUCHED = [
-    # deciding these would run the client's regex in Python's backtracking `re` (see test_hostile.py)
-    ("propertyNames pattern", {"type": "object", "propertyNames": {"pattern": "^a"},
-                               "properties": {"ab": {}, "b": {}}, "additionalProperties": False}),
     ("oneOf overlapping", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
     ("not integer", {"not": {"type": "integer"}}),
     ("oneOf integer and number", {"oneOf": [{"type": "number", "minimum": 0}, {"type": "integer"}]}),
@@ -185,17 +236,18 @@ UNTOUCHED = [
                                          "oneOf": [{"type": "number", "minimum": 1, "exclusiveMinimum": True},
                                                    {"type": "number", "maximum": 7}]}),
     ("not multipleOf", {"not": {"type": "integer", "multipleOf": 2}}),
-    ("oneOf overlapping enum with a number", {"oneOf": [{"enum": [1, "b"]}, {"type": "number"}]}),
     ("oneOf open objects with integers", {"type": "object", "oneOf": [{"properties": {"a": {"type": "integer"}}},
                                                                       {"properties": {"b": {"type": "integer"}}}]}),
     ("not $ref with siblings", {"definitions": {"s": {"type": "string"}},
                                 "not": {"$ref": "#/definitions/s", "maxLength": 1}}),
-    ("not enum with a number", {"not": {"enum": [1, "a"]}}),
     ("uniqueItems", {"type": "array", "uniqueItems": True}),
-    ("enum with format", {"allOf": [{"enum": ["a", "2020-01-01", 5]}, {"format": "date"}, {"not": {"const": 5}}]}),
-    ("dependencies in 2020-12", {"type": "object", "dependencies": {"a": ["b"]}}),
-    ("many dependencies", {"$schema": D7, "dependencies": {"a": ["b"], "b": ["c"], "c": ["d"], "d": ["a"]}}),
-    ("propertyNames open", {"type": "object", "propertyNames": {"pattern": "^a"}}),
+    ("enum with format", {"allOf": [{"enum": ["a", "2020-01-01", [5]]}, {"format": "date"},
+                                    {"not": {"const": [5]}}]}),
+    ("if in draft 6", {"$schema": "http://json-schema.org/draft-06/schema#", "if": {"type": "string"},
+                       "then": {"minLength": 2}}),
+    ("if negation out of reach", {"if": {"type": "integer", "multipleOf": 2}, "then": {"minimum": 2}}),
+    ("too many dependencies", {"$schema": D7, "dependencies": {"a": ["b"], "b": ["c"], "c": ["d"], "d": ["a"],
+                                                               "k": ["a"], "v": ["k"]}}),
     ("not lookahead pattern", {"type": "string", "not": {"pattern": "a(?=b)"}}),
     ("oneOf patterns with a quote", {"oneOf": [{"type": "string", "pattern": "a\"b"}, {"type": "string"}]}),
     ("disjoint patternProperties", {"patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}}}),
@@ -256,18 +308,19 @@ ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive r
             "oneOf three required shapes", "oneOf closed objects", "oneOf enum with a number and strings",
             "not object", "not lengths", "not integer among integers", "not boolean and null values",
             "oneOf enum vs pattern", "oneOf patterns", "not pattern", "not pattern among any values",
-            "not anyOf with a pattern", "overlapping patternProperties"]
+            "not anyOf with a pattern", "overlapping patternProperties", "dependencies in 2020-12",
+            "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then", "minProperties open object", "maxProperties open object"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)
 def test_llguidance_enforces_the_rewritten_one_of_and_not_exactly(name, gpt2_compiler, tokenizers, vocabs):
     """Through the real grammar and mask: the documents of the bank the original accepts, and only those."""
-    schema = next(c[1] for c in CASES if c[0] == name)
+    schema = next(c[1] for c in CASES + COUNTS if c[0] == name)
     wrapped = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(wrapped), strict=True,
                                              backend="llguidance"))
     assert g.unenforced == ()
-    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+    validator = validator_class(schema)(schema)
     # (1.0 is an integer to JSON Schema; llguidance's integers are written without a fraction)
     docs = [d for d in DOCS if not (isinstance(d, float) and d.is_integer())]
     wrong = [d for d in docs if accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], d) != validator.is_valid(d)]
