@@ -26,13 +26,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import LlgGrammar, build_lltokenizer, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
-from constrain.support import outlines_unsupported
+from constrain.support import client_pointer, outlines_unsupported
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -141,9 +142,9 @@ class GrammarCompiler:
             if backend == "outlines":
                 return self._outlines(spec, wait=True)
             return self._auto(spec)
-        except ConstraintError:
+        except ConstraintError as exc:
             self.stats.errors += 1
-            raise
+            raise _in_client_terms(exc, spec.extra.get("source")) from None
         finally:
             self.stats.compile_seconds_total += time.perf_counter() - t0
 
@@ -405,3 +406,15 @@ class GrammarCompiler:
                 continue
             out[path.stem] = schema
         return out
+
+
+def _in_client_terms(exc: ConstraintError, source: Any) -> ConstraintError:
+    """`exc` with its pointer told in terms of the client's schema `source` (see `client_pointer`)."""
+    if not exc.pointer or source is None:
+        return exc
+    pointer = client_pointer(source, exc.pointer)
+    if pointer == exc.pointer:
+        return exc
+    message = (exc.message.replace(exc.pointer, pointer, 1) + "; the keyword is in the equivalent form that the "
+               "subschema there is rewritten into before compiling")
+    return ConstraintError(message, param=exc.param, pointer=pointer, code=exc.code)

@@ -134,7 +134,7 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         if schema is None:
             return ConstraintSpec(kind="json_object")
         validate_schema(schema, p, "/schema")
-        return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema))
+        return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), extra={"source": schema})
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict):
@@ -158,7 +158,8 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         else:
             schema = js["schema"]
             validate_schema(schema, p, "/json_schema/schema")
-        return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict, extra={"name": name})
+        return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
+                              extra={"name": name, "source": schema})
     raise ConstraintError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                           param=p)
 

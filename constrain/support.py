@@ -78,6 +78,34 @@ def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:
     return [p for p, k, _ in walk(schema, base) if k in keywords]
 
 
+def client_pointer(source: Any, pointer: str) -> str:
+    """`pointer`, found in the schema as compiled (after constrain/rewrite.py), told in terms of the client's schema
+    `source`: itself when it names a place there, else the deepest subschema on its way that does (a rewrite
+    puts generated keys and branches in the place of the keywords it replaced)."""
+    if not pointer.startswith("/"):
+        return pointer
+    parts = pointer[1:].split("/")
+    node, schema_at, kind = source, 0, "schema"  # kind: what `node` is (a schema, a map or list of schemas)
+    for depth, raw in enumerate(parts, 1):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return "/" + "/".join(parts[:schema_at]) if schema_at else "/"
+        if kind == "schema":
+            kind = ("map" if part in _SUBSCHEMA_MAPS or part == "dependencies" else
+                    "list" if part in _SUBSCHEMA_LISTS or (part == "items" and isinstance(node, list)) else
+                    "schema" if part in _SUBSCHEMA else "value")
+        elif kind in ("map", "list"):
+            kind = "schema"
+        if kind == "schema":
+            schema_at = depth
+    return pointer
+
+
+
 def _is_recursive(schema: Any) -> bool:
     """True when a local $ref can reach itself (a DFA cannot express that). Conservative: counts unused defs."""
     refs = [(ptr[: -len("/$ref")], node["$ref"][1:]) for ptr, key, node in walk(schema)

@@ -68,6 +68,39 @@ def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compile
     assert g.unenforced == ("/properties/tags/uniqueItems",)
 
 
+
+# `else` becomes an anyOf branch under a generated allOf: the keyword it cannot enforce sits at
+# /properties/tags/allOf/0/anyOf/1/uniqueItems in the compiled schema, a place the client's schema does not have.
+REWRITTEN_AROUND_UNIQUE_ITEMS = {"type": "object", "properties": {"tags": {
+    "if": {"type": "string"}, "else": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}
+
+
+def test_a_pointer_into_a_rewritten_subschema_names_the_clients_subschema(gpt2_compiler):
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "t", "schema": REWRITTEN_AROUND_UNIQUE_ITEMS, "strict": True}})
+    assert "if" not in spec.schema["properties"]["tags"]  # (the rewrite happened)
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec)
+    assert exc.value.pointer == "/properties/tags"
+    assert "at /properties/tags (uniqueItems)" in exc.value.message and "rewritten" in exc.value.message
+
+
+@pytest.mark.parametrize("pointer,expected", [
+    ("/properties/a/oneOf/1/not", "/properties/a/oneOf/1/not"),  # in the client's schema: kept
+    ("/properties/a/anyOf/0/allOf/1/not", "/properties/a"),  # generated branches: the subschema they replace
+    ("/allOf/2/anyOf", "/"),  # past the client's allOf list: the node that holds it
+    ("/allOf/0/if/required", "/allOf/0/if"),
+    ("/patternProperties/^(?:a|b)$/not", "/"),  # a generated pattern key
+    ("/properties/a~1b/enum", "/properties/a~1b/enum"),
+])
+def test_client_pointer(pointer, expected):
+    from constrain.support import client_pointer
+
+    source = {"properties": {"a": {"oneOf": [{"type": "string"}, {"not": {"multipleOf": 2}}]},
+                             "a/b": {"enum": [1]}},
+              "allOf": [{"if": {"minimum": 1}}, {"type": "object"}], "patternProperties": {"^a": {}}}
+    assert client_pointer(source, pointer) == expected
+
 def test_strict_schema_names_the_format_it_cannot_enforce_and_ignores_formats_json_schema_does_not_define(
         gpt2_compiler):
     props = {"when": {"type": "string", "format": "date-time"}, "site": {"type": "string", "format": "url"},

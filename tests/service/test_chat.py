@@ -193,6 +193,23 @@ def test_unenforced_keywords_of_a_non_strict_schema_are_named_in_a_header(http):
     assert "/properties/a/uniqueItems" in strict.json()["error"]["message"]
 
 
+def test_pointers_into_rewritten_subschemas_name_places_in_the_clients_schema(http):
+    """`else` is compiled as an anyOf branch under a generated allOf; header and error name the client's node."""
+    schema = {"type": "object", "properties": {"a": {"if": {"type": "string"},
+                                                     "else": {"type": "array", "uniqueItems": True}}},
+              "required": ["a"], "additionalProperties": False}
+    for strict in (False, True):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 20,
+                                                   "response_format": {"type": "json_schema", "json_schema": {
+                                                       "name": "x", "schema": schema, "strict": strict}}})
+        if strict:
+            assert r.status_code == 400
+            assert "at /properties/a (uniqueItems)" in r.json()["error"]["message"]
+        else:
+            assert r.status_code == 200, r.text
+            assert r.headers["x-structgen-unenforced"] == "/properties/a"
+
+
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
 def test_constraint_backend_field_picks_the_backend_and_a_header_names_it(http, backend):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
