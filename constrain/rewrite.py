@@ -579,7 +579,7 @@ def _count(v: Any) -> bool:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _other_values(values: list) -> list | None:

@@ -22,7 +22,8 @@ CASES = Path(__file__).parent / "maskbench_cases"
 # (const_id30). A name that is required but not declared in `properties` is laid out before the declared ones
 # (dep3: `dependencies` whose alternatives require undeclared names, compiled since `dependencies` is enforced in
 # every draft).
-KNOWN_LLG = {"Handwritten/dep3.json", "MCPspec/CreateMessageRequest.json", "MCPspec/CallToolResult.json", "MCPspec/GetPromptResult.json",
+KNOWN_LLG = {"Handwritten/dep3.json",
+             "MCPspec/CreateMessageRequest.json", "MCPspec/CallToolResult.json", "MCPspec/GetPromptResult.json",
              "JsonSchemaStore/package-configuration-schema.json",
              "JsonSchemaStore/strmprivacy.api.entities.v1.Schema.SimpleSchemaDefinition.json",
              "WashingtonPost/wp_100_Normalized.json",

@@ -309,7 +309,8 @@ ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive r
             "not object", "not lengths", "not integer among integers", "not boolean and null values",
             "oneOf enum vs pattern", "oneOf patterns", "not pattern", "not pattern among any values",
             "not anyOf with a pattern", "overlapping patternProperties", "dependencies in 2020-12",
-            "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then", "minProperties open object", "maxProperties open object"]
+            "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then",
+            "minProperties open object", "maxProperties open object"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)
