@@ -418,3 +418,13 @@ def _in_client_terms(exc: ConstraintError, source: Any) -> ConstraintError:
     message = (exc.message.replace(exc.pointer, pointer, 1) + "; the keyword is in the equivalent form that the "
                "subschema there is rewritten into before compiling")
     return ConstraintError(message, param=exc.param, pointer=pointer, code=exc.code)
+
+
+def unenforced_in_client_terms(spec: ConstraintSpec, grammar: Grammar) -> tuple[str, ...]:
+    """The grammar's unenforced pointers, told in terms of the client's schema (grammars are shared by every
+    schema that rewrites to the same one, so this is per request, not stored on the grammar)."""
+    source = spec.extra.get("source")
+    pointers = tuple(getattr(grammar, "unenforced", ()) or ())
+    if source is None:
+        return pointers
+    return tuple(dict.fromkeys(client_pointer(source, p) for p in pointers))

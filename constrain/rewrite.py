@@ -60,7 +60,7 @@ import jsonschema
 
 from constrain.formats import format_pattern
 from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char
-from constrain.support import ASSERTIONS, STANDARD_FORMATS
+from constrain.support import ASSERTIONS, STANDARD_FORMATS, pointer_child
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -157,12 +157,8 @@ class _Ctx:
         if path and not path.startswith("/"):
             return None
         for part in path.split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
+            found, node = pointer_child(node, part)
+            if not found:
                 return None
         return node
 

@@ -87,13 +87,10 @@ def client_pointer(source: Any, pointer: str) -> str:
     parts = pointer[1:].split("/")
     node, schema_at, kind = source, 0, "schema"  # kind: what `node` is (a schema, a map or list of schemas)
     for depth, raw in enumerate(parts, 1):
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
+        found, node = pointer_child(node, raw)
+        if not found:
             return "/" + "/".join(parts[:schema_at]) if schema_at else "/"
+        part = raw.replace("~1", "/").replace("~0", "~")
         if kind == "schema":
             kind = ("map" if part in _SUBSCHEMA_MAPS or part == "dependencies" else
                     "list" if part in _SUBSCHEMA_LISTS or (part == "items" and isinstance(node, list)) else
@@ -104,6 +101,16 @@ def client_pointer(source: Any, pointer: str) -> str:
             schema_at = depth
     return pointer
 
+
+def pointer_child(node: Any, segment: str) -> tuple[bool, Any]:
+    """(True, the value) that one JSON Pointer segment (still ~-escaped) names inside `node`; (False, None) when
+    it names nothing there."""
+    part = segment.replace("~1", "/").replace("~0", "~")
+    if isinstance(node, dict) and part in node:
+        return True, node[part]
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return True, node[int(part)]
+    return False, None
 
 
 def _is_recursive(schema: Any) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import constrain
-from constrain.support import client_pointer
+from constrain.compiler import unenforced_in_client_terms
 from engine.types import GenerationRequest, TokenEvent
 from service.chat_template import ChatTemplate
 from service.errors import APIError, invalid
@@ -144,10 +144,7 @@ class Generation:
                                               grammar=grammar))
         if grammar is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
-        unenforced = tuple(getattr(grammar, "unenforced", ()) or ())
-        source = spec.extra.get("source") if spec is not None else None
-        if source is not None:  # pointers into the compiled schema, told in terms of the client's
-            unenforced = tuple(dict.fromkeys(client_pointer(source, p) for p in unenforced))
+        unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None else ()
         if unenforced:
             headers["x-structgen-unenforced"] = ",".join(unenforced)
         return Plan(request_id, requests, prompts, n, spec, headers, started)
