@@ -31,9 +31,10 @@ from typing import Any
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.limits import DEFAULT_LIMITS, Limits
-from constrain.llg_backend import LlgGrammar, build_lltokenizer, compile_llg
+from constrain.llg_backend import LlgGrammar, build_lltokenizer, compile_calls_or_text, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.support import client_pointer, outlines_unsupported
+from constrain.tools import client_pointer_of_call
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,6 @@ def choice_regex(choices: tuple[str, ...]) -> str:
     def esc(s: str) -> str:
         return "".join("\\" + c if c in "\\.^$|?*+()[]{}-&~#" else c for c in s)
     return "(" + "|".join(esc(c) for c in choices) + ")"
-
-
-def _param(spec: ConstraintSpec) -> str:
-    return {"tools": "tools", "regex": "regex", "choice": "choice"}.get(spec.kind, "response_format")
 
 
 class _LRU:
@@ -144,7 +141,7 @@ class GrammarCompiler:
             return self._auto(spec)
         except ConstraintError as exc:
             self.stats.errors += 1
-            raise _in_client_terms(exc, spec.extra.get("source")) from None
+            raise _in_client_terms(exc, spec) from None
         finally:
             self.stats.compile_seconds_total += time.perf_counter() - t0
 
@@ -239,37 +236,24 @@ class GrammarCompiler:
             return g
         t0 = time.perf_counter()
         lltok = self.lltokenizer()
-        param = _param(spec)
+        param = spec.param
         if spec.kind == "regex":
             g = compile_llg(lltok, self.vocab, "regex", regex=spec.pattern, param=param)
         elif spec.kind == "choice":
             g = compile_llg(lltok, self.vocab, "regex", regex=choice_regex(spec.choices), param=param)
         elif spec.kind == "tools" and spec.tool_choice == "auto":
-            g = self._llg_tools_auto(spec, lltok)
+            g = compile_calls_or_text(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
+                                      whitespace_pattern=self.whitespace_pattern)
         else:
-            g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict=spec.strict,
+            g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict_under=spec.strict_under,
                             whitespace_pattern=self.whitespace_pattern, param=param)
         self.stats.compiles += 1
         log.debug("llguidance compile %.1f ms", 1000 * (time.perf_counter() - t0))
         self._lru.put(key, g)
         return g
 
-    def _llg_tools_auto(self, spec: ConstraintSpec, lltok) -> Grammar:
-        import llguidance
-
-        schema = dict(spec.schema)
-        schema["x-guidance"] = {"whitespace_pattern": self.whitespace_pattern}
-        lark = ("start: calls | text\n"
-                f"calls: %json {json.dumps(schema)}\n"
-                "text: /[^\\[ \\t\\r\\n][\\s\\S]*/\n")
-        text = llguidance.LLMatcher.grammar_from_lark(lark)
-        is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
-        if is_error:
-            raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
-        return LlgGrammar(lltok, text, self.vocab)
-
     def _outlines_regex(self, spec: ConstraintSpec) -> str:
-        param = _param(spec)
+        param = spec.param
         if spec.kind == "regex":
             return spec.pattern
         if spec.kind == "choice":
@@ -306,7 +290,7 @@ class GrammarCompiler:
             return g
         failed = self._failed.get(key)
         if failed is not None:
-            raise ConstraintError(failed.message, param=_param(spec), pointer=failed.pointer, code=failed.code)
+            raise ConstraintError(failed.message, param=spec.param, pointer=failed.pointer, code=failed.code)
         regex = self._outlines_regex(spec)
         with self._lock:
             fut = self._pending.get(key)
@@ -321,9 +305,9 @@ class GrammarCompiler:
             # The build kills its worker at compile_timeout_s and resolves the future; the grace covers queueing.
             return fut.result(timeout=self.compile_timeout_s + 1.0)
         except FutureTimeout:
-            raise self._timeout_error(_param(spec)) from None
+            raise self._timeout_error(spec.param) from None
         except ConstraintError as exc:
-            raise ConstraintError(exc.message, param=_param(spec), pointer=exc.pointer, code=exc.code) from None
+            raise ConstraintError(exc.message, param=spec.param, pointer=exc.pointer, code=exc.code) from None
 
     def _timeout_error(self, param: str | None) -> ConstraintError:
         return ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
@@ -408,23 +392,34 @@ class GrammarCompiler:
         return out
 
 
-def _in_client_terms(exc: ConstraintError, source: Any) -> ConstraintError:
-    """`exc` with its pointer told in terms of the client's schema `source` (see `client_pointer`)."""
-    if not exc.pointer or source is None:
+def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
+    """`pointer` (in the schema as compiled) told in terms of what the client sent, and whether it lies in a
+    subschema an exact rewrite replaced: the response_format schema (`client_pointer`), or for tools the entry
+    of the request's `tools` array (`tools.client_pointer_of_call`)."""
+    if spec.kind == "tools":
+        return client_pointer_of_call(spec, pointer)
+    source = spec.extra.get("source")
+    if source is None:
+        return pointer, False
+    mapped = client_pointer(source, pointer)
+    return mapped, mapped != pointer
+
+
+def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintError:
+    """`exc` with its pointer told in terms of what the client sent (see `_client_pointer`)."""
+    if not exc.pointer:
         return exc
-    pointer = client_pointer(source, exc.pointer)
+    pointer, rewritten = _client_pointer(spec, exc.pointer)
     if pointer == exc.pointer:
         return exc
-    message = (exc.message.replace(exc.pointer, pointer, 1) + "; the keyword is in the equivalent form that the "
-               "subschema there is rewritten into before compiling")
+    message = exc.message.replace(exc.pointer, pointer, 1)
+    if rewritten:
+        message += "; the keyword is in the equivalent form that the subschema there is rewritten into before compiling"
     return ConstraintError(message, param=exc.param, pointer=pointer, code=exc.code)
 
 
 def unenforced_in_client_terms(spec: ConstraintSpec, grammar: Grammar) -> tuple[str, ...]:
-    """The grammar's unenforced pointers, told in terms of the client's schema (grammars are shared by every
+    """The grammar's unenforced pointers, told in terms of what the client sent (grammars are shared by every
     schema that rewrites to the same one, so this is per request, not stored on the grammar)."""
-    source = spec.extra.get("source")
     pointers = tuple(getattr(grammar, "unenforced", ()) or ())
-    if source is None:
-        return pointers
-    return tuple(dict.fromkeys(client_pointer(source, p) for p in pointers))
+    return tuple(dict.fromkeys(_client_pointer(spec, p)[0] for p in pointers))

@@ -38,14 +38,28 @@ class ConstraintSpec:
 
     kind: ConstraintKind
     schema: Any = None  # json_schema / json_object (None = any JSON object) / tools (the call schema)
-    strict: bool = False  # OpenAI json_schema strict: unsupported keyword -> ConstraintError
+    strict: bool = False  # OpenAI json_schema strict: unsupported keyword -> ConstraintError (tools: see below)
     pattern: str | None = None  # regex
     choices: tuple[str, ...] = ()  # choice
     tool_names: tuple[str, ...] = ()  # tools: the functions the output may call
     tool_choice: str = "auto"  # tools: "auto" | "required" | "named"
     parallel_tool_calls: bool = True
+    strict_tools: tuple[int, ...] = ()  # tools: the functions declared strict (their index in the call schema)
     backend: str | None = None  # per-request override: "outlines" | "llguidance" | None (server default)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def strict_under(self) -> tuple[str, ...]:
+        """JSON Pointers of the subschemas in which every keyword must be enforced ("" is the whole schema): for
+        tools, the parameters of each strict function (OpenAI's `strict` is per function); else all or nothing."""
+        if self.kind == "tools":
+            return tuple(f"/$defs/tool{i}" for i in self.strict_tools)
+        return ("",) if self.strict else ()
+
+    @property
+    def param(self) -> str:
+        """The request field this constraint came from: the `param` of its errors."""
+        return {"tools": "tools", "regex": "regex", "choice": "choice"}.get(self.kind, "response_format")
 
     @property
     def key(self) -> str:
@@ -54,7 +68,7 @@ class ConstraintSpec:
 
         return json.dumps(
             [self.kind, self.schema, self.strict, self.pattern, list(self.choices), list(self.tool_names),
-             self.tool_choice, self.parallel_tool_calls],
+             self.tool_choice, self.parallel_tool_calls, list(self.strict_tools)],
             sort_keys=True, separators=(",", ":"), default=str,
         )
 

@@ -167,10 +167,11 @@ def _value_at(schema, pointer: str, base: str):
     return node
 
 
-def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str | None = None, strict: bool = False,
-                whitespace_pattern: str = "[ ]?", param: str = "response_format",
+def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str | None = None,
+                strict_under: tuple[str, ...] = (), whitespace_pattern: str = "[ ]?", param: str = "response_format",
                 base_pointer: str = "") -> "LlgGrammar":
-    """Validate and build; strict schemas with unimplemented keywords fail with the keyword's pointer.
+    """Validate and build; an unimplemented keyword inside a strict subschema (`ConstraintSpec.strict_under`)
+    fails with the keyword's pointer, the others are accepted and named (`unenforced`).
 
     llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them, and
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
@@ -194,14 +195,33 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
             pointers = [base_pointer or "/"]
         pointers += [p for p in pointers_of(schema, {"format"}, base_pointer)
                      if _value_at(schema, p, base_pointer) in formats & STANDARD_FORMATS]
-        if strict and pointers:
+        refused = [p for p in pointers if any(p == s or p.startswith(s + "/") for s in strict_under)]
+        if refused:
             what = ", ".join(sorted(keys | ({"format"} if formats & STANDARD_FORMATS else set())))
-            raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {pointers[0]} ({what})",
-                                  param=param, pointer=pointers[0], code="unsupported_schema")
+            raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {refused[0]} ({what})",
+                                  param=param, pointer=refused[0], code="unsupported_schema")
         if lenient_error:
             raise ConstraintError(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", param=param)
         unenforced = tuple(pointers)
     return LlgGrammar(lltok, text, vocab, unenforced)
+
+
+def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
+                          whitespace_pattern: str) -> "LlgGrammar":
+    """tool_choice "auto": tool calls (the call schema) or free text that does not start with "[". The calls alone
+    get the support check of `compile_llg` (a strict refusal with the keyword's pointer, else the unenforced
+    pointers), then join the text alternative in one grammar with the same JSON options."""
+    calls = compile_llg(lltok, vocab, "json", schema=schema, strict_under=strict_under,
+                        whitespace_pattern=whitespace_pattern, param="tools")
+    options = _json_options(whitespace_pattern, lenient=bool(calls.unenforced))
+    lark = ("start: calls | text\n"
+            f"calls: %json {json.dumps({**quote_safe_patterns(schema), 'x-guidance': options})}\n"
+            "text: /[^\\[ \\t\\r\\n][\\s\\S]*/\n")
+    text = llguidance.LLMatcher.grammar_from_lark(lark)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+    if is_error:
+        raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
+    return LlgGrammar(lltok, text, vocab, calls.unenforced)
 
 
 class LlgGrammar(Grammar):
@@ -279,7 +299,7 @@ class LlgMatcher(Matcher):
             reason = self._m.get_error().split("\n", 1)[0][:200]
             raise ConstraintError(f"the output constraint is too complex to follow at this point of the output "
                                   f"(llguidance: {reason}); a simpler pattern or smaller length bounds avoid this",
-                                  param="response_format", code="constraint_too_complex")
+                                  code="constraint_too_complex")
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """Near the budget: the sampled token if the output can still be completed after it within the tokens

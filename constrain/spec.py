@@ -5,6 +5,7 @@ Takes the raw JSON values the client sent (dicts, lists, strings); never compile
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -211,9 +212,7 @@ def spec_from_request(*, response_format=None, regex=None, choice=None, tools=No
         raise ConstraintError(f"only one output constraint per request: got {names}", param=specs[1][0])
     spec = specs[0][1]
     if backend in ("outlines", "llguidance"):
-        spec = ConstraintSpec(kind=spec.kind, schema=spec.schema, strict=spec.strict, pattern=spec.pattern,
-                              choices=spec.choices, tool_names=spec.tool_names, tool_choice=spec.tool_choice,
-                              parallel_tool_calls=spec.parallel_tool_calls, backend=backend, extra=spec.extra)
+        spec = dataclasses.replace(spec, backend=backend)
     return spec
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,15 +40,21 @@ def _rebase_refs(node: Any, prefix: str) -> Any:
     return node
 
 
+TOOL_DEF = re.compile(r"/\$defs/tool(\d+)(?=/|$)")  # where function i's parameters sit in the call schema
+
+
 def call_schema(functions: list[dict], single: bool) -> dict:
-    """The JSON Schema of the tool-call array for these functions."""
+    """The JSON Schema of the tool-call array for these functions. Each function's parameters go through the same
+    exact rewrites as a response_format schema (constrain/spec.normalise_schema) before they move under $defs."""
+    from constrain.spec import normalise_schema
+
     defs, variants = {}, []
     for i, fn in enumerate(functions):
         params = fn.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}, "additionalProperties": False}
         key = f"tool{i}"
-        defs[key] = _rebase_refs(copy.deepcopy(params), f"#/$defs/{key}")
+        defs[key] = _rebase_refs(copy.deepcopy(normalise_schema(params)), f"#/$defs/{key}")
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
                                                           "arguments": {"$ref": f"#/$defs/{key}"}},
                          "required": ["name", "arguments"], "additionalProperties": False})
@@ -90,6 +97,7 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> Constr
     if tools is None:
         raise ConstraintError("tool_choice needs tools", param="tool_choice")
     functions = _functions(tools)
+    position = {f["name"]: i for i, f in enumerate(functions)}  # (names are unique)
     if parallel_tool_calls is None:
         parallel_tool_calls = True
     if not isinstance(parallel_tool_calls, bool):
@@ -107,10 +115,29 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> Constr
     else:
         raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or "
                               "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
-    strict = any(f.get("strict") is True for f in functions)
-    return ConstraintSpec(kind="tools", schema=call_schema(functions, single), strict=strict,
+    strict_tools = tuple(i for i, f in enumerate(functions) if f.get("strict") is True)
+    sources = tuple((position[f["name"]], f.get("parameters")) for f in functions)
+    return ConstraintSpec(kind="tools", schema=call_schema(functions, single), strict=bool(strict_tools),
+                          strict_tools=strict_tools,
                           tool_names=tuple(f["name"] for f in functions), tool_choice=mode,
-                          parallel_tool_calls=bool(parallel_tool_calls) and mode != "named")
+                          parallel_tool_calls=bool(parallel_tool_calls) and mode != "named",
+                          extra={"tool_sources": sources})
+
+
+def client_pointer_of_call(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
+    """A pointer into the call schema, told in terms of the request's `tools` (the `param` of tools errors):
+    `/$defs/tool<i>/...` names `/<index in tools>/function/parameters/...`, itself told in terms of the client's
+    parameters (constrain.support.client_pointer). Also whether that named a rewritten subschema."""
+    from constrain.support import client_pointer
+
+    m = TOOL_DEF.match(pointer)
+    sources = spec.extra.get("tool_sources", ())
+    if m is None or int(m.group(1)) >= len(sources):
+        return pointer, False
+    index, params = sources[int(m.group(1))]
+    rest = pointer[m.end():]
+    inner = client_pointer(params, rest) if rest and params is not None else rest
+    return f"/{index}/function/parameters" + ("" if inner == "/" else inner), inner != rest
 
 
 def parse_tool_calls(text: str, spec: ConstraintSpec) -> list[ToolCall] | None:

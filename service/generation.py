@@ -53,13 +53,14 @@ class Plan:
         return len(self.requests) * self.n
 
 
-def engine_error(message: str | None, code: str | None) -> APIError:
-    """An engine-ended choice as an HTTP error, by the engine's error code (engine/types.py ErrorCode)."""
+def engine_error(message: str | None, code: str | None, spec: Any = None) -> APIError:
+    """An engine-ended choice as an HTTP error, by the engine's error code (engine/types.py ErrorCode); `spec` is
+    the request's constraint (the field a constraint's error names)."""
     message = message or "engine error"
     if code == "empty_allowed_set":  # grammar and logit_bias together leave nothing to sample
         return APIError(400, message, param="logit_bias", code="empty_allowed_set")
     if code == "constraint_too_complex":  # the grammar gave up mid-output: the client's constraint is the cause
-        return APIError(400, message, param="response_format", code="constraint_too_complex")
+        return APIError(400, message, param=spec.param if spec is not None else None, code="constraint_too_complex")
     if code == "invalid_request":
         return APIError(400, message, code="invalid_request")
     if code == "unavailable":

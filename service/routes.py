@@ -45,14 +45,14 @@ def _streaming(request: Request, gen: Generation, plan: Plan, body) -> Streaming
     return StreamingResponse(guarded(), media_type="text/event-stream", headers={**SSE_HEADERS, **plan.headers})
 
 
-def _states(events: dict, choices: int) -> list[ChoiceState]:
+def _states(events: dict, plan: Plan) -> list[ChoiceState]:
     states = []
-    for i in range(choices):
+    for i in range(plan.choices):
         state = ChoiceState(i)
         for event in events.get(i, ()):
             state.add(event)
         if state.finish_reason == "error":
-            raise engine_error(state.error, state.error_code)
+            raise engine_error(state.error, state.error_code, plan.spec)
         states.append(state)
     return states
 
@@ -72,7 +72,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         events = await gen.collect(plan, request)
     except ClientGone:
         return JSONResponse({}, status_code=499)
-    states = _states(events, plan.choices)
+    states = _states(events, plan)
     calls = {s.index: gen.parse_tool_calls(s.text, plan.spec) for s in states} if tools_mode else {}
     return JSONResponse(chat_body(request_id=plan.request_id, model=model, created=plan.created, choices=states,
                                   parsed_calls={k: v for k, v in calls.items() if v},
@@ -100,7 +100,7 @@ async def completions(body: CompletionRequest, request: Request):
         events = await gen.collect(plan, request)
     except ClientGone:
         return JSONResponse({}, status_code=499)
-    states = _states(events, plan.choices)
+    states = _states(events, plan)
     return JSONResponse(completion_body(
         request_id=plan.request_id, model=model, created=plan.created, choices=states,
         prompt_texts=[p.text for p in plan.prompts], first_tokens=_first_tokens(gen, plan), n=plan.n,

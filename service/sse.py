@@ -73,7 +73,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 if event.finish_reason is None:
                     continue
                 if event.finish_reason == "error":
-                    raise engine_error(event.error, event.error_code)
+                    raise engine_error(event.error, event.error_code, plan.spec)
                 calls = gen.parse_tool_calls(state.text, plan.spec) if tools else None
                 yield chunks.chunk([{"index": index, "delta": {}, "logprobs": None,
                                      "finish_reason": finish_for(state, calls)}])
@@ -118,7 +118,7 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                     yield chunks.chunk([{"index": index, "text": event.text, "logprobs": lp,
                                          "finish_reason": None}])
                 if event.finish_reason == "error":
-                    raise engine_error(event.error, event.error_code)
+                    raise engine_error(event.error, event.error_code, plan.spec)
                 if event.finish_reason is not None:
                     yield chunks.chunk([{"index": index, "text": "", "logprobs": None,
                                          "finish_reason": event.finish_reason}])

@@ -97,7 +97,7 @@ def test_a_matcher_past_llguidance_work_limit_raises_a_constraint_error_not_an_e
     m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema)).matcher()
     with pytest.raises(ConstraintError) as exc:
         m.fill_bitmask(torch.zeros((1, vocab.words), dtype=torch.int32), 0)
-    assert exc.value.code == "constraint_too_complex" and exc.value.param == "response_format"
+    assert exc.value.code == "constraint_too_complex"
     # MaskBench counts such an instance as not accepted, and goes on with the next one
     from constrain.maskbench import walk_instance
 

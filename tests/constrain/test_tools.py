@@ -73,3 +73,63 @@ def test_tool_choice_none_and_errors():
 def test_system_prompt_names_functions_and_format():
     text = tools_system_prompt(TOOLS)
     assert "get_weather" in text and "add" in text and '"arguments"' in text
+
+
+# Parameters that need the exact rewrites (oneOf of overlapping branches, `not`), and one keyword nothing enforces.
+REWRITTEN = {"type": "object", "properties": {"unit": {"oneOf": [{"const": "c"}, {"const": "f"}]},
+                                              "n": {"type": "integer", "not": {"const": 3}}},
+             "required": ["unit", "n"], "additionalProperties": False}
+UNENFORCEABLE = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+
+
+def _tools(params: dict, strict: bool) -> list[dict]:
+    return [{"type": "function", "function": {"name": "noop"}},
+            {"type": "function", "function": {"name": "f", "strict": strict, "parameters": params}}]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto", {"type": "function", "function": {"name": "f"}}])
+def test_parameters_get_the_exact_rewrites_of_response_format_schemas(tool_choice, gpt2_compiler, tokenizers):
+    spec = spec_from_request(tools=_tools(REWRITTEN, True), tool_choice=tool_choice)
+    g = gpt2_compiler.compile(spec)
+    assert g.unenforced == ()
+    tok = tokenizers["gpt2"]
+    for n, ok in [(2, True), (3, False)]:
+        m = g.matcher()
+        text = '[{"name": "f", "arguments": {"unit": "c", "n": %d}}]' % n
+        assert (all(m.accept(t) for t in tok.encode(text)) and m.can_end()) == ok
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto", {"type": "function", "function": {"name": "f"}}])
+def test_pointers_name_the_entry_of_the_tools_array(tool_choice, gpt2_compiler):
+    """Errors (param "tools") and unenforced pointers name /<index in tools>/function/parameters/..., not the
+    call schema the parameters are compiled inside."""
+    from constrain.compiler import unenforced_in_client_terms
+
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(tools=_tools(UNENFORCEABLE, True), tool_choice=tool_choice))
+    assert exc.value.param == "tools"
+    assert exc.value.pointer == "/1/function/parameters/properties/tags/uniqueItems"
+    assert "at /1/function/parameters/properties/tags/uniqueItems" in exc.value.message
+    spec = spec_from_request(tools=_tools(UNENFORCEABLE, False), tool_choice=tool_choice)
+    g = gpt2_compiler.compile(spec)
+    assert unenforced_in_client_terms(spec, g) == ("/1/function/parameters/properties/tags/uniqueItems",)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_strict_is_per_function(tool_choice, gpt2_compiler):
+    """A strict function next to a non-strict one: only a keyword in the strict function's parameters is refused;
+    the other function's unenforced keywords are named, as for a non-strict request."""
+    from constrain.compiler import unenforced_in_client_terms
+
+    clean = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+             "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "s", "strict": True, "parameters": clean}},
+             {"type": "function", "function": {"name": "f", "parameters": UNENFORCEABLE}}]
+    spec = spec_from_request(tools=tools, tool_choice=tool_choice)
+    g = gpt2_compiler.compile(spec)
+    assert unenforced_in_client_terms(spec, g) == ("/1/function/parameters/properties/tags/uniqueItems",)
+    tools[0]["function"]["strict"], tools[1]["function"]["strict"] = False, True
+    for backend in (None, "llguidance"):  # a per-request backend keeps which functions are strict
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice=tool_choice, backend=backend))
+        assert exc.value.pointer == "/1/function/parameters/properties/tags/uniqueItems"

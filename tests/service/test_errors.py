@@ -122,6 +122,15 @@ def test_a_constraint_that_gives_up_mid_output_is_a_400_saying_so(http, stream):
     assert http.get("/health").status_code == 200
 
 
+def test_a_tool_constraint_that_gives_up_mid_output_names_tools(http):
+    params = {"type": "object", "properties": {"v": TOO_COMPLEX}, "required": ["v"], "additionalProperties": False}
+    r = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": HELLO, "max_tokens": 40,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    assert _assert_error(r, 400, "tools")["code"] == "constraint_too_complex"
+
+
 def _sse_events(text: str) -> list[dict]:
     import json
 
