@@ -42,7 +42,13 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   become `patternProperties: {those names: additionalProperties}` with `additionalProperties: false`, and a
   declared property whose name it refuses is forbidden (decided on automata, never by running the regex); any
   other `propertyNames` on a closed object: dropped, after the same forbidding (decided by jsonschema);
-- overlapping `patternProperties`: one pattern per region of names matched by exactly a set of the patterns.
+- overlapping `patternProperties`: one pattern per region of names matched by exactly a set of the patterns;
+- a declared property whose name a `patternProperties` regex also matches takes that pattern's schema into its own
+  (unless equal but for annotations), and the pattern is cut down to the names no property declares;
+- a `$ref` to a recursive definition where it meets other keywords (an `allOf` member, an `anyOf`/`oneOf` branch
+  beside other keywords, a `$ref` with siblings) is replaced by a copy of its target (llguidance cannot intersect a
+  definition it is still compiling); inside such a copy, a `type` that the branches imply anyway is dropped
+  beside a branch back to the definition being copied.
 
 Skipped entirely for schemas using `unevaluated*`, `$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning
 depends on context a local rewrite cannot see).
@@ -60,7 +66,7 @@ import jsonschema
 
 from constrain.formats import format_pattern
 from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char
-from constrain.support import ASSERTIONS, STANDARD_FORMATS, pointer_child
+from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, pointer_child, recursive_targets
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -140,6 +146,22 @@ def _with_dependency_keywords(cls: type) -> type:
     return jsonschema.validators.extend(cls, extra) if extra else cls
 
 
+def _resolve(root: Any, ref: Any) -> Any:
+    """The subschema a local `$ref` (a JSON Pointer fragment) names in `root` (None: not a local pointer, or
+    nothing there)."""
+    if not (isinstance(ref, str) and ref.startswith("#")):
+        return None
+    node: Any = root
+    path = ref[1:]
+    if path and not path.startswith("/"):
+        return None
+    for part in path.split("/")[1:]:
+        found, node = pointer_child(node, part)
+        if not found:
+            return None
+    return node
+
+
 class _Ctx:
     def __init__(self, root: dict):
         self.root = root
@@ -150,17 +172,7 @@ class _Ctx:
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
 
     def resolve(self, ref: Any) -> Any:
-        if not (isinstance(ref, str) and ref.startswith("#")):
-            return None
-        node: Any = self.root
-        path = ref[1:]
-        if path and not path.startswith("/"):
-            return None
-        for part in path.split("/")[1:]:
-            found, node = pointer_child(node, part)
-            if not found:
-                return None
-        return node
+        return _resolve(self.root, ref)
 
     def is_valid(self, schema: Any, value: Any) -> bool:
         return self.validator.evolve(schema=schema).is_valid(value)
@@ -297,9 +309,87 @@ def rewrite_schema(schema: Any) -> Any:
     refs = [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]
     try:
         out = _rewrite(root, "", ctx, refs)
+        out = _inline_recursive_meetings(out, ctx)
     except RecursionError:
         return schema
     return out if ctx.changed else schema
+
+
+_MAX_INLINED_NODES = 20_000  # schema objects copied in by _inline_recursive_meetings
+
+
+def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
+    """A `$ref` to a recursive definition that meets sibling keywords (an `allOf` member, an `anyOf`/`oneOf`
+    member beside other keywords, a `$ref` beside other keywords) is replaced by a copy of its target. llguidance
+    intersects the two at compile time, and cannot intersect a definition it is still compiling ("circular
+    references with sibling keys"). Exact: a local `$ref` means its target (nested `$id` never reaches here).
+    A copy inlines the meetings inside it too, except with a definition whose copy is being made (those stay
+    `$ref`s); each definition is copied once and shared, and meetings past `_MAX_INLINED_NODES` copied objects
+    (counted as written out) stay `$ref`s."""
+    recursive = recursive_targets(root)
+    if not recursive:
+        return root
+    left = [_MAX_INLINED_NODES]
+    copies: dict[str, Any] = {}
+    making: set[str] = set()
+
+    def recursive_ref(s: Any) -> str | None:
+        """The recursive definition `s` is only a local `$ref` to (annotations aside)."""
+        if isinstance(s, dict) and set(s) - _ANNOT == {"$ref"} and isinstance(s["$ref"], str) \
+                and s["$ref"].startswith("#") and s["$ref"][1:] in recursive:
+            return s["$ref"][1:]
+        return None
+
+    def target(s: Any) -> str | None:
+        t = recursive_ref(s)
+        return t if t not in making else None
+
+    def copy_of(ref: dict, t: str) -> Any:
+        """The target of `ref` (its own meetings inlined), or `ref` itself once the budget is spent."""
+        if t not in copies:
+            found = _resolve(root, "#" + t)
+            if isinstance(found, dict):
+                found = {k: v for k, v in found.items() if k not in ("$schema", "$id", "id", "$anchor", "$defs",
+                                                                     "definitions")}
+            making.add(t)
+            copies[t] = go(found)
+            making.discard(t)
+        size = sum(1 for _ in itertools.islice(_iter_nodes(copies[t]), left[0] + 1))
+        if size > left[0]:
+            return ref
+        left[0] -= size
+        return copies[t]
+
+    def drop_implied_type(node: dict) -> dict:
+        """{type: T, anyOf: [...]} where every branch is of type T anyway: without the `type`, nothing meets the
+        branches. Used where a branch refers to a definition being copied (a copy cannot hold itself)."""
+        key = next((k for k in ("anyOf", "oneOf") if isinstance(node.get(k), list)), None)
+        if key is None or set(node) - _ANNOT != {"type", key} \
+                or not any(recursive_ref(m) in making for m in node[key]) \
+                or not ctx.types({key: node[key]}) <= ctx.types({"type": node["type"]}):
+            return node
+        return {k: v for k, v in node.items() if k != "type"}
+
+    def go(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        node = drop_implied_type(node)
+        siblings = len(set(node) - _ANNOT) > 1
+        out = map_subschemas(node, go)
+        for key in ("allOf", "anyOf", "oneOf"):
+            if isinstance(node.get(key), list) and (key == "allOf" or siblings):
+                out[key] = [copy_of(m, t) if (t := target(m)) else out[key][i] for i, m in enumerate(node[key])]
+        if siblings and (t := target({"$ref": node.get("$ref")})):
+            # the copy takes the $ref's place (llguidance lays out merged properties in the order it meets them)
+            members = [copy_of({"$ref": node["$ref"]}, t), *out.get("allOf", [])]
+            out = {("allOf" if k == "$ref" else k): (members if k == "$ref" else v) for k, v in out.items()
+                   if k != "allOf"}
+        return out
+
+    out = go(root)
+    if out != root:
+        ctx.changed = True
+    return out
 
 
 def _esc(part: Any) -> str:
@@ -331,7 +421,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     for step in (_format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count, _property_names,
-                 _pattern_properties):
+                 _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -979,3 +1069,50 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
         schemas = [pp[patterns[i]] for i in sorted(members)]
         out[region] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
     return {**node, "patternProperties": out}
+
+
+def _declared_out_of_patterns(node: dict, ctx: _Ctx) -> dict:
+    """Declared properties whose names `patternProperties` also match: each such property takes the matching
+    patterns' schemas into its own (an `allOf`, leaving out a schema equal to its own but for annotations) and
+    the patterns are cut down to the names no property declares. llguidance would intersect the two schemas
+    itself, but it cannot intersect a `$ref` to a definition it is still compiling (a recursive one); after
+    this rewrite, equal schemas (the common case: a catch-all pattern repeating a property's schema) never meet.
+    Decided on automata (constrain/regex_sets.py), never by running the client's regexes."""
+    props, pp = node.get("properties"), node.get("patternProperties")
+    if not (isinstance(props, dict) and isinstance(pp, dict) and props and pp) \
+            or len(props) + len(pp) > 4 * _MAX_PATTERN_PROPERTIES:
+        return node
+    patterns = list(pp)
+    literals = ["^" + "".join(regex_char(c) for c in name) + "$" for name in props]
+    regions = disjoint_regions(patterns + literals, ctx.regex_work)
+    if regions is None:
+        return node
+    matched: dict[int, list[int]] = {}  # declared property -> the patterns matching its name
+    rest: dict[int, str] = {}  # pattern -> the region of the names it alone matches, no declared one among them
+    for region, sig in regions:
+        names = [i - len(patterns) for i in sig if i >= len(patterns)]
+        pats = sorted(i for i in sig if i < len(patterns))
+        if names:
+            matched[names[0]] = pats
+        elif len(pats) == 1:
+            rest[pats[0]] = region
+        else:
+            return node  # overlapping patterns (left to _pattern_properties, or out of its reach)
+    if not any(matched.values()):
+        return node
+    ctx.changed = True
+    new_props = {}
+    for i, (name, schema) in enumerate(props.items()):
+        extra = [pp[patterns[p]] for p in matched.get(i, [])]
+        extra = [s for s in extra if not _equal(_assertions(s), _assertions(schema))]
+        new_props[name] = {"allOf": [schema, *extra]} if extra else schema
+    new_pp = {rest[p]: pp[pattern] for p, pattern in enumerate(patterns) if p in rest}
+    out = {**node, "properties": new_props, "patternProperties": new_pp}
+    if not new_pp:
+        del out["patternProperties"]
+    return out
+
+
+def _assertions(schema: Any) -> Any:
+    """The schema without its top-level annotations (title, description...)."""
+    return {k: v for k, v in schema.items() if k not in _ANNOT} if isinstance(schema, dict) else schema

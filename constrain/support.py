@@ -48,6 +48,24 @@ ASSERTIONS = frozenset({
 })
 
 
+def map_subschemas(node: dict, fn) -> dict:
+    """A copy of the schema object `node` with `fn` applied to each of its direct subschemas (the same keywords
+    `walk` descends into); keyword values that are not subschemas are kept as they are."""
+    out = {}
+    for key, value in node.items():
+        if key in _SUBSCHEMA and isinstance(value, (dict, bool)):
+            out[key] = fn(value)
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {k: fn(v) for k, v in value.items()}
+        elif (key in _SUBSCHEMA_LISTS or key == "items") and isinstance(value, list):
+            out[key] = [fn(v) for v in value]
+        elif key == "dependencies" and isinstance(value, dict):
+            out[key] = {k: fn(v) if isinstance(v, dict) else v for k, v in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
 def escape(part: Any) -> str:
     return str(part).replace("~", "~0").replace("/", "~1")
 
@@ -113,23 +131,27 @@ def pointer_child(node: Any, segment: str) -> tuple[bool, Any]:
     return False, None
 
 
-def _is_recursive(schema: Any) -> bool:
-    """True when a local $ref can reach itself (a DFA cannot express that). Conservative: counts unused defs."""
+def recursive_targets(schema: Any) -> set[str]:
+    """The targets of local $refs (JSON Pointers, "" for the root) that can reach themselves through $refs: a DFA
+    cannot express them, and llguidance cannot intersect them with sibling keywords while it compiles them.
+    Conservative: a $ref anywhere under a target counts, used or not."""
     refs = [(ptr[: -len("/$ref")], node["$ref"][1:]) for ptr, key, node in walk(schema)
             if key == "$ref" and isinstance(node["$ref"], str) and node["$ref"].startswith("#")]
     targets = {t for _, t in refs}
     edges = {t: {t2 for owner, t2 in refs if owner == t or owner.startswith(t + "/") or t == ""} for t in targets}
-    state: dict[str, int] = {}
 
-    def cyclic(t: str) -> bool:
-        state[t] = 1
-        for n in edges.get(t, ()):
-            if state.get(n) == 1 or (n not in state and cyclic(n)):
+    def reaches_itself(t: str) -> bool:
+        seen, stack = set(), list(edges[t])
+        while stack:
+            n = stack.pop()
+            if n == t:
                 return True
-        state[t] = 2
+            if n not in seen:
+                seen.add(n)
+                stack.extend(edges.get(n, ()))
         return False
 
-    return any(t not in state and cyclic(t) for t in targets)
+    return {t for t in targets if reaches_itself(t)}
 
 
 def _any_value(schema) -> bool:
@@ -276,6 +298,6 @@ def outlines_unsupported(schema: Any) -> list[str]:
             bad.append(ptr[: -len("/properties")] + "/additionalProperties")
         elif key == "type" and value == "array" and "items" not in node:
             bad.append(ptr)
-    if not bad and _is_recursive(schema):
+    if not bad and recursive_targets(schema):
         bad.append("/$ref")
     return sorted(set(bad))

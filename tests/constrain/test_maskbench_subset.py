@@ -21,8 +21,9 @@ CASES = Path(__file__).parent / "maskbench_cases"
 # define are dropped). llguidance writes an enum number one way: const 1.0 refuses the valid spelling "1.0"
 # (const_id30). A name that is required but not declared in `properties` is laid out before the declared ones
 # (dep3: `dependencies` whose alternatives require undeclared names, compiled since `dependencies` is enforced in
-# every draft).
-KNOWN_LLG = {"Handwritten/dep3.json",
+# every draft). wp_29 (compiled since recursive definitions meeting other keywords are copied) declares `type`
+# last; its valid instance writes it first.
+KNOWN_LLG = {"Handwritten/dep3.json", "WashingtonPost/wp_29_Normalized.json",
              "MCPspec/CreateMessageRequest.json", "MCPspec/CallToolResult.json", "MCPspec/GetPromptResult.json",
              "JsonSchemaStore/package-configuration-schema.json",
              "JsonSchemaStore/strmprivacy.api.entities.v1.Schema.SimpleSchemaDefinition.json",
@@ -30,7 +31,8 @@ KNOWN_LLG = {"Handwritten/dep3.json",
              "Synthesized/draft2019_09_valid_const_id30_subschema1_not_2.json"}
 # Cases llguidance refuses as written and compiles after the exact rewrites of constrain/rewrite.py (oneOf proved
 # disjoint or "exactly one of these required sets", not, dependencies, min/maxProperties, finite enum filtering,
-# formats JSON Schema does not define): they must stay compiled and exact.
+# formats JSON Schema does not define, recursive definitions copied where they meet other keywords): they must stay
+# compiled, and exact but for the property order of KNOWN_LLG.
 REWRITTEN = {
     "Github_easy/o68337.json", "Github_medium/o90391.json", "Github_easy/o83719.json",
     "Github_easy/o81583.json", "Github_easy/o81565.json", "Github_easy/o88596.json", "Github_easy/o58633.json",
@@ -47,6 +49,7 @@ REWRITTEN = {
     "Synthesized/draft2019_09_valid_oneOf_id18_subschema1_not_2.json",
     "Synthesized/draft2019_09_nonvalid_oneOf_id8_subschema1_not_2.json",
     "Handwritten/dep9.json", "JsonSchemaStore/bozr.json", "JsonSchemaStore/settings.job.json",
+    "WashingtonPost/wp_29_Normalized.json",
 }
 
 

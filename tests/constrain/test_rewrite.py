@@ -186,6 +186,10 @@ CASES = [
     ("overlapping patternProperties", {"type": "object", "patternProperties": {"a": {"type": "integer"},
                                                                               "^[ab]+$": {"minimum": 2}}},
      "^[ab]+$"),
+    ("declared names out of patternProperties", {"type": "object",
+                                                 "properties": {"a": {"type": "integer"}, "b": {"title": "B"}},
+                                                 "patternProperties": {"^[ab]": {"type": "integer", "minimum": 2},
+                                                                       "^k$": {"type": "string"}}}, "^[ab]"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
 ]
@@ -310,7 +314,7 @@ ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive r
             "oneOf enum vs pattern", "oneOf patterns", "not pattern", "not pattern among any values",
             "not anyOf with a pattern", "overlapping patternProperties", "dependencies in 2020-12",
             "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then",
-            "minProperties open object", "maxProperties open object"]
+            "minProperties open object", "maxProperties open object", "declared names out of patternProperties"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)
@@ -326,3 +330,59 @@ def test_llguidance_enforces_the_rewritten_one_of_and_not_exactly(name, gpt2_com
     docs = [d for d in DOCS if not (isinstance(d, float) and d.is_integer())]
     wrong = [d for d in docs if accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], d) != validator.is_valid(d)]
     assert wrong == []
+
+
+# The WashingtonPost idiom: a catch-all pattern repeating a declared property's schema, whose items are objects
+# of one of several definitions, one of them recursive. llguidance intersects the property with the pattern and
+# `type: object` with each branch, and cannot intersect a definition it is still compiling.
+_ITEMS = {"type": "object", "anyOf": [{"$ref": "#/$defs/author"}, {"$ref": "#/$defs/reference"}]}
+RECURSIVE_MEETINGS = {
+    "$defs": {
+        "author": {"type": "object", "properties": {"name": {"type": "string"}, "credits": {"$ref": "#/$defs/credits"}},
+                   "required": ["name"], "additionalProperties": False},
+        "reference": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"],
+                      "additionalProperties": False},
+        "credits": {"type": "object", "properties": {"by": {"title": "By", "type": "array", "items": _ITEMS}},
+                    "patternProperties": {"^[a-z_]*": {"type": "array", "items": _ITEMS}}},
+    },
+    "$ref": "#/$defs/author",
+}
+_TREES = [{"name": "a"}, {"name": 1}, {"credits": {}}, {"name": "a", "credits": {}},
+          {"name": "a", "credits": {"by": [{"name": "b"}, {"id": "x"}]}},
+          {"name": "a", "credits": {"by": [{"name": "b", "credits": {"photos": [{"id": "y"}]}}]}},
+          {"name": "a", "credits": {"by": [{"name": "b", "credits": {"photos": [{"id": 7}]}}]}},
+          {"name": "a", "credits": {"by": [{"name": "b", "credits": {"Z": "no"}}]}},
+          {"name": "a", "credits": {"by": [{"foo": 1}]}}, {"name": "a", "credits": {"by": {}}},
+          {"name": "a", "credits": {"photos": [{"name": "c", "credits": {"by": []}}]}},
+          {"name": "a", "credits": {"photos": [{"name": "c", "extra": 1}]}}]
+
+
+def test_recursive_definitions_meeting_other_keywords_compile_exactly(gpt2_compiler, tokenizers, vocabs):
+    out = normalise_schema(RECURSIVE_MEETINGS)
+    accepted, refused = _same(RECURSIVE_MEETINGS, out, _TREES)
+    assert accepted >= 4 and refused >= 4
+    wrapped = {"$defs": RECURSIVE_MEETINGS["$defs"], "type": "object", "properties": {"v": {"$ref": "#/$defs/author"}},
+               "required": ["v"], "additionalProperties": False}  # (accepts_value writes {"v": document})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(wrapped), strict=True,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    validator = validator_class(RECURSIVE_MEETINGS)(RECURSIVE_MEETINGS)
+    wrong = [d for d in _TREES if accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], d) != validator.is_valid(d)]
+    assert wrong == []
+
+
+def test_a_recursive_branch_beside_an_implied_type_is_left_without_the_type():
+    """Inside the copy of `node`, the branch back to `node` cannot be copied again; the `type: object` beside it
+    says nothing the branches do not, so it goes and nothing meets the branch."""
+    schema = {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {
+        "type": "object", "anyOf": [{"$ref": "#/$defs/node"}, {"$ref": "#/$defs/leaf"}]}}},
+        "additionalProperties": False},
+        "leaf": {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"],
+                 "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    out = rewrite_schema(schema)
+    copy = out["$defs"]["node"]["properties"]["kids"]["items"]["anyOf"][0]
+    assert copy["properties"]["kids"]["items"] == {"anyOf": [{"$ref": "#/$defs/node"}, {"$ref": "#/$defs/leaf"}]}
+    trees = [{}, {"kids": []}, {"kids": [{"v": 1}, {"kids": [{"v": 2}]}]}, {"kids": [{"v": "x"}]},
+             {"kids": [{"kids": [{"w": 1}]}]}, {"kids": [3]}, {"kids": [{"kids": [{"kids": []}]}]}]
+    accepted, refused = _same(schema, out, trees)
+    assert accepted and refused
