@@ -13,6 +13,7 @@ Never imports HTTP or model code.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,15 +27,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.limits import DEFAULT_LIMITS, Limits
-from constrain.llg_backend import LlgGrammar, build_lltokenizer, compile_calls_or_text, compile_llg
+from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.support import client_pointer, outlines_unsupported
 from constrain.tools import client_pointer_of_call
+from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class GrammarCompiler:
         self._pending: dict[str, Future] = {}
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
+        self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
         self._lock = threading.Lock()
         self._lltok = None
         self._tmp_dir: str | None = None
@@ -134,11 +136,16 @@ class GrammarCompiler:
         backend = spec.backend if spec.backend in ("outlines", "llguidance") else self.backend
         t0 = time.perf_counter()
         try:
+            plan = self._unique_plan(spec)
+            if plan is not None:  # the backend compiles the schema without the uniqueItems the engine enforces
+                spec = dataclasses.replace(spec, schema=plan.schema)
             if backend == "llguidance":
-                return self._llg(spec)
-            if backend == "outlines":
-                return self._outlines(spec, wait=True)
-            return self._auto(spec)
+                g = self._llg(spec)
+            elif backend == "outlines":
+                g = self._outlines(spec, wait=True)
+            else:
+                g = self._auto(spec)
+            return UniqueItemsGrammar(g, plan, self.vocab) if plan is not None else g
         except ConstraintError as exc:
             self.stats.errors += 1
             raise _in_client_terms(exc, spec) from None
@@ -164,6 +171,21 @@ class GrammarCompiler:
                 out[name] = f"error: {exc.message}"
                 log.warning("named schema %s: %s", name, exc.message)
         return out
+
+    def _unique_plan(self, spec: ConstraintSpec) -> UniquePlan | None:
+        """The uniqueItems this schema holds that the engine enforces (constrain/unique_items.py), cached."""
+        if spec.kind not in ("json_schema", "tools") or spec.schema is None:
+            return None
+        with self._lock:
+            if spec.key in self._unique_plans:
+                self._unique_plans.move_to_end(spec.key)
+                return self._unique_plans[spec.key]
+        plan = plan_unique_items(spec.schema)
+        with self._lock:
+            self._unique_plans[spec.key] = plan
+            while len(self._unique_plans) > 256:  # (a plan holds a copy of its schema)
+                self._unique_plans.popitem(last=False)
+        return plan
 
     def lltokenizer(self):
         with self._lock:

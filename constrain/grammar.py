@@ -8,6 +8,7 @@ outlines-core write natively.
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,9 +62,10 @@ class ConstraintSpec:
         """The request field this constraint came from: the `param` of its errors."""
         return {"tools": "tools", "regex": "regex", "choice": "choice"}.get(self.kind, "response_format")
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """Stable text identifying what this spec accepts (not which backend serves it)."""
+        """Stable text identifying what this spec accepts (not which backend serves it); computed once per spec
+        (every cache lookup of a request uses it)."""
         import json
 
         return json.dumps(

@@ -66,7 +66,7 @@ import jsonschema
 
 from constrain.formats import format_pattern
 from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char
-from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, pointer_child, recursive_targets
+from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -146,22 +146,6 @@ def _with_dependency_keywords(cls: type) -> type:
     return jsonschema.validators.extend(cls, extra) if extra else cls
 
 
-def _resolve(root: Any, ref: Any) -> Any:
-    """The subschema a local `$ref` (a JSON Pointer fragment) names in `root` (None: not a local pointer, or
-    nothing there)."""
-    if not (isinstance(ref, str) and ref.startswith("#")):
-        return None
-    node: Any = root
-    path = ref[1:]
-    if path and not path.startswith("/"):
-        return None
-    for part in path.split("/")[1:]:
-        found, node = pointer_child(node, part)
-        if not found:
-            return None
-    return node
-
-
 class _Ctx:
     def __init__(self, root: dict):
         self.root = root
@@ -172,7 +156,7 @@ class _Ctx:
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
 
     def resolve(self, ref: Any) -> Any:
-        return _resolve(self.root, ref)
+        return resolve_ref(self.root, ref)
 
     def is_valid(self, schema: Any, value: Any) -> bool:
         return self.validator.evolve(schema=schema).is_valid(value)
@@ -347,7 +331,7 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
     def copy_of(ref: dict, t: str) -> Any:
         """The target of `ref` (its own meetings inlined), or `ref` itself once the budget is spent."""
         if t not in copies:
-            found = _resolve(root, "#" + t)
+            found = resolve_ref(root, "#" + t)
             if isinstance(found, dict):
                 found = {k: v for k, v in found.items() if k not in ("$schema", "$id", "id", "$anchor", "$defs",
                                                                      "definitions")}
@@ -434,7 +418,6 @@ def _add_all_of(node: dict, sub: Any) -> None:
     node.setdefault("allOf", [])
     if isinstance(node["allOf"], list):
         node["allOf"] = node["allOf"] + [sub]
-
 
 
 def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:

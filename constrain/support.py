@@ -131,6 +131,22 @@ def pointer_child(node: Any, segment: str) -> tuple[bool, Any]:
     return False, None
 
 
+def resolve_ref(root: Any, ref: Any) -> Any:
+    """The subschema a local `$ref` (a JSON Pointer fragment) names in `root` (None: not a local pointer, or
+    nothing there)."""
+    if not (isinstance(ref, str) and ref.startswith("#")):
+        return None
+    node: Any = root
+    path = ref[1:]
+    if path and not path.startswith("/"):
+        return None
+    for part in path.split("/")[1:]:
+        found, node = pointer_child(node, part)
+        if not found:
+            return None
+    return node
+
+
 def recursive_targets(schema: Any) -> set[str]:
     """The targets of local $refs (JSON Pointers, "" for the root) that can reach themselves through $refs: a DFA
     cannot express them, and llguidance cannot intersect them with sibling keywords while it compiles them.

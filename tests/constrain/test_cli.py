@@ -34,7 +34,7 @@ def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
 
 def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys):
     f = tmp_path / "s.json"
-    f.write_text(json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}))
+    f.write_text(json.dumps({"type": "array", "items": {"type": "object"}, "uniqueItems": True}))
     assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"])]) == 0
     out = capsys.readouterr().out
     assert "supported by llguidance" in out and "/uniqueItems" in out

@@ -56,7 +56,7 @@ def test_regex_choice_backend_and_conflicts():
 
 
 def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compiler):
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "object"},
                                                         "uniqueItems": True}}}
     strict = spec_from_request(response_format={"type": "json_schema",
                                                  "json_schema": {"name": "t", "schema": schema, "strict": True}})
@@ -72,7 +72,7 @@ def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compile
 # `else` becomes an anyOf branch under a generated allOf: the keyword it cannot enforce sits at
 # /properties/tags/allOf/0/anyOf/1/uniqueItems in the compiled schema, a place the client's schema does not have.
 REWRITTEN_AROUND_UNIQUE_ITEMS = {"type": "object", "properties": {"tags": {
-    "if": {"type": "string"}, "else": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}}
+    "if": {"type": "string"}, "else": {"type": "array", "items": {"type": "object"}, "uniqueItems": True}}}}
 
 
 def test_a_pointer_into_a_rewritten_subschema_names_the_clients_subschema(gpt2_compiler):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema
 import pytest
@@ -179,7 +180,7 @@ def test_tool_messages_and_assistant_tool_calls_are_accepted_in_history(client):
 
 
 def test_unenforced_keywords_of_a_non_strict_schema_are_named_in_a_header(http):
-    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "object"},
                                                      "maxItems": 3, "uniqueItems": True}},
               "required": ["a"], "additionalProperties": False}
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 40,
@@ -221,3 +222,30 @@ def test_constraint_backend_field_picks_the_backend_and_a_header_names_it(http, 
     assert r.headers["x-structgen-constraint-backend"] == backend
     assert "x-structgen-ignored-fields" not in r.headers
     jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
+
+
+class Palette(BaseModel):
+    """pydantic writes `set[...]` as an array with uniqueItems; the server keeps its items distinct."""
+
+    colours: set[Literal["red", "green", "blue"]] = Field(min_length=3)  # all three, in some order
+    sizes: set[int] = Field(max_length=4)
+
+
+def test_unique_items_of_a_strict_schema_are_enforced(client, http):
+    for seed in range(4):
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": HELLO, "max_tokens": 60, "seed": seed, "temperature": 1.0,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "p", "schema": Palette.model_json_schema(), "strict": True}}})
+        assert r.status_code == 200, r.text
+        assert "x-structgen-unenforced" not in r.headers
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        value = json.loads(choice["message"]["content"])
+        jsonschema.validate(value, Palette.model_json_schema())
+        assert sorted(value["colours"]) == ["blue", "green", "red"]
+        parsed = client.chat.completions.parse(model=MODEL, messages=HELLO, response_format=Palette, max_tokens=60,
+                                               seed=seed)
+        items = json.loads(parsed.choices[0].message.content)
+        assert parsed.choices[0].message.parsed.colours == {"red", "green", "blue"}
+        assert len(set(items["sizes"])) == len(items["sizes"])

@@ -95,7 +95,7 @@ def test_bad_tool_choice_is_a_400_naming_it(http, tool_choice, param):
 
 
 def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
-    params = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+    params = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "object"},
                                                         "maxItems": 2, "uniqueItems": True}},
               "required": ["tags"], "additionalProperties": False}
     tools = [TOOLS[0], {"type": "function", "function": {"name": "tag", "parameters": params}}]

@@ -1,0 +1,703 @@
+"""`uniqueItems`, enforced while decoding, for arrays whose items are scalars (strings, numbers, booleans, null).
+
+No grammar can say "each item differs from the earlier ones", so neither backend enforces the keyword. Here it is
+taken out of the schema the backend compiles (`plan_unique_items`), and a matcher wrapper follows the output byte
+by byte: it knows which subschemas may apply to the container being written, remembers the finished items of an
+array that must be unique, and clears the mask bits of every token that would finish an item equal to an earlier
+one (JSON equality: 1 == 1.0, strings compared after unescaping, `"a"` == `"\\u0061"`). When the items can take
+finitely many values (an enum, booleans, a small integer range), a separator is refused once every value is used,
+so the output never reaches a point where no item may follow.
+
+Which arrays are meant is decided from the schema: every subschema that may apply at a position (each anyOf/oneOf
+branch, every patternProperties schema, ...) counts, so an array is held unique when any of them says so: never
+weaker than asked, at worst stricter inside an anyOf whose other branch would allow repeats. Items of other kinds
+(objects, arrays, strings with a `pattern`) keep the keyword, which stays unenforced (named, or refused when
+strict). Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import numpy as np
+import torch
+
+from constrain.grammar import Grammar, Matcher
+from constrain.support import ANNOTATIONS, resolve_ref, walk
+from constrain.vocabulary import Vocabulary
+
+_SCALAR_TYPES = frozenset({"string", "number", "integer", "boolean", "null"})
+# Keywords an items schema may hold for its values to be counted here (anything else: the keyword is left alone).
+_SCALAR_KEYWORDS = frozenset({"type", "enum", "const", "minLength", "maxLength", "minimum", "maximum",
+                              "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format"}) | ANNOTATIONS
+_MAX_ENUMERATED_INTEGERS = 1000  # a bounded integer range up to this size is counted value by value
+
+
+@dataclass(frozen=True)
+class UniqueRule:
+    """An array whose items must differ. Its items take the finitely many `values` (canonical, with the text
+    each is written as) and, when `free` names types, unboundedly many values of those types ("string": any
+    string; "number", "integer": unbounded above)."""
+
+    values: tuple[tuple[tuple, bytes], ...] = ()
+    free: frozenset[str] = frozenset()
+
+    @property
+    def domain(self) -> int | None:
+        """How many distinct items exist (None: unboundedly many)."""
+        return None if self.free else len(self.values)
+
+    def viable(self, state: "ItemState", seen: set) -> bool:
+        """An item written up to `state` can still finish as a value not in `seen`. (The grammar keeps it a
+        prefix of some value the items schema accepts; this says whether an unused one is among them.)"""
+        if state.mode == "string":
+            if "string" in self.free or state.escaped:
+                return True
+            written = unescape(state.buf)
+            return written is None or any(v[0] == "s" and v not in seen and text.startswith(written)
+                                          for v, text in self.values)
+        if state.mode == "number":
+            if "number" in self.free or ("integer" in self.free and state.buf not in (b"0", b"-0")):
+                return True
+            if "integer" in self.free and ("n", 0.0) not in seen:
+                return True
+            if any(c in state.buf for c in b".eE"):
+                return True  # (a finite number written with a fraction or exponent: not followed here)
+            return any(v[0] == "n" and v not in seen and text.startswith(state.buf) for v, text in self.values)
+        if state.mode == "literal":
+            return any(v[0] == "l" and v not in seen and text.startswith(state.buf) for v, text in self.values)
+        return True
+
+
+@dataclass
+class UniquePlan:
+    """`schema` (what the backend compiles: the enforced `uniqueItems` removed) and the arrays held unique."""
+
+    schema: Any
+    rules: dict[int, UniqueRule]  # id() of an array's schema object inside `schema` -> its rule
+    pointers: tuple[str, ...]  # where those `uniqueItems` were, for messages and tests
+    _expanded: dict[int, tuple[dict, ...]] = field(default_factory=dict, repr=False)
+    _children: dict[tuple, tuple[dict, ...]] = field(default_factory=dict, repr=False)
+
+    def expand(self, node: Any) -> tuple[dict, ...]:
+        """`node` and every subschema that applies to the same value ($ref, allOf, anyOf/oneOf branches,
+        then/else, dependent schemas)."""
+        if not isinstance(node, dict):
+            return ()
+        hit = self._expanded.get(id(node))
+        if hit is not None:
+            return hit
+        out: list[dict] = []
+        seen: set[int] = set()
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if not isinstance(n, dict) or id(n) in seen:
+                continue
+            seen.add(id(n))
+            out.append(n)
+            if isinstance(n.get("$ref"), str):
+                stack.append(resolve_ref(self.schema, n["$ref"]))
+            for key in ("allOf", "anyOf", "oneOf"):
+                if isinstance(n.get(key), list):
+                    stack.extend(n[key])
+            stack.extend(n.get(key) for key in ("then", "else"))
+            for key in ("dependentSchemas", "dependencies"):
+                if isinstance(n.get(key), dict):
+                    stack.extend(n[key].values())
+        result = self._expanded[id(node)] = tuple(out)
+        return result
+
+    def children(self, parents: tuple[dict, ...], step: str | int) -> tuple[dict, ...]:
+        """The subschemas that may apply to the member `step` (an object key or an array index) of a value that
+        `parents` apply to. Patterns are not run: every patternProperties schema counts (stricter, never weaker)."""
+        key = (tuple(id(p) for p in parents), step)
+        hit = self._children.get(key)
+        if hit is not None:
+            return hit
+        direct: list[Any] = []
+        for p in parents:
+            if isinstance(step, str):
+                props = p.get("properties")
+                if isinstance(props, dict) and step in props:
+                    direct.append(props[step])
+                if isinstance(p.get("patternProperties"), dict):
+                    direct.extend(p["patternProperties"].values())
+                direct.extend(p.get(k) for k in ("additionalProperties", "unevaluatedProperties"))
+            else:
+                for k in ("prefixItems", "items"):
+                    if isinstance(p.get(k), list) and step < len(p[k]):
+                        direct.append(p[k][step])
+                direct.extend(p.get(k) for k in ("items", "additionalItems", "unevaluatedItems", "contains"))
+        out: dict[int, dict] = {}
+        for d in direct:
+            for n in self.expand(d):
+                out.setdefault(id(n), n)
+        result = tuple(out.values())
+        if len(self._children) < 4096:
+            self._children[key] = result
+        return result
+
+    def rule(self, candidates: tuple[dict, ...]) -> UniqueRule | None:
+        """The rule of an array these subschemas apply to (when several do: the one with the fewest values)."""
+        rules = [self.rules[id(c)] for c in candidates if id(c) in self.rules]
+        return min(rules, key=lambda r: (r.domain is None, r.domain or 0)) if rules else None
+
+
+def plan_unique_items(schema: Any) -> UniquePlan | None:
+    """The plan for a schema holding `uniqueItems: true` on arrays of scalar items (None: nothing to enforce here).
+    A finite domain smaller than `minItems` is left to the backend (no output could finish)."""
+    if not isinstance(schema, dict) or '"uniqueItems"' not in json.dumps(schema):
+        return None
+    out = copy.deepcopy(schema)
+    rules: dict[int, UniqueRule] = {}
+    pointers: list[str] = []
+    for ptr, key, node in list(walk(out)):
+        if key != "uniqueItems" or node.get("uniqueItems") is not True or "prefixItems" in node:
+            continue
+        items = node.get("items")
+        for _ in range(32):  # (a chain of $refs; a cycle of them accepts nothing we count)
+            if not (isinstance(items, dict) and isinstance(items.get("$ref"), str)
+                    and set(items) - ANNOTATIONS == {"$ref"}):
+                break
+            items = resolve_ref(out, items["$ref"])
+        rule = _items_rule(items)
+        min_items = node.get("minItems", 0)
+        if rule is None or (rule.domain is not None and isinstance(min_items, (int, float))
+                            and min_items > rule.domain):
+            continue
+        del node["uniqueItems"]
+        rules[id(node)] = rule
+        pointers.append(ptr)
+    if not rules:
+        return None
+    return UniquePlan(out, rules, tuple(sorted(pointers)))
+
+
+def _items_rule(items: Any) -> UniqueRule | None:
+    """The rule for items of this schema, when every value it accepts is a scalar and no item written so far can
+    be forced into a repeat (None: left to the backend). Strings with length bounds or formats and bounded
+    numbers are left alone: the grammar can force their last characters."""
+    if not isinstance(items, dict) or set(items) - _SCALAR_KEYWORDS:
+        return None
+    validator = jsonschema.validators.validator_for(items, default=jsonschema.Draft202012Validator)(items)
+    if "const" in items or "enum" in items:
+        values = [items["const"]] if "const" in items else items["enum"]
+        if not isinstance(values, list) or any(isinstance(v, (dict, list)) for v in values):
+            return None
+        return UniqueRule(values=_values([v for v in values if validator.is_valid(v)]))
+    types = items.get("type")
+    types = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
+    if not types or not types <= _SCALAR_TYPES:
+        return None
+    values: list = [v for t, vs in (("boolean", [True, False]), ("null", [None])) if t in types for v in vs]
+    free: set[str] = set()
+    if "string" in types:
+        if any(k in items for k in ("maxLength", "format")):
+            return None
+        free.add("string")
+    if "number" in types:
+        if any(k in items for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
+            return None
+        free.add("number")
+    elif "integer" in types:
+        integers = _integers(items, validator)
+        if integers is not None:
+            values += integers
+        elif any(k in items for k in ("maximum", "exclusiveMaximum", "multipleOf")):
+            return None
+        else:
+            free.add("integer")
+    return UniqueRule(values=_values(values), free=frozenset(free))
+
+
+def _values(values: list) -> tuple[tuple[tuple, bytes], ...]:
+    """Distinct canonical values, each with the text the grammar writes it as (strings: their characters)."""
+    out: dict[tuple, bytes] = {}
+    for v in values:
+        c = canonical_value(v)
+        out.setdefault(c, c[1] if c[0] == "s" else json.dumps(v).encode())
+    return tuple(out.items())
+
+
+def _integers(items: dict, validator) -> list[int] | None:
+    """The integers `items` accepts, when its bounds leave at most _MAX_ENUMERATED_INTEGERS candidates."""
+    lo = [items[k] for k in ("minimum", "exclusiveMinimum") if _is_number(items.get(k))]
+    hi = [items[k] for k in ("maximum", "exclusiveMaximum") if _is_number(items.get(k))]
+    if not lo or not hi:
+        return None
+    first, last = math.ceil(max(lo)), math.floor(min(hi))
+    if last - first + 1 > _MAX_ENUMERATED_INTEGERS:
+        return None
+    return [v for v in range(first, last + 1) if validator.is_valid(v)]
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# ---- values and the item scanner --------------------------------------------------------------------------------
+
+_WS = frozenset(b" \t\n\r")
+_NUMBER_START = frozenset(b"-0123456789")
+_NUMBER_CHARS = frozenset(b"-+.eE0123456789")
+_LITERALS = {b"true": ("l", True), b"false": ("l", False), b"null": ("l", None)}
+_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
+_ESCAPES = {ord('"'): b'"', ord("\\"): b"\\", ord("/"): b"/", ord("b"): b"\b", ord("f"): b"\f", ord("n"): b"\n",
+            ord("r"): b"\r", ord("t"): b"\t"}
+COMMA, CLOSE = "comma", "close"
+
+
+def canonical_value(value: Any) -> tuple:
+    """A scalar as JSON Schema compares it: numbers by value (1 == 1.0), true != 1, strings by their characters.
+    Numbers are compared as the doubles most clients read them as: two numbers equal as doubles (1e400 and 2e400
+    are both infinite) count as equal too, which is stricter than JSON Schema's mathematical equality, never
+    weaker."""
+    if isinstance(value, bool) or value is None:
+        return ("l", value)
+    if isinstance(value, (int, float)):
+        return ("n", float(str(value)))  # (str: an integer past the double range is infinite, not an error)
+    return ("s", str(value).encode("utf-8", "surrogatepass"))
+
+
+def unescape(raw: bytes) -> bytes | None:
+    """The characters (UTF-8) a JSON string's raw inside stands for; None when it ends inside an escape (or
+    between the two halves of a surrogate pair)."""
+    if b"\\" not in raw:
+        return bytes(raw)
+    out = bytearray()
+    i, n = 0, len(raw)
+    while i < n:
+        c = raw[i]
+        if c != _BACKSLASH:
+            out.append(c)
+            i += 1
+            continue
+        if i + 1 >= n:
+            return None
+        e = raw[i + 1]
+        if e != ord("u"):
+            out += _ESCAPES.get(e, bytes([e]))
+            i += 2
+            continue
+        if i + 6 > n:
+            return None
+        cp = int(raw[i + 2:i + 6], 16)
+        i += 6
+        if 0xD800 <= cp < 0xDC00:
+            if i + 6 > n or raw[i:i + 2] != b"\\u":
+                return None
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (int(raw[i + 2:i + 6], 16) - 0xDC00)
+            i += 6
+        out += chr(cp).encode("utf-8", "surrogatepass")
+    return bytes(out)
+
+
+def _number(text: bytes) -> tuple | None:
+    try:
+        return ("n", float(text.decode("ascii")))  # (any exponent: past the double range it is 0 or infinite)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+@dataclass
+class ItemState:
+    """Where the output stands inside an array of scalars: before an item ("value"), inside one ("string",
+    "number", "literal": `buf` holds what is written of it), or after one ("after")."""
+
+    mode: str = "value"
+    buf: bytes = b""
+    escaped: bool = False
+
+
+def item_events(state: ItemState, data: bytes) -> tuple[list, ItemState]:
+    """What `data` does from `state`: in order, finished items (canonical values; None for one that cannot be
+    read), COMMA and CLOSE (the array ends; nothing after it is looked at); and the state it ends in. Pure."""
+    mode, buf, escaped = state.mode, bytearray(state.buf), state.escaped
+    events: list = []
+    for c in data:
+        if mode == "number":
+            if c in _NUMBER_CHARS:
+                buf.append(c)
+                continue
+            events.append(_number(bytes(buf)))
+            mode = "after"
+        if mode == "value":
+            if c in _WS:
+                continue
+            if c == _QUOTE:
+                mode, buf, escaped = "string", bytearray(), False
+            elif c in _NUMBER_START:
+                mode, buf = "number", bytearray([c])
+            elif c in b"tfn":
+                mode, buf = "literal", bytearray([c])
+            else:  # "]" right after "[" (or anything an array of scalars cannot hold)
+                events.append(CLOSE)
+                break
+        elif mode == "string":
+            if escaped:
+                escaped = False
+            elif c == _BACKSLASH:
+                escaped = True
+            elif c == _QUOTE:
+                value = unescape(bytes(buf))
+                events.append(("s", value) if value is not None else None)
+                mode = "after"
+                continue
+            buf.append(c)
+        elif mode == "literal":
+            buf.append(c)
+            if bytes(buf) in _LITERALS:
+                events.append(_LITERALS[bytes(buf)])
+                mode = "after"
+        elif mode == "after":
+            if c in _WS:
+                continue
+            if c == _COMMA:
+                events.append(COMMA)
+                mode = "value"
+            else:
+                events.append(CLOSE)
+                break
+    return events, ItemState(mode, bytes(buf), escaped)
+
+
+def repeats(state: ItemState, data: bytes, seen: set, rule: UniqueRule) -> bool:
+    """Writing `data` from `state` finishes an item equal to an earlier one, adds a separator when every value
+    is used, or leaves an unfinished item that can only finish as a repeat."""
+    events, end = item_events(state, data)
+    count, local = len(seen), seen
+    for ev in events:
+        if ev is CLOSE:
+            return False
+        if ev is COMMA:
+            if rule.domain is not None and count >= rule.domain:
+                return True
+        elif ev is not None:
+            if ev in local:
+                return True
+            local = local | {ev}
+            count += 1
+    return not rule.viable(end, local)
+
+
+# ---- per-vocabulary token index ---------------------------------------------------------------------------------
+
+class TokenIndex:
+    """Tokens grouped for the common cases, so a step checks a few dictionary entries instead of the vocabulary:
+    - `quote_pre`: tokens holding a '"' with no backslash before it, by the bytes before it (inside a string
+      item they finish it with exactly those bytes);
+    - `quote_other`: tokens holding a '"' after a backslash (checked one by one);
+    - `start`: tokens that, from before an item, finish one, by its value;
+    - `number_tails`: tokens that end a number (number characters, then a delimiter), by those characters;
+    - `multi`: tokens that may finish a second item after a comma (checked one by one);
+    - `partial`: tokens that leave an item unfinished where few values can follow (a literal begun, an integer
+      at "0", which cannot grow: checked one by one)."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.token_bytes = vocab.token_bytes
+        quote_pre: dict[bytes, list[int]] = {}
+        quote_other: list[int] = []
+        start: dict[tuple, list[int]] = {}
+        number_tails: dict[bytes, list[int]] = {}
+        multi: list[int] = []
+        partial: list[int] = []
+        before_item = ItemState()
+        for tid, data in enumerate(vocab.token_bytes):
+            if not data:
+                continue
+            q = data.find(b'"')
+            if q >= 0:
+                (quote_other.append(tid) if b"\\" in data[:q] else quote_pre.setdefault(data[:q], []).append(tid))
+            k = 0
+            while k < len(data) and data[k] in _NUMBER_CHARS:
+                k += 1
+            if k < len(data) and (data[k] in _WS or data[k] in b",]"):
+                number_tails.setdefault(data[:k], []).append(tid)
+            first = data.lstrip(b" \t\n\r")[:1]
+            if first and (first[0] == _QUOTE or first[0] in _NUMBER_START or first in (b"t", b"f", b"n")):
+                events, end = item_events(before_item, data)
+                if events and isinstance(events[0], tuple):
+                    start.setdefault(events[0], []).append(tid)
+                elif not events and (end.mode == "literal" or end.buf in (b"0", b"-0")):
+                    partial.append(tid)
+            c = data.find(b",")
+            if c >= 0 and any(isinstance(e, tuple) for e in item_events(before_item, data[c + 1:])[0]):
+                multi.append(tid)
+            if data == b"0":
+                partial.append(tid)
+        self.quote_pre = {k: np.array(v, dtype=np.int64) for k, v in quote_pre.items()}
+        self.quote_all = np.array(sorted(quote_other + [t for v in quote_pre.values() for t in v]), dtype=np.int64)
+        self.quote_other = np.array(quote_other, dtype=np.int64)
+        self.start = {k: np.array(v, dtype=np.int64) for k, v in start.items()}
+        self.number_tails = {k: np.array(v, dtype=np.int64) for k, v in number_tails.items()}
+        self.multi = np.array(multi, dtype=np.int64)
+        self.partial = np.array(partial, dtype=np.int64)
+
+
+_INDEXES: dict[str, TokenIndex] = {}
+
+
+def token_index(vocab: Vocabulary) -> TokenIndex:
+    """Built once per vocabulary (~1 s for 152k tokens)."""
+    index = _INDEXES.get(vocab.fingerprint)
+    if index is None:
+        index = _INDEXES[vocab.fingerprint] = TokenIndex(vocab)
+    return index
+
+
+# ---- following the output -----------------------------------------------------------------------------------------
+
+@dataclass
+class _Frame:
+    is_array: bool
+    candidates: tuple[dict, ...]
+    key: str | None = None  # objects: the member being written
+    index: int = 0  # arrays: the item being written
+    rule: UniqueRule | None = None
+    seen: set = field(default_factory=set)
+
+
+class OutputTracker:
+    """Follows the JSON output byte by byte: the open containers (with the subschemas that may apply to each),
+    the lexical state, and the finished items of every array that must be unique. Output that is not JSON (free
+    text under tool_choice "auto") switches it off."""
+
+    def __init__(self, plan: UniquePlan):
+        self.plan = plan
+        self.stack: list[_Frame] = []
+        self.mode = "value"  # value | string | key | number | literal | after | member | colon | off
+        self.buf = bytearray()
+        self.escaped = False
+
+    def unique_frame(self) -> _Frame | None:
+        """The array being written, when its items must be unique and the output stands at one of them."""
+        if self.mode in ("off", "key", "member", "colon") or not self.stack:
+            return None
+        top = self.stack[-1]
+        return top if top.is_array and top.rule is not None else None
+
+    def item_state(self) -> ItemState:
+        return ItemState(self.mode, bytes(self.buf), self.escaped)
+
+    def feed(self, data: bytes) -> None:
+        for c in data:
+            if self.mode == "off":
+                return
+            self._byte(c)
+
+    def _candidates(self) -> tuple[dict, ...]:
+        if not self.stack:
+            return self.plan.expand(self.plan.schema)
+        top = self.stack[-1]
+        return self.plan.children(top.candidates, top.index if top.is_array else (top.key or ""))
+
+    def _finish_scalar(self, value) -> None:
+        self.mode = "after"
+        top = self.stack[-1] if self.stack else None
+        if top is not None and top.is_array and top.rule is not None and value is not None:
+            top.seen.add(value)
+
+    def _byte(self, c: int) -> None:
+        mode = self.mode
+        if mode == "number":
+            if c in _NUMBER_CHARS:
+                self.buf.append(c)
+                return
+            self._finish_scalar(_number(bytes(self.buf)))
+            mode = "after"
+        if mode in ("string", "key"):
+            if self.escaped:
+                self.escaped = False
+            elif c == _BACKSLASH:
+                self.escaped = True
+            elif c == _QUOTE:
+                self._end_string(mode)
+                return
+            self.buf.append(c)
+        elif mode == "literal":
+            self.buf.append(c)
+            value = _LITERALS.get(bytes(self.buf))
+            if value is not None:
+                self._finish_scalar(value)
+            elif len(self.buf) >= 5:
+                self.mode = "off"
+        elif c in _WS:
+            return
+        elif mode == "value":
+            self._start_value(c)
+        elif mode == "after":
+            self._after_value(c)
+        elif mode == "member":
+            if c == _QUOTE:
+                self.mode, self.buf, self.escaped = "key", bytearray(), False
+            elif c == ord("}"):
+                self._close()
+            else:
+                self.mode = "off"
+        elif mode == "colon":
+            self.mode = "value" if c == ord(":") else "off"
+
+    def _start_value(self, c: int) -> None:
+        if c == _QUOTE:
+            self.mode, self.buf, self.escaped = "string", bytearray(), False
+        elif c in _NUMBER_START:
+            self.mode, self.buf = "number", bytearray([c])
+        elif c in b"tfn":
+            self.mode, self.buf = "literal", bytearray([c])
+        elif c in b"[{":
+            candidates = self._candidates()
+            is_array = c == ord("[")
+            rule = self.plan.rule(candidates) if is_array else None
+            self.stack.append(_Frame(is_array, candidates, rule=rule))
+            self.mode = "value" if is_array else "member"
+        elif c == ord("]") and self.stack and self.stack[-1].is_array:
+            self._close()
+        else:
+            self.mode = "off"
+
+    def _end_string(self, mode: str) -> None:
+        if mode == "key":
+            value = unescape(bytes(self.buf))
+            self.stack[-1].key = value.decode("utf-8", "replace") if value is not None else ""
+            self.mode = "colon"
+            return
+        top = self.stack[-1] if self.stack else None
+        value = None
+        if top is not None and top.is_array and top.rule is not None:
+            text = unescape(bytes(self.buf))
+            value = ("s", text) if text is not None else None
+        self._finish_scalar(value)
+
+    def _after_value(self, c: int) -> None:
+        if not self.stack:
+            self.mode = "off"
+        elif c == _COMMA:
+            top = self.stack[-1]
+            if top.is_array:
+                top.index += 1
+                self.mode = "value"
+            else:
+                self.mode = "member"
+        elif c in b"]}":
+            self._close()
+        else:
+            self.mode = "off"
+
+    def _close(self) -> None:
+        self.stack.pop()
+        self.mode = "after"
+
+
+# ---- grammar and matcher ----------------------------------------------------------------------------------------
+
+class UniqueItemsGrammar(Grammar):
+    """A backend grammar (compiled without the enforced `uniqueItems`) whose matchers also keep items unique."""
+
+    def __init__(self, inner: Grammar, plan: UniquePlan, vocab: Vocabulary):
+        self.inner = inner
+        self.plan = plan
+        self.vocab = vocab
+        self.backend = inner.backend
+        self.unenforced = inner.unenforced
+        self.nbytes = getattr(inner, "nbytes", 0)
+
+    def matcher(self) -> "UniqueItemsMatcher":
+        return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan), token_index(self.vocab))
+
+
+class UniqueItemsMatcher(Matcher):
+    def __init__(self, inner: Matcher, tracker: OutputTracker, index: TokenIndex):
+        self.inner = inner
+        self.tracker = tracker
+        self.index = index
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
+        """The backend's mask less the tokens that would repeat an item. When the backend's budget rule left only
+        such tokens (its shortest completion repeats an item: an empty string, a 0), the plain mask is used
+        instead: the answer may then run to max_tokens, but it never holds a repeat."""
+        self.inner.fill_bitmask(bitmask, row, tokens_left)
+        frame = self.tracker.unique_frame()
+        if frame is None or (not frame.seen and frame.rule.domain is None):
+            return
+        words = bitmask[row].numpy().view(np.uint32)
+        if not self._ban(frame, words) and tokens_left is not None:
+            self.inner.fill_bitmask(bitmask, row, None)
+            self._ban(frame, words)
+
+    def _ban(self, frame: _Frame, words: np.ndarray) -> bool:
+        """Clears the bits of the tokens that would repeat an item; whether any allowed token is left."""
+        banned = self._banned(frame, words)
+        if len(banned):
+            np.bitwise_and.at(words, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
+        return bool(words.any())
+
+    def _banned(self, frame: _Frame, words: np.ndarray) -> np.ndarray:
+        """Allowed tokens after which the array would hold two equal items, a separator past its values, or an
+        item that can only finish as a repeat. Tokens are looked up by what they finish with (`TokenIndex`) and
+        only the rest are run through `repeats`."""
+        t, ix, rule = self.tracker, self.index, frame.rule
+        fast: list[np.ndarray] = []
+        if rule.domain is not None or t.mode in ("literal", "after"):
+            suspects = _allowed_ids(words)  # (few: an enum's or a literal's continuations, separators)
+        elif t.mode == "value":
+            fast = [ix.start[v] for v in frame.seen if v in ix.start]
+            suspects = np.concatenate([ix.multi, ix.partial])
+        elif t.mode == "string":
+            written = None if t.escaped else unescape(bytes(t.buf))
+            if written is None:
+                suspects = ix.quote_all
+            else:
+                fast = [ix.quote_pre[v[1][len(written):]] for v in frame.seen
+                        if v[0] == "s" and v[1].startswith(written) and v[1][len(written):] in ix.quote_pre]
+                suspects = np.concatenate([ix.quote_other, ix.multi])
+        else:  # number
+            written = bytes(t.buf)
+            fast = [ids for tail, ids in ix.number_tails.items() if _number(written + tail) in frame.seen]
+            suspects = np.concatenate([ix.multi, ix.partial])
+        suspects = suspects[_is_allowed(words, suspects)] if len(suspects) else suspects
+        state = t.item_state()
+        slow = [tid for tid in suspects.tolist() if repeats(state, ix.token_bytes[tid], frame.seen, rule)]
+        fast = [ids[_is_allowed(words, ids)] for ids in fast]  # (a lookup can name many tokens, few allowed)
+        return np.concatenate([*fast, np.array(slow, dtype=np.int64)])
+
+    def vet(self, token_id: int, tokens_left: int | None) -> int:
+        """The backend's budget rule may swap in a completion token; one that would repeat an item is not taken
+        (the sampled token was allowed under this step's mask)."""
+        vetted = self.inner.vet(token_id, tokens_left)
+        if vetted != token_id and self._repeats(vetted):
+            return token_id
+        return vetted
+
+    def _repeats(self, token_id: int) -> bool:
+        frame = self.tracker.unique_frame()
+        data = self.index.token_bytes[token_id]
+        return frame is not None and data is not None and repeats(self.tracker.item_state(), data, frame.seen,
+                                                                  frame.rule)
+
+    def accept(self, token_id: int) -> bool:
+        if not self.inner.accept(token_id):
+            return False
+        data = self.index.token_bytes[token_id]
+        if data:
+            self.tracker.feed(data)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+    def can_end(self) -> bool:
+        return self.inner.can_end()
+
+
+def _allowed_ids(words: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).astype(np.int64)
+
+
+def _is_allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)

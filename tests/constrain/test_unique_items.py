@@ -1,0 +1,205 @@
+"""uniqueItems on arrays of scalars, enforced while decoding (constrain/unique_items.py): repeats are refused
+token by token on the real tokenizers, as JSON compares values, and walks through the mask only end in documents
+that validate; arrays of other items keep the keyword unenforced."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+
+from constrain import ConstraintError, ConstraintSpec, spec_from_request
+from constrain.maskbench import walk_instance
+from constrain.spec import normalise_schema
+from constrain.unique_items import UniqueItemsGrammar, plan_unique_items
+from tests.constrain.conftest import decode, random_walk
+
+
+def _array(items: dict, **extra) -> dict:
+    return {"type": "array", "items": items, "uniqueItems": True, **extra}
+
+
+def _compile(compiler, schema: dict, backend: str = "llguidance"):
+    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True, backend=backend)
+    return compiler.compile(spec)
+
+
+def _accepts(grammar, tokenizer, vocab, text: str) -> bool:
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    return walk_instance(grammar, tokens, min(vocab.eos_token_ids), bitmask, [])
+
+
+@pytest.mark.parametrize("items, marked", [
+    ({"type": "string"}, True),
+    ({"type": "string", "minLength": 1, "description": "a tag"}, True),
+    ({"enum": ["a", "b", 1, None]}, True),
+    ({"type": "integer", "minimum": 0, "maximum": 9}, True),
+    ({"type": "integer"}, True),
+    ({"type": "number"}, True),
+    ({"type": ["boolean", "null"]}, True),
+    ({"type": "string", "maxLength": 4}, False),  # the grammar can force the last characters into a repeat
+    ({"type": "string", "pattern": "^[ab]$"}, False),
+    ({"type": "string", "format": "date"}, False),
+    ({"type": "number", "maximum": 1}, False),
+    ({"type": "integer", "maximum": 10 ** 6}, False),
+    ({"type": "object"}, False),
+    ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, False),
+    (None, False),
+])
+def test_which_arrays_the_engine_keeps_unique(items, marked):
+    schema = {"type": "object", "properties": {"v": _array(items) if items is not None else
+                                               {"type": "array", "uniqueItems": True}}}
+    plan = plan_unique_items(schema)
+    assert (plan is not None and plan.pointers == ("/properties/v/uniqueItems",)) == marked
+    if plan is not None:
+        assert "uniqueItems" not in json.dumps(plan.schema)  # what the backend compiles
+
+
+def test_an_enum_smaller_than_min_items_is_left_to_the_backend():
+    assert plan_unique_items(_array({"enum": ["a", "b"]}, minItems=3)) is None
+    assert plan_unique_items(_array({"enum": ["a", "b"]}, minItems=2)) is not None
+
+
+CASES = [  # (items schema, documents accepted, documents refused), as the model would write them
+    ({"type": "string"}, ['["ab", "abc", "a", ""]', '["a","b"]', '[]'],
+     ['["ab", "ab"]', '["a","b","a"]', '["", ""]', '["a", "\\u0061"]', '["é", "\\u00e9"]', '["\\n", "\\u000a"]']),
+    ({"type": "number"}, ['[1, 2, 10, 1.5, -1]', '[0.1, 0.12]'],
+     ['[1, 1.0]', '[1e2, 100]', '[0, -0]', '[-0.0, 0.0]', '[7, 3, 7]', '[1e400, 2e400]']),
+    ({"type": "integer"}, ['[1, 10, 0, -1]'], ['[5, 5]', '[0, 0]', '[0, -0]']),
+    ({"type": ["boolean", "null"]}, ['[true, false, null]', '[null]'], ['[true, true]', '[null, false, null]']),
+    ({"enum": ["red", "green", "re"]}, ['["red", "re", "green"]', '["re", "red"]'],
+     ['["red", "red"]', '["re", "green", "re"]', '["red", "green", "re", "red"]']),
+    ({"type": "integer", "minimum": 0, "maximum": 2}, ['[0, 1, 2]', '[2, 0]'], ['[1, 1]', '[0, 1, 2, 0]']),
+]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])  # (phi3 spells a leading space first)
+@pytest.mark.parametrize("items, good, bad", CASES)
+def test_repeated_items_are_refused_token_by_token(items, good, bad, name, tokenizers, vocabs):
+    from constrain import GrammarCompiler
+
+    compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
+    try:
+        schema = _array(items)
+        grammar = _compile(compiler, schema)
+        assert isinstance(grammar, UniqueItemsGrammar) and grammar.unenforced == ()
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in good:
+            assert validator.is_valid(json.loads(text)) and _accepts(grammar, tokenizers[name], vocabs[name], text)
+        for text in bad:
+            assert not _accepts(grammar, tokenizers[name], vocabs[name], text), text
+    finally:
+        compiler.close()
+
+
+NESTED = {  # unique arrays at several depths, through $ref, anyOf and additionalProperties
+    "type": "object",
+    "$defs": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    "properties": {
+        "a": {"$ref": "#/$defs/tags"},
+        "b": {"type": "array", "items": {"type": "string"}},  # repeats allowed
+        "c": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/tags"}}]},
+        "d": {"type": "object", "additionalProperties": {"$ref": "#/$defs/tags"}},
+    },
+    "additionalProperties": False,
+}
+
+
+def test_each_array_is_unique_on_its_own_and_only_where_the_schema_says(gpt2_compiler, tokenizers, vocabs):
+    g = _compile(gpt2_compiler, NESTED)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    good = ['{"a": ["x", "y"], "b": ["x", "x"], "c": [["x", "y"], ["x", "y"]], "d": {"k": ["x"], "j": ["x"]}}',
+            '{"c": null, "d": {}}']
+    bad = ['{"a": ["x", "x"]}', '{"c": [["y", "y"]]}', '{"d": {"k": ["z", "z"]}}',
+           '{"b": ["x"], "c": [[], ["q", "r", "q"]]}']
+    validator = jsonschema.Draft202012Validator(NESTED)
+    for text in good:
+        assert validator.is_valid(json.loads(text)) and _accepts(g, tok, vocab, text), text
+    for text in bad:
+        assert not validator.is_valid(json.loads(text)) and not _accepts(g, tok, vocab, text), text
+
+
+WALKED = [
+    _array({"enum": ["a", "b", "c"]}, minItems=1),  # finite: the array must close once every value is used
+    _array({"enum": ["x", "xy", "xyz"]}, minItems=3),  # a written "x" may still become "xy"
+    _array({"type": "integer", "minimum": 0, "maximum": 3}),
+    _array({"type": ["boolean", "null"]}),
+    _array({"type": "integer"}, minItems=2, maxItems=6),  # "0" cannot grow once 0 is used
+    _array({"type": "number"}, minItems=2, maxItems=6),
+    {"type": "object", "properties": {"tags": _array({"type": "string"}, minItems=2, maxItems=4)},
+     "required": ["tags"], "additionalProperties": False},
+]
+
+
+# outlines-core takes the ones without bounds (and free strings cost it seconds to build)
+OUTLINES_WALKED = [WALKED[0], WALKED[1], WALKED[3], WALKED[4], WALKED[5]]
+
+
+@pytest.mark.parametrize("schema, backend", [(s, "llguidance") for s in WALKED]
+                         + [(s, "outlines") for s in OUTLINES_WALKED])
+def test_random_walks_end_in_documents_with_unique_items(schema, backend, gpt2_compiler, vocabs):
+    g = _compile(gpt2_compiler, schema, backend)
+    assert isinstance(g, UniqueItemsGrammar) and g.backend == backend
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(7)
+    ended = 0
+    for _ in range(25):  # (random_walk asserts that no mask is ever empty)
+        toks, done = random_walk(g, vocabs["gpt2"], rng, 60, budget=True, prefer_end=0.3)
+        if done:
+            ended += 1
+            doc = json.loads(decode(vocabs["gpt2"], toks))
+            assert validator.is_valid(doc), doc
+    assert ended >= 20
+
+
+def test_a_budget_walk_still_ends_complete_and_unique(gpt2_compiler, vocabs):
+    schema = _array({"enum": ["alpha", "beta", "gamma", "delta"]}, minItems=2)
+    g = _compile(gpt2_compiler, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(3)
+    for max_tokens in (12, 16, 24):
+        for _ in range(5):
+            toks, done = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert done and validator.is_valid(json.loads(decode(vocabs["gpt2"], toks)))
+
+
+def test_strict_requests_with_unique_scalar_arrays_compile_and_others_still_name_the_keyword(gpt2_compiler):
+    """pydantic writes `set[str]` as a unique array of strings: strict mode takes it. A unique array of objects
+    is still refused by pointer (strict) or named (not strict)."""
+    from constrain.compiler import unenforced_in_client_terms
+
+    ok = {"type": "object", "properties": {"tags": _array({"type": "string"})}, "required": ["tags"],
+          "additionalProperties": False}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": ok}})
+    assert gpt2_compiler.compile(spec).unenforced == ()
+    objects = {"type": "object", "properties": {"rows": _array({"type": "object"}), "tags": _array({"type": "string"})}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "strict": True, "schema": objects}}))
+    assert exc.value.pointer == "/properties/rows/uniqueItems"
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": objects}})
+    assert unenforced_in_client_terms(spec, gpt2_compiler.compile(spec)) == ("/properties/rows/uniqueItems",)
+
+
+def test_tool_arguments_keep_their_arrays_unique(gpt2_compiler, tokenizers, vocabs):
+    params = {"type": "object", "properties": {"ids": _array({"type": "integer"})}, "required": ["ids"],
+              "additionalProperties": False}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                                      "parameters": params}}],
+                             tool_choice="required")
+    g = gpt2_compiler.compile(spec)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert _accepts(g, tok, vocab, '[{"name": "f", "arguments": {"ids": [1, 2]}}, {"name": "f", "arguments": '
+                                   '{"ids": [1, 2]}}]')
+    assert not _accepts(g, tok, vocab, '[{"name": "f", "arguments": {"ids": [1, 2, 1]}}]')
+
+
+def test_a_cycle_of_refs_as_items_is_left_alone():
+    schema = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+              "type": "array", "items": {"$ref": "#/$defs/a"}, "uniqueItems": True}
+    assert plan_unique_items(schema) is None
