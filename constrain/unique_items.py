@@ -248,6 +248,7 @@ _NUMBER_START = frozenset(b"-0123456789")
 _NUMBER_CHARS = frozenset(b"-+.eE0123456789")
 _LITERALS = {b"true": ("l", True), b"false": ("l", False), b"null": ("l", None)}
 _QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 _ESCAPES = {ord('"'): b'"', ord("\\"): b"\\", ord("/"): b"/", ord("b"): b"\b", ord("f"): b"\f", ord("n"): b"\n",
             ord("r"): b"\r", ord("t"): b"\t"}
 COMMA, CLOSE = "comma", "close"
@@ -267,7 +268,7 @@ def canonical_value(value: Any) -> tuple:
 
 def unescape(raw: bytes) -> bytes | None:
     """The characters (UTF-8) a JSON string's raw inside stands for; None when it ends inside an escape (or
-    between the two halves of a surrogate pair)."""
+    between the two halves of a surrogate pair), or holds one JSON does not have (free text, not JSON)."""
     if b"\\" not in raw:
         return bytes(raw)
     out = bytearray()
@@ -285,17 +286,24 @@ def unescape(raw: bytes) -> bytes | None:
             out += _ESCAPES.get(e, bytes([e]))
             i += 2
             continue
-        if i + 6 > n:
+        cp = _hex4(raw[i + 2:i + 6])
+        if cp is None:
             return None
-        cp = int(raw[i + 2:i + 6], 16)
         i += 6
         if 0xD800 <= cp < 0xDC00:
-            if i + 6 > n or raw[i:i + 2] != b"\\u":
+            low = _hex4(raw[i + 2:i + 6]) if raw[i:i + 2] == b"\\u" else None
+            if low is None:
                 return None
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (int(raw[i + 2:i + 6], 16) - 0xDC00)
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
             i += 6
         out += chr(cp).encode("utf-8", "surrogatepass")
     return bytes(out)
+
+
+def _hex4(digits: bytes) -> int | None:
+    if len(digits) != 4 or any(d not in _HEX for d in digits):
+        return None
+    return int(digits, 16)
 
 
 def _number(text: bytes) -> tuple | None:

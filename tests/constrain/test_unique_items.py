@@ -203,3 +203,19 @@ def test_a_cycle_of_refs_as_items_is_left_alone():
     schema = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
               "type": "array", "items": {"$ref": "#/$defs/a"}, "uniqueItems": True}
     assert plan_unique_items(schema) is None
+
+
+def test_the_output_tracker_takes_any_bytes():
+    """Free text (tool_choice "auto") and broken escapes switch tracking off or are skipped; nothing raises."""
+    from constrain.unique_items import OutputTracker
+
+    plan = plan_unique_items({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    rng = random.Random(5)
+    alphabet = b'[]{}",:\\u0aZ -1e.tfn \n'
+    for _ in range(500):
+        tracker = OutputTracker(plan)
+        tracker.feed(bytes(rng.choice(alphabet) for _ in range(rng.randrange(40))))
+        tracker.unique_frame()
+    tracker = OutputTracker(plan)
+    tracker.feed(b'["a", "\\uzz')
+    assert tracker.unique_frame() is not None and tracker.unique_frame().seen == {("s", b"a")}
