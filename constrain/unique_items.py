@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ import jsonschema
 import numpy as np
 import torch
 
-from constrain.grammar import Grammar, Matcher
+from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.support import ANNOTATIONS, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
@@ -42,10 +43,11 @@ _MAX_ENUMERATED_INTEGERS = 1000  # a bounded integer range up to this size is co
 class UniqueRule:
     """An array whose items must differ. Its items take the finitely many `values` (canonical, with the text
     each is written as) and, when `free` names types, unboundedly many values of those types ("string": any
-    string; "number", "integer": unbounded above)."""
+    string of at most `max_length` characters; "number", "integer": unbounded above)."""
 
     values: tuple[tuple[tuple, bytes], ...] = ()
     free: frozenset[str] = frozenset()
+    max_length: int | None = None
 
     @property
     def domain(self) -> int | None:
@@ -56,11 +58,13 @@ class UniqueRule:
         """An item written up to `state` can still finish as a value not in `seen`. (The grammar keeps it a
         prefix of some value the items schema accepts; this says whether an unused one is among them.)"""
         if state.mode == "string":
-            if "string" in self.free or state.escaped:
-                return True
-            written = unescape(state.buf)
-            return written is None or any(v[0] == "s" and v not in seen and text.startswith(written)
-                                          for v, text in self.values)
+            written = None if state.escaped else unescape(state.buf)
+            if written is None:
+                return True  # (inside an escape: decided once it is written)
+            if "string" in self.free:  # another character can follow, unless the string is at its longest
+                return (self.max_length is None or _characters(written) < self.max_length
+                        or ("s", written) not in seen)
+            return any(v[0] == "s" and v not in seen and text.startswith(written) for v, text in self.values)
         if state.mode == "number":
             if "number" in self.free or ("integer" in self.free and state.buf not in (b"0", b"-0")):
                 return True
@@ -180,9 +184,9 @@ def plan_unique_items(schema: Any) -> UniquePlan | None:
 
 
 def _items_rule(items: Any) -> UniqueRule | None:
-    """The rule for items of this schema, when every value it accepts is a scalar and no item written so far can
-    be forced into a repeat (None: left to the backend). Strings with length bounds or formats and bounded
-    numbers are left alone: the grammar can force their last characters."""
+    """The rule for items of this schema, when every value it accepts is a scalar and the grammar cannot force an
+    item written so far into a repeat (None: left to the backend). Strings with a `format` or `pattern` and
+    bounded numbers are left alone: their grammar can force the last characters."""
     if not isinstance(items, dict) or set(items) - _SCALAR_KEYWORDS:
         return None
     validator = jsonschema.validators.validator_for(items, default=jsonschema.Draft202012Validator)(items)
@@ -197,10 +201,14 @@ def _items_rule(items: Any) -> UniqueRule | None:
         return None
     values: list = [v for t, vs in (("boolean", [True, False]), ("null", [None])) if t in types for v in vs]
     free: set[str] = set()
+    max_length = items.get("maxLength")
     if "string" in types:
-        if any(k in items for k in ("maxLength", "format")):
+        if "format" in items or (max_length is not None and not _is_number(max_length)):
             return None
-        free.add("string")
+        if max_length == 0:
+            values += [""] if validator.is_valid("") else []
+        else:
+            free.add("string")
     if "number" in types:
         if any(k in items for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
             return None
@@ -213,7 +221,8 @@ def _items_rule(items: Any) -> UniqueRule | None:
             return None
         else:
             free.add("integer")
-    return UniqueRule(values=_values(values), free=frozenset(free))
+    return UniqueRule(values=_values(values), free=frozenset(free),
+                      max_length=int(max_length) if "string" in free and max_length is not None else None)
 
 
 def _values(values: list) -> tuple[tuple[tuple, bytes], ...]:
@@ -298,6 +307,11 @@ def unescape(raw: bytes) -> bytes | None:
             i += 6
         out += chr(cp).encode("utf-8", "surrogatepass")
     return bytes(out)
+
+
+def _characters(text: bytes) -> int:
+    """Characters in UTF-8 `text` (a character still being written is not counted)."""
+    return len(text.decode("utf-8", "ignore"))
 
 
 def _hex4(digits: bytes) -> int | None:
@@ -405,7 +419,9 @@ class TokenIndex:
     - `number_tails`: tokens that end a number (number characters, then a delimiter), by those characters;
     - `multi`: tokens that may finish a second item after a comma (checked one by one);
     - `partial`: tokens that leave an item unfinished where few values can follow (a literal begun, an integer
-      at "0", which cannot grow: checked one by one)."""
+      at "0", which cannot grow: checked one by one);
+    - `exact`: tokens by their bytes (one that writes the rest of an earlier string at its maximum length leaves
+      a string that can only finish as a repeat)."""
 
     def __init__(self, vocab: Vocabulary):
         self.token_bytes = vocab.token_bytes
@@ -415,10 +431,12 @@ class TokenIndex:
         number_tails: dict[bytes, list[int]] = {}
         multi: list[int] = []
         partial: list[int] = []
+        exact: dict[bytes, list[int]] = {}
         before_item = ItemState()
         for tid, data in enumerate(vocab.token_bytes):
             if not data:
                 continue
+            exact.setdefault(data, []).append(tid)
             q = data.find(b'"')
             if q >= 0:
                 (quote_other.append(tid) if b"\\" in data[:q] else quote_pre.setdefault(data[:q], []).append(tid))
@@ -446,17 +464,20 @@ class TokenIndex:
         self.number_tails = {k: np.array(v, dtype=np.int64) for k, v in number_tails.items()}
         self.multi = np.array(multi, dtype=np.int64)
         self.partial = np.array(partial, dtype=np.int64)
+        self.exact = {k: np.array(v, dtype=np.int64) for k, v in exact.items()}
 
 
 _INDEXES: dict[str, TokenIndex] = {}
+_INDEXES_LOCK = threading.Lock()
 
 
 def token_index(vocab: Vocabulary) -> TokenIndex:
-    """Built once per vocabulary (~1 s for 152k tokens)."""
-    index = _INDEXES.get(vocab.fingerprint)
-    if index is None:
-        index = _INDEXES[vocab.fingerprint] = TokenIndex(vocab)
-    return index
+    """Built once per vocabulary (~0.1 s for 152k tokens)."""
+    with _INDEXES_LOCK:
+        index = _INDEXES.get(vocab.fingerprint)
+        if index is None:
+            index = _INDEXES[vocab.fingerprint] = TokenIndex(vocab)
+        return index
 
 
 # ---- following the output -----------------------------------------------------------------------------------------
@@ -610,13 +631,13 @@ class UniqueItemsGrammar(Grammar):
     def __init__(self, inner: Grammar, plan: UniquePlan, vocab: Vocabulary):
         self.inner = inner
         self.plan = plan
-        self.vocab = vocab
+        self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
         self.backend = inner.backend
         self.unenforced = inner.unenforced
         self.nbytes = getattr(inner, "nbytes", 0)
 
     def matcher(self) -> "UniqueItemsMatcher":
-        return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan), token_index(self.vocab))
+        return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan), self.index)
 
 
 class UniqueItemsMatcher(Matcher):
@@ -634,9 +655,12 @@ class UniqueItemsMatcher(Matcher):
         if frame is None or (not frame.seen and frame.rule.domain is None):
             return
         words = bitmask[row].numpy().view(np.uint32)
-        if not self._ban(frame, words) and tokens_left is not None:
-            self.inner.fill_bitmask(bitmask, row, None)
-            self._ban(frame, words)
+        if self._ban(frame, words):
+            return
+        self.inner.fill_bitmask(bitmask, row, None)
+        if words.any() and not self._ban(frame, words):  # (kept out by construction: see _items_rule)
+            raise ConstraintError("every token the output constraint allows here would repeat an item of an array "
+                                  "whose schema says uniqueItems", code="constraint_too_complex")
 
     def _ban(self, frame: _Frame, words: np.ndarray) -> bool:
         """Clears the bits of the tokens that would repeat an item; whether any allowed token is left."""
@@ -655,14 +679,17 @@ class UniqueItemsMatcher(Matcher):
             suspects = _allowed_ids(words)  # (few: an enum's or a literal's continuations, separators)
         elif t.mode == "value":
             fast = [ix.start[v] for v in frame.seen if v in ix.start]
+            fast += [ix.exact[w + b'"' + v[1]] for v in frame.seen for w in (b"", b" ")
+                     if v[0] == "s" and self._longest(rule, v[1]) and w + b'"' + v[1] in ix.exact]
             suspects = np.concatenate([ix.multi, ix.partial])
         elif t.mode == "string":
             written = None if t.escaped else unescape(bytes(t.buf))
             if written is None:
                 suspects = ix.quote_all
             else:
-                fast = [ix.quote_pre[v[1][len(written):]] for v in frame.seen
-                        if v[0] == "s" and v[1].startswith(written) and v[1][len(written):] in ix.quote_pre]
+                rests = [v[1][len(written):] for v in frame.seen if v[0] == "s" and v[1].startswith(written)]
+                fast = [ix.quote_pre[r] for r in rests if r in ix.quote_pre]
+                fast += [ix.exact[r] for r in rests if r in ix.exact and self._longest(rule, written + r)]
                 suspects = np.concatenate([ix.quote_other, ix.multi])
         else:  # number
             written = bytes(t.buf)
@@ -673,6 +700,11 @@ class UniqueItemsMatcher(Matcher):
         slow = [tid for tid in suspects.tolist() if repeats(state, ix.token_bytes[tid], frame.seen, rule)]
         fast = [ids[_is_allowed(words, ids)] for ids in fast]  # (a lookup can name many tokens, few allowed)
         return np.concatenate([*fast, np.array(slow, dtype=np.int64)])
+
+    @staticmethod
+    def _longest(rule: UniqueRule, text: bytes) -> bool:
+        """A string item holding `text` can take no more characters."""
+        return rule.max_length is not None and _characters(text) >= rule.max_length
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """The backend's budget rule may swap in a completion token; one that would repeat an item is not taken

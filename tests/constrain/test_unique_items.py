@@ -41,8 +41,8 @@ def _accepts(grammar, tokenizer, vocab, text: str) -> bool:
     ({"type": "integer"}, True),
     ({"type": "number"}, True),
     ({"type": ["boolean", "null"]}, True),
-    ({"type": "string", "maxLength": 4}, False),  # the grammar can force the last characters into a repeat
-    ({"type": "string", "pattern": "^[ab]$"}, False),
+    ({"type": "string", "maxLength": 4}, True),
+    ({"type": "string", "pattern": "^[ab]$"}, False),  # the grammar could force the last characters
     ({"type": "string", "format": "date"}, False),
     ({"type": "number", "maximum": 1}, False),
     ({"type": "integer", "maximum": 10 ** 6}, False),
@@ -74,6 +74,7 @@ CASES = [  # (items schema, documents accepted, documents refused), as the model
     ({"enum": ["red", "green", "re"]}, ['["red", "re", "green"]', '["re", "red"]'],
      ['["red", "red"]', '["re", "green", "re"]', '["red", "green", "re", "red"]']),
     ({"type": "integer", "minimum": 0, "maximum": 2}, ['[0, 1, 2]', '[2, 0]'], ['[1, 1]', '[0, 1, 2, 0]']),
+    ({"type": "string", "maxLength": 2}, ['["ab", "a", "ba"]'], ['["ab", "ab"]', '["a", "b", "a"]']),
 ]
 
 
@@ -130,6 +131,7 @@ WALKED = [
     _array({"type": ["boolean", "null"]}),
     _array({"type": "integer"}, minItems=2, maxItems=6),  # "0" cannot grow once 0 is used
     _array({"type": "number"}, minItems=2, maxItems=6),
+    _array({"type": "string", "maxLength": 1}, minItems=3, maxItems=8),  # a written "a" cannot grow once used
     {"type": "object", "properties": {"tags": _array({"type": "string"}, minItems=2, maxItems=4)},
      "required": ["tags"], "additionalProperties": False},
 ]
@@ -219,3 +221,44 @@ def test_the_output_tracker_takes_any_bytes():
     tracker = OutputTracker(plan)
     tracker.feed(b'["a", "\\uzz')
     assert tracker.unique_frame() is not None and tracker.unique_frame().seen == {("s", b"a")}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_a_string_at_its_longest_that_repeats_is_refused_before_it_is_written(name, tokenizers, vocabs):
+    """With maxLength 2 and "ab" written, the next item may not become "ab" unclosed: only '"' could follow."""
+    from constrain import GrammarCompiler
+    from tests.constrain.conftest import allowed_ids
+
+    tok, vocab = tokenizers[name], vocabs[name]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    try:
+        m = _compile(compiler, _array({"type": "string", "maxLength": 2})).matcher()
+        for t in tok.encode('["ab", "', add_special_tokens=False):
+            assert m.accept(t)
+        bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+        m.fill_bitmask(bitmask, 0)
+        allowed = set(allowed_ids(bitmask).tolist())
+        spelled = {vocab.token_bytes[i]: i for i in allowed if vocab.token_bytes[i] is not None}
+        assert b"ab" not in spelled and b"a" in spelled and b"ba" in spelled
+        assert m.accept(spelled[b"a"])
+        m.fill_bitmask(bitmask, 0)
+        allowed = {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist() if vocab.token_bytes[i] is not None}
+        assert b"b" not in allowed and b"c" in allowed and b'"' in allowed
+    finally:
+        compiler.close()
+
+
+def test_an_item_that_can_only_repeat_ends_the_output_with_a_constraint_error(gpt2_compiler, tokenizers, vocabs):
+    """Such arrays are not handed to the engine (`_items_rule`); were one reached, the output ends with an error
+    saying why rather than an empty mask. Made here by forcing the item on a plan built by hand."""
+    from constrain.unique_items import UniquePlan, UniqueRule
+
+    schema = {"type": "array", "items": {"const": "a"}}
+    inner = _compile(gpt2_compiler, schema)
+    plan = UniquePlan(schema, {id(schema): UniqueRule(free=frozenset({"string"}))}, ("/uniqueItems",))
+    m = UniqueItemsGrammar(inner, plan, vocabs["gpt2"]).matcher()
+    for t in tokenizers["gpt2"].encode('["a", "a', add_special_tokens=False):
+        assert m.accept(t)
+    with pytest.raises(ConstraintError) as exc:
+        m.fill_bitmask(torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32), 0)
+    assert exc.value.code == "constraint_too_complex" and "uniqueItems" in exc.value.message
