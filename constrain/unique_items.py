@@ -11,8 +11,8 @@ so the output never reaches a point where no item may follow.
 Which arrays are meant is decided from the schema: every subschema that may apply at a position (each anyOf/oneOf
 branch, every patternProperties schema, ...) counts, so an array is held unique when any of them says so: never
 weaker than asked, at worst stricter inside an anyOf whose other branch would allow repeats. Items of other kinds
-(objects, arrays, strings with a `pattern`) keep the keyword, which stays unenforced (named, or refused when
-strict). Never imports HTTP or model code.
+(objects, arrays, strings with a `pattern` or `format`, bounded numbers) keep the keyword, and so does an array a
+`not` or an `if` reaches: it stays unenforced (named, or refused when strict). Never imports HTTP or model code.
 """
 
 from __future__ import annotations
@@ -158,11 +158,15 @@ def plan_unique_items(schema: Any) -> UniquePlan | None:
     A finite domain smaller than `minItems` is left to the backend (no output could finish)."""
     if not isinstance(schema, dict) or '"uniqueItems"' not in json.dumps(schema):
         return None
+    if not _followable(schema):
+        return None
     out = copy.deepcopy(schema)
     rules: dict[int, UniqueRule] = {}
     pointers: list[str] = []
+    negated = _under_not_or_if(out)
     for ptr, key, node in list(walk(out)):
-        if key != "uniqueItems" or node.get("uniqueItems") is not True or "prefixItems" in node:
+        if key != "uniqueItems" or node.get("uniqueItems") is not True or "prefixItems" in node \
+                or id(node) in negated:
             continue
         items = node.get("items")
         for _ in range(32):  # (a chain of $refs; a cycle of them accepts nothing we count)
@@ -181,6 +185,36 @@ def plan_unique_items(schema: Any) -> UniquePlan | None:
     if not rules:
         return None
     return UniquePlan(out, rules, tuple(sorted(pointers)))
+
+
+def _followable(root: dict) -> bool:
+    """Every way a subschema applies is one `UniquePlan.expand` and `children` follow: $refs are local JSON
+    Pointers, and no $dynamicRef, $recursiveRef or nested $id moves them."""
+    for ptr, key, node in walk(root):
+        if key in ("$dynamicRef", "$recursiveRef") or (key in ("$id", "id") and ptr.count("/") > 1
+                                                         and isinstance(node[key], str)):
+            return False
+        if key == "$ref" and resolve_ref(root, node[key]) is None:
+            return False
+    return True
+
+
+def _under_not_or_if(root: dict) -> set[int]:
+    """id() of every schema object a `not` or an `if` reaches (through $refs too): there the keyword only decides
+    what is refused or which branch applies, so taking it out would change the meaning."""
+    found: set[int] = set()
+    stack = [node[key] for _, key, node in walk(root) if key in ("not", "if") and isinstance(node[key], dict)]
+    while stack:
+        top = stack.pop()
+        if id(top) in found:
+            continue
+        for _, key, node in walk(top):
+            found.add(id(node))
+            if key == "$ref":
+                target = resolve_ref(root, node["$ref"])
+                if isinstance(target, dict) and id(target) not in found:
+                    stack.append(target)
+    return found
 
 
 def _items_rule(items: Any) -> UniqueRule | None:

@@ -262,3 +262,27 @@ def test_an_item_that_can_only_repeat_ends_the_output_with_a_constraint_error(gp
     with pytest.raises(ConstraintError) as exc:
         m.fill_bitmask(torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32), 0)
     assert exc.value.code == "constraint_too_complex" and "uniqueItems" in exc.value.message
+
+
+def test_a_unique_array_under_not_or_if_keeps_its_keyword():
+    """Inside `not` (or `if`) the keyword decides what is refused: taking it out would change the meaning, also
+    when the definition is reached through a $ref and used elsewhere as well."""
+    unique = _array({"type": "string"})
+    assert plan_unique_items({"type": "array", "not": unique}) is None
+    assert plan_unique_items({"if": unique, "then": {"maxItems": 2}}) is None
+    shared = {"$defs": {"u": unique}, "type": "object",
+              "properties": {"a": {"$ref": "#/$defs/u"}, "b": {"not": {"$ref": "#/$defs/u"}}}}
+    assert plan_unique_items(shared) is None
+    elsewhere = {"$defs": {"u": unique}, "type": "object",
+                 "properties": {"a": {"$ref": "#/$defs/u"}, "b": {"not": {"type": "string"}}}}
+    assert plan_unique_items(elsewhere).pointers == ("/$defs/u/uniqueItems",)
+
+
+@pytest.mark.parametrize("extra", [{"$defs": {"x": {"$anchor": "x", "type": "string"}}, "properties": {"y": {"$ref": "#x"}}},
+                                   {"properties": {"y": {"$dynamicRef": "#meta"}}},
+                                   {"properties": {"y": {"$id": "http://example.com/y", "type": "string"}}}])
+def test_schemas_whose_references_the_tracker_cannot_follow_are_left_to_the_backend(extra):
+    schema = {"type": "object", "properties": {"tags": _array({"type": "string"})}}
+    schema["properties"].update(extra.get("properties", {}))
+    schema.update({k: v for k, v in extra.items() if k != "properties"})
+    assert plan_unique_items(schema) is None
