@@ -51,6 +51,7 @@ def _check_schema(args: argparse.Namespace) -> int:
     from constrain.grammar import ConstraintError, ConstraintSpec
     from constrain.spec import normalise_schema, validate_schema
     from constrain.support import outlines_unsupported
+    from constrain.unique_items import plan_unique_items
 
     try:
         schema = json.loads(args.file.read_text())
@@ -62,7 +63,10 @@ def _check_schema(args: argparse.Namespace) -> int:
     compiler = GrammarCompiler(vocab, tok, backend=args.backend, compile_timeout_s=args.timeout,
                                background_outlines=False)
     schema = normalise_schema(schema)  # as the server compiles it (exact rewrites included)
-    bad = outlines_unsupported(schema)
+    plan = plan_unique_items(schema)
+    if plan is not None:
+        print(f"enforced while decoding: {', '.join(plan.pointers)}")
+    bad = outlines_unsupported(plan.schema if plan is not None else schema)
     print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
     spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict)
     t0 = time.perf_counter()

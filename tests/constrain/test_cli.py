@@ -51,3 +51,15 @@ def test_maskbench_groups_compile_errors_by_cause():
     assert error_class("invalid JSON Schema at /enum: [1, 1] has non-unique elements") == "invalid schema"
     assert error_class("compiling this constraint took longer than 60 s") == "time limit"
     assert error_class("something new").startswith("other: ")
+
+
+def test_check_schema_names_the_unique_items_enforced_while_decoding(tmp_path, capsys):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}, "required": ["tags"],
+        "additionalProperties": False}))
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict",
+                 "--backend", "llguidance"]) == 0
+    out = capsys.readouterr().out
+    assert "enforced while decoding: /properties/tags/uniqueItems" in out
+    assert "outlines: exact" in out and "unenforced: none" in out
