@@ -454,8 +454,8 @@ class TokenIndex:
     - `multi`: tokens that may finish a second item after a comma (checked one by one);
     - `partial`: tokens that leave an item unfinished where few values can follow (a literal begun, an integer
       at "0", which cannot grow: checked one by one);
-    - `exact`: tokens by their bytes (one that writes the rest of an earlier string at its maximum length leaves
-      a string that can only finish as a repeat)."""
+    - `spelled`: tokens by their bytes (one that writes the rest of an earlier string at its maximum length
+      leaves a string that can only finish as a repeat)."""
 
     def __init__(self, vocab: Vocabulary):
         self.token_bytes = vocab.token_bytes
@@ -465,12 +465,14 @@ class TokenIndex:
         number_tails: dict[bytes, list[int]] = {}
         multi: list[int] = []
         partial: list[int] = []
-        exact: dict[bytes, list[int]] = {}
+        exact = vocab.ids_by_bytes()
+        exact_more: dict[bytes, list[int]] = {}  # (the few tokens spelled like an earlier one)
         before_item = ItemState()
         for tid, data in enumerate(vocab.token_bytes):
             if not data:
                 continue
-            exact.setdefault(data, []).append(tid)
+            if exact[data] != tid:
+                exact_more.setdefault(data, []).append(tid)
             q = data.find(b'"')
             if q >= 0:
                 (quote_other.append(tid) if b"\\" in data[:q] else quote_pre.setdefault(data[:q], []).append(tid))
@@ -498,7 +500,15 @@ class TokenIndex:
         self.number_tails = {k: np.array(v, dtype=np.int64) for k, v in number_tails.items()}
         self.multi = np.array(multi, dtype=np.int64)
         self.partial = np.array(partial, dtype=np.int64)
-        self.exact = {k: np.array(v, dtype=np.int64) for k, v in exact.items()}
+        self._exact, self._exact_more = exact, exact_more
+
+
+    def spelled(self, data: bytes) -> np.ndarray:
+        """The tokens whose bytes are exactly `data`."""
+        first = self._exact.get(data)
+        if first is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.array([first, *self._exact_more.get(data, ())], dtype=np.int64)
 
 
 _INDEXES: dict[str, TokenIndex] = {}
@@ -713,8 +723,8 @@ class UniqueItemsMatcher(Matcher):
             suspects = _allowed_ids(words)  # (few: an enum's or a literal's continuations, separators)
         elif t.mode == "value":
             fast = [ix.start[v] for v in frame.seen if v in ix.start]
-            fast += [ix.exact[w + b'"' + v[1]] for v in frame.seen for w in (b"", b" ")
-                     if v[0] == "s" and self._longest(rule, v[1]) and w + b'"' + v[1] in ix.exact]
+            fast += [ix.spelled(w + b'"' + v[1]) for v in frame.seen for w in (b"", b" ")
+                     if v[0] == "s" and self._longest(rule, v[1])]
             suspects = np.concatenate([ix.multi, ix.partial])
         elif t.mode == "string":
             written = None if t.escaped else unescape(bytes(t.buf))
@@ -723,7 +733,7 @@ class UniqueItemsMatcher(Matcher):
             else:
                 rests = [v[1][len(written):] for v in frame.seen if v[0] == "s" and v[1].startswith(written)]
                 fast = [ix.quote_pre[r] for r in rests if r in ix.quote_pre]
-                fast += [ix.exact[r] for r in rests if r in ix.exact and self._longest(rule, written + r)]
+                fast += [ix.spelled(r) for r in rests if self._longest(rule, written + r)]
                 suspects = np.concatenate([ix.quote_other, ix.multi])
         else:  # number
             written = bytes(t.buf)

@@ -136,16 +136,20 @@ class Vocabulary:
             self._byte_tokens = table
         return self._byte_tokens
 
-    def spell(self, data: bytes) -> list[int] | None:
-        """Token ids whose bytes concatenate to `data`, longest match first (few tokens, not always fewest);
-        None if some byte has no token."""
+    def ids_by_bytes(self) -> dict[bytes, int]:
+        """bytes -> the first token id spelling exactly them."""
         if self._ids_by_bytes is None:
             table: dict[bytes, int] = {}
             for tid, piece in enumerate(self.token_bytes):
                 if piece is not None:
                     table.setdefault(piece, tid)
             self._ids_by_bytes = table
-        table, longest = self._ids_by_bytes, 32
+        return self._ids_by_bytes
+
+    def spell(self, data: bytes) -> list[int] | None:
+        """Token ids whose bytes concatenate to `data`, longest match first (few tokens, not always fewest);
+        None if some byte has no token."""
+        table, longest = self.ids_by_bytes(), 32
         out: list[int] = []
         i = 0
         while i < len(data):
