@@ -35,6 +35,7 @@ from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, comp
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.support import client_pointer, outlines_unsupported
 from constrain.tools import client_pointer_of_call
+from constrain.one_of import ONE_OF_REFUSAL, OneOfGrammar, OneOfPlan, plan_one_of
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items
 from constrain.vocabulary import Vocabulary
 
@@ -123,6 +124,7 @@ class GrammarCompiler:
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
         self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
+        self._one_of_plans: OrderedDict[str, OneOfPlan] = OrderedDict()  # specs whose backend refused a oneOf
         self._lock = threading.Lock()
         self._lltok = None
         self._tmp_dir: str | None = None
@@ -139,12 +141,7 @@ class GrammarCompiler:
             plan = self._unique_plan(spec)
             if plan is not None:  # the backend compiles the schema without the uniqueItems the engine enforces
                 spec = dataclasses.replace(spec, schema=plan.schema)
-            if backend == "llguidance":
-                g = self._llg(spec)
-            elif backend == "outlines":
-                g = self._outlines(spec, wait=True)
-            else:
-                g = self._auto(spec)
+            g = self._with_one_of(spec, backend)
             return UniqueItemsGrammar(g, plan, self.vocab) if plan is not None else g
         except ConstraintError as exc:
             self.stats.errors += 1
@@ -171,6 +168,33 @@ class GrammarCompiler:
                 out[name] = f"error: {exc.message}"
                 log.warning("named schema %s: %s", name, exc.message)
         return out
+
+    def _with_one_of(self, spec: ConstraintSpec, backend: str) -> Grammar:
+        """The grammar of `spec` on `backend`; when the backend refuses a oneOf it cannot prove disjoint, the
+        schema's oneOfs at exactly known places compile as anyOfs and matchers keep exactly one branch
+        (constrain/one_of.py). Which schemas needed that is remembered, so repeats compile once."""
+        with self._lock:
+            one_of = self._one_of_plans.get(spec.key)
+        if one_of is None:
+            try:
+                return self._on_backend(spec, backend)
+            except ConstraintError as exc:
+                one_of = plan_one_of(spec.schema) if ONE_OF_REFUSAL in exc.message else None
+                if one_of is None:
+                    raise
+            with self._lock:
+                self._one_of_plans[spec.key] = one_of
+                while len(self._one_of_plans) > 256:  # (a plan holds a copy of its schema)
+                    self._one_of_plans.popitem(last=False)
+        inner = self._on_backend(dataclasses.replace(spec, schema=one_of.schema), backend)
+        return OneOfGrammar(inner, one_of, self.vocab)
+
+    def _on_backend(self, spec: ConstraintSpec, backend: str) -> Grammar:
+        if backend == "llguidance":
+            return self._llg(spec)
+        if backend == "outlines":
+            return self._outlines(spec, wait=True)
+        return self._auto(spec)
 
     def _unique_plan(self, spec: ConstraintSpec) -> UniquePlan | None:
         """The uniqueItems this schema holds that the engine enforces (constrain/unique_items.py), cached."""

@@ -147,6 +147,18 @@ def resolve_ref(root: Any, ref: Any) -> Any:
     return node
 
 
+def references_followable(root: dict) -> bool:
+    """Every $ref is a local JSON Pointer `resolve_ref` follows, and no $dynamicRef, $recursiveRef or nested $id
+    moves what they mean: then a walk of the schema knows every subschema that may apply at a place."""
+    for ptr, key, node in walk(root):
+        if key in ("$dynamicRef", "$recursiveRef") or (key in ("$id", "id") and ptr.count("/") > 1
+                                                         and isinstance(node[key], str)):
+            return False
+        if key == "$ref" and resolve_ref(root, node[key]) is None:
+            return False
+    return True
+
+
 def recursive_targets(schema: Any) -> set[str]:
     """The targets of local $refs (JSON Pointers, "" for the root) that can reach themselves through $refs: a DFA
     cannot express them, and llguidance cannot intersect them with sibling keywords while it compiles them.

@@ -20,16 +20,15 @@ from __future__ import annotations
 import copy
 import json
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 import numpy as np
-import torch
 
-from constrain.grammar import ConstraintError, Grammar, Matcher
-from constrain.support import ANNOTATIONS, resolve_ref, walk
+from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, per_vocabulary
+from constrain.grammar import Grammar, Matcher
+from constrain.support import ANNOTATIONS, references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
 _SCALAR_TYPES = frozenset({"string", "number", "integer", "boolean", "null"})
@@ -158,7 +157,7 @@ def plan_unique_items(schema: Any) -> UniquePlan | None:
     A finite domain smaller than `minItems` is left to the backend (no output could finish)."""
     if not isinstance(schema, dict) or '"uniqueItems"' not in json.dumps(schema):
         return None
-    if not _followable(schema):
+    if not references_followable(schema):
         return None
     out = copy.deepcopy(schema)
     rules: dict[int, UniqueRule] = {}
@@ -185,18 +184,6 @@ def plan_unique_items(schema: Any) -> UniquePlan | None:
     if not rules:
         return None
     return UniquePlan(out, rules, tuple(sorted(pointers)))
-
-
-def _followable(root: dict) -> bool:
-    """Every way a subschema applies is one `UniquePlan.expand` and `children` follow: $refs are local JSON
-    Pointers, and no $dynamicRef, $recursiveRef or nested $id moves them."""
-    for ptr, key, node in walk(root):
-        if key in ("$dynamicRef", "$recursiveRef") or (key in ("$id", "id") and ptr.count("/") > 1
-                                                         and isinstance(node[key], str)):
-            return False
-        if key == "$ref" and resolve_ref(root, node[key]) is None:
-            return False
-    return True
 
 
 def _under_not_or_if(root: dict) -> set[int]:
@@ -511,17 +498,9 @@ class TokenIndex:
         return np.array([first, *self._exact_more.get(data, ())], dtype=np.int64)
 
 
-_INDEXES: dict[str, TokenIndex] = {}
-_INDEXES_LOCK = threading.Lock()
-
-
 def token_index(vocab: Vocabulary) -> TokenIndex:
-    """Built once per vocabulary (~0.1 s for 152k tokens)."""
-    with _INDEXES_LOCK:
-        index = _INDEXES.get(vocab.fingerprint)
-        if index is None:
-            index = _INDEXES[vocab.fingerprint] = TokenIndex(vocab)
-        return index
+    """Built once per vocabulary (~0.3 s for 152k tokens)."""
+    return per_vocabulary(TokenIndex, vocab)
 
 
 # ---- following the output -----------------------------------------------------------------------------------------
@@ -669,58 +648,43 @@ class OutputTracker:
 
 # ---- grammar and matcher ----------------------------------------------------------------------------------------
 
-class UniqueItemsGrammar(Grammar):
+class UniqueItemsGrammar(CheckedGrammar):
     """A backend grammar (compiled without the enforced `uniqueItems`) whose matchers also keep items unique."""
 
     def __init__(self, inner: Grammar, plan: UniquePlan, vocab: Vocabulary):
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
-        self.backend = inner.backend
-        self.unenforced = inner.unenforced
-        self.nbytes = getattr(inner, "nbytes", 0)
 
     def matcher(self) -> "UniqueItemsMatcher":
         return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan), self.index)
 
 
-class UniqueItemsMatcher(Matcher):
+class UniqueItemsMatcher(CheckedMatcher):
+    """Refuses the tokens that would repeat an item (a budget completion can: an empty string, a 0)."""
+
+    dead_end = "every token the output constraint allows here would repeat an item of an array whose schema says " \
+               "uniqueItems"  # (kept out by construction: see _items_rule)
+
     def __init__(self, inner: Matcher, tracker: OutputTracker, index: TokenIndex):
-        self.inner = inner
+        super().__init__(inner, index.token_bytes)
         self.tracker = tracker
         self.index = index
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
-        """The backend's mask less the tokens that would repeat an item. When the backend's budget rule left only
-        such tokens (its shortest completion repeats an item: an empty string, a 0), the plain mask is used
-        instead: the answer may then run to max_tokens, but it never holds a repeat."""
-        self.inner.fill_bitmask(bitmask, row, tokens_left)
+    def _active(self) -> bool:
         frame = self.tracker.unique_frame()
-        if frame is None or (not frame.seen and frame.rule.domain is None):
-            return
-        words = bitmask[row].numpy().view(np.uint32)
-        if self._ban(frame, words):
-            return
-        self.inner.fill_bitmask(bitmask, row, None)
-        if words.any() and not self._ban(frame, words):  # (kept out by construction: see _items_rule)
-            raise ConstraintError("every token the output constraint allows here would repeat an item of an array "
-                                  "whose schema says uniqueItems", code="constraint_too_complex")
+        return frame is not None and (bool(frame.seen) or frame.rule.domain is not None)
 
-    def _ban(self, frame: _Frame, words: np.ndarray) -> bool:
-        """Clears the bits of the tokens that would repeat an item; whether any allowed token is left."""
-        banned = self._banned(frame, words)
-        if len(banned):
-            np.bitwise_and.at(words, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
-        return bool(words.any())
-
-    def _banned(self, frame: _Frame, words: np.ndarray) -> np.ndarray:
+    def _refused(self, words: np.ndarray) -> np.ndarray:
         """Allowed tokens after which the array would hold two equal items, a separator past its values, or an
         item that can only finish as a repeat. Tokens are looked up by what they finish with (`TokenIndex`) and
         only the rest are run through `repeats`."""
-        t, ix, rule = self.tracker, self.index, frame.rule
+        t, ix = self.tracker, self.index
+        frame = t.unique_frame()
+        rule = frame.rule
         fast: list[np.ndarray] = []
         if rule.domain is not None or t.mode in ("literal", "after"):
-            suspects = _allowed_ids(words)  # (few: an enum's or a literal's continuations, separators)
+            suspects = allowed_ids(words)  # (few: an enum's or a literal's continuations, separators)
         elif t.mode == "value":
             fast = [ix.start[v] for v in frame.seen if v in ix.start]
             fast += [ix.spelled(w + b'"' + v[1]) for v in frame.seen for w in (b"", b" ")
@@ -739,49 +703,18 @@ class UniqueItemsMatcher(Matcher):
             written = bytes(t.buf)
             fast = [ids for tail, ids in ix.number_tails.items() if _number(written + tail) in frame.seen]
             suspects = np.concatenate([ix.multi, ix.partial])
-        suspects = suspects[_is_allowed(words, suspects)] if len(suspects) else suspects
-        state = t.item_state()
-        slow = [tid for tid in suspects.tolist() if repeats(state, ix.token_bytes[tid], frame.seen, rule)]
-        fast = [ids[_is_allowed(words, ids)] for ids in fast]  # (a lookup can name many tokens, few allowed)
+        slow = [tid for tid in allowed_among(words, suspects).tolist() if self._refuses(ix.token_bytes[tid])]
+        fast = [allowed_among(words, ids) for ids in fast]  # (a lookup can name many tokens, few allowed)
         return np.concatenate([*fast, np.array(slow, dtype=np.int64)])
+
+    def _refuses(self, data: bytes) -> bool:
+        frame = self.tracker.unique_frame()
+        return repeats(self.tracker.item_state(), data, frame.seen, frame.rule)
+
+    def _feed(self, data: bytes) -> None:
+        self.tracker.feed(data)
 
     @staticmethod
     def _longest(rule: UniqueRule, text: bytes) -> bool:
         """A string item holding `text` can take no more characters."""
         return rule.max_length is not None and _characters(text) >= rule.max_length
-
-    def vet(self, token_id: int, tokens_left: int | None) -> int:
-        """The backend's budget rule may swap in a completion token; one that would repeat an item is not taken
-        (the sampled token was allowed under this step's mask)."""
-        vetted = self.inner.vet(token_id, tokens_left)
-        if vetted != token_id and self._repeats(vetted):
-            return token_id
-        return vetted
-
-    def _repeats(self, token_id: int) -> bool:
-        frame = self.tracker.unique_frame()
-        data = self.index.token_bytes[token_id]
-        return frame is not None and data is not None and repeats(self.tracker.item_state(), data, frame.seen,
-                                                                  frame.rule)
-
-    def accept(self, token_id: int) -> bool:
-        if not self.inner.accept(token_id):
-            return False
-        data = self.index.token_bytes[token_id]
-        if data:
-            self.tracker.feed(data)
-        return True
-
-    def is_terminated(self) -> bool:
-        return self.inner.is_terminated()
-
-    def can_end(self) -> bool:
-        return self.inner.can_end()
-
-
-def _allowed_ids(words: np.ndarray) -> np.ndarray:
-    return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).astype(np.int64)
-
-
-def _is_allowed(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    return ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)

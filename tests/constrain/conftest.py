@@ -86,6 +86,23 @@ def random_walk(grammar, vocab, rng: random.Random, max_tokens: int, budget: boo
     return toks, m.can_end()
 
 
+def ended_walks_valid(grammar, vocab, schema: dict, seed: int, walks: int = 25, max_tokens: int = 60) -> int:
+    """Budgeted random walks through the mask (see `random_walk`): every walk that ends is a document valid
+    against `schema` (jsonschema); returns how many ended."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(seed)
+    ended = 0
+    for _ in range(walks):
+        toks, done = random_walk(grammar, vocab, rng, max_tokens, budget=True, prefer_end=0.3)
+        if done:
+            ended += 1
+            doc = json.loads(decode(vocab, toks))
+            assert validator.is_valid(doc), doc
+    return ended
+
+
 def decode(vocab, toks: list[int]) -> str:
     return b"".join(vocab.token_bytes[t] for t in toks).decode("utf-8")
 

@@ -22,8 +22,9 @@ CASES = Path(__file__).parent / "maskbench_cases"
 # (const_id30). A name that is required but not declared in `properties` is laid out before the declared ones
 # (dep3: `dependencies` whose alternatives require undeclared names, compiled since `dependencies` is enforced in
 # every draft). wp_29 (compiled since recursive definitions meeting other keywords are copied) declares `type`
-# last; its valid instance writes it first.
-KNOWN_LLG = {"Handwritten/dep3.json", "WashingtonPost/wp_29_Normalized.json",
+# last; its valid instance writes it first. sp_378 (compiled since overlapping oneOfs are kept exact while
+# decoding) declares its properties in alphabetical order; its valid instances write `name` first.
+KNOWN_LLG = {"Handwritten/dep3.json", "WashingtonPost/wp_29_Normalized.json", "Snowplow/sp_378_Normalized.json",
              "MCPspec/CreateMessageRequest.json", "MCPspec/CallToolResult.json", "MCPspec/GetPromptResult.json",
              "JsonSchemaStore/package-configuration-schema.json",
              "JsonSchemaStore/strmprivacy.api.entities.v1.Schema.SimpleSchemaDefinition.json",
@@ -111,19 +112,32 @@ def test_llguidance_rejects_no_valid_and_accepts_no_invalid_instance(llg_results
     assert sum(llg_results[c].valid_n + llg_results[c].invalid_n for c in REWRITTEN) >= 40
 
 
-def test_rewritten_cases_are_refused_without_the_rewrites(tokenizers, vocabs):
-    """The REWRITTEN cases really need the rewrites: compiled as written, llguidance refuses each one."""
-    from constrain.grammar import ConstraintError, ConstraintSpec
+# Cases whose oneOf llguidance cannot prove disjoint nor the rewrites turn into an anyOf: compiled with the oneOf
+# kept exact while decoding (constrain/one_of.py), valid and invalid instances alike must come out right.
+ONE_OF_DECODED = {"Github_easy/o63149.json", "Github_hard/o69190.json", "Github_medium/o26217.json",
+                  "Snowplow/sp_378_Normalized.json"}
+
+
+def test_overlapping_one_ofs_compile_and_stay_exact(llg_results):
+    assert [c for c in sorted(ONE_OF_DECODED) if not llg_results[c].compiled] == []
+    assert all(llg_results[c].invalid_rejected == llg_results[c].invalid_n for c in ONE_OF_DECODED)
+    assert sum(llg_results[c].invalid_n for c in ONE_OF_DECODED) >= 5
+    assert sum(llg_results[c].valid_accepted for c in ONE_OF_DECODED - KNOWN_LLG) >= 6
+
+
+@pytest.mark.parametrize("cases", [REWRITTEN, ONE_OF_DECODED])
+def test_these_cases_are_refused_by_llguidance_as_written(cases, tokenizers, vocabs):
+    """The REWRITTEN and ONE_OF_DECODED cases really need the rewrites or the oneOf kept exact while decoding:
+    given to llguidance as written, each one is refused."""
+    from constrain.grammar import ConstraintError
+    from constrain.llg_backend import build_lltokenizer, compile_llg
     from constrain.spec import _strip_ref_siblings
 
-    c = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
-    try:
-        for case in sorted(REWRITTEN):
-            schema = _strip_ref_siblings(json.loads((CASES / case).read_text())["schema"])
-            with pytest.raises(ConstraintError):
-                c.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True))
-    finally:
-        c.close()
+    lltok = build_lltokenizer(tokenizers["qwen2"], vocabs["qwen2"])
+    for case in sorted(cases):
+        schema = _strip_ref_siblings(json.loads((CASES / case).read_text())["schema"])
+        with pytest.raises(ConstraintError):
+            compile_llg(lltok, vocabs["qwen2"], "json", schema=schema, strict_under=("",))
 
 
 def test_outlines_rejects_no_valid_and_accepts_no_invalid_instance(outlines_results):

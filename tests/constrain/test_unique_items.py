@@ -15,7 +15,7 @@ from constrain import ConstraintError, ConstraintSpec, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.spec import normalise_schema
 from constrain.unique_items import UniqueItemsGrammar, plan_unique_items
-from tests.constrain.conftest import decode, random_walk
+from tests.constrain.conftest import decode, ended_walks_valid, random_walk
 
 
 def _array(items: dict, **extra) -> dict:
@@ -146,16 +146,7 @@ OUTLINES_WALKED = [WALKED[0], WALKED[1], WALKED[3], WALKED[4], WALKED[5]]
 def test_random_walks_end_in_documents_with_unique_items(schema, backend, gpt2_compiler, vocabs):
     g = _compile(gpt2_compiler, schema, backend)
     assert isinstance(g, UniqueItemsGrammar) and g.backend == backend
-    validator = jsonschema.Draft202012Validator(schema)
-    rng = random.Random(7)
-    ended = 0
-    for _ in range(25):  # (random_walk asserts that no mask is ever empty)
-        toks, done = random_walk(g, vocabs["gpt2"], rng, 60, budget=True, prefer_end=0.3)
-        if done:
-            ended += 1
-            doc = json.loads(decode(vocabs["gpt2"], toks))
-            assert validator.is_valid(doc), doc
-    assert ended >= 20
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=7) >= 20
 
 
 def test_a_budget_walk_still_ends_complete_and_unique(gpt2_compiler, vocabs):

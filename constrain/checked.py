@@ -1,0 +1,117 @@
+"""A backend's grammar with a check applied while decoding: what no grammar expresses (`uniqueItems`, a `oneOf`
+with overlapping branches) is enforced by a matcher wrapper that follows the output and clears the mask bits of
+the tokens the check refuses. The checks are in constrain/unique_items.py and constrain/one_of.py; this holds
+what they share. Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+
+import numpy as np
+import torch
+
+from constrain.grammar import ConstraintError, Grammar, Matcher
+from constrain.vocabulary import Vocabulary
+
+_PER_VOCABULARY: dict[tuple[type, str], object] = {}
+_PER_VOCABULARY_LOCK = threading.Lock()
+
+
+def per_vocabulary(cls: type, vocab: Vocabulary):
+    """`cls(vocab)`, built once per vocabulary and kept: the token tables a check looks tokens up in."""
+    with _PER_VOCABULARY_LOCK:
+        key = (cls, vocab.fingerprint)
+        if key not in _PER_VOCABULARY:
+            _PER_VOCABULARY[key] = cls(vocab)
+        return _PER_VOCABULARY[key]
+
+
+class CheckedGrammar(Grammar):
+    """`inner` (compiled from the schema less what the check enforces), handing out checked matchers."""
+
+    def __init__(self, inner: Grammar):
+        self.inner = inner
+        self.backend = inner.backend
+        self.unenforced = inner.unenforced
+        self.nbytes = getattr(inner, "nbytes", 0)
+
+
+class CheckedMatcher(Matcher):
+    """The inner matcher's mask less the tokens `_ban` clears. When the backend's budget rule (near max_tokens)
+    left only refused tokens, the plain mask is used instead: the answer may then run to the limit, never end
+    refused. When even that leaves nothing, the output ends with a ConstraintError saying why."""
+
+    dead_end: str  # the message of that error
+
+    def __init__(self, inner: Matcher, token_bytes: list[bytes | None]):
+        self.inner = inner
+        self.token_bytes = token_bytes
+
+    @abc.abstractmethod
+    def _active(self) -> bool:
+        """Whether any token may be refused at this point of the output (else the inner mask stands)."""
+
+    @abc.abstractmethod
+    def _refused(self, words: np.ndarray) -> np.ndarray:
+        """The allowed tokens (ids) the check refuses here; `words` is the mask row, as uint32."""
+
+    @abc.abstractmethod
+    def _refuses(self, data: bytes) -> bool:
+        """Whether writing `data` next is refused."""
+
+    @abc.abstractmethod
+    def _feed(self, data: bytes) -> None:
+        """The output went on with `data`."""
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
+        self.inner.fill_bitmask(bitmask, row, tokens_left)
+        if not self._active():
+            return
+        words = bitmask[row].numpy().view(np.uint32)
+        if self._ban(words):
+            return
+        self.inner.fill_bitmask(bitmask, row, None)
+        if words.any() and not self._ban(words):
+            raise ConstraintError(self.dead_end, code="constraint_too_complex")
+
+    def _ban(self, words: np.ndarray) -> bool:
+        """Clears the refused tokens' bits; whether any allowed token is left."""
+        banned = self._refused(words)
+        if len(banned):
+            np.bitwise_and.at(words, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
+        return bool(words.any())
+
+    def vet(self, token_id: int, tokens_left: int | None) -> int:
+        """The budget rule's replacement token is not taken when the check refuses it (the sampled token was
+        allowed under this step's mask)."""
+        vetted = self.inner.vet(token_id, tokens_left)
+        data = self.token_bytes[vetted]
+        if vetted != token_id and data is not None and self._active() and self._refuses(data):
+            return token_id
+        return vetted
+
+    def accept(self, token_id: int) -> bool:
+        if not self.inner.accept(token_id):
+            return False
+        data = self.token_bytes[token_id]
+        if data:
+            self._feed(data)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+    def can_end(self) -> bool:
+        return self.inner.can_end()
+
+
+def allowed_among(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The ids among `ids` whose bits are set in the mask row `words` (uint32)."""
+    return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
+
+
+def allowed_ids(words: np.ndarray) -> np.ndarray:
+    """Every id whose bit is set in the mask row `words`."""
+    return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).astype(np.int64)
