@@ -249,3 +249,19 @@ def test_unique_items_of_a_strict_schema_are_enforced(client, http):
         items = json.loads(parsed.choices[0].message.content)
         assert parsed.choices[0].message.parsed.colours == {"red", "green", "blue"}
         assert len(set(items["sizes"])) == len(items["sizes"])
+
+
+def test_a_one_of_with_overlapping_branches_is_kept_exact(http):
+    """Integers, or numbers >= 0: a non-negative integer is in both branches, so the server steers it away
+    (a fraction or a minus sign), where the schema used to be refused."""
+    schema = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}},
+              "required": ["v"], "additionalProperties": False}
+    for seed in range(4):
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": HELLO, "max_tokens": 40, "seed": seed, "temperature": 1.0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}})
+        assert r.status_code == 200, r.text
+        assert "x-structgen-unenforced" not in r.headers
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
