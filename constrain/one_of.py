@@ -1,15 +1,16 @@
-"""`oneOf` whose branches may overlap, enforced while decoding: the backend compiles the branches as an `anyOf`,
-and a matcher wrapper refuses every token that would finish the value with other than exactly one branch valid.
+"""`oneOf` whose branches may overlap, enforced while decoding: the backend compiles the branches as an `anyOf`, and a
+matcher wrapper refuses every token that would finish the value with other than exactly one branch valid.
 
 llguidance compiles a `oneOf` only when it can prove the branches disjoint, and the exact rewrites
 (constrain/rewrite.py) turn one into an `anyOf` only when the other branches' negations are expressible; the rest
-used to be refused. Here each such `oneOf` that sits at a place the output's position names exactly (reached
-from the root through `properties`, `items`, `additionalProperties` without `patternProperties`, `allOf` and
-`$ref` only: never inside an anyOf/oneOf branch, a `not` or an `if`) becomes an `anyOf` for the backend; the
-wrapper follows the output (which subschemas apply to each open container, where the governed value began) and,
-at each step where an allowed token would finish that value, validates the finished value against each branch
-(jsonschema, the client's schema as the root) and clears the token unless exactly one branch holds. Branches
-with a `pattern` are left alone (validating them would run the client's regex). An output whose value matches
+used to be refused. Here each such `oneOf` that sits at a place the output's position names exactly (reached from
+the root through `properties`, `items`, `additionalProperties` without `patternProperties`, `allOf` and `$ref`
+only: never inside an anyOf/oneOf branch, a `not` or an `if`) becomes an `anyOf` for the backend; the wrapper
+follows the output (which subschemas apply to each open container, where the governed value began) and, at each
+step where an allowed token would finish that value, validates the finished value against each branch (jsonschema,
+the client's schema as the root) and clears the token unless exactly one branch holds. Branches with a `pattern`
+are validated on the pattern's automaton (constrain/regex_sets.py), never by running the client's regex; branches
+with `patternProperties`, or a pattern out of the automata's reach, are left alone. An output whose value matches
 two branches cannot always be steered back: the closing stays refused, so such an output may run to max_tokens
 (finish_reason "length"), never end invalid. Never imports HTTP or model code.
 """
@@ -19,13 +20,14 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import numpy as np
 
 from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
+from constrain.regex_sets import Work, pattern_search
 from constrain.support import references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
@@ -45,14 +47,24 @@ class OneOfPlan:
     source: Any
     governed: dict[int, dict]
     pointers: tuple[str, ...]
+    searches: dict[str, Callable[[str], bool]] = field(default_factory=dict)  # the branches' patterns, as automata
     _validator: Any = field(default=None, repr=False)
 
     def exactly_one(self, node: dict, value: Any) -> bool:
         """Exactly one branch of `node` (a oneOf of the client's schema) holds for `value`; False when a branch
-        cannot be decided (never weaker than asked)."""
+        cannot be decided (never weaker than asked). `pattern` is decided on automata (`searches`): jsonschema
+        would run the client's regex."""
         if self._validator is None:
-            cls = jsonschema.validators.validator_for(self.source, default=jsonschema.Draft202012Validator)
-            self._validator = cls(self.source)
+            from constrain.rewrite import validator_class  # (the draft, with `dependencies` as enforced)
+
+            cls = validator_class(self.source)
+            searches = self.searches
+
+            def pattern(validator, regex, instance, schema):
+                if validator.is_type(instance, "string") and not searches[regex](instance):
+                    yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
+
+            self._validator = jsonschema.validators.extend(cls, {"pattern": pattern})(self.source)
         try:
             return sum(self._validator.evolve(schema=b).is_valid(value) for b in node["oneOf"]) == 1
         except Exception:  # noqa: BLE001 - a branch jsonschema cannot decide counts as not holding
@@ -114,8 +126,18 @@ def plan_one_of(schema: Any) -> OneOfPlan | None:
     out = copy.deepcopy(schema)
     exact, inexact = _reached(out)
     nodes = {id(n): (ptr[: -len("/oneOf")], n) for ptr, key, n in walk(out) if key == "oneOf"}
-    if not exact or inexact or any(_has_pattern(out, n) for _, n in nodes.values()):
+    if not exact or inexact:
         return None  # (a oneOf no output position can reach is turned into an anyOf too: it never matters)
+    patterns: set[str] = set()
+    for _, n in nodes.values():
+        found = _patterns(out, n)
+        if found is None:
+            return None
+        patterns |= found
+    work = Work()
+    searches = {p: pattern_search(p, work) for p in patterns}
+    if any(f is None for f in searches.values()):
+        return None
     governed: dict[int, dict] = {}
     for ptr, node in nodes.values():
         if "anyOf" in node or not isinstance(node["oneOf"], list):
@@ -123,7 +145,7 @@ def plan_one_of(schema: Any) -> OneOfPlan | None:
         original = resolve_ref(schema, "#" + ptr)
         node["anyOf"] = node.pop("oneOf")
         governed[id(node)] = original
-    return OneOfPlan(out, schema, governed, tuple(sorted(p + "/oneOf" for p, _ in nodes.values())))
+    return OneOfPlan(out, schema, governed, tuple(sorted(p + "/oneOf" for p, _ in nodes.values())), searches)
 
 
 def _reached(root: dict) -> tuple[set[int], set[int]]:
@@ -162,9 +184,11 @@ def _reached(root: dict) -> tuple[set[int], set[int]]:
     return exact - other, other
 
 
-def _has_pattern(root: dict, node: dict) -> bool:
-    """A `pattern` anywhere the branches of `node` reach (through $refs too)."""
+def _patterns(root: dict, node: dict) -> set[str] | None:
+    """The `pattern`s the branches of `node` reach (through $refs too); None when they reach a
+    `patternProperties` (jsonschema would match its names with the client's regex)."""
     found: set[int] = set()
+    patterns: set[str] = set()
     stack = [node]
     while stack:
         top = stack.pop()
@@ -172,13 +196,15 @@ def _has_pattern(root: dict, node: dict) -> bool:
             continue
         found.add(id(top))
         for _, key, n in walk(top):
-            if key in ("pattern", "patternProperties"):
-                return True
+            if key == "patternProperties" or (key == "pattern" and not isinstance(n[key], str)):
+                return None
+            if key == "pattern":
+                patterns.add(n[key])
             if key == "$ref":
                 target = resolve_ref(root, n[key])
                 if isinstance(target, dict):
                     stack.append(target)
-    return False
+    return patterns
 
 
 # ---- following the output -------------------------------------------------------------------------------------

@@ -88,6 +88,28 @@ def disjoint_regions(patterns: list[str], work: Work | None = None) -> list[tupl
     return out
 
 
+def pattern_search(pattern: str, work: Work | None = None):
+    """A function telling whether `pattern` finds a match in a string, as JSON Schema's `pattern` means it, run
+    on the automaton in time linear in the string (the client's regex itself is never run); None when the
+    pattern is out of reach (the same limits as above)."""
+    dfa = _search_dfa([pattern], work or Work())
+    if dfa is None:
+        return None
+    starts = [lo for ranges in dfa.classes for lo, _ in ranges]
+    owner = [c for c, ranges in enumerate(dfa.classes) for _ in ranges]
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    starts, owner = [starts[i] for i in order], [owner[i] for i in order]
+    matched = [0 in sig for sig in dfa.sigs]
+
+    def search(text: str) -> bool:
+        state = 0
+        for ch in text:
+            state = dfa.trans[state][owner[bisect.bisect_right(starts, ord(ch)) - 1]]
+        return matched[state]
+
+    return search
+
+
 def _search_dfa(patterns: list[str], work: Work) -> "_Dfa | None":
     if not all(isinstance(p, str) and len(p) <= _MAX_PATTERN_CHARS for p in patterns):
         return None
