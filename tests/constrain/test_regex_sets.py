@@ -87,3 +87,28 @@ def test_disjoint_regions_cut_the_union_by_which_patterns_match(patterns):
 def test_disjoint_patterns_give_one_region_each():
     regions = disjoint_regions(["^a", "^b"])
     assert sorted(members for _, members in regions) == [frozenset({0}), frozenset({1})]
+
+
+@pytest.mark.parametrize("pattern", ["^a+$", "b", "^[0-9]{3}-[a-z]+$", r"^\d+(\.\d+)?x$", "(ab|cd)e", "^$", "x$",
+                                     "[^a-c]", "^(a|b)*c?$"])
+def test_pattern_search_agrees_with_pythons_search(pattern):
+    import random
+    import re
+
+    from constrain.regex_sets import pattern_search
+
+    search = pattern_search(pattern)
+    rng = random.Random(pattern)
+    for _ in range(500):
+        text = "".join(rng.choice("abcdex019.-") for _ in range(rng.randrange(9)))
+        assert search(text) == bool(re.search(pattern, text)), text
+
+
+def test_pattern_search_runs_a_catastrophic_pattern_in_linear_time():
+    """`^(a+)+$` on "aaa...ab" backtracks exponentially in a regex engine; the automaton reads each character
+    once (a time-out here would mean the regex was run)."""
+    from constrain.regex_sets import pattern_search
+
+    search = pattern_search("^(a+)+$")
+    assert search("a" * 5000) and not search("a" * 5000 + "b")
+    assert pattern_search("^(?=a)") is None  # (lookarounds are out of reach)
