@@ -10,7 +10,7 @@ follows the output (which subschemas apply to each open container, where the gov
 step where an allowed token would finish that value, validates the finished value against each branch (jsonschema,
 the client's schema as the root) and clears the token unless exactly one branch holds. Branches with a `pattern`
 are validated on the pattern's automaton (constrain/regex_sets.py), never by running the client's regex; branches
-with `patternProperties`, or a pattern out of the automata's reach, are left alone. An output whose value matches
+with `patternProperties`, a pattern out of the automata's reach or a `format` the backend enforces are left alone. An output whose value matches
 two branches cannot always be steered back: the closing stays refused, so such an output may run to max_tokens
 (finish_reason "length"), never end invalid. Never imports HTTP or model code.
 """
@@ -28,7 +28,7 @@ import numpy as np
 from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.regex_sets import Work, pattern_search
-from constrain.support import references_followable, resolve_ref, walk
+from constrain.support import STANDARD_FORMATS, references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
@@ -186,7 +186,8 @@ def _reached(root: dict) -> tuple[set[int], set[int]]:
 
 def _patterns(root: dict, node: dict) -> set[str] | None:
     """The `pattern`s the branches of `node` reach (through $refs too); None when they reach a
-    `patternProperties` (jsonschema would match its names with the client's regex)."""
+    `patternProperties` (jsonschema would match its names with the client's regex) or a `format` the backend
+    enforces (jsonschema would not check it, and count a branch the output cannot be in)."""
     found: set[int] = set()
     patterns: set[str] = set()
     stack = [node]
@@ -196,7 +197,8 @@ def _patterns(root: dict, node: dict) -> set[str] | None:
             continue
         found.add(id(top))
         for _, key, n in walk(top):
-            if key == "patternProperties" or (key == "pattern" and not isinstance(n[key], str)):
+            if key == "patternProperties" or (key == "pattern" and not isinstance(n[key], str)) \
+                    or (key == "format" and n[key] in STANDARD_FORMATS):
                 return None
             if key == "pattern":
                 patterns.add(n[key])

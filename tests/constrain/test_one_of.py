@@ -141,3 +141,10 @@ def test_a_one_of_beside_an_any_of_is_followed_through_the_nodes_own_properties(
     assert isinstance(g, OneOfGrammar)
     assert _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], '{"v": [-1]}')
     assert not _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], '{"v": [1]}')
+
+
+def test_a_branch_with_a_format_the_backend_enforces_is_left_alone():
+    """jsonschema does not check `format`: it would count `./a` valid as a `uri` and refuse it for two branches."""
+    schema = _object({"oneOf": [{"type": "array", "items": {"type": "string", "format": "uri"}},
+                                {"type": "array", "items": {"type": "string", "pattern": "^[.]/"}}]})
+    assert plan_one_of(schema) is None
