@@ -10,7 +10,9 @@ follows the output (which subschemas apply to each open container, where the gov
 step where an allowed token would finish that value, validates the finished value against each branch (jsonschema,
 the client's schema as the root) and clears the token unless exactly one branch holds. Branches with a `pattern`
 are validated on the pattern's automaton (constrain/regex_sets.py), never by running the client's regex; branches
-with `patternProperties`, a pattern out of the automata's reach or a `format` the backend enforces are left alone. An output whose value matches
+with `patternProperties` or a pattern out of the automata's reach are left alone. Formats are checked where
+jsonschema's FormatChecker can (date, time, email, ipv4, ipv6, uuid); a format it cannot check (uri, date-time)
+counts as holding, which can only refuse more, never accept an invalid value. An output whose value matches
 two branches cannot always be steered back: the closing stays refused, so such an output may run to max_tokens
 (finish_reason "length"), never end invalid. Never imports HTTP or model code.
 """
@@ -28,7 +30,7 @@ import numpy as np
 from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.regex_sets import Work, pattern_search
-from constrain.support import STANDARD_FORMATS, references_followable, resolve_ref, walk
+from constrain.support import references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
@@ -53,7 +55,7 @@ class OneOfPlan:
     def exactly_one(self, node: dict, value: Any) -> bool:
         """Exactly one branch of `node` (a oneOf of the client's schema) holds for `value`; False when a branch
         cannot be decided (never weaker than asked). `pattern` is decided on automata (`searches`): jsonschema
-        would run the client's regex."""
+        would run the client's regex; formats as jsonschema's FormatChecker can."""
         if self._validator is None:
             from constrain.rewrite import validator_class  # (the draft, with `dependencies` as enforced)
 
@@ -64,7 +66,8 @@ class OneOfPlan:
                 if validator.is_type(instance, "string") and not searches[regex](instance):
                     yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
 
-            self._validator = jsonschema.validators.extend(cls, {"pattern": pattern})(self.source)
+            self._validator = jsonschema.validators.extend(cls, {"pattern": pattern})(
+                self.source, format_checker=jsonschema.FormatChecker())
         try:
             return sum(self._validator.evolve(schema=b).is_valid(value) for b in node["oneOf"]) == 1
         except Exception:  # noqa: BLE001 - a branch jsonschema cannot decide counts as not holding
@@ -186,8 +189,7 @@ def _reached(root: dict) -> tuple[set[int], set[int]]:
 
 def _patterns(root: dict, node: dict) -> set[str] | None:
     """The `pattern`s the branches of `node` reach (through $refs too); None when they reach a
-    `patternProperties` (jsonschema would match its names with the client's regex) or a `format` the backend
-    enforces (jsonschema would not check it, and count a branch the output cannot be in)."""
+    `patternProperties` (jsonschema would match its names with the client's regex)."""
     found: set[int] = set()
     patterns: set[str] = set()
     stack = [node]
@@ -197,8 +199,7 @@ def _patterns(root: dict, node: dict) -> set[str] | None:
             continue
         found.add(id(top))
         for _, key, n in walk(top):
-            if key == "patternProperties" or (key == "pattern" and not isinstance(n[key], str)) \
-                    or (key == "format" and n[key] in STANDARD_FORMATS):
+            if key == "patternProperties" or (key == "pattern" and not isinstance(n[key], str)):
                 return None
             if key == "pattern":
                 patterns.add(n[key])

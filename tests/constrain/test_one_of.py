@@ -143,8 +143,17 @@ def test_a_one_of_beside_an_any_of_is_followed_through_the_nodes_own_properties(
     assert not _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], '{"v": [1]}')
 
 
-def test_a_branch_with_a_format_the_backend_enforces_is_left_alone():
-    """jsonschema does not check `format`: it would count `./a` valid as a `uri` and refuse it for two branches."""
-    schema = _object({"oneOf": [{"type": "array", "items": {"type": "string", "format": "uri"}},
-                                {"type": "array", "items": {"type": "string", "pattern": "^[.]/"}}]})
-    assert plan_one_of(schema) is None
+def test_formats_are_checked_where_jsonschema_can_and_otherwise_count_as_holding(gpt2_compiler, tokenizers, vocabs):
+    """Dates or strings of at most 10 characters: "2024-01-01" is both (refused), "2024-13-01" only the second.
+    A uri jsonschema cannot check counts as holding: "./a" is refused though it is no absolute uri (stricter
+    than asked, never weaker)."""
+    dates = _object({"oneOf": [{"type": "array", "items": {"type": "string", "format": "date"}},
+                               {"type": "array", "items": {"type": "string", "maxLength": 10}}]})
+    g = _compile(gpt2_compiler, dates)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert _accepts(g, tok, vocab, '{"v": ["2024-13-01"]}') and _accepts(g, tok, vocab, '{"v": ["abc"]}')
+    assert not _accepts(g, tok, vocab, '{"v": ["2024-01-01"]}')
+    uris = _object({"oneOf": [{"type": "array", "items": {"type": "string", "format": "uri"}},
+                              {"type": "array", "items": {"type": "string", "pattern": "^[.]/"}}]})
+    g = _compile(gpt2_compiler, uris)
+    assert _accepts(g, tok, vocab, '{"v": ["http://a.b/c"]}') and not _accepts(g, tok, vocab, '{"v": ["./a"]}')
