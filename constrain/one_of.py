@@ -94,25 +94,22 @@ class OneOfPlan:
         return tuple(out)
 
     def child(self, parents: tuple[dict, ...] | None, step: str | int) -> tuple[dict, ...] | None:
-        """What applies for sure to member `step` of a value `parents` apply to (None: not known exactly). The
-        branches of an anyOf or oneOf beside are not followed: what they add is not known to hold."""
+        """What applies for sure to member `step` of a value `parents` apply to (None: not known exactly). What
+        may or may not apply is left out: the branches of an anyOf or oneOf beside, `patternProperties` (and the
+        `additionalProperties` beside them), tuple forms of `items`. `_reached` counts a oneOf below those as
+        not exactly placed, so no governed value is ever missed."""
         if parents is None:
             return None
         direct: list[Any] = []
         for p in parents:
             if isinstance(step, str):
-                if "patternProperties" in p:
-                    return None
                 props = p.get("properties")
                 if isinstance(props, dict) and step in props:
                     direct.append(props[step])
-                elif isinstance(p.get("additionalProperties"), dict):
+                elif isinstance(p.get("additionalProperties"), dict) and "patternProperties" not in p:
                     direct.append(p["additionalProperties"])
-            else:
-                if "prefixItems" in p or isinstance(p.get("items"), list):
-                    return None
-                if isinstance(p.get("items"), dict):
-                    direct.append(p["items"])
+            elif isinstance(p.get("items"), dict) and "prefixItems" not in p:
+                direct.append(p["items"])
         out: list[dict] = []
         for d in direct:
             a = self.applicable(d)
@@ -178,6 +175,8 @@ def _reached(root: dict) -> tuple[set[int], set[int]]:
                 stack += [(v, False) for v in value]
             elif key == "items" and isinstance(value, list):
                 stack += [(v, False) for v in value]
+            elif key == "dependencies" and isinstance(value, dict):
+                stack += [(v, False) for v in value.values() if isinstance(v, dict)]
             elif key in ("patternProperties", "dependentSchemas", "$defs", "definitions") and isinstance(value, dict):
                 if key not in ("$defs", "definitions"):  # (definitions count where a $ref reaches them)
                     stack += [(v, False) for v in value.values()]

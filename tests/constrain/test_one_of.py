@@ -71,7 +71,8 @@ CASES = [  # (schema, accepted, refused): the refused ones are what anyOf alone 
                                                     "required": ["a"]},
                                                    {"type": "object", "properties": {"b": {"type": "integer"}},
                                                     "required": ["b"], "minProperties": 1}]})},
-     ['[{"v": {"a": 1}}, {"v": {"b": 2}}]', '[]'], ['[{"v": {"a": 1, "b": 2}}]', '[{"v": {"b": 1}}, {"v": {"a": 1, "b": 1}}]']),
+     ['[{"v": {"a": 1}}, {"v": {"b": 2}}]', '[]'],
+     ['[{"v": {"a": 1, "b": 2}}]', '[{"v": {"b": 1}}, {"v": {"a": 1, "b": 1}}]']),
 ]
 
 
@@ -88,7 +89,8 @@ def test_a_value_valid_in_two_branches_is_refused_token_by_token(schema, good, b
         for text in good:
             assert validator.is_valid(json.loads(text)) and _accepts(g, tokenizers[name], vocabs[name], text), text
         for text in bad:
-            assert not validator.is_valid(json.loads(text)) and not _accepts(g, tokenizers[name], vocabs[name], text), text
+            assert not validator.is_valid(json.loads(text))
+            assert not _accepts(g, tokenizers[name], vocabs[name], text), text
     finally:
         compiler.close()
 
@@ -157,3 +159,37 @@ def test_formats_are_checked_where_jsonschema_can_and_otherwise_count_as_holding
                               {"type": "array", "items": {"type": "string", "pattern": "^[.]/"}}]})
     g = _compile(gpt2_compiler, uris)
     assert _accepts(g, tok, vocab, '{"v": ["http://a.b/c"]}') and not _accepts(g, tok, vocab, '{"v": ["./a"]}')
+
+
+@pytest.mark.parametrize("schema", [
+    # a oneOf under properties of a node that also has patternProperties: the property's schema applies for sure
+    {"type": "object", "properties": {"v": ARRAYS}, "patternProperties": {"^x": {}}, "required": ["v"]},
+    # allOf of a tuple array and an array of governed items: the second still names the items exactly
+    {"type": "array", "allOf": [{"prefixItems": [{}]}, {"items": ARRAYS}], "minItems": 1},
+])
+def test_a_governed_value_is_found_where_other_subschemas_beside_are_not_followed(schema, gpt2_compiler, tokenizers,
+                                                                                   vocabs):
+    g = _compile(gpt2_compiler, schema)
+    assert isinstance(g, OneOfGrammar)
+    text = '{"v": [1]}' if schema["type"] == "object" else "[[1]]"  # valid in both branches: refused
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    assert not _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], text)
+    good = '{"v": [-1]}' if schema["type"] == "object" else "[[-1]]"
+    assert _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], good)
+
+
+def test_a_one_of_in_draft_7_dependencies_is_not_exactly_placed():
+    schema = {"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"properties": {"v": ARRAYS}}}}
+    assert plan_one_of(schema) is None
+
+
+def test_unique_items_and_an_overlapping_one_of_are_kept_together(gpt2_compiler, tokenizers, vocabs):
+    schema = {"type": "object", "properties": {"v": ARRAYS, "tags": {"type": "array", "items": {"type": "string"},
+                                                                     "uniqueItems": True}},
+              "required": ["v", "tags"], "additionalProperties": False}
+    g = _compile(gpt2_compiler, schema)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert _accepts(g, tok, vocab, '{"v": [-1], "tags": ["a", "b"]}')
+    assert not _accepts(g, tok, vocab, '{"v": [-1], "tags": ["a", "a"]}')
+    assert not _accepts(g, tok, vocab, '{"v": [1], "tags": ["a"]}')
+    assert ended_walks_valid(g, vocab, schema, seed=5) >= 15

@@ -269,9 +269,11 @@ def test_a_unique_array_under_not_or_if_keeps_its_keyword():
     assert plan_unique_items(elsewhere).pointers == ("/$defs/u/uniqueItems",)
 
 
-@pytest.mark.parametrize("extra", [{"$defs": {"x": {"$anchor": "x", "type": "string"}}, "properties": {"y": {"$ref": "#x"}}},
-                                   {"properties": {"y": {"$dynamicRef": "#meta"}}},
-                                   {"properties": {"y": {"$id": "http://example.com/y", "type": "string"}}}])
+@pytest.mark.parametrize("extra", [
+    {"$defs": {"x": {"$anchor": "x", "type": "string"}}, "properties": {"y": {"$ref": "#x"}}},
+    {"properties": {"y": {"$dynamicRef": "#meta"}}},
+    {"properties": {"y": {"$id": "http://example.com/y", "type": "string"}}},
+])
 def test_schemas_whose_references_the_tracker_cannot_follow_are_left_to_the_backend(extra):
     schema = {"type": "object", "properties": {"tags": _array({"type": "string"})}}
     schema["properties"].update(extra.get("properties", {}))
