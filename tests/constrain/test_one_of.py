@@ -193,3 +193,19 @@ def test_unique_items_and_an_overlapping_one_of_are_kept_together(gpt2_compiler,
     assert not _accepts(g, tok, vocab, '{"v": [-1], "tags": ["a", "a"]}')
     assert not _accepts(g, tok, vocab, '{"v": [1], "tags": ["a"]}')
     assert ended_walks_valid(g, vocab, schema, seed=5) >= 15
+
+
+def test_a_value_that_can_only_finish_in_two_branches_ends_the_output_with_a_constraint_error(gpt2_compiler,
+                                                                                             tokenizers, vocabs):
+    from constrain import ConstraintError
+
+    schema = _object({"oneOf": [{"type": "array", "items": {"enum": [1, 2]}, "maxItems": 1},
+                                {"type": "array", "items": {"enum": [2, 3]}, "maxItems": 1}]})
+    g = _compile(gpt2_compiler, schema)
+    assert isinstance(g, OneOfGrammar)
+    m = g.matcher()
+    for t in tokenizers["gpt2"].encode('{"v": [2 ', add_special_tokens=False):  # (one space at most)
+        assert m.accept(t)
+    with pytest.raises(ConstraintError) as exc:  # only "]" could follow, and [2] is in both branches
+        m.fill_bitmask(torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32), 0)
+    assert exc.value.code == "constraint_too_complex" and "oneOf" in exc.value.message
