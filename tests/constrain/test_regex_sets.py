@@ -8,7 +8,7 @@ import pytest
 
 from constrain.regex_sets import complement_pattern, disjoint_regions
 
-# Patterns found under `not` or `oneOf` in real-world schemas (../shared/jsonschemabench), and the edge cases of
+# Patterns found under `not` or `oneOf` in real-world schemas (JSONSchemaBench), and the edge cases of
 # the construction: anchors on one side, hoisted by Python's parser, inside a group; lazy repeats; classes with
 # shorthands; the dot; counted repeats.
 PATTERNS = [
