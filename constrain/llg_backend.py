@@ -170,8 +170,18 @@ def _value_at(schema, pointer: str, base: str):
 def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str | None = None,
                 strict_under: tuple[str, ...] = (), whitespace_pattern: str = "[ ]?", param: str = "response_format",
                 base_pointer: str = "") -> "LlgGrammar":
-    """Validate and build; an unimplemented keyword inside a strict subschema (`ConstraintSpec.strict_under`)
-    fails with the keyword's pointer, the others are accepted and named (`unenforced`).
+    """Validate and build (see `checked_grammar_text`)."""
+    text, unenforced = checked_grammar_text(lltok, kind, schema=schema, regex=regex, strict_under=strict_under,
+                                            whitespace_pattern=whitespace_pattern, param=param,
+                                            base_pointer=base_pointer)
+    return LlgGrammar(lltok, text, vocab, unenforced)
+
+
+def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = None, strict_under: tuple[str, ...] = (),
+                         whitespace_pattern: str = "[ ]?", param: str = "response_format",
+                         base_pointer: str = "") -> tuple[str, tuple[str, ...]]:
+    """The grammar text and the unenforced pointers; an unimplemented keyword inside a strict subschema
+    (`ConstraintSpec.strict_under`) fails with the keyword's pointer, the others are accepted and named.
 
     llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them, and
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
@@ -203,17 +213,17 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
         if lenient_error:
             raise ConstraintError(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", param=param)
         unenforced = tuple(pointers)
-    return LlgGrammar(lltok, text, vocab, unenforced)
+    return text, unenforced
 
 
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
                           whitespace_pattern: str) -> "LlgGrammar":
     """tool_choice "auto": tool calls (the call schema) or free text that does not start with "[". The calls alone
-    get the support check of `compile_llg` (a strict refusal with the keyword's pointer, else the unenforced
-    pointers), then join the text alternative in one grammar with the same JSON options."""
-    calls = compile_llg(lltok, vocab, "json", schema=schema, strict_under=strict_under,
-                        whitespace_pattern=whitespace_pattern, param="tools")
-    options = _json_options(whitespace_pattern, lenient=bool(calls.unenforced))
+    get the support check of `checked_grammar_text` (a strict refusal with the keyword's pointer, else the
+    unenforced pointers), then join the text alternative in one grammar with the same JSON options."""
+    _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
+                                         whitespace_pattern=whitespace_pattern, param="tools")
+    options = _json_options(whitespace_pattern, lenient=bool(unenforced))
     lark = ("start: calls | text\n"
             f"calls: %json {json.dumps({**quote_safe_patterns(schema), 'x-guidance': options})}\n"
             "text: /[^\\[ \\t\\r\\n][\\s\\S]*/\n")
@@ -221,7 +231,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
-    return LlgGrammar(lltok, text, vocab, calls.unenforced)
+    return LlgGrammar(lltok, text, vocab, unenforced)
 
 
 class LlgGrammar(Grammar):
