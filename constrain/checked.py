@@ -1,7 +1,7 @@
-"""A backend's grammar with a check applied while decoding: what no grammar expresses (`uniqueItems`, a `oneOf`
-with overlapping branches) is enforced by a matcher wrapper that follows the output and clears the mask bits of
-the tokens the check refuses. The checks are in constrain/unique_items.py and constrain/one_of.py; this holds
-what they share. Never imports HTTP or model code.
+"""A backend's grammar with a check applied while decoding: what the backend's grammar does not express
+(`uniqueItems`, a `oneOf` with overlapping branches, `not`, ...) is enforced by a matcher wrapper that follows the
+output and clears the mask bits of the tokens the check refuses. The checks are in constrain/unique_items.py and
+constrain/late_keywords.py; this holds what they share. Never imports HTTP or model code.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ def load_tokenizer(path: Path):
 def _check_schema(args: argparse.Namespace) -> int:
     from constrain.compiler import GrammarCompiler
     from constrain.grammar import ConstraintError, ConstraintSpec
+    from constrain.late_keywords import LateGrammar
     from constrain.spec import normalise_schema, validate_schema
     from constrain.support import outlines_unsupported
     from constrain.unique_items import plan_unique_items
@@ -76,6 +77,11 @@ def _check_schema(args: argparse.Namespace) -> int:
         print(f"{args.file}: not supported ({args.backend}): {exc.message}")
         return 1
     ms = 1000 * (time.perf_counter() - t0)
+    late = grammar
+    while late is not None and not isinstance(late, LateGrammar):
+        late = getattr(late, "inner", None)
+    if late is not None:
+        print(f"checked as each value is finished: {', '.join(p or '/' for p in late.plan.pointers)}")
     unenforced = ", ".join(grammar.unenforced) or "none"
     print(f"{args.file}: supported by {grammar.backend}; unenforced: {unenforced}; compile {ms:.1f} ms")
     if args.backend == "auto" and not bad and grammar.backend != "outlines":

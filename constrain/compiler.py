@@ -30,12 +30,12 @@ from pathlib import Path
 
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
+from constrain.late_keywords import ONE_OF_REFUSAL, LateGrammar, LatePlan, plan_late_keywords
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
-from constrain.support import client_pointer, outlines_unsupported
+from constrain.support import client_pointer, outlines_unsupported, resolve_ref
 from constrain.tools import client_pointer_of_call
-from constrain.one_of import ONE_OF_REFUSAL, OneOfGrammar, OneOfPlan, plan_one_of
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items
 from constrain.vocabulary import Vocabulary
 
@@ -124,7 +124,7 @@ class GrammarCompiler:
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
         self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
-        self._one_of_plans: OrderedDict[str, OneOfPlan] = OrderedDict()  # specs whose backend refused a oneOf
+        self._late_plans: OrderedDict[str, LatePlan] = OrderedDict()  # specs whose backend refused a keyword
         self._lock = threading.Lock()
         self._lltok = None
         self._tmp_dir: str | None = None
@@ -141,7 +141,7 @@ class GrammarCompiler:
             plan = self._unique_plan(spec)
             if plan is not None:  # the backend compiles the schema without the uniqueItems the engine enforces
                 spec = dataclasses.replace(spec, schema=plan.schema)
-            g = self._with_one_of(spec, backend)
+            g = self._with_late_keywords(spec, backend)
             return UniqueItemsGrammar(g, plan, self.vocab) if plan is not None else g
         except ConstraintError as exc:
             self.stats.errors += 1
@@ -169,25 +169,35 @@ class GrammarCompiler:
                 log.warning("named schema %s: %s", name, exc.message)
         return out
 
-    def _with_one_of(self, spec: ConstraintSpec, backend: str) -> Grammar:
-        """The grammar of `spec` on `backend`; when the backend refuses a oneOf it cannot prove disjoint, the
-        schema's oneOfs at exactly known places compile as anyOfs and matchers keep exactly one branch
-        (constrain/one_of.py). Which schemas needed that is remembered, so repeats compile once."""
+    def _with_late_keywords(self, spec: ConstraintSpec, backend: str) -> Grammar:
+        """The grammar of `spec` on `backend`. When the backend refuses a keyword (`not`, `contains`, ... in a
+        strict schema; a oneOf it cannot prove disjoint), the schema compiles without them and matchers check
+        them on each finished value (constrain/late_keywords.py); if the backend still refuses, its first refusal
+        stands. Which schemas needed that is remembered, so repeats compile once."""
         with self._lock:
-            one_of = self._one_of_plans.get(spec.key)
-        if one_of is None:
+            plan = self._late_plans.get(spec.key)
+        if plan is not None:
+            return LateGrammar(self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend), plan,
+                               self.vocab)
+        try:
+            return self._on_backend(spec, backend)
+        except ConstraintError as exc:
+            refused_keyword = ONE_OF_REFUSAL in exc.message or exc.code == "unsupported_schema"
+            if not refused_keyword or spec.kind not in ("json_schema", "tools"):
+                raise
+            plan = plan_late_keywords(spec.schema, one_of="oneOf" in exc.message)
+            if plan is None:
+                raise
             try:
-                return self._on_backend(spec, backend)
-            except ConstraintError as exc:
-                one_of = plan_one_of(spec.schema) if ONE_OF_REFUSAL in exc.message else None
-                if one_of is None:
-                    raise
-            with self._lock:
-                self._one_of_plans[spec.key] = one_of
-                while len(self._one_of_plans) > 256:  # (a plan holds a copy of its schema)
-                    self._one_of_plans.popitem(last=False)
-        inner = self._on_backend(dataclasses.replace(spec, schema=one_of.schema), backend)
-        return OneOfGrammar(inner, one_of, self.vocab)
+                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+            except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
+                found = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
+                raise (later if found else exc) from None
+        with self._lock:
+            self._late_plans[spec.key] = plan
+            while len(self._late_plans) > 256:  # (a plan holds a copy of its schema)
+                self._late_plans.popitem(last=False)
+        return LateGrammar(inner, plan, self.vocab)
 
     def _on_backend(self, spec: ConstraintSpec, backend: str) -> Grammar:
         if backend == "llguidance":

@@ -34,10 +34,10 @@ def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
 
 def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys):
     f = tmp_path / "s.json"
-    f.write_text(json.dumps({"type": "array", "items": {"type": "object"}, "uniqueItems": True}))
+    f.write_text(json.dumps({"type": "string", "format": "idn-email"}))
     assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"])]) == 0
     out = capsys.readouterr().out
-    assert "supported by llguidance" in out and "/uniqueItems" in out
+    assert "supported by llguidance" in out and "/format" in out
     assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict"]) == 1
 
 
@@ -63,3 +63,15 @@ def test_check_schema_names_the_unique_items_enforced_while_decoding(tmp_path, c
     out = capsys.readouterr().out
     assert "enforced while decoding: /properties/tags/uniqueItems" in out
     assert "outlines: exact" in out and "unenforced: none" in out
+
+
+def test_check_schema_names_the_values_checked_as_they_are_finished(tmp_path, capsys):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"type": "object", "properties": {
+        "rows": {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+        "n": {"type": "integer", "not": {"multipleOf": 3}}}}))
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict",
+                 "--backend", "llguidance"]) == 0
+    out = capsys.readouterr().out
+    assert "checked as each value is finished: /properties/n, /properties/rows" in out
+    assert "unenforced: none" in out

@@ -56,33 +56,32 @@ def test_regex_choice_backend_and_conflicts():
 
 
 def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compiler):
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "object"},
-                                                        "uniqueItems": True}}}
+    schema = {"type": "object", "properties": {"tags": {"type": "string", "format": "idn-email"}}}
     strict = spec_from_request(response_format={"type": "json_schema",
                                                  "json_schema": {"name": "t", "schema": schema, "strict": True}})
     with pytest.raises(ConstraintError) as exc:
         gpt2_compiler.compile(strict)
-    assert exc.value.pointer == "/properties/tags/uniqueItems" and exc.value.pointer in exc.value.message
+    assert exc.value.pointer == "/properties/tags/format" and exc.value.pointer in exc.value.message
     lax = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
     g = gpt2_compiler.compile(lax)
-    assert g.unenforced == ("/properties/tags/uniqueItems",)
+    assert g.unenforced == ("/properties/tags/format",)
 
 
 
 # `else` becomes an anyOf branch under a generated allOf: the keyword it cannot enforce sits at
-# /properties/tags/allOf/0/anyOf/1/uniqueItems in the compiled schema, a place the client's schema does not have.
-REWRITTEN_AROUND_UNIQUE_ITEMS = {"type": "object", "properties": {"tags": {
-    "if": {"type": "string"}, "else": {"type": "array", "items": {"type": "object"}, "uniqueItems": True}}}}
+# /properties/tags/allOf/0/anyOf/1/format in the compiled schema, a place the client's schema does not have.
+REWRITTEN_AROUND_FORMAT = {"type": "object", "properties": {"tags": {
+    "if": {"type": "array"}, "else": {"type": "string", "format": "idn-email"}}}}
 
 
 def test_a_pointer_into_a_rewritten_subschema_names_the_clients_subschema(gpt2_compiler):
     spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
-        "name": "t", "schema": REWRITTEN_AROUND_UNIQUE_ITEMS, "strict": True}})
+        "name": "t", "schema": REWRITTEN_AROUND_FORMAT, "strict": True}})
     assert "if" not in spec.schema["properties"]["tags"]  # (the rewrite happened)
     with pytest.raises(ConstraintError) as exc:
         gpt2_compiler.compile(spec)
     assert exc.value.pointer == "/properties/tags"
-    assert "at /properties/tags (uniqueItems)" in exc.value.message and "rewritten" in exc.value.message
+    assert "at /properties/tags (format)" in exc.value.message and "rewritten" in exc.value.message
 
 
 @pytest.mark.parametrize("pointer,expected", [

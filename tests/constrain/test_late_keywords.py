@@ -11,7 +11,7 @@ import torch
 
 from constrain import ConstraintSpec, spec_from_request
 from constrain.maskbench import walk_instance
-from constrain.one_of import OneOfGrammar, plan_one_of
+from constrain.late_keywords import LateGrammar, plan_late_keywords
 from constrain.spec import normalise_schema
 from tests.constrain.conftest import ended_walks_valid
 
@@ -41,23 +41,35 @@ def _accepts(grammar, tokenizer, vocab, text: str) -> bool:
 
 
 @pytest.mark.parametrize("schema, governed", [
-    (_object(ARRAYS), ("/properties/v/oneOf",)),
-    ({"$defs": {"a": ARRAYS}, "type": "array", "items": {"$ref": "#/$defs/a"}}, ("/$defs/a/oneOf",)),
-    ({"allOf": [_object(ARRAYS)]}, ("/allOf/0/properties/v/oneOf",)),
-    ({"anyOf": [_object(ARRAYS), {"type": "null"}]}, None),  # a branch: which one applies is not known
-    ({"type": "object", "patternProperties": {"^v": ARRAYS}}, None),
-    ({"not": _object(ARRAYS)}, None),
-    (_object(PATTERNED), ("/properties/v/oneOf",)),  # (the pattern is decided on its automaton, never run)
+    (_object(ARRAYS), ("/properties/v",)),
+    ({"$defs": {"a": ARRAYS}, "type": "array", "items": {"$ref": "#/$defs/a"}}, ("/$defs/a",)),
+    ({"allOf": [_object(ARRAYS)]}, ("/allOf/0/properties/v",)),
+    # in a branch, which one applies is not known: the value around the choice is checked whole
+    ({"anyOf": [_object(ARRAYS), {"type": "null"}]}, ("",)),
+    ({"type": "object", "properties": {"w": {"patternProperties": {"^v": ARRAYS}}}}, ("/properties/w",)),
+    ({"type": "array", "items": [{"type": "integer"}, ARRAYS]}, ("",)),
+    ({"not": _object(ARRAYS)}, ("",)),
+    (_object(PATTERNED), ("/properties/v",)),  # (the pattern is decided on its automaton, never run)
     (_object({"oneOf": [{"type": "array", "items": {"pattern": "^(?=a)"}}, {"type": "array"}]}), None),
-    (_object({"oneOf": [{"type": "object", "patternProperties": {"^a": {}}}, {"type": "object"}]}), None),
+    (_object({"oneOf": [{"type": "object", "patternProperties": {"^a": {}}}, {"type": "object"}]}),
+     ("/properties/v",)),
+    # reached exactly through x, through a branch from y: both values are checked
     ({"$defs": {"a": ARRAYS}, "type": "object",
-      "properties": {"x": {"$ref": "#/$defs/a"}, "y": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}}, None),
+      "properties": {"x": {"$ref": "#/$defs/a"}, "y": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}},
+     ("/$defs/a", "/properties/y")),
+    # below a choice inside a governed value: that value's check covers it; exactly placed: checked itself too
+    ({"anyOf": [{"type": "object", "properties": {"v": {"not": {"const": 1}}}}, {"type": "null"}]}, ("",)),
+    (_object({"type": "array", "contains": {"const": 1}, "items": {"type": "integer", "not": {"const": 2}}}),
+     ("/properties/v", "/properties/v/items")),
+    (_object({"type": "array", "uniqueItems": False}), None),
 ])
-def test_which_one_ofs_are_kept_exact_while_decoding(schema, governed):
-    plan = plan_one_of(schema)
+def test_which_values_are_checked_when_finished(schema, governed):
+    plan = plan_late_keywords(schema, one_of=True)
     assert (plan.pointers if plan is not None else None) == governed
     if plan is not None:
-        assert "oneOf" not in json.dumps(plan.schema) and "oneOf" in json.dumps(schema)  # the input is not changed
+        text = json.dumps(plan.schema)
+        assert all(f'"{k}"' not in text for k in ("oneOf", "not", "contains"))
+        assert json.dumps(schema) != text  # the input is not changed
 
 
 CASES = [  # (schema, accepted, refused): the refused ones are what anyOf alone would take
@@ -84,7 +96,7 @@ def test_a_value_valid_in_two_branches_is_refused_token_by_token(schema, good, b
     compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
     try:
         g = _compile(compiler, schema)
-        assert isinstance(g, OneOfGrammar) and g.unenforced == ()
+        assert isinstance(g, LateGrammar) and g.unenforced == ()
         validator = jsonschema.Draft202012Validator(schema)
         for text in good:
             assert validator.is_valid(json.loads(text)) and _accepts(g, tokenizers[name], vocabs[name], text), text
@@ -95,6 +107,87 @@ def test_a_value_valid_in_two_branches_is_refused_token_by_token(schema, good, b
         compiler.close()
 
 
+LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backend's expresses, and no rewrite
+    # a number at the root ends with the output: checked at the end of output
+    ({"type": "integer", "not": {"multipleOf": 3}}, ["4", "-1", "10"], ["3", "0", "12"]),
+    (_object({"type": "integer", "not": {"multipleOf": 3}}), ['{"v": 4}', '{"v": -10}'], ['{"v": 3}', '{"v": 0}']),
+    (_object({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}),
+     ['{"v": [5]}', '{"v": [1, 5, 2]}'], ['{"v": []}', '{"v": [1, 2]}']),
+    (_object({"type": "array", "uniqueItems": True, "items": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}),
+     ['{"v": [{"a": 1}, {"a": 2}]}', '{"v": []}'], ['{"v": [{"a": 1}, {"a": 1}]}', '{"v": [{"a": 1}, {"a": 1.0}]}']),
+    # a oneOf in an anyOf branch: the whole document is checked
+    ({"anyOf": [_object(ARRAYS), {"type": "null"}]}, ['{"v": [-1]}', "null"], ['{"v": [1]}', '{"v": []}']),
+    (_object({"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}}],
+              "unevaluatedProperties": False}), ['{"v": {"a": 1}}', '{"v": {}}'], ['{"v": {"a": 1, "b": 2}}']),
+    # `not` of names matched by a pattern: decided on the pattern's automaton
+    (_object({"type": "object", "additionalProperties": {"type": "integer"},
+              "not": {"patternProperties": {"^x": {"type": "integer"}}, "required": ["x1"]}}),
+     ['{"v": {"y": 1}}', '{"v": {}}'], ['{"v": {"x1": 1}}', '{"v": {"y": 2, "x1": 1}}']),
+]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+@pytest.mark.parametrize("schema, good, bad", LATE_CASES)
+def test_keywords_no_grammar_expresses_are_checked_when_each_value_is_finished(schema, good, bad, name, tokenizers,
+                                                                              vocabs):
+    from constrain import GrammarCompiler
+
+    compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
+    try:
+        g = _compile(compiler, schema)
+        assert isinstance(g, LateGrammar) and g.unenforced == ()
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in good:
+            assert validator.is_valid(json.loads(text)) and _accepts(g, tokenizers[name], vocabs[name], text), text
+        for text in bad:
+            assert not validator.is_valid(json.loads(text))
+            assert not _accepts(g, tokenizers[name], vocabs[name], text), text
+    finally:
+        compiler.close()
+
+
+@pytest.mark.parametrize("schema", [
+    {"anyOf": [_object(ARRAYS), {"type": "null"}]},
+    {"type": "object", "properties": {"w": {"anyOf": [{"type": "null"}, _object(ARRAYS)]}}, "required": ["w"]},
+])
+def test_a_value_below_a_choice_is_refused_when_it_is_finished_not_with_the_document(schema, gpt2_compiler,
+                                                                                     tokenizers, vocabs):
+    """`[1]` holds in both oneOf branches under every choice of the anyOf: its "]" is refused (it could no
+    longer be repaired once the document around it is closed)."""
+    g = _compile(gpt2_compiler, schema)
+    tok = tokenizers["gpt2"]
+    prefix = '{"v": [1' if "anyOf" in schema else '{"w": {"v": [1'
+    bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    for last, allowed in [("1", False), ("-1", True)]:
+        m = g.matcher()
+        assert all(m.accept(t) for t in tok.encode(prefix[:-1] + last, add_special_tokens=False))
+        m.fill_bitmask(bitmask, 0)
+        close = tok.convert_tokens_to_ids("]")
+        assert bool((bitmask[0, close // 32] >> (close % 32)) & 1) == allowed
+
+
+def test_a_number_at_the_root_that_its_schema_refuses_neither_ends_nor_counts_as_complete(gpt2_compiler, tokenizers,
+                                                                                         vocabs):
+    g = _compile(gpt2_compiler, LATE_CASES[0][0])
+    eos = min(vocabs["gpt2"].eos_token_ids)
+    bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    for text, valid in [("12", False), ("13", True)]:
+        m = g.matcher()
+        assert all(m.accept(t) for t in tokenizers["gpt2"].encode(text, add_special_tokens=False))
+        m.fill_bitmask(bitmask, 0)
+        assert bool((bitmask[0, eos // 32] >> (eos % 32)) & 1) == valid
+        assert m.can_end() == valid and (not m.is_terminated() if not valid else True)
+
+
+@pytest.mark.parametrize("schema", [_object({"type": "integer", "minimum": 1, "not": {"multipleOf": 3}}),
+                                    LATE_CASES[3][0], LATE_CASES[4][0]])
+def test_random_walks_end_in_documents_valid_against_keywords_checked_late(schema, gpt2_compiler, vocabs):
+    """(From 1 up: a 0, a multiple of 3, could not be continued, and its end stays refused. `contains` is left
+    out: random tokens seldom write the value it asks for, and the budget rule's closing does not know of it.)"""
+    assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=3) >= 15
+
+
 @pytest.mark.parametrize("schema", [_object(ARRAYS), CASES[3][0]])
 def test_random_walks_end_in_documents_valid_against_the_one_of(schema, gpt2_compiler, vocabs):
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=11) >= 15
@@ -102,7 +195,7 @@ def test_random_walks_end_in_documents_valid_against_the_one_of(schema, gpt2_com
 
 def test_schemas_the_backend_takes_as_they_are_are_not_wrapped(gpt2_compiler):
     disjoint = _object({"oneOf": [{"type": "string"}, {"type": "integer"}]})
-    assert not isinstance(_compile(gpt2_compiler, disjoint), OneOfGrammar)
+    assert not isinstance(_compile(gpt2_compiler, disjoint), LateGrammar)
 
 
 def test_a_tool_parameter_one_of_is_kept_exact(gpt2_compiler, tokenizers, vocabs):
@@ -126,7 +219,7 @@ def test_a_one_of_inside_a_governed_value_is_kept_exact_too(gpt2_compiler, token
     """`w` is held by the value's own `properties` (not by a branch): both oneOfs are checked, each when its
     value is finished, also by one token finishing both."""
     g = _compile(gpt2_compiler, NESTED)
-    assert isinstance(g, OneOfGrammar) and len(g.plan.pointers) == 2
+    assert isinstance(g, LateGrammar) and len(g.plan.pointers) == 2
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
     validator = jsonschema.Draft202012Validator(NESTED)
     for text in ['{"v": {"t": [-1]}}', '{"v": {"t": [0.5], "w": [-1]}}', '{"v": {"t": [-1], "w": [0.5]}}']:
@@ -140,7 +233,7 @@ def test_a_one_of_beside_an_any_of_is_followed_through_the_nodes_own_properties(
     schema = {"type": "object", "anyOf": [{"required": ["v"]}, {"required": ["x"]}],
               "properties": {"v": ARRAYS, "x": {"type": "null"}}, "additionalProperties": False}
     g = _compile(gpt2_compiler, schema)
-    assert isinstance(g, OneOfGrammar)
+    assert isinstance(g, LateGrammar)
     assert _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], '{"v": [-1]}')
     assert not _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], '{"v": [1]}')
 
@@ -170,7 +263,7 @@ def test_formats_are_checked_where_jsonschema_can_and_otherwise_count_as_holding
 def test_a_governed_value_is_found_where_other_subschemas_beside_are_not_followed(schema, gpt2_compiler, tokenizers,
                                                                                    vocabs):
     g = _compile(gpt2_compiler, schema)
-    assert isinstance(g, OneOfGrammar)
+    assert isinstance(g, LateGrammar)
     text = '{"v": [1]}' if schema["type"] == "object" else "[[1]]"  # valid in both branches: refused
     assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
     assert not _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], text)
@@ -178,9 +271,16 @@ def test_a_governed_value_is_found_where_other_subschemas_beside_are_not_followe
     assert _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], good)
 
 
-def test_a_one_of_in_draft_7_dependencies_is_not_exactly_placed():
-    schema = {"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"properties": {"v": ARRAYS}}}}
-    assert plan_one_of(schema) is None
+def test_a_one_of_in_draft_7_dependencies_is_checked_with_the_object_that_holds_it(gpt2_compiler, tokenizers,
+                                                                                   vocabs):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "dependencies": {"a": {"properties": {"v": ARRAYS}}}}
+    g = _compile(gpt2_compiler, schema)
+    assert isinstance(g, LateGrammar)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    for text, valid in [('{"a": 1, "v": [-1]}', True), ('{"v": [1]}', True), ('{"a": 1, "v": [1]}', False)]:
+        assert jsonschema.Draft7Validator(schema).is_valid(json.loads(text)) == valid
+        assert _accepts(g, tok, vocab, text) == valid, text
 
 
 def test_unique_items_and_an_overlapping_one_of_are_kept_together(gpt2_compiler, tokenizers, vocabs):
@@ -202,7 +302,7 @@ def test_a_value_that_can_only_finish_in_two_branches_ends_the_output_with_a_con
     schema = _object({"oneOf": [{"type": "array", "items": {"enum": [1, 2]}, "maxItems": 1},
                                 {"type": "array", "items": {"enum": [2, 3]}, "maxItems": 1}]})
     g = _compile(gpt2_compiler, schema)
-    assert isinstance(g, OneOfGrammar)
+    assert isinstance(g, LateGrammar)
     m = g.matcher()
     for t in tokenizers["gpt2"].encode('{"v": [2 ', add_special_tokens=False):  # (one space at most)
         assert m.accept(t)

@@ -1,0 +1,646 @@
+"""Keywords the backend cannot compile, checked on each finished value that holds them: `not`, `if`/`then`/
+`else`, `contains`, `propertyNames`, `dependentSchemas`/`dependentRequired`/`dependencies`, `unevaluated*`, the
+`uniqueItems` constrain/unique_items.py leaves, and `oneOf` whose branches the backend cannot prove disjoint.
+
+The exact rewrites (constrain/rewrite.py) turn most of these into keywords a grammar expresses; what is left used
+to be refused. Here the backend compiles a weaker schema (the keywords dropped, `oneOf` as `anyOf`), and a matcher
+wrapper refuses every token that would finish a *governed* value that is invalid against the client's subschema
+there (jsonschema, the client's schema as the root). A governed value sits at a place the output's position names
+exactly: reached from the root through `properties`, `items`, `additionalProperties` without `patternProperties`,
+`allOf` and `$ref` only. A late keyword at such a place governs its own value; one below a choice (an anyOf or
+oneOf branch, `patternProperties`, a tuple item) makes the nearest exactly placed value around it governed, so the
+check comes later but is just as exact. The root is always exactly placed, so every such schema is covered.
+
+`pattern` and `patternProperties` are decided on the patterns' automata (constrain/regex_sets.py), never by
+running the client's regex. Formats are checked where jsonschema's FormatChecker can (date, time, email, ipv4,
+ipv6, uuid); a format it cannot check (uri, date-time) counts as holding, which can only refuse more, never accept
+an invalid value. A value already invalid in a way no continuation repairs (a `not` pattern matched, a repeated
+item) cannot be steered back: its end stays refused, so such an output may run to max_tokens (finish_reason
+"length") or end with a constraint_too_complex error, never end invalid. Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jsonschema
+import numpy as np
+
+from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
+from constrain.grammar import Grammar, Matcher
+from constrain.regex_sets import Work, pattern_search
+from constrain.support import references_followable, resolve_ref, walk
+from constrain.vocabulary import Vocabulary
+
+ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
+# Dropped for the backend, checked on finished values (dropping an assertion only ever accepts more).
+DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
+                     "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
+                     "unevaluatedItems", "uniqueItems"})
+_MAX_VISITS = 200_000  # (node, context) pairs the placement walk may visit before it gives up
+_WS = frozenset(b" \t\n\r")
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPEN, _CLOSE = frozenset(b"[{"), frozenset(b"]}")
+_SCALAR_END = frozenset(b" \t\n\r,]}")
+
+
+@dataclass
+class LatePlan:
+    """`schema`: what the backend compiles (the late keywords dropped, oneOfs as anyOfs when `one_of`);
+    `governed`: id() of each governed node in `schema` -> the same node in the client's (normalised) schema,
+    which decides; `pointers`: where the governed values are."""
+
+    schema: Any
+    source: Any
+    governed: dict[int, dict]
+    pointers: tuple[str, ...]
+    validator: Any = field(repr=False)  # (`_validator`: built on the compile thread, not on the first step)
+    originals: dict[int, Any] = field(default_factory=dict, repr=False)  # id() in `schema` -> the client's node
+    holders: frozenset[int] = frozenset()  # id() of the nodes of `schema` whose late keywords were taken out
+
+    def holds(self, node: dict, value: Any) -> bool:
+        """`value` is valid against `node` (a subschema of the client's schema); False when jsonschema cannot
+        decide (never weaker than asked). Patterns are decided on automata: jsonschema would run the client's
+        regex; formats as jsonschema's FormatChecker can."""
+        try:
+            return self.validator.evolve(schema=node).is_valid(value)
+        except Exception:  # noqa: BLE001 - what jsonschema cannot decide counts as invalid
+            return False
+
+    def applicable(self, node: Any) -> tuple[dict, ...] | None:
+        """`node` and the subschemas that apply with it ($ref, allOf): all of them hold for the value. None when
+        the value is reached through a choice (anyOf/oneOf branches, patternProperties): not followed."""
+        out: list[dict] = []
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n is True or n == {}:
+                continue
+            if not isinstance(n, dict):
+                return None
+            if any(n is o for o in out):
+                continue
+            out.append(n)
+            if isinstance(n.get("$ref"), str):
+                stack.append(resolve_ref(self.schema, n["$ref"]))
+            if isinstance(n.get("allOf"), list):
+                stack.extend(n["allOf"])
+        return tuple(out)
+
+    def child(self, parents: tuple[dict, ...] | None, step: str | int) -> tuple[dict, ...] | None:
+        """What applies for sure to member `step` of a value `parents` apply to (None: not known exactly). What
+        may or may not apply is left out: the branches of an anyOf or oneOf beside, `patternProperties` (and the
+        `additionalProperties` beside them), tuple forms of `items`. `_placements` governs the value around a
+        late keyword below those, so no governed value is ever missed."""
+        if parents is None:
+            return None
+        out: list[dict] = []
+        for d in _members(parents, step):
+            a = self.applicable(d)
+            if a is None:
+                return None
+            out.extend(a)
+        return tuple(out)
+
+    def alternatives(self, node: Any, inside: tuple[int, ...] = ()) -> list[tuple[dict, ...]] | None:
+        """What applies to a value `node` applies to, one tuple per choice of anyOf/oneOf branches: the value is
+        valid only if it holds every subschema of some tuple. Each tuple may leave out what applies (a recursive
+        $ref met again), never holds what may not. None: more than `_MAX_ALTERNATIVES`."""
+        if node is True or node == {}:
+            return [()]
+        if not isinstance(node, dict):
+            return []  # (`false`: no choice lets a value through)
+        if id(node) in inside:
+            return [()]
+        inside = (*inside, id(node))
+        out: list[tuple[dict, ...]] | None = [(node,)]
+        parts = [node["allOf"]] if isinstance(node.get("allOf"), list) else []
+        if isinstance(node.get("$ref"), str):
+            parts.append([resolve_ref(self.schema, node["$ref"])])
+        for part in parts:
+            for sub in part:
+                out = _product(out, self.alternatives(sub, inside))
+        if isinstance(node.get("anyOf"), list):
+            union: list[tuple[dict, ...]] | None = []
+            for branch in node["anyOf"]:
+                more = self.alternatives(branch, inside)
+                union = None if union is None or more is None else union + more
+            out = _product(out, union)
+        return out
+
+    def child_alternatives(self, parents: list[tuple[dict, ...]] | None,
+                           step: str | int) -> list[tuple[dict, ...]] | None:
+        """`alternatives` for member `step` of a value whose alternatives are `parents`."""
+        if parents is None:
+            return None
+        out: list[tuple[dict, ...]] = []
+        for alt in parents:
+            if isinstance(step, str) and not all(_may_hold_key(n, step) for n in alt):
+                continue  # (this choice refuses the key: the object cannot be valid under it)
+            mine: list[tuple[dict, ...]] | None = [()]
+            for direct in _members(alt, step):
+                mine = _product(mine, self.alternatives(direct))
+            if mine is None or len(out) + len(mine) > _MAX_ALTERNATIVES:
+                return None
+            out += [m for m in mine if m not in out]
+        return out
+
+
+_MAX_ALTERNATIVES = 16
+
+
+def _members(parents: tuple[dict, ...], step: str | int) -> list[Any]:
+    """The subschemas of `parents` that apply for sure to their member `step` (a key, or an array index)."""
+    direct: list[Any] = []
+    for p in parents:
+        if isinstance(step, str):
+            props = p.get("properties")
+            if isinstance(props, dict) and step in props:
+                direct.append(props[step])
+            elif isinstance(p.get("additionalProperties"), dict) and "patternProperties" not in p:
+                direct.append(p["additionalProperties"])
+        elif isinstance(p.get("items"), dict) and "prefixItems" not in p:
+            direct.append(p["items"])
+    return direct
+
+
+def _may_hold_key(node: dict, key: str) -> bool:
+    """An object valid against `node` may have `key` (False only where `node` says it may not, plainly)."""
+    props = node.get("properties")
+    props = props if isinstance(props, dict) else {}
+    if key in props:
+        return props[key] is not False
+    return not (node.get("additionalProperties") is False and not node.get("patternProperties"))
+
+
+def _may_be(node: dict, kind: str) -> bool:
+    """A value of JSON type `kind` ("object", "array") may be valid against `node` (its `type` allows it)."""
+    types = node.get("type")
+    return types is None or types == kind or (isinstance(types, list) and kind in types)
+
+
+def _product(a: list[tuple] | None, b: list[tuple] | None) -> list[tuple] | None:
+    """Every alternative of `a` together with every one of `b` (None: unknown, or too many)."""
+    if a is None or b is None or len(a) * len(b) > _MAX_ALTERNATIVES:
+        return None
+    return [x + y for x in a for y in b]
+
+
+def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
+    """The plan for `schema`'s late keywords (`DROPPED`, and `oneOf` when `one_of`); None when it has none, or
+    when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
+    automata's reach, `unevaluatedProperties` beside `patternProperties`)."""
+    keys = DROPPED | {"oneOf"} if one_of else DROPPED
+    if not isinstance(schema, dict) or not references_followable(schema):
+        return None
+    out = copy.deepcopy(schema)
+    originals = _originals(out, schema)
+    placed, holders = _placements(out, keys)
+    if not placed:
+        return None
+    patterns: set[str] = set()
+    for node in placed.values():
+        more = _patterns(out, node)
+        if more is None:
+            return None
+        patterns |= more
+    searches = {p: pattern_search(p, Work()) for p in patterns}  # (each within its own bound)
+    if any(f is None for f in searches.values()):
+        return None
+    governed = {id(n): originals[id(n)] for n in placed.values()}
+    pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
+    for node in holders:
+        for key in keys & node.keys():
+            if key in DROPPED:
+                del node[key]
+            elif "anyOf" not in node:
+                node["anyOf"] = node.pop("oneOf")
+            else:
+                node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
+    return LatePlan(out, schema, governed, pointers, _validator(schema, searches), originals,
+                    frozenset(id(n) for n in holders))
+
+
+def _placements(root: dict, keys: frozenset) -> tuple[dict[int, dict], list[dict]]:
+    """The governed nodes (id() -> node): for each late keyword on each way the output can reach it, the node
+    holding it when that is exactly placed, else the nearest exactly placed node around it unless one around it
+    is governed already; and the nodes holding late keywords the output can reach. None governed past
+    `_MAX_VISITS`. Exactly placed is what `LatePlan.child` follows."""
+    governed: dict[int, dict] = {}
+    holders: dict[int, dict] = {}
+    seen: set[tuple] = set()
+    # (node, exactly placed, the nearest exactly placed node around it, inside a governed one)
+    stack: list[tuple[Any, bool, Any, bool]] = [(root, True, root, False)]
+    while stack:
+        n, known, anchor, covered = stack.pop()
+        if not isinstance(n, dict):
+            continue
+        if known:
+            anchor = n
+        covered = covered or (known and id(n) in governed)
+        state = (id(n), known, True) if covered else (id(n), known, id(anchor))
+        if state in seen:
+            continue
+        seen.add(state)
+        if len(seen) > _MAX_VISITS:
+            return {}, []
+        if any(k in n and (k != "uniqueItems" or n[k] is True) for k in keys):
+            holders[id(n)] = n
+            if known or not covered:
+                governed[id(anchor)] = anchor  # (an exactly placed one is checked itself, inside another: sooner)
+                covered = True
+        nxt = []
+        if isinstance(n.get("$ref"), str):
+            nxt.append((resolve_ref(root, n["$ref"]), known))
+        for key, value in n.items():
+            if key in DROPPED:
+                continue  # (dropped for the backend: what they hold is only ever checked whole)
+            if key == "properties" and isinstance(value, dict):
+                nxt += [(v, known) for v in value.values()]
+            elif key == "additionalProperties" and isinstance(value, dict):
+                nxt.append((value, known and "patternProperties" not in n))
+            elif key == "items" and isinstance(value, dict):
+                nxt.append((value, known and "prefixItems" not in n))
+            elif key == "allOf" and isinstance(value, list):
+                nxt += [(v, known) for v in value]
+            elif key in ("anyOf", "oneOf", "prefixItems", "items") and isinstance(value, list):
+                nxt += [(v, False) for v in value]
+            elif key in ("patternProperties",) and isinstance(value, dict):
+                nxt += [(v, False) for v in value.values()]
+            elif key == "additionalItems" and isinstance(value, dict):
+                nxt.append((value, False))
+        stack += [(v, k, anchor, covered) for v, k in nxt]
+    return governed, list(holders.values())
+
+
+def _originals(copied: Any, source: Any) -> dict[int, Any]:
+    """id() of each object in `copied` (a deep copy of `source`) -> the same object in `source`."""
+    out: dict[int, Any] = {}
+    stack = [(copied, source)]
+    while stack:
+        c, s = stack.pop()
+        if isinstance(c, dict):
+            out[id(c)] = s
+            stack += [(c[k], s[k]) for k in c]
+        elif isinstance(c, list):
+            stack += list(zip(c, s))
+    return out
+
+
+def _node_pointers(root: dict) -> dict[str, dict]:
+    """JSON Pointer -> schema object, for every schema object with a keyword."""
+    return {ptr[: ptr.rindex("/")]: node for ptr, _, node in walk(root)}
+
+
+def _patterns(root: dict, node: dict) -> set[str] | None:
+    """The regexes a check of `node` runs (`pattern`, `patternProperties` names), through $refs too; None
+    when one is not a string or `unevaluatedProperties` meets `patternProperties` (jsonschema would match the
+    names with the client's regex)."""
+    found: set[int] = set()
+    patterns: set[str] = set()
+    stack = [node]
+    while stack:
+        top = stack.pop()
+        if id(top) in found:
+            continue
+        found.add(id(top))
+        for _, key, n in walk(top):
+            if key == "pattern" and isinstance(n[key], str):
+                patterns.add(n[key])
+            elif key == "patternProperties" and isinstance(n[key], dict):
+                if "unevaluatedProperties" in n:
+                    return None
+                patterns |= set(n[key])
+            elif key == "pattern":
+                return None
+            if key == "$ref":
+                target = resolve_ref(root, n[key])
+                if isinstance(target, dict):
+                    stack.append(target)
+    return patterns
+
+
+def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
+    """jsonschema's validator for `source` (its draft, with `dependencies` as enforced) whose regex keywords
+    search with the automata in `searches` instead of Python's `re`."""
+    from constrain.rewrite import validator_class
+
+    def pattern(validator, regex, instance, schema):
+        if validator.is_type(instance, "string") and not searches[regex](instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
+
+    def pattern_properties(validator, pp, instance, schema):
+        if validator.is_type(instance, "object"):
+            for regex, sub in pp.items():
+                for k, v in instance.items():
+                    if searches[regex](k):
+                        yield from validator.descend(v, sub, path=k, schema_path=regex)
+
+    def additional_properties(validator, ap, instance, schema):
+        if not validator.is_type(instance, "object"):
+            return
+        props = schema.get("properties", {})
+        names = schema.get("patternProperties", {})
+        extras = [k for k in instance if k not in props and not any(searches[r](k) for r in names)]
+        if validator.is_type(ap, "object"):
+            for k in extras:
+                yield from validator.descend(instance[k], ap, path=k)
+        elif not ap and extras:
+            yield jsonschema.ValidationError(f"additional properties are not allowed ({extras!r})")
+
+    cls = validator_class(source)
+    return jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
+                                              "additionalProperties": additional_properties})(
+        source, format_checker=jsonschema.FormatChecker())
+
+
+# ---- following the output -------------------------------------------------------------------------------------
+
+@dataclass
+class _Open:
+    """An open container: what applies to it for sure and its alternatives (None: not known, see
+    `LatePlan.child` and `LatePlan.alternatives`), and the member being written."""
+
+    is_array: bool
+    applies: tuple[dict, ...] | None
+    alts: list[tuple[dict, ...]] | None
+    key: str = ""
+    index: int = 0
+
+
+Check = tuple[tuple[dict, ...], ...]  # the value holds when it is valid against every subschema of one tuple
+
+
+@dataclass
+class Pending:
+    """A checked value being written: the client's subschemas that decide it, where it began in the output and
+    at what depth."""
+
+    check: Check
+    start: int
+    depth: int
+
+
+class LateTracker:
+    """Follows the output's JSON: open containers, the lexical state, and the governed value being written.
+    `fork` gives a copy to try a token on: `finished` collects (check, value text) of the checked values a token
+    finishes. A governed value is checked against its subschema; a value below a choice whose alternatives hold
+    a late keyword is checked against them too, so that it is refused when finished, not only with the value
+    around it (when it can no longer change)."""
+
+    def __init__(self, plan: LatePlan):
+        self.plan = plan
+        self.out = bytearray()  # (from `origin` on: a fork holds only the text its pending value needs)
+        self.origin = 0
+        self.stack: list[_Open] = []
+        self.mode = "value"  # value | string | key | scalar | after | member | colon | off
+        self.escaped = False
+        self.key = bytearray()
+        self.pending: list[Pending] = []  # (outermost first: a governed value may hold another)
+        self.finished: list[tuple[Check, bytes]] = []
+
+    def fork(self) -> "LateTracker":
+        f = LateTracker.__new__(LateTracker)
+        f.plan, f.mode, f.escaped, f.key = self.plan, self.mode, self.escaped, bytearray(self.key)
+        f.pending = list(self.pending)
+        f.origin = self.pending[0].start if self.pending else self.origin + len(self.out)
+        f.out = bytearray(self.out[f.origin - self.origin:])
+        f.stack = [_Open(o.is_array, o.applies, o.alts, o.key, o.index) for o in self.stack]
+        f.finished = []
+        return f
+
+    def root_scalar(self) -> list[tuple[Check, bytes]]:
+        """(check, text) of the checked values a number or literal at the root, ended here, finishes."""
+        if self.mode != "scalar" or self.stack:
+            return []
+        return [(p.check, bytes(self.out[p.start - self.origin:])) for p in self.pending]
+
+    def feed(self, data: bytes) -> None:
+        for c in data:
+            if self.mode == "off":
+                return
+            self.out.append(c)
+            self._byte(c)
+
+    def _applies_here(self) -> tuple[tuple[dict, ...] | None, list[tuple[dict, ...]] | None]:
+        plan = self.plan
+        if not self.stack:
+            return plan.applicable(plan.schema), plan.alternatives(plan.schema)
+        top = self.stack[-1]
+        step = top.index if top.is_array else top.key
+        return plan.child(top.applies, step), plan.child_alternatives(top.alts, step)
+
+    def _begin_value(self, c: int) -> None:
+        plan = self.plan
+        applies, alts = self._applies_here()
+        start = self.origin + len(self.out) - 1  # (this byte is the value's first)
+        if applies is not None:
+            self.pending += [Pending(((plan.governed[id(a)],),), start, len(self.stack)) for a in applies
+                             if id(a) in plan.governed]
+        sure = {id(a) for a in applies or ()}
+        if alts and any(id(n) in plan.holders and id(n) not in sure for alt in alts for n in alt):
+            check = tuple(tuple(plan.originals[id(n)] for n in alt) for alt in alts)
+            self.pending.append(Pending(check, start, len(self.stack)))
+        if c in _OPEN:
+            kind = "array" if c == ord("[") else "object"
+            if alts is not None:  # (the choices whose types refuse this container cannot hold for it)
+                alts = [alt for alt in alts if all(_may_be(n, kind) for n in alt)]
+            self.stack.append(_Open(c == ord("["), applies, alts))
+            self.mode = "value" if c == ord("[") else "member"
+        elif c == _QUOTE:
+            self.mode, self.escaped = "string", False
+        else:
+            self.mode = "scalar"
+
+    def _end_value(self, end: int) -> None:
+        """The value just written ends before output position `end` (relative to `out`)."""
+        self.mode = "after"
+        while self.pending and self.pending[-1].depth == len(self.stack):
+            p = self.pending.pop()
+            self.finished.append((p.check, bytes(self.out[p.start - self.origin:end])))
+
+    def _byte(self, c: int) -> None:
+        mode = self.mode
+        if mode == "scalar":
+            if c not in _SCALAR_END:
+                return
+            self._end_value(len(self.out) - 1)  # (the delimiter is not part of the number or literal)
+            mode = "after"
+        if mode in ("string", "key"):
+            if self.escaped:
+                self.escaped = False
+            elif c == _BACKSLASH:
+                self.escaped = True
+            elif c == _QUOTE:
+                if mode == "key":
+                    self.stack[-1].key = _decode_key(bytes(self.key))
+                    self.mode = "colon"
+                else:
+                    self._end_value(len(self.out))
+                return
+            if mode == "key":
+                self.key.append(c)
+        elif c in _WS:
+            return
+        elif mode == "value":
+            if c == ord("]") and self.stack and self.stack[-1].is_array:
+                self._close()
+            else:
+                self._begin_value(c)
+        elif mode == "after":
+            if not self.stack:
+                self.mode = "off"
+            elif c == ord(","):
+                top = self.stack[-1]
+                top.index += 1
+                self.mode = "value" if top.is_array else "member"
+            elif c in _CLOSE:
+                self._close()
+            else:
+                self.mode = "off"
+        elif mode == "member":
+            if c == _QUOTE:
+                self.mode, self.escaped, self.key = "key", False, bytearray()
+            elif c == ord("}"):
+                self._close()
+            else:
+                self.mode = "off"
+        elif mode == "colon":
+            self.mode = "value" if c == ord(":") else "off"
+
+    def _close(self) -> None:
+        self.stack.pop()
+        self._end_value(len(self.out))
+
+
+def _decode_key(raw: bytes) -> str:
+    try:
+        return json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return ""
+
+
+# ---- grammar and matcher ----------------------------------------------------------------------------------------
+
+class _TokenSets:
+    """Per vocabulary, the tokens that can finish a value in each lexical state (so a step tries few tokens):
+    `quote`: hold a '"'; `close`: hold '}' or ']'; `delimiter`: hold what ends a number or literal;
+    `quote_close`: a '"' and after it '}' or ']' (leave a string, then a container); `whole`: may hold a whole
+    value ('{...}', '[...]', two quotes, a digit or literal letter before a delimiter); `eos`: end the output (and
+    so a number or literal at the root)."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.token_bytes = vocab.token_bytes
+        sets: dict[str, list[int]] = {"quote": [], "close": [], "delimiter": [], "quote_close": [], "whole": [],
+                                      "eos": sorted(vocab.eos_token_ids)}
+        for tid, b in enumerate(vocab.token_bytes):
+            if not b:
+                continue
+            q = b.find(b'"')
+            closes = any(c in _CLOSE for c in b)
+            if q >= 0:
+                sets["quote"].append(tid)
+                if any(c in _CLOSE for c in b[q:]):
+                    sets["quote_close"].append(tid)
+            if closes:
+                sets["close"].append(tid)
+            if any(c in _SCALAR_END for c in b):
+                sets["delimiter"].append(tid)
+            if closes or b.count(b'"') >= 2 or _scalar_then_delimiter(b):
+                sets["whole"].append(tid)
+        for name, ids in sets.items():
+            setattr(self, name, np.array(ids, dtype=np.int64))
+
+
+def _scalar_then_delimiter(b: bytes) -> bool:
+    scalar = False
+    for c in b:
+        if c in b"-0123456789tfnrueals":
+            scalar = True
+        elif scalar and c in _SCALAR_END:
+            return True
+        else:
+            scalar = False
+    return False
+
+
+class LateGrammar(CheckedGrammar):
+    """A backend grammar compiled without the late keywords, whose matchers check them on governed values."""
+
+    def __init__(self, inner: Grammar, plan: LatePlan, vocab: Vocabulary):
+        super().__init__(inner)
+        self.plan = plan
+        self.tokens = per_vocabulary(_TokenSets, vocab)  # (built here, on a compile thread)
+
+    def matcher(self) -> "LateMatcher":
+        return LateMatcher(self.inner.matcher(), LateTracker(self.plan), self.tokens)
+
+
+class LateMatcher(CheckedMatcher):
+    """Refuses the tokens that would finish a governed value its schema refuses."""
+
+    dead_end = "every token the output constraint allows here would finish a value its schema refuses (a oneOf, " \
+               "not, contains or other keyword that is checked as each value is finished)"
+
+    def __init__(self, inner: Matcher, tracker: LateTracker, tokens: _TokenSets):
+        super().__init__(inner, tokens.token_bytes)
+        self.tracker = tracker
+        self.tokens = tokens
+        self._verdicts: dict[tuple[int, bytes], bool] = {}  # this step's, by subschema and the value's text
+
+    def _active(self) -> bool:
+        return self.tracker.mode != "off"
+
+    def _suspects(self) -> np.ndarray:
+        """Tokens that may finish a governed value from here (see `_TokenSets`)."""
+        t, sets = self.tracker, self.tokens
+        in_string = t.mode in ("string", "key")
+        if not t.pending:
+            return sets.quote_close if in_string else sets.whole
+        if len(t.stack) > t.pending[-1].depth:  # inside the innermost governed container
+            return sets.quote_close if in_string else sets.close
+        if t.mode == "scalar" and not t.stack:  # a number or literal at the root: ended by the end of output
+            return np.concatenate([sets.delimiter, sets.eos])
+        return sets.quote if in_string else sets.delimiter
+
+    def _refused(self, words: np.ndarray) -> np.ndarray:
+        self._verdicts = {}
+        ids = allowed_among(words, self._suspects()).tolist()
+        return np.array([t for t in ids if self._refuses(self.tokens.token_bytes[t] or b"")], dtype=np.int64)
+
+    def _refuses(self, data: bytes) -> bool:
+        """`data` finishes a governed value its schema refuses (b"": the output ends here)."""
+        if data:
+            fork = self.tracker.fork()
+            fork.feed(data)
+            finished = fork.finished
+        else:
+            finished = self.tracker.root_scalar()
+        return not all(self._holds(check, text) for check, text in finished)
+
+    def _holds(self, check: Check, text: bytes) -> bool:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return True  # (not JSON: the backend's grammar refuses it anyway)
+        return any(all(self._valid(node, text, value) for node in alt) for alt in check)
+
+    def _valid(self, node: dict, text: bytes, value: Any) -> bool:
+        key = (id(node), text)
+        if key not in self._verdicts:
+            self._verdicts[key] = self.tracker.plan.holds(node, value)
+        return self._verdicts[key]
+
+    def _feed(self, data: bytes) -> None:
+        self.tracker.feed(data)
+        self.tracker.finished.clear()
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated() and not self._refuses(b"")
+
+    def can_end(self) -> bool:
+        return self.inner.can_end() and not self._refuses(b"")
