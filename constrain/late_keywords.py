@@ -61,6 +61,7 @@ class LatePlan:
     validator: Any = field(repr=False)  # (`_validator`: built on the compile thread, not on the first step)
     originals: dict[int, Any] = field(default_factory=dict, repr=False)  # id() in `schema` -> the client's node
     holders: frozenset[int] = frozenset()  # id() of the nodes of `schema` whose late keywords were taken out
+    _memo: dict = field(default_factory=dict, repr=False)  # child_alternatives, by its arguments
 
     def holds(self, node: dict, value: Any) -> bool:
         """`value` is valid against `node` (a subschema of the client's schema); False when jsonschema cannot
@@ -134,9 +135,20 @@ class LatePlan:
 
     def child_alternatives(self, parents: list[tuple[dict, ...]] | None,
                            step: str | int) -> list[tuple[dict, ...]] | None:
-        """`alternatives` for member `step` of a value whose alternatives are `parents`."""
+        """`alternatives` for member `step` of a value whose alternatives are `parents` (remembered: the same
+        places recur in every array item and every document)."""
         if parents is None:
             return None
+        key = (tuple(tuple(map(id, alt)) for alt in parents), step)
+        found = self._memo.get(key, self)  # (`self`: not there; None is an answer)
+        if found is self:
+            found = self._child_alternatives(parents, step)
+            if len(self._memo) > 4096:  # (keys hold the output's property names: bounded)
+                self._memo.clear()
+            self._memo[key] = found
+        return found
+
+    def _child_alternatives(self, parents: list[tuple[dict, ...]], step: str | int) -> list[tuple[dict, ...]] | None:
         out: list[tuple[dict, ...]] = []
         for alt in parents:
             if isinstance(step, str) and not all(_may_hold_key(n, step) for n in alt):
