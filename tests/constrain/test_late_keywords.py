@@ -88,25 +88,6 @@ CASES = [  # (schema, accepted, refused): the refused ones are what anyOf alone 
 ]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
-@pytest.mark.parametrize("schema, good, bad", CASES)
-def test_a_value_valid_in_two_branches_is_refused_token_by_token(schema, good, bad, name, tokenizers, vocabs):
-    from constrain import GrammarCompiler
-
-    compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
-    try:
-        g = _compile(compiler, schema)
-        assert isinstance(g, LateGrammar) and g.unenforced == ()
-        validator = jsonschema.Draft202012Validator(schema)
-        for text in good:
-            assert validator.is_valid(json.loads(text)) and _accepts(g, tokenizers[name], vocabs[name], text), text
-        for text in bad:
-            assert not validator.is_valid(json.loads(text))
-            assert not _accepts(g, tokenizers[name], vocabs[name], text), text
-    finally:
-        compiler.close()
-
-
 LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backend's expresses, and no rewrite
     # a number at the root ends with the output: checked at the end of output
     ({"type": "integer", "not": {"multipleOf": 3}}, ["4", "-1", "10"], ["3", "0", "12"]),
@@ -128,9 +109,9 @@ LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backen
 
 
 @pytest.mark.parametrize("name", ["gpt2", "qwen2"])
-@pytest.mark.parametrize("schema, good, bad", LATE_CASES)
-def test_keywords_no_grammar_expresses_are_checked_when_each_value_is_finished(schema, good, bad, name, tokenizers,
-                                                                              vocabs):
+@pytest.mark.parametrize("schema, good, bad", CASES + LATE_CASES)
+def test_values_their_schema_refuses_are_refused_token_by_token(schema, good, bad, name, tokenizers, vocabs):
+    """CASES: a value valid in two oneOf branches; LATE_CASES: the other keywords checked late."""
     from constrain import GrammarCompiler
 
     compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
