@@ -30,8 +30,9 @@ from typing import Any, Callable
 import jsonschema
 import numpy as np
 
-from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
+from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, per_vocabulary
 from constrain.grammar import Grammar, Matcher
+from constrain.json_follower import Frame, JsonFollower
 from constrain.regex_sets import Work, pattern_search
 from constrain.support import references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
@@ -42,10 +43,8 @@ DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "ma
                      "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
                      "unevaluatedItems", "uniqueItems"})
 _MAX_VISITS = 200_000  # (node, context) pairs the placement walk may visit before it gives up
-_WS = frozenset(b" \t\n\r")
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_OPEN, _CLOSE = frozenset(b"[{"), frozenset(b"]}")
-_SCALAR_END = frozenset(b" \t\n\r,]}")
+_CLOSE = frozenset(b"]}")
+_NUMBER_END = frozenset(b" \t\n\r,]}")
 
 
 @dataclass
@@ -373,15 +372,12 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
 # ---- following the output -------------------------------------------------------------------------------------
 
 @dataclass
-class _Open:
+class _Open(Frame):
     """An open container: what applies to it for sure and its alternatives (None: not known, see
-    `LatePlan.child` and `LatePlan.alternatives`), and the member being written."""
+    `LatePlan.child` and `LatePlan.alternatives`)."""
 
-    is_array: bool
-    applies: tuple[dict, ...] | None
-    alts: list[tuple[dict, ...]] | None
-    key: str = ""
-    index: int = 0
+    applies: tuple[dict, ...] | None = None
+    alts: list[tuple[dict, ...]] | None = None
 
 
 Check = tuple[tuple[dict, ...], ...]  # the value holds when it is valid against every subschema of one tuple
@@ -397,58 +393,49 @@ class Pending:
     depth: int
 
 
-class LateTracker:
-    """Follows the output's JSON: open containers, the lexical state, and the governed value being written.
-    `fork` gives a copy to try a token on: `finished` collects (check, value text) of the checked values a token
-    finishes. A governed value is checked against its subschema; a value below a choice whose alternatives hold
-    a late keyword is checked against them too, so that it is refused when finished, not only with the value
-    around it (when it can no longer change)."""
+class LateTracker(JsonFollower):
+    """Follows the JSON output (constrain/json_follower.py) with what applies to each open container, and the
+    checked values being written. `fork` gives a copy to try a token on: `finished` collects (check, value text)
+    of the checked values a token finishes. A governed value is checked against its subschema; a value below a
+    choice whose alternatives hold a late keyword is checked against them too, so that it is refused when
+    finished, not only with the value around it (when it can no longer change)."""
 
     def __init__(self, plan: LatePlan):
+        super().__init__()
         self.plan = plan
         self.out = bytearray()  # (from `origin` on: a fork holds only the text its pending value needs)
         self.origin = 0
-        self.stack: list[_Open] = []
-        self.mode = "value"  # value | string | key | scalar | after | member | colon | off
-        self.escaped = False
-        self.key = bytearray()
-        self.pending: list[Pending] = []  # (outermost first: a governed value may hold another)
+        self.pending: list[Pending] = []  # (outermost first: a checked value may hold another)
         self.finished: list[tuple[Check, bytes]] = []
+        self._here: tuple = (None, None)  # what applies to the value beginning: (for sure, alternatives)
 
     def fork(self) -> "LateTracker":
-        f = LateTracker.__new__(LateTracker)
-        f.plan, f.mode, f.escaped, f.key = self.plan, self.mode, self.escaped, bytearray(self.key)
+        f = LateTracker(self.plan)
+        f.mode, f.escaped, f.buf = self.mode, self.escaped, bytearray(self.buf)
         f.pending = list(self.pending)
         f.origin = self.pending[0].start if self.pending else self.origin + len(self.out)
         f.out = bytearray(self.out[f.origin - self.origin:])
-        f.stack = [_Open(o.is_array, o.applies, o.alts, o.key, o.index) for o in self.stack]
-        f.finished = []
+        f.stack = [_Open(o.is_array, o.key, o.index, o.applies, o.alts) for o in self.stack]
         return f
 
     def root_scalar(self) -> list[tuple[Check, bytes]]:
-        """(check, text) of the checked values a number or literal at the root, ended here, finishes."""
-        if self.mode != "scalar" or self.stack:
+        """(check, text) of the checked values a number at the root, ended here, finishes."""
+        if self.mode != "number" or self.stack:
             return []
         return [(p.check, bytes(self.out[p.start - self.origin:])) for p in self.pending]
 
-    def feed(self, data: bytes) -> None:
-        for c in data:
-            if self.mode == "off":
-                return
-            self.out.append(c)
-            self._byte(c)
+    def _byte(self, c: int) -> None:
+        self.out.append(c)
+        super()._byte(c)
 
-    def _applies_here(self) -> tuple[tuple[dict, ...] | None, list[tuple[dict, ...]] | None]:
+    def _value_begins(self, c: int) -> None:
         plan = self.plan
         if not self.stack:
-            return plan.applicable(plan.schema), plan.alternatives(plan.schema)
-        top = self.stack[-1]
-        step = top.index if top.is_array else top.key
-        return plan.child(top.applies, step), plan.child_alternatives(top.alts, step)
-
-    def _begin_value(self, c: int) -> None:
-        plan = self.plan
-        applies, alts = self._applies_here()
+            applies, alts = plan.applicable(plan.schema), plan.alternatives(plan.schema)
+        else:
+            top = self.stack[-1]
+            step = top.index if top.is_array else top.key
+            applies, alts = plan.child(top.applies, step), plan.child_alternatives(top.alts, step)
         start = self.origin + len(self.out) - 1  # (this byte is the value's first)
         if applies is not None:
             self.pending += [Pending(((plan.governed[id(a)],),), start, len(self.stack)) for a in applies
@@ -457,123 +444,60 @@ class LateTracker:
         if alts and any(id(n) in plan.holders and id(n) not in sure for alt in alts for n in alt):
             check = tuple(tuple(plan.originals[id(n)] for n in alt) for alt in alts)
             self.pending.append(Pending(check, start, len(self.stack)))
-        if c in _OPEN:
-            kind = "array" if c == ord("[") else "object"
-            if alts is not None:  # (the choices whose types refuse this container cannot hold for it)
-                alts = [alt for alt in alts if all(_may_be(n, kind) for n in alt)]
-            self.stack.append(_Open(c == ord("["), applies, alts))
-            self.mode = "value" if c == ord("[") else "member"
-        elif c == _QUOTE:
-            self.mode, self.escaped = "string", False
-        else:
-            self.mode = "scalar"
+        self._here = (applies, alts)
 
-    def _end_value(self, end: int) -> None:
-        """The value just written ends before output position `end` (relative to `out`)."""
-        self.mode = "after"
+    def _frame(self, is_array: bool) -> _Open:
+        applies, alts = self._here
+        if alts is not None:  # (the choices whose types refuse this container cannot hold for it)
+            kind = "array" if is_array else "object"
+            alts = [alt for alt in alts if all(_may_be(n, kind) for n in alt)]
+        return _Open(is_array, applies=applies, alts=alts)
+
+    def _value_ends(self, kind: str) -> None:
+        end = len(self.out) - (kind == "number")  # (the byte that ended a number is not part of it)
         while self.pending and self.pending[-1].depth == len(self.stack):
             p = self.pending.pop()
             self.finished.append((p.check, bytes(self.out[p.start - self.origin:end])))
-
-    def _byte(self, c: int) -> None:
-        mode = self.mode
-        if mode == "scalar":
-            if c not in _SCALAR_END:
-                return
-            self._end_value(len(self.out) - 1)  # (the delimiter is not part of the number or literal)
-            mode = "after"
-        if mode in ("string", "key"):
-            if self.escaped:
-                self.escaped = False
-            elif c == _BACKSLASH:
-                self.escaped = True
-            elif c == _QUOTE:
-                if mode == "key":
-                    self.stack[-1].key = _decode_key(bytes(self.key))
-                    self.mode = "colon"
-                else:
-                    self._end_value(len(self.out))
-                return
-            if mode == "key":
-                self.key.append(c)
-        elif c in _WS:
-            return
-        elif mode == "value":
-            if c == ord("]") and self.stack and self.stack[-1].is_array:
-                self._close()
-            else:
-                self._begin_value(c)
-        elif mode == "after":
-            if not self.stack:
-                self.mode = "off"
-            elif c == ord(","):
-                top = self.stack[-1]
-                top.index += 1
-                self.mode = "value" if top.is_array else "member"
-            elif c in _CLOSE:
-                self._close()
-            else:
-                self.mode = "off"
-        elif mode == "member":
-            if c == _QUOTE:
-                self.mode, self.escaped, self.key = "key", False, bytearray()
-            elif c == ord("}"):
-                self._close()
-            else:
-                self.mode = "off"
-        elif mode == "colon":
-            self.mode = "value" if c == ord(":") else "off"
-
-    def _close(self) -> None:
-        self.stack.pop()
-        self._end_value(len(self.out))
-
-
-def _decode_key(raw: bytes) -> str:
-    try:
-        return json.loads(b'"' + raw + b'"')
-    except ValueError:
-        return ""
 
 
 # ---- grammar and matcher ----------------------------------------------------------------------------------------
 
 class _TokenSets:
     """Per vocabulary, the tokens that can finish a value in each lexical state (so a step tries few tokens):
-    `quote`: hold a '"'; `close`: hold '}' or ']'; `delimiter`: hold what ends a number or literal;
-    `quote_close`: a '"' and after it '}' or ']' (leave a string, then a container); `whole`: may hold a whole
-    value ('{...}', '[...]', two quotes, a digit or literal letter before a delimiter); `eos`: end the output (and
-    so a number or literal at the root)."""
+    `quote`: hold a '"'; `delimiter`: hold what ends a number; `whole`: may finish a value begun before them and
+    may hold a whole value ('}', ']', two quotes, a digit or a letter before a delimiter, a literal);
+    `quote_whole`: a '"' and after it such a token's bytes (leave a string, then finish a value); `eos`: end the
+    output (and so a number at the root)."""
 
     def __init__(self, vocab: Vocabulary):
         self.token_bytes = vocab.token_bytes
-        sets: dict[str, list[int]] = {"quote": [], "close": [], "delimiter": [], "quote_close": [], "whole": [],
+        sets: dict[str, list[int]] = {"quote": [], "delimiter": [], "whole": [], "quote_whole": [],
                                       "eos": sorted(vocab.eos_token_ids)}
         for tid, b in enumerate(vocab.token_bytes):
             if not b:
                 continue
             q = b.find(b'"')
-            closes = any(c in _CLOSE for c in b)
             if q >= 0:
                 sets["quote"].append(tid)
-                if any(c in _CLOSE for c in b[q:]):
-                    sets["quote_close"].append(tid)
-            if closes:
-                sets["close"].append(tid)
-            if any(c in _SCALAR_END for c in b):
+                if _may_hold_value_ends(b[q + 1:]):
+                    sets["quote_whole"].append(tid)
+            if any(c in _NUMBER_END for c in b):
                 sets["delimiter"].append(tid)
-            if closes or b.count(b'"') >= 2 or _scalar_then_delimiter(b):
+            if _may_hold_value_ends(b):
                 sets["whole"].append(tid)
         for name, ids in sets.items():
             setattr(self, name, np.array(ids, dtype=np.int64))
 
 
-def _scalar_then_delimiter(b: bytes) -> bool:
+def _may_hold_value_ends(b: bytes) -> bool:
+    """`b` may end a container, a string, a number or a literal."""
+    if any(c in _CLOSE for c in b) or b.count(b'"') >= 2 or any(w in b for w in (b"true", b"false", b"null")):
+        return True
     scalar = False
     for c in b:
         if c in b"-0123456789tfnrueals":
             scalar = True
-        elif scalar and c in _SCALAR_END:
+        elif scalar and c in _NUMBER_END:
             return True
         else:
             scalar = False
@@ -607,21 +531,24 @@ class LateMatcher(CheckedMatcher):
     def _active(self) -> bool:
         return self.tracker.mode != "off"
 
-    def _suspects(self) -> np.ndarray:
-        """Tokens that may finish a governed value from here (see `_TokenSets`)."""
+    def _suspects(self) -> np.ndarray | None:
+        """Tokens that may finish a checked value from here (see `_TokenSets`; None: any allowed token)."""
         t, sets = self.tracker, self.tokens
         in_string = t.mode in ("string", "key")
-        if not t.pending:
-            return sets.quote_close if in_string else sets.whole
-        if len(t.stack) > t.pending[-1].depth:  # inside the innermost governed container
-            return sets.quote_close if in_string else sets.close
-        if t.mode == "scalar" and not t.stack:  # a number or literal at the root: ended by the end of output
+        if not t.pending or len(t.stack) > t.pending[-1].depth:  # (none, or inside the innermost: it or one in it)
+            return sets.quote_whole if in_string else sets.whole
+        if in_string:
+            return sets.quote
+        if t.mode == "literal":
+            return None  # (its few continuations)
+        if not t.stack:  # a number at the root: ended by the end of output
             return np.concatenate([sets.delimiter, sets.eos])
-        return sets.quote if in_string else sets.delimiter
+        return sets.delimiter
 
     def _refused(self, words: np.ndarray) -> np.ndarray:
         self._verdicts = {}
-        ids = allowed_among(words, self._suspects()).tolist()
+        suspects = self._suspects()
+        ids = (allowed_ids(words) if suspects is None else allowed_among(words, suspects)).tolist()
         return np.array([t for t in ids if self._refuses(self.tokens.token_bytes[t] or b"")], dtype=np.int64)
 
     def _refuses(self, data: bytes) -> bool:

@@ -28,6 +28,7 @@ import numpy as np
 
 from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, per_vocabulary
 from constrain.grammar import Grammar, Matcher
+from constrain.json_follower import BACKSLASH, COMMA_BYTE, NUMBER_CHARS, NUMBER_START, QUOTE, WS, Frame, JsonFollower
 from constrain.support import ANNOTATIONS, references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
@@ -273,11 +274,7 @@ def _is_number(x: Any) -> bool:
 
 # ---- values and the item scanner --------------------------------------------------------------------------------
 
-_WS = frozenset(b" \t\n\r")
-_NUMBER_START = frozenset(b"-0123456789")
-_NUMBER_CHARS = frozenset(b"-+.eE0123456789")
-_LITERALS = {b"true": ("l", True), b"false": ("l", False), b"null": ("l", None)}
-_QUOTE, _BACKSLASH, _COMMA = ord('"'), ord("\\"), ord(",")
+_LITERALS = {b"true": ("l", True), b"false": ("l", False), b"null": ("l", None)}  # (canonical values)
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _ESCAPES = {ord('"'): b'"', ord("\\"): b"\\", ord("/"): b"/", ord("b"): b"\b", ord("f"): b"\f", ord("n"): b"\n",
             ord("r"): b"\r", ord("t"): b"\t"}
@@ -305,7 +302,7 @@ def unescape(raw: bytes) -> bytes | None:
     i, n = 0, len(raw)
     while i < n:
         c = raw[i]
-        if c != _BACKSLASH:
+        if c != BACKSLASH:
             out.append(c)
             i += 1
             continue
@@ -365,17 +362,17 @@ def item_events(state: ItemState, data: bytes) -> tuple[list, ItemState]:
     events: list = []
     for c in data:
         if mode == "number":
-            if c in _NUMBER_CHARS:
+            if c in NUMBER_CHARS:
                 buf.append(c)
                 continue
             events.append(_number(bytes(buf)))
             mode = "after"
         if mode == "value":
-            if c in _WS:
+            if c in WS:
                 continue
-            if c == _QUOTE:
+            if c == QUOTE:
                 mode, buf, escaped = "string", bytearray(), False
-            elif c in _NUMBER_START:
+            elif c in NUMBER_START:
                 mode, buf = "number", bytearray([c])
             elif c in b"tfn":
                 mode, buf = "literal", bytearray([c])
@@ -385,9 +382,9 @@ def item_events(state: ItemState, data: bytes) -> tuple[list, ItemState]:
         elif mode == "string":
             if escaped:
                 escaped = False
-            elif c == _BACKSLASH:
+            elif c == BACKSLASH:
                 escaped = True
-            elif c == _QUOTE:
+            elif c == QUOTE:
                 value = unescape(bytes(buf))
                 events.append(("s", value) if value is not None else None)
                 mode = "after"
@@ -399,9 +396,9 @@ def item_events(state: ItemState, data: bytes) -> tuple[list, ItemState]:
                 events.append(_LITERALS[bytes(buf)])
                 mode = "after"
         elif mode == "after":
-            if c in _WS:
+            if c in WS:
                 continue
-            if c == _COMMA:
+            if c == COMMA_BYTE:
                 events.append(COMMA)
                 mode = "value"
             else:
@@ -464,12 +461,12 @@ class TokenIndex:
             if q >= 0:
                 (quote_other.append(tid) if b"\\" in data[:q] else quote_pre.setdefault(data[:q], []).append(tid))
             k = 0
-            while k < len(data) and data[k] in _NUMBER_CHARS:
+            while k < len(data) and data[k] in NUMBER_CHARS:
                 k += 1
-            if k < len(data) and (data[k] in _WS or data[k] in b",]"):
+            if k < len(data) and (data[k] in WS or data[k] in b",]"):
                 number_tails.setdefault(data[:k], []).append(tid)
             first = data.lstrip(b" \t\n\r")[:1]
-            if first and (first[0] == _QUOTE or first[0] in _NUMBER_START or first in (b"t", b"f", b"n")):
+            if first and (first[0] == QUOTE or first[0] in NUMBER_START or first in (b"t", b"f", b"n")):
                 events, end = item_events(before_item, data)
                 if events and isinstance(events[0], tuple):
                     start.setdefault(events[0], []).append(tid)
@@ -506,26 +503,19 @@ def token_index(vocab: Vocabulary) -> TokenIndex:
 # ---- following the output -----------------------------------------------------------------------------------------
 
 @dataclass
-class _Frame:
-    is_array: bool
-    candidates: tuple[dict, ...]
-    key: str | None = None  # objects: the member being written
-    index: int = 0  # arrays: the item being written
-    rule: UniqueRule | None = None
-    seen: set = field(default_factory=set)
+class _Frame(Frame):
+    candidates: tuple[dict, ...] = ()  # the subschemas that may apply to the container
+    rule: UniqueRule | None = None  # arrays whose items must be unique
+    seen: set = field(default_factory=set)  # their finished items (canonical values)
 
 
-class OutputTracker:
-    """Follows the JSON output byte by byte: the open containers (with the subschemas that may apply to each),
-    the lexical state, and the finished items of every array that must be unique. Output that is not JSON (free
-    text under tool_choice "auto") switches it off."""
+class OutputTracker(JsonFollower):
+    """Follows the JSON output (constrain/json_follower.py) with the subschemas that may apply to each open
+    container, and the finished items of every array that must be unique."""
 
     def __init__(self, plan: UniquePlan):
+        super().__init__()
         self.plan = plan
-        self.stack: list[_Frame] = []
-        self.mode = "value"  # value | string | key | number | literal | after | member | colon | off
-        self.buf = bytearray()
-        self.escaped = False
 
     def unique_frame(self) -> _Frame | None:
         """The array being written, when its items must be unique and the output stands at one of them."""
@@ -537,113 +527,27 @@ class OutputTracker:
     def item_state(self) -> ItemState:
         return ItemState(self.mode, bytes(self.buf), self.escaped)
 
-    def feed(self, data: bytes) -> None:
-        for c in data:
-            if self.mode == "off":
-                return
-            self._byte(c)
-
-    def _candidates(self) -> tuple[dict, ...]:
+    def _frame(self, is_array: bool) -> _Frame:
         if not self.stack:
-            return self.plan.expand(self.plan.schema)
-        top = self.stack[-1]
-        return self.plan.children(top.candidates, top.index if top.is_array else (top.key or ""))
-
-    def _finish_scalar(self, value) -> None:
-        self.mode = "after"
-        top = self.stack[-1] if self.stack else None
-        if top is not None and top.is_array and top.rule is not None and value is not None:
-            top.seen.add(value)
-
-    def _byte(self, c: int) -> None:
-        mode = self.mode
-        if mode == "number":
-            if c in _NUMBER_CHARS:
-                self.buf.append(c)
-                return
-            self._finish_scalar(_number(bytes(self.buf)))
-            mode = "after"
-        if mode in ("string", "key"):
-            if self.escaped:
-                self.escaped = False
-            elif c == _BACKSLASH:
-                self.escaped = True
-            elif c == _QUOTE:
-                self._end_string(mode)
-                return
-            self.buf.append(c)
-        elif mode == "literal":
-            self.buf.append(c)
-            value = _LITERALS.get(bytes(self.buf))
-            if value is not None:
-                self._finish_scalar(value)
-            elif len(self.buf) >= 5:
-                self.mode = "off"
-        elif c in _WS:
-            return
-        elif mode == "value":
-            self._start_value(c)
-        elif mode == "after":
-            self._after_value(c)
-        elif mode == "member":
-            if c == _QUOTE:
-                self.mode, self.buf, self.escaped = "key", bytearray(), False
-            elif c == ord("}"):
-                self._close()
-            else:
-                self.mode = "off"
-        elif mode == "colon":
-            self.mode = "value" if c == ord(":") else "off"
-
-    def _start_value(self, c: int) -> None:
-        if c == _QUOTE:
-            self.mode, self.buf, self.escaped = "string", bytearray(), False
-        elif c in _NUMBER_START:
-            self.mode, self.buf = "number", bytearray([c])
-        elif c in b"tfn":
-            self.mode, self.buf = "literal", bytearray([c])
-        elif c in b"[{":
-            candidates = self._candidates()
-            is_array = c == ord("[")
-            rule = self.plan.rule(candidates) if is_array else None
-            self.stack.append(_Frame(is_array, candidates, rule=rule))
-            self.mode = "value" if is_array else "member"
-        elif c == ord("]") and self.stack and self.stack[-1].is_array:
-            self._close()
+            candidates = self.plan.expand(self.plan.schema)
         else:
-            self.mode = "off"
+            top = self.stack[-1]
+            candidates = self.plan.children(top.candidates, top.index if top.is_array else top.key)
+        return _Frame(is_array, candidates=candidates, rule=self.plan.rule(candidates) if is_array else None)
 
-    def _end_string(self, mode: str) -> None:
-        if mode == "key":
-            value = unescape(bytes(self.buf))
-            self.stack[-1].key = value.decode("utf-8", "replace") if value is not None else ""
-            self.mode = "colon"
-            return
+    def _value_ends(self, kind: str) -> None:
         top = self.stack[-1] if self.stack else None
-        value = None
-        if top is not None and top.is_array and top.rule is not None:
+        if kind == "container" or top is None or not top.is_array or top.rule is None:
+            return
+        if kind == "number":
+            value = _number(bytes(self.buf))
+        elif kind == "literal":
+            value = _LITERALS[bytes(self.buf)]
+        else:
             text = unescape(bytes(self.buf))
             value = ("s", text) if text is not None else None
-        self._finish_scalar(value)
-
-    def _after_value(self, c: int) -> None:
-        if not self.stack:
-            self.mode = "off"
-        elif c == _COMMA:
-            top = self.stack[-1]
-            if top.is_array:
-                top.index += 1
-                self.mode = "value"
-            else:
-                self.mode = "member"
-        elif c in b"]}":
-            self._close()
-        else:
-            self.mode = "off"
-
-    def _close(self) -> None:
-        self.stack.pop()
-        self.mode = "after"
+        if value is not None:
+            top.seen.add(value)
 
 
 # ---- grammar and matcher ----------------------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Following JSON output byte by byte, for the checks applied while decoding (constrain/unique_items.py,
+constrain/late_keywords.py): the lexical state and the open containers. A subclass says what each container
+carries and what happens when a value begins and ends. Output that is not JSON (free text under tool_choice
+"auto") switches the follower off. Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+WS = frozenset(b" \t\n\r")
+QUOTE, BACKSLASH, COMMA_BYTE = ord('"'), ord("\\"), ord(",")
+NUMBER_START = frozenset(b"-0123456789")
+NUMBER_CHARS = frozenset(b"0123456789+-.eE")
+LITERALS = {b"true": True, b"false": False, b"null": None}
+
+
+@dataclass
+class Frame:
+    """An open container and the member being written in it."""
+
+    is_array: bool
+    key: str = ""  # objects
+    index: int = 0  # arrays
+
+
+class JsonFollower:
+    """The lexical state (`mode`: value | string | key | number | literal | after | member | colon | off), what
+    is written of the current string, key, number or literal (`buf`), and the open containers (`stack`).
+    Hooks: `_value_begins` (a value's first byte, before the follower acts on it), `_frame` (the frame of a
+    container that opens), `_value_ends` (a value was finished; for a number, by the byte just fed, which is
+    not part of it)."""
+
+    def __init__(self) -> None:
+        self.stack: list[Frame] = []
+        self.mode = "value"
+        self.buf = bytearray()
+        self.escaped = False
+
+    def feed(self, data: bytes) -> None:
+        for c in data:
+            if self.mode == "off":
+                return
+            self._byte(c)
+
+    # ---- hooks --------------------------------------------------------------------------------------------------
+    def _value_begins(self, c: int) -> None:
+        """A value begins with byte `c` (a container, string, number or literal) where `stack` stands."""
+
+    def _frame(self, is_array: bool) -> Frame:
+        return Frame(is_array)
+
+    def _value_ends(self, kind: str) -> None:
+        """A value of `kind` (string | number | literal | container) was finished; `buf` holds a scalar's text
+        (a string's without its quotes, still escaped) and a container is already off the stack."""
+
+    # ---- the lexer ----------------------------------------------------------------------------------------------
+    def _byte(self, c: int) -> None:
+        mode = self.mode
+        if mode == "number":
+            if c in NUMBER_CHARS:
+                self.buf.append(c)
+                return
+            self.mode = mode = "after"
+            self._value_ends("number")
+        if mode in ("string", "key"):
+            if self.escaped:
+                self.escaped = False
+            elif c == BACKSLASH:
+                self.escaped = True
+            elif c == QUOTE:
+                if mode == "key":
+                    self.stack[-1].key = decode_key(bytes(self.buf))
+                    self.mode = "colon"
+                else:
+                    self.mode = "after"
+                    self._value_ends("string")
+                return
+            self.buf.append(c)
+        elif mode == "literal":
+            self.buf.append(c)
+            if bytes(self.buf) in LITERALS:
+                self.mode = "after"
+                self._value_ends("literal")
+            elif not any(word.startswith(self.buf) for word in LITERALS):
+                self.mode = "off"
+        elif c in WS:
+            return
+        elif mode == "value":
+            if c == ord("]") and self.stack and self.stack[-1].is_array:
+                self._close()
+            else:
+                self._begin(c)
+        elif mode == "after":
+            if not self.stack:
+                self.mode = "off"
+            elif c == COMMA_BYTE:
+                top = self.stack[-1]
+                top.index += 1
+                self.mode = "value" if top.is_array else "member"
+            elif c in b"]}":
+                self._close()
+            else:
+                self.mode = "off"
+        elif mode == "member":
+            if c == QUOTE:
+                self.mode, self.buf, self.escaped = "key", bytearray(), False
+            elif c == ord("}"):
+                self._close()
+            else:
+                self.mode = "off"
+        elif mode == "colon":
+            self.mode = "value" if c == ord(":") else "off"
+
+    def _begin(self, c: int) -> None:
+        if c != QUOTE and c not in NUMBER_START and c not in b"tfn[{":
+            self.mode = "off"
+            return
+        self._value_begins(c)
+        if c == QUOTE:
+            self.mode, self.buf, self.escaped = "string", bytearray(), False
+        elif c in NUMBER_START:
+            self.mode, self.buf = "number", bytearray([c])
+        elif c in b"tfn":
+            self.mode, self.buf = "literal", bytearray([c])
+        else:
+            is_array = c == ord("[")
+            self.stack.append(self._frame(is_array))
+            self.mode = "value" if is_array else "member"
+
+    def _close(self) -> None:
+        self.stack.pop()
+        self.mode = "after"
+        self._value_ends("container")
+
+
+def decode_key(raw: bytes) -> str:
+    """A key's text (between the quotes, still escaped) as a string; "" when it is not a JSON string."""
+    try:
+        return json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return ""
