@@ -219,7 +219,8 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
         if more is None:
             return None
         patterns |= more
-    searches = {p: pattern_search(p, Work()) for p in patterns}  # (each within its own bound)
+    work = Work.for_search()
+    searches = {p: pattern_search(p, work) for p in sorted(patterns)}
     if any(f is None for f in searches.values()):
         return None
     governed = {id(n): originals[id(n)] for n in placed.values()}

@@ -30,6 +30,12 @@ _MAX_PATTERN_CHARS = 1000
 _MAX_NFA_STATES = 4000
 _MAX_DFA_STATES = 200
 _MAX_OUTPUT_CHARS = 8000
+# Searching only runs the DFA (no regex is written back), so it takes larger automata: a rewrite's complement
+# (up to _MAX_OUTPUT_CHARS), `{1,255}`, a dozen alternative words searched anywhere.
+_SEARCH_PATTERN_CHARS = _MAX_OUTPUT_CHARS
+_SEARCH_NFA_STATES = 40_000
+_SEARCH_DFA_STATES = 4000
+_SEARCH_BUDGET = 5  # a budget of this many largest automata, shared by a schema's searches
 _TOP = 0x10FFFF
 
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
@@ -47,9 +53,18 @@ class Work:
     """A budget of automaton states shared by several calls (a schema's rewrites share one), so that a schema
     holding many patterns cannot buy unbounded work: once spent, every further call gives None."""
 
-    def __init__(self, nfa_states: int = _MAX_NFA_STATES, dfa_states: int = _MAX_DFA_STATES):
+    def __init__(self, nfa_states: int = _MAX_NFA_STATES, dfa_states: int = _MAX_DFA_STATES,
+                 max_nfa: int = _MAX_NFA_STATES, max_dfa: int = _MAX_DFA_STATES,
+                 max_chars: int = _MAX_PATTERN_CHARS):
         self.nfa_states = nfa_states
         self.dfa_states = dfa_states
+        self.max_nfa, self.max_dfa, self.max_chars = max_nfa, max_dfa, max_chars  # (per automaton, per pattern)
+
+    @classmethod
+    def for_search(cls) -> "Work":
+        """The limits of `pattern_search`, and a budget for the searches of one schema."""
+        return cls(_SEARCH_BUDGET * _SEARCH_NFA_STATES, _SEARCH_BUDGET * _SEARCH_DFA_STATES, _SEARCH_NFA_STATES,
+                   _SEARCH_DFA_STATES, _SEARCH_PATTERN_CHARS)
 
     def spend_nfa(self) -> None:
         self.nfa_states -= 1
@@ -92,7 +107,7 @@ def pattern_search(pattern: str, work: Work | None = None):
     """A function telling whether `pattern` finds a match in a string, as JSON Schema's `pattern` means it, run
     on the automaton in time linear in the string (the client's regex itself is never run); None when the
     pattern is out of reach (the same limits as above)."""
-    dfa = _search_dfa([pattern], work or Work())
+    dfa = _search_dfa([pattern], work or Work.for_search())
     if dfa is None:
         return None
     starts = [lo for ranges in dfa.classes for lo, _ in ranges]
@@ -111,7 +126,7 @@ def pattern_search(pattern: str, work: Work | None = None):
 
 
 def _search_dfa(patterns: list[str], work: Work) -> "_Dfa | None":
-    if not all(isinstance(p, str) and len(p) <= _MAX_PATTERN_CHARS for p in patterns):
+    if not all(isinstance(p, str) and len(p) <= work.max_chars for p in patterns):
         return None
     try:
         trees = [sre_parse.parse(p) for p in patterns]
@@ -221,7 +236,7 @@ class _Nfa:
         self.edges: list[list[tuple[Ranges, int]]] = []
 
     def state(self) -> int:
-        if len(self.eps) >= _MAX_NFA_STATES:
+        if len(self.eps) >= self.work.max_nfa:
             raise _Unsupported("automaton too large")
         self.work.spend_nfa()
         self.eps.append([])
@@ -268,7 +283,7 @@ class _Nfa:
             return self.sequence(sub)
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):  # laziness changes where a match is, not whether one exists
             lo, hi, sub = arg
-            if max(lo, 0 if hi == sre.MAXREPEAT else hi) >= _MAX_DFA_STATES:
+            if max(lo, 0 if hi == sre.MAXREPEAT else hi) >= self.work.max_dfa:
                 raise _Unsupported("a count past the DFA limit")  # counting to n takes n states
             parts = [self.sequence(sub) for _ in range(lo)]
             if hi == sre.MAXREPEAT:
@@ -338,7 +353,7 @@ class _Dfa:
             for c in range(len(classes)):
                 nxt = closure(t for s in current for lab, t in nfa.edges[s] if c in label_classes[lab])
                 if nxt not in index:
-                    if len(order) >= _MAX_DFA_STATES:
+                    if len(order) >= work.max_dfa:
                         raise _Unsupported("automaton too large")
                     work.spend_dfa()
                     index[nxt] = len(order)

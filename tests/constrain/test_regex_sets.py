@@ -112,3 +112,22 @@ def test_pattern_search_runs_a_catastrophic_pattern_in_linear_time():
     search = pattern_search("^(a+)+$")
     assert search("a" * 5000) and not search("a" * 5000 + "b")
     assert pattern_search("^(?=a)") is None  # (lookarounds are out of reach)
+
+
+def test_pattern_search_takes_larger_automata_than_the_rewrites_within_a_shared_budget():
+    """Searching only runs the DFA, so `{1,255}` and a dozen words searched anywhere are in reach (the rewrites,
+    which write a regex back, stop at 200 states); one schema's searches share a budget, so many hostile
+    patterns cannot buy unbounded work."""
+    import re
+
+    from constrain.regex_sets import Work, pattern_search
+
+    for pattern, texts in [("^[0-9a-zA-Z_-]{1,255}$", ["a" * 255, "a" * 256, "", "a b"]),
+                           ("^(portal)|(console)|(signup)|(libraries)|(X-[a-z0-9\\-]*)$",
+                            ["portal!", "my console", "X-ab", "X-ab!", "nothing"])]:
+        assert complement_pattern(pattern) is None
+        search = pattern_search(pattern)
+        assert [search(t) for t in texts] == [bool(re.search(pattern, t)) for t in texts]
+    work = Work.for_search()
+    found = [pattern_search(f"(a|b)*a(a|b){{{n}}}c", work) for n in [8] * 40]
+    assert found[0] is not None and found[-1] is None  # (the budget is spent)
