@@ -30,7 +30,7 @@ from pathlib import Path
 
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
-from constrain.late_keywords import ONE_OF_REFUSAL, LateGrammar, LatePlan, plan_late_keywords
+from constrain.late_keywords import REFUSALS, LateGrammar, LatePlan, plan_late_keywords
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
@@ -182,7 +182,7 @@ class GrammarCompiler:
         try:
             return self._on_backend(spec, backend)
         except ConstraintError as exc:
-            refused_keyword = ONE_OF_REFUSAL in exc.message or exc.code == "unsupported_schema"
+            refused_keyword = exc.code == "unsupported_schema" or any(r in exc.message for r in REFUSALS)
             if not refused_keyword or spec.kind not in ("json_schema", "tools"):
                 raise
             plan = plan_late_keywords(spec.schema, one_of="oneOf" in exc.message)

@@ -1,6 +1,7 @@
 """Keywords the backend cannot compile, checked on each finished value that holds them: `not`, `if`/`then`/
 `else`, `contains`, `propertyNames`, `dependentSchemas`/`dependentRequired`/`dependencies`, `unevaluated*`, the
-`uniqueItems` constrain/unique_items.py leaves, and `oneOf` whose branches the backend cannot prove disjoint.
+`uniqueItems` constrain/unique_items.py leaves, `idn-email`/`idn-hostname` formats, min/maxProperties beside
+optional properties, and `oneOf` whose branches the backend cannot prove disjoint.
 
 The exact rewrites (constrain/rewrite.py) turn most of these into keywords a grammar expresses; what is left used
 to be refused. Here the backend compiles a weaker schema (the keywords dropped, `oneOf` as `anyOf`), and a matcher
@@ -38,10 +39,15 @@ from constrain.support import references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
+# llguidance's refusals that a plan may answer (besides a strict refusal of a keyword, code unsupported_schema).
+REFUSALS = (ONE_OF_REFUSAL, "min/maxProperties only supported")
 # Dropped for the backend, checked on finished values (dropping an assertion only ever accepts more).
 DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
                      "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
                      "unevaluatedItems", "uniqueItems"})
+# Formats llguidance does not enforce and jsonschema's FormatChecker checks here exactly (`idn-hostname` needs the
+# idna package). Not `regex`: FormatChecker compiles it as a Python regex, whose dialect is not ECMA-262's.
+LATE_FORMATS = frozenset({"idn-email", "idn-hostname"}) & set(jsonschema.FormatChecker.checkers)
 _MAX_VISITS = 200_000  # (node, context) pairs the placement walk may visit before it gives up
 _CLOSE = frozenset(b"]}")
 _NUMBER_END = frozenset(b" \t\n\r,]}")
@@ -202,15 +208,14 @@ def _product(a: list[tuple] | None, b: list[tuple] | None) -> list[tuple] | None
 
 
 def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
-    """The plan for `schema`'s late keywords (`DROPPED`, and `oneOf` when `one_of`); None when it has none, or
+    """The plan for `schema`'s late keywords (`late_keys`); None when it has none, or
     when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
     automata's reach, `unevaluatedProperties` beside `patternProperties`)."""
-    keys = DROPPED | {"oneOf"} if one_of else DROPPED
     if not isinstance(schema, dict) or not references_followable(schema):
         return None
     out = copy.deepcopy(schema)
     originals = _originals(out, schema)
-    placed, holders = _placements(out, keys)
+    placed, holders = _placements(out, one_of)
     if not placed:
         return None
     patterns: set[str] = set()
@@ -226,8 +231,8 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
     governed = {id(n): originals[id(n)] for n in placed.values()}
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     for node in holders:
-        for key in keys & node.keys():
-            if key in DROPPED:
+        for key in late_keys(node, one_of):
+            if key != "oneOf":
                 del node[key]
             elif "anyOf" not in node:
                 node["anyOf"] = node.pop("oneOf")
@@ -237,7 +242,22 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
                     frozenset(id(n) for n in holders))
 
 
-def _placements(root: dict, keys: frozenset) -> tuple[dict[int, dict], list[dict]]:
+def late_keys(node: dict, one_of: bool) -> list[str]:
+    """The keywords of the schema object `node` that a plan takes out of what the backend compiles: `DROPPED`
+    (`uniqueItems` only when true), a format of `LATE_FORMATS`, min/maxProperties beside optional declared
+    properties (llguidance counts keys only when all are required), and `oneOf` when `one_of`."""
+    out = [k for k in node if k in DROPPED and (k != "uniqueItems" or node[k] is True)]
+    if node.get("format") in LATE_FORMATS:
+        out.append("format")
+    props, required = node.get("properties"), node.get("required")
+    if isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ()):
+        out += [k for k in ("minProperties", "maxProperties") if k in node]
+    if one_of and "oneOf" in node:
+        out.append("oneOf")
+    return out
+
+
+def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
     """The governed nodes (id() -> node): for each late keyword on each way the output can reach it, the node
     holding it when that is exactly placed, else the nearest exactly placed node around it unless one around it
     is governed already; and the nodes holding late keywords the output can reach. None governed past
@@ -260,7 +280,7 @@ def _placements(root: dict, keys: frozenset) -> tuple[dict[int, dict], list[dict
         seen.add(state)
         if len(seen) > _MAX_VISITS:
             return {}, []
-        if any(k in n and (k != "uniqueItems" or n[k] is True) for k in keys):
+        if late_keys(n, one_of):
             holders[id(n)] = n
             if known or not covered:
                 governed[id(anchor)] = anchor  # (an exactly placed one is checked itself, inside another: sooner)

@@ -149,14 +149,18 @@ def resolve_ref(root: Any, ref: Any) -> Any:
 
 def references_followable(root: dict) -> bool:
     """Every $ref is a local JSON Pointer `resolve_ref` follows, and no $dynamicRef, $recursiveRef or nested $id
-    moves what they mean: then a walk of the schema knows every subschema that may apply at a place."""
+    moves what they mean (a nested $id changes the base a $ref resolves against; with no $ref it changes
+    nothing): then a walk of the schema knows every subschema that may apply at a place."""
+    nested_id = has_ref = False
     for ptr, key, node in walk(root):
-        if key in ("$dynamicRef", "$recursiveRef") or (key in ("$id", "id") and ptr.count("/") > 1
-                                                         and isinstance(node[key], str)):
+        if key in ("$dynamicRef", "$recursiveRef"):
             return False
-        if key == "$ref" and resolve_ref(root, node[key]) is None:
-            return False
-    return True
+        nested_id |= key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str)
+        if key == "$ref":
+            has_ref = True
+            if resolve_ref(root, node[key]) is None:
+                return False
+    return not (nested_id and has_ref)
 
 
 def recursive_targets(schema: Any) -> set[str]:

@@ -62,6 +62,10 @@ def _accepts(grammar, tokenizer, vocab, text: str) -> bool:
     (_object({"type": "array", "contains": {"const": 1}, "items": {"type": "integer", "not": {"const": 2}}}),
      ("/properties/v", "/properties/v/items")),
     (_object({"type": "array", "uniqueItems": False}), None),
+    # a nested $id moves what a $ref means: with a $ref the checks cannot follow the schema; without, they can
+    ({"type": "object", "properties": {"v": {"$id": "/v", "not": {"const": 1}}}}, ("/properties/v",)),
+    ({"type": "object", "$defs": {"d": {"type": "integer"}},
+      "properties": {"v": {"$id": "/v", "not": {"const": 1}}, "w": {"$ref": "#/$defs/d"}}}, None),
 ])
 def test_which_values_are_checked_when_finished(schema, governed):
     plan = plan_late_keywords(schema, one_of=True)
@@ -101,6 +105,15 @@ LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backen
     ({"anyOf": [_object(ARRAYS), {"type": "null"}]}, ['{"v": [-1]}', "null"], ['{"v": [1]}', '{"v": []}']),
     (_object({"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}}],
               "unevaluatedProperties": False}), ['{"v": {"a": 1}}', '{"v": {}}'], ['{"v": {"a": 1, "b": 2}}']),
+    # formats llguidance does not enforce, checked by jsonschema's FormatChecker
+    (_object({"type": "string", "format": "idn-email", "maxLength": 12}), ['{"v": "a@b"}'], ['{"v": "ab"}']),
+    (_object({"type": "string", "format": "idn-hostname", "maxLength": 12}), ['{"v": "b\u00fccher.de"}'],
+     ['{"v": "a..b"}', '{"v": "-ab"}']),
+    # min/maxProperties beside more optional properties than the rewrites lay out
+    (_object({"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}, "minProperties": 2,
+              "maxProperties": 3, "additionalProperties": False}),
+     ['{"v": {"a": 1, "h": 2}}', '{"v": {"b": 1, "c": 2, "d": 3}}'],
+     ['{"v": {"a": 1}}', '{"v": {}}', '{"v": {"a": 1, "b": 2, "c": 3, "d": 4}}']),
     # `not` of names matched by a pattern: decided on the pattern's automaton
     (_object({"type": "object", "additionalProperties": {"type": "integer"},
               "not": {"patternProperties": {"^x": {"type": "integer"}}, "required": ["x1"]}}),
@@ -118,7 +131,7 @@ def test_values_their_schema_refuses_are_refused_token_by_token(schema, good, ba
     try:
         g = _compile(compiler, schema)
         assert isinstance(g, LateGrammar) and g.unenforced == ()
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
         for text in good:
             assert validator.is_valid(json.loads(text)) and _accepts(g, tokenizers[name], vocabs[name], text), text
         for text in bad:
