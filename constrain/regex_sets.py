@@ -125,7 +125,29 @@ def pattern_search(pattern: str, work: Work | None = None):
     return search
 
 
-def _search_dfa(patterns: list[str], work: Work) -> "_Dfa | None":
+def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:
+    """`pattern`, when it opens with `^` and lookaheads (`^(?!draft-)...`, `^(?=.{1,9}$)...`), as one anchored
+    pattern without them: the strings the rest matches from the start, which each positive lookahead matches
+    from the start too and no negative one does. None: no such opening, or out of reach."""
+    parsed = _parse([pattern], work or Work())
+    if parsed is None:
+        return None
+    items = list(parsed[0])
+    begin = [(sre.AT, sre.AT_BEGINNING)]
+    looks = []
+    while items[:1] == begin and len(items) > 1 and items[1][0] in (sre.ASSERT, sre.ASSERT_NOT) \
+            and items[1][1][0] == 1:  # (direction 1: ahead)
+        looks.append((items[1][0] is sre.ASSERT, list(items[1][1][1])))
+        items = begin + items[2:]
+    if not looks:
+        return None
+    dfa = _dfa_of([items] + [begin + sub for _, sub in looks], work or Work())
+    if dfa is None:
+        return None
+    return _region(dfa, frozenset([0] + [k + 1 for k, (positive, _) in enumerate(looks) if positive]))
+
+
+def _parse(patterns: list[str], work: Work) -> list | None:
     if not all(isinstance(p, str) and len(p) <= work.max_chars for p in patterns):
         return None
     try:
@@ -134,9 +156,19 @@ def _search_dfa(patterns: list[str], work: Work) -> "_Dfa | None":
         return None
     if any(t.state.flags & ~sre.SRE_FLAG_UNICODE for t in trees):
         return None  # (?i), (?s), (?m), (?x)...
+    return trees
+
+
+def _search_dfa(patterns: list[str], work: Work) -> "_Dfa | None":
+    trees = _parse(patterns, work)
+    return None if trees is None else _dfa_of([list(t) for t in trees], work)
+
+
+def _dfa_of(trees: list[list], work: Work) -> "_Dfa | None":
+    """The DFA searching with each parsed pattern of `trees` at once (each state knows which have matched)."""
     try:
         nfa = _Nfa(work)
-        parts = [nfa.search(list(t)) for t in trees]
+        parts = [nfa.search(t) for t in trees]
         start = nfa.state()
         nfa.eps[start] = [a for a, _ in parts]
         return _Dfa.build(nfa, start, [b for _, b in parts], work)

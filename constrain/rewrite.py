@@ -7,6 +7,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
   $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats, or a
   `pattern`/`patternProperties`, since Python's backtracking `re` must never run a client's regex);
+- a `pattern` that opens with `^` and lookaheads (`^(?!draft-)...`) becomes the one anchored pattern they and the
+  rest mean (constrain/regex_sets.py: neither backend reads lookarounds);
 - a `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation: dropped; `uri-reference`,
   `iri`, `iri-reference`, `uri-template`, `json-pointer` and `relative-json-pointer` (regular RFC grammars
   llguidance has no matcher for) become the grammar's `pattern` (constrain/formats.py);
@@ -65,7 +67,7 @@ from typing import Any
 import jsonschema
 
 from constrain.formats import format_pattern
-from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char
+from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char, without_lookaheads
 from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -404,7 +406,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count, _property_names,
+    for step in (_lookaheads, _format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count, _property_names,
                  _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
@@ -437,6 +439,19 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
             out[k] = node[k]
     out["enum"] = keep
     return out
+
+
+def _lookaheads(node: dict, ctx: _Ctx) -> dict:
+    """A `pattern` that opens with `^` and lookaheads (neither backend reads them) becomes the one anchored pattern
+    they and the rest mean (constrain/regex_sets.py)."""
+    pattern = node.get("pattern")
+    if not isinstance(pattern, str) or "(?" not in pattern:
+        return node
+    plain = without_lookaheads(pattern, ctx.regex_work)
+    if plain is None:
+        return node
+    ctx.changed = True
+    return {**node, "pattern": plain}
 
 
 def _format(node: dict, ctx: _Ctx) -> dict:

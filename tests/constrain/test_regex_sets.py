@@ -131,3 +131,26 @@ def test_pattern_search_takes_larger_automata_than_the_rewrites_within_a_shared_
     work = Work.for_search()
     found = [pattern_search(f"(a|b)*a(a|b){{{n}}}c", work) for n in [8] * 40]
     assert found[0] is not None and found[-1] is None  # (the budget is spent)
+
+
+@pytest.mark.parametrize("pattern", ["^(?!pattern$).*$", "^(?=.{1,5}$)[a-z]+", "^(?!x)(?!ab)[a-z]{0,4}$",
+                                     "^(?=a)(?!ab)"])
+def test_leading_lookaheads_become_one_pattern_matching_the_same_strings(pattern):
+    import random
+    import re
+
+    from constrain.regex_sets import without_lookaheads
+
+    plain = without_lookaheads(pattern)
+    assert plain is not None and "(?=" not in plain and "(?!" not in plain
+    rng = random.Random(pattern)
+    for _ in range(2000):
+        text = "".join(rng.choice("abpattern.x\n") for _ in range(rng.randrange(10)))
+        assert bool(re.search(pattern, text)) == bool(re.search(plain, text)), text
+
+
+@pytest.mark.parametrize("pattern", ["abc", "a(?!b)", "^a(?=b)", "^(?<=a)b", "^(?!(a)\\1)"])
+def test_lookaheads_elsewhere_are_out_of_reach(pattern):
+    from constrain.regex_sets import without_lookaheads
+
+    assert without_lookaheads(pattern) is None

@@ -387,3 +387,18 @@ def test_a_recursive_branch_beside_an_implied_type_is_left_without_the_type():
              {"kids": [{"kids": [{"w": 1}]}]}, {"kids": [3]}, {"kids": [{"kids": [{"kids": []}]}]}]
     accepted, refused = _same(schema, out, trees)
     assert accepted and refused
+
+
+def test_a_pattern_opening_with_lookaheads_compiles_strictly_and_means_the_same(gpt2_compiler, tokenizers, vocabs):
+    """Neither backend reads lookarounds: `^(?!draft-)` is folded into the pattern (its automaton, never run)."""
+    import re
+
+    pattern = "^(?!draft-)(?=.{1,12}$)[a-z-]+$"
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}, "required": ["v"],
+              "additionalProperties": False}
+    out = rewrite_schema(schema)
+    assert "(?!" not in out["properties"]["v"]["pattern"] and "(?=" not in out["properties"]["v"]["pattern"]
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    for value in ["release-one", "draft", "drafts-x", "draft-one", "a" * 13, "", "Upper"]:
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == bool(re.search(pattern, value)), value
