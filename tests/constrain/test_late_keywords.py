@@ -303,3 +303,12 @@ def test_a_value_that_can_only_finish_in_two_branches_ends_the_output_with_a_con
     with pytest.raises(ConstraintError) as exc:  # only "]" could follow, and [2] is in both branches
         m.fill_bitmask(torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32), 0)
     assert exc.value.code == "constraint_too_complex" and "oneOf" in exc.value.message
+
+
+def test_the_checks_wrap_the_outlines_backend_too(gpt2_compiler, tokenizers, vocabs):
+    """The wrapper only reads masks and bytes: outlines serves the schema without the late keyword."""
+    schema = LATE_CASES[1][0]
+    g = _compile(gpt2_compiler, schema, backend="outlines")
+    assert isinstance(g, LateGrammar) and g.backend == "outlines"
+    for text, valid in [('{"v": 4}', True), ('{"v": 3}', False), ('{"v": 12}', False), ('{"v": 13}', True)]:
+        assert _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], text) == valid, text
