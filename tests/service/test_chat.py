@@ -251,19 +251,20 @@ def test_unique_items_of_a_strict_schema_are_enforced(client, http):
 
 
 def _strict_answers(http, schema: dict, max_tokens: int) -> list[dict]:
-    """Four sampled answers (seeds 0-3) under `schema` in strict mode; each is accepted with nothing unenforced
-    and, if it ended, valid."""
+    """Eight sampled answers (seeds 0-3, n=2: each row keeps its own checks) under `schema` in strict mode; each
+    request is accepted with nothing unenforced, and each answer that ended is valid."""
     choices = []
     for seed in range(4):
         r = http.post("/v1/chat/completions", json={
-            "model": MODEL, "messages": HELLO, "max_tokens": max_tokens, "seed": seed, "temperature": 1.0,
+            "model": MODEL, "messages": HELLO, "max_tokens": max_tokens, "seed": seed, "temperature": 1.0, "n": 2,
             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}})
         assert r.status_code == 200, r.text
         assert "x-structgen-unenforced" not in r.headers
-        choice = r.json()["choices"][0]
-        if choice["finish_reason"] == "stop":
-            jsonschema.validate(json.loads(choice["message"]["content"]), schema)
-        choices.append(choice)
+        for choice in r.json()["choices"]:
+            if choice["finish_reason"] == "stop":
+                jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+            choices.append(choice)
+    assert len(choices) == 8
     return choices
 
 
@@ -283,4 +284,4 @@ def test_strict_keywords_no_grammar_expresses_are_checked_as_values_are_finished
         "n": {"type": "integer", "minimum": 1, "not": {"multipleOf": 3}},
         "w": {"anyOf": [{"type": "null"}, {"oneOf": [{"type": "array", "items": {"type": "string", "pattern": "^a"}},
                                                     {"type": "array", "items": {"type": "string", "maxLength": 3}}]}]}}}
-    assert sum(c["finish_reason"] == "stop" for c in _strict_answers(http, schema, 60)) >= 2
+    assert sum(c["finish_reason"] == "stop" for c in _strict_answers(http, schema, 60)) >= 4
