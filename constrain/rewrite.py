@@ -406,8 +406,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_lookaheads, _format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count, _property_names,
-                 _pattern_properties, _declared_out_of_patterns):
+    for step in (_lookaheads, _format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count,
+                 _property_names, _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break

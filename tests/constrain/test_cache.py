@@ -52,9 +52,15 @@ def test_auto_serves_new_schemas_with_llguidance_and_builds_outlines_from_the_se
 def test_compile_async_and_named_schemas_precompile(tmp_path, tokenizers, vocabs):
     (tmp_path / "flag.json").write_text(json.dumps(SCHEMA))
     (tmp_path / "broken.json").write_text("{not json")
+    from constrain import checked
+
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto", schemas_dir=tmp_path)
     assert list(c.named_schemas) == ["flag"]
+    checked._PER_VOCABULARY.clear()
     assert c.precompile_named() == {"flag": "outlines"}
+    # start-up also built the tables of the checks applied while decoding, so no first request waits for them
+    built = {cls.__name__ for cls, fp in checked._PER_VOCABULARY if fp == vocabs["gpt2"].fingerprint}
+    assert built == {"TokenIndex", "_TokenSets"}
     spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "flag"}},
                              named_schemas=c.named_schemas)
     g = asyncio.run(c.compile_async(spec))

@@ -95,8 +95,8 @@ def test_bad_tool_choice_is_a_400_naming_it(http, tool_choice, param):
 
 
 def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
-    params = {"type": "object", "properties": {"tags": {"type": "string", "not": {"pattern": "(a)\\1"}, "maxLength": 8}},
-              "required": ["tags"], "additionalProperties": False}
+    params = {"type": "object", "required": ["tags"], "additionalProperties": False,
+              "properties": {"tags": {"type": "string", "not": {"pattern": "(a)\\1"}, "maxLength": 8}}}
     tools = [TOOLS[0], {"type": "function", "function": {"name": "tag", "parameters": params}}]
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": tools,
                                                "tool_choice": "required", "max_tokens": 60})
