@@ -30,7 +30,7 @@ class JsonFollower:
     is written of the current string, key, number or literal (`buf`), and the open containers (`stack`).
     Hooks: `_value_begins` (a value's first byte, before the follower acts on it), `_frame` (the frame of a
     container that opens), `_value_ends` (a value was finished; for a number, by the byte just fed, which is
-    not part of it)."""
+    not part of it), `_key_ends`."""
 
     def __init__(self) -> None:
         self.stack: list[Frame] = []
@@ -55,6 +55,9 @@ class JsonFollower:
         """A value of `kind` (string | number | literal | container) was finished; `buf` holds a scalar's text
         (a string's without its quotes, still escaped) and a container is already off the stack."""
 
+    def _key_ends(self) -> None:
+        """An object's key was finished: `buf` holds it (without its quotes, still escaped)."""
+
     # ---- the lexer ----------------------------------------------------------------------------------------------
     def _byte(self, c: int) -> None:
         mode = self.mode
@@ -73,6 +76,7 @@ class JsonFollower:
                 if mode == "key":
                     self.stack[-1].key = decode_key(bytes(self.buf))
                     self.mode = "colon"
+                    self._key_ends()
                 else:
                     self.mode = "after"
                     self._value_ends("string")

@@ -308,6 +308,17 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
     return governed, list(holders.values())
 
 
+def _prefix_keywords(node: dict) -> dict | None:
+    """The keywords of `node` that the members written so far already break for good, whatever follows: a
+    repeated item (`uniqueItems`), a name `propertyNames` refuses, one property past `maxProperties`. Checked as
+    each member is finished, on the container so far, so such a member is refused when it is written, not with
+    the whole value (when it could no longer be taken back)."""
+    out = {k: node[k] for k in ("propertyNames", "maxProperties") if k in node}
+    if node.get("uniqueItems") is True:
+        out["uniqueItems"] = True
+    return out or None
+
+
 def _originals(copied: Any, source: Any) -> dict[int, Any]:
     """id() of each object in `copied` (a deep copy of `source`) -> the same object in `source`."""
     out: dict[int, Any] = {}
@@ -406,11 +417,13 @@ Check = tuple[tuple[dict, ...], ...]  # the value holds when it is valid against
 @dataclass
 class Pending:
     """A checked value being written: the client's subschemas that decide it, where it began in the output and
-    at what depth."""
+    at what depth; for a container, `prefix`: the keywords its members already break for good (checked as
+    each member is finished, see `_prefix_keywords`)."""
 
     check: Check
     start: int
     depth: int
+    prefix: dict | None = None
 
 
 class LateTracker(JsonFollower):
@@ -458,8 +471,10 @@ class LateTracker(JsonFollower):
             applies, alts = plan.child(top.applies, step), plan.child_alternatives(top.alts, step)
         start = self.origin + len(self.out) - 1  # (this byte is the value's first)
         if applies is not None:
-            self.pending += [Pending(((plan.governed[id(a)],),), start, len(self.stack)) for a in applies
-                             if id(a) in plan.governed]
+            for a in applies:
+                node = plan.governed.get(id(a))
+                if node is not None:
+                    self.pending.append(Pending(((node,),), start, len(self.stack), _prefix_keywords(node)))
         sure = {id(a) for a in applies or ()}
         if alts and any(id(n) in plan.holders and id(n) not in sure for alt in alts for n in alt):
             check = tuple(tuple(plan.originals[id(n)] for n in alt) for alt in alts)
@@ -478,6 +493,20 @@ class LateTracker(JsonFollower):
         while self.pending and self.pending[-1].depth == len(self.stack):
             p = self.pending.pop()
             self.finished.append((p.check, bytes(self.out[p.start - self.origin:end])))
+        for p in self.members_checked():  # (a member of a checked container: the container so far, closed)
+            text = bytes(self.out[p.start - self.origin:end]) + (b"]" if self.stack[-1].is_array else b"}")
+            self.finished.append((((p.prefix,),), text))
+
+    def _key_ends(self) -> None:
+        for p in self.members_checked():  # (a name `propertyNames` refuses: refused as its quote closes)
+            if "propertyNames" in p.prefix:
+                names = {"propertyNames": p.prefix["propertyNames"]}
+                self.finished.append((((names,),), b'{"' + bytes(self.buf) + b'": null}'))
+
+    def members_checked(self) -> list[Pending]:
+        """The checked values whose keywords are checked as each member of the open container is finished."""
+        depth = len(self.stack) - 1
+        return [p for p in reversed(self.pending) if p.depth == depth and p.prefix] if self.stack else []
 
 
 # ---- grammar and matcher ----------------------------------------------------------------------------------------
@@ -561,7 +590,11 @@ class LateMatcher(CheckedMatcher):
         t, sets = self.tracker, self.tokens
         in_string = t.mode in ("string", "key")
         if not t.pending or len(t.stack) > t.pending[-1].depth:  # (none, or inside the innermost: it or one in it)
-            return sets.quote_whole if in_string else sets.whole
+            if not t.members_checked():
+                return sets.quote_whole if in_string else sets.whole
+            if t.mode == "literal":
+                return None
+            return sets.quote if in_string else np.concatenate([sets.whole, sets.delimiter])
         if in_string:
             return sets.quote
         if t.mode == "literal":

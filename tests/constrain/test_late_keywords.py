@@ -161,6 +161,38 @@ def test_a_value_below_a_choice_is_refused_when_it_is_finished_not_with_the_docu
         assert bool((bitmask[0, close // 32] >> (close % 32)) & 1) == allowed
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_written(name, tokenizers, vocabs):
+    """uniqueItems, propertyNames and maxProperties cannot be repaired by what follows: the container so far is
+    checked as each member is finished, so the member's last token is refused (here the "}" of a repeated
+    object, the quote closing a refused name), not only the container's end."""
+    from constrain import GrammarCompiler
+
+    names = {"type": "object", "propertyNames": {"anyOf": [{"maxLength": 2}, {"const": "long"}]},
+             "additionalProperties": {"type": "integer"}}
+    compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
+    try:
+        for schema, prefix, last, allowed in [
+            (UNIQUE_OBJECTS, '{"v": [{"a": "x"}, {"a": "x"', "}", False),
+            (UNIQUE_OBJECTS, '{"v": [{"a": "x"}, {"a": "y"', "}", True),
+            (_object(names), '{"v": {"abc": 1', ",", False),
+            (_object(names), '{"v": {"ab": 1', ",", True),
+            (_object(names), '{"v": {"long": 1', ",", True),
+            (_object(names), '{"v": {"abc', '":', False),  # (the name itself, as its quote closes)
+            (_object(names), '{"v": {"ab', '":', True),
+        ]:
+            g = _compile(compiler, schema)
+            assert isinstance(g, LateGrammar)
+            m = g.matcher()
+            assert all(m.accept(t) for t in tokenizers[name].encode(prefix, add_special_tokens=False)), prefix
+            bitmask = torch.zeros((1, vocabs[name].words), dtype=torch.int32)
+            m.fill_bitmask(bitmask, 0)
+            tid = tokenizers[name].convert_tokens_to_ids(last)
+            assert bool((bitmask[0, tid // 32] >> (tid % 32)) & 1) == allowed, (prefix, last)
+    finally:
+        compiler.close()
+
+
 def test_a_number_at_the_root_that_its_schema_refuses_neither_ends_nor_counts_as_complete(gpt2_compiler, tokenizers,
                                                                                          vocabs):
     g = _compile(gpt2_compiler, LATE_CASES[0][0])
@@ -174,11 +206,17 @@ def test_a_number_at_the_root_that_its_schema_refuses_neither_ends_nor_counts_as
         assert m.can_end() == valid and (not m.is_terminated() if not valid else True)
 
 
+UNIQUE_OBJECTS = _object({"type": "array", "uniqueItems": True, "items": {
+    "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}})
+
+
 @pytest.mark.parametrize("schema", [_object({"type": "integer", "minimum": 1, "not": {"multipleOf": 3}}),
-                                    LATE_CASES[3][0], LATE_CASES[4][0]])
+                                    UNIQUE_OBJECTS, LATE_CASES[4][0]])
 def test_random_walks_end_in_documents_valid_against_keywords_checked_late(schema, gpt2_compiler, vocabs):
-    """(From 1 up: a 0, a multiple of 3, could not be continued, and its end stays refused. `contains` is left
-    out: random tokens seldom write the value it asks for, and the budget rule's closing does not know of it.)"""
+    """Values that can always be continued: from 1 up (a 0, a multiple of 3, could not be, and its end stays
+    refused), strings in unique objects (an object repeating an earlier one is refused at its "}", and its string
+    goes on instead). `contains` is left out: random tokens seldom write the value it asks for, and the budget
+    rule's closing does not know of it."""
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=3) >= 15
 
 
