@@ -11,6 +11,8 @@ exactly: reached from the root through `properties`, `items`, `additionalPropert
 `allOf` and `$ref` only. A late keyword at such a place governs its own value; one below a choice (an anyOf or
 oneOf branch, `patternProperties`, a tuple item) makes the nearest exactly placed value around it governed, so the
 check comes later but is just as exact. The root is always exactly placed, so every such schema is covered.
+What no continuation repairs (`uniqueItems`, `propertyNames`, `maxProperties`) is also checked on a checked
+container so far as each member is finished, and a name as its closing quote is written.
 
 `pattern` and `patternProperties` are decided on the patterns' automata (constrain/regex_sets.py), never by
 running the client's regex. Formats are checked where jsonschema's FormatChecker can (date, time, email, ipv4,
