@@ -173,9 +173,8 @@ class GrammarCompiler:
     def _with_late_keywords(self, spec: ConstraintSpec, backend: str) -> Grammar:
         """The grammar of `spec` on `backend`. When the backend refuses a keyword (`not`, `contains`, ... in a
         strict schema; a oneOf it cannot prove disjoint, min/maxProperties it cannot count), the schema compiles
-        without them and matchers check
-        them on each finished value (constrain/late_keywords.py); if the backend still refuses, its first refusal
-        stands. Which schemas needed that is remembered, so repeats compile once."""
+        without them and matchers check them on each finished value (constrain/late_keywords.py); if the backend
+        still refuses, its first refusal stands. Which schemas needed that is remembered, so repeats compile once."""
         with self._lock:
             plan = self._late_plans.get(spec.key)
         if plan is not None:
