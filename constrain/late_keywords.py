@@ -113,10 +113,17 @@ class LatePlan:
             out.extend(a)
         return tuple(out)
 
-    def alternatives(self, node: Any, inside: tuple[int, ...] = ()) -> list[tuple[dict, ...]] | None:
+    def alternatives(self, node: Any, inside: tuple[int, ...] = (),
+                     budget: list[int] | None = None) -> list[tuple[dict, ...]] | None:
         """What applies to a value `node` applies to, one tuple per choice of anyOf/oneOf branches: the value is
         valid only if it holds every subschema of some tuple. Each tuple may leave out what applies (a recursive
-        $ref met again), never holds what may not. None: more than `_MAX_ALTERNATIVES`."""
+        $ref met again), never holds what may not. None: more than `_MAX_ALTERNATIVES`, or more than
+        `_MAX_ALTERNATIVE_STEPS` subschemas to look at (branches that share subschemas can be exponentially many
+        ways through a schema)."""
+        budget = [_MAX_ALTERNATIVE_STEPS] if budget is None else budget
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
         if node is True or node == {}:
             return [()]
         if not isinstance(node, dict):
@@ -130,12 +137,16 @@ class LatePlan:
             parts.append([resolve_ref(self.schema, node["$ref"])])
         for part in parts:
             for sub in part:
-                out = _product(out, self.alternatives(sub, inside))
+                out = _product(out, self.alternatives(sub, inside, budget))
+                if out is None:
+                    return None
         if isinstance(node.get("anyOf"), list):
-            union: list[tuple[dict, ...]] | None = []
+            union: list[tuple[dict, ...]] = []
             for branch in node["anyOf"]:
-                more = self.alternatives(branch, inside)
-                union = None if union is None or more is None else union + more
+                more = self.alternatives(branch, inside, budget)
+                if more is None or len(union) + len(more) > _MAX_ALTERNATIVES:
+                    return None
+                union += more
             out = _product(out, union)
         return out
 
@@ -156,12 +167,13 @@ class LatePlan:
 
     def _child_alternatives(self, parents: list[tuple[dict, ...]], step: str | int) -> list[tuple[dict, ...]] | None:
         out: list[tuple[dict, ...]] = []
+        budget = [_MAX_ALTERNATIVE_STEPS]
         for alt in parents:
             if isinstance(step, str) and not all(_may_hold_key(n, step) for n in alt):
                 continue  # (this choice refuses the key: the object cannot be valid under it)
             mine: list[tuple[dict, ...]] | None = [()]
             for direct in _members(alt, step):
-                mine = _product(mine, self.alternatives(direct))
+                mine = _product(mine, self.alternatives(direct, budget=budget))
             if mine is None or len(out) + len(mine) > _MAX_ALTERNATIVES:
                 return None
             out += [m for m in mine if m not in out]
@@ -169,6 +181,7 @@ class LatePlan:
 
 
 _MAX_ALTERNATIVES = 16
+_MAX_ALTERNATIVE_STEPS = 256
 
 
 def _members(parents: tuple[dict, ...], step: str | int) -> list[Any]:

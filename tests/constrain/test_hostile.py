@@ -160,3 +160,20 @@ def test_a_schema_full_of_patterns_to_negate_gets_a_bounded_share_of_regex_work(
     negated = [name for name, sub in out["properties"].items() if "not" not in json.dumps(sub)]
     assert 0 < len(negated) < 100
     assert out["properties"]["p99"] == props["p99"]
+
+
+def test_choices_sharing_subschemas_cost_the_checks_on_finished_values_bounded_work():
+    """40 anyOfs in a chain, each of two branches that both lead to the next: 2^40 ways to the late keyword at
+    the end. Placing the checks and listing each value's choices stop at their budgets (the placement visits
+    each node once per context; the choices give up past 16 or 256 subschemas looked at)."""
+    from constrain.late_keywords import plan_late_keywords
+
+    n = 40
+    defs = {f"d{k}": {"anyOf": [{"$ref": f"#/$defs/d{k + 1}"}, {"$ref": f"#/$defs/d{k + 1}", "type": "object"}]}
+            for k in range(n)}
+    defs[f"d{n}"] = {"type": "object", "properties": {"x": {"type": "integer", "not": {"multipleOf": 3}}}}
+    schema = {"$defs": defs, "type": "object", "properties": {"v": {"$ref": "#/$defs/d0"}}}
+    plan = plan_late_keywords(schema, one_of=False)
+    assert plan is not None and plan.pointers == ("/$defs/d0",)
+    assert plan.alternatives(plan.schema["properties"]["v"]) is None
+    assert plan.child_alternatives([(plan.schema,)], "v") is None
