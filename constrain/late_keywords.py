@@ -58,7 +58,8 @@ _NUMBER_END = frozenset(b" \t\n\r,]}")
 class LatePlan:
     """`schema`: what the backend compiles (the late keywords dropped, oneOfs as anyOfs when `one_of`);
     `governed`: id() of each governed node in `schema` -> the same node in the client's (normalised) schema,
-    which decides; `pointers`: where the governed values are."""
+    which decides; `pointers`: where the governed values are; `members`: by id() of such a client's node, what
+    is checked as each member of its value is finished."""
 
     schema: Any
     source: Any
@@ -67,6 +68,7 @@ class LatePlan:
     validator: Any = field(repr=False)  # (`_validator`: built on the compile thread, not on the first step)
     originals: dict[int, Any] = field(default_factory=dict, repr=False)  # id() in `schema` -> the client's node
     holders: frozenset[int] = frozenset()  # id() of the nodes of `schema` whose late keywords were taken out
+    members: dict[int, "MemberChecks | None"] = field(default_factory=dict, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)  # child_alternatives, by its arguments
 
     def holds(self, node: dict, value: Any) -> bool:
@@ -253,7 +255,7 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
             else:
                 node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
     return LatePlan(out, schema, governed, pointers, _validator(schema, searches), originals,
-                    frozenset(id(n) for n in holders))
+                    frozenset(id(n) for n in holders), {id(n): _member_checks(n) for n in governed.values()})
 
 
 def late_keys(node: dict, one_of: bool) -> list[str]:
@@ -323,15 +325,24 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
     return governed, list(holders.values())
 
 
-def _prefix_keywords(node: dict) -> dict | None:
-    """The keywords of `node` that the members written so far already break for good, whatever follows: a
-    repeated item (`uniqueItems`), a name `propertyNames` refuses, one property past `maxProperties`. Checked as
-    each member is finished, on the container so far, so such a member is refused when it is written, not with
-    the whole value (when it could no longer be taken back)."""
-    out = {k: node[k] for k in ("propertyNames", "maxProperties") if k in node}
+@dataclass(frozen=True)
+class MemberChecks:
+    """The keywords of a governed node that the members written so far already break for good, whatever follows:
+    a repeated item (`uniqueItems`), a name `propertyNames` refuses, one property past `maxProperties`. `prefix`
+    is checked on the container so far as each member is finished, `names` on each name as its quote closes, so
+    such a member is refused when it is written, not with the whole value (when it could no longer be taken
+    back)."""
+
+    prefix: dict
+    names: dict | None
+
+
+def _member_checks(node: dict) -> MemberChecks | None:
+    prefix = {k: node[k] for k in ("propertyNames", "maxProperties") if k in node}
     if node.get("uniqueItems") is True:
-        out["uniqueItems"] = True
-    return out or None
+        prefix["uniqueItems"] = True
+    names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node else None
+    return MemberChecks(prefix, names) if prefix else None
 
 
 def _originals(copied: Any, source: Any) -> dict[int, Any]:
@@ -432,13 +443,12 @@ Check = tuple[tuple[dict, ...], ...]  # the value holds when it is valid against
 @dataclass
 class Pending:
     """A checked value being written: the client's subschemas that decide it, where it began in the output and
-    at what depth; for a container, `prefix`: the keywords its members already break for good (checked as
-    each member is finished, see `_prefix_keywords`)."""
+    at what depth; for a governed container, what is checked as each of its members is finished."""
 
     check: Check
     start: int
     depth: int
-    prefix: dict | None = None
+    members: MemberChecks | None = None
 
 
 class LateTracker(JsonFollower):
@@ -489,7 +499,7 @@ class LateTracker(JsonFollower):
             for a in applies:
                 node = plan.governed.get(id(a))
                 if node is not None:
-                    self.pending.append(Pending(((node,),), start, len(self.stack), _prefix_keywords(node)))
+                    self.pending.append(Pending(((node,),), start, len(self.stack), plan.members[id(node)]))
         sure = {id(a) for a in applies or ()}
         if alts and any(id(n) in plan.holders and id(n) not in sure for alt in alts for n in alt):
             check = tuple(tuple(plan.originals[id(n)] for n in alt) for alt in alts)
@@ -510,18 +520,17 @@ class LateTracker(JsonFollower):
             self.finished.append((p.check, bytes(self.out[p.start - self.origin:end])))
         for p in self.members_checked():  # (a member of a checked container: the container so far, closed)
             text = bytes(self.out[p.start - self.origin:end]) + (b"]" if self.stack[-1].is_array else b"}")
-            self.finished.append((((p.prefix,),), text))
+            self.finished.append((((p.members.prefix,),), text))
 
     def _key_ends(self) -> None:
         for p in self.members_checked():  # (a name `propertyNames` refuses: refused as its quote closes)
-            if "propertyNames" in p.prefix:
-                names = {"propertyNames": p.prefix["propertyNames"]}
-                self.finished.append((((names,),), b'{"' + bytes(self.buf) + b'": null}'))
+            if p.members.names is not None:
+                self.finished.append((((p.members.names,),), b'{"' + bytes(self.buf) + b'": null}'))
 
     def members_checked(self) -> list[Pending]:
         """The checked values whose keywords are checked as each member of the open container is finished."""
         depth = len(self.stack) - 1
-        return [p for p in reversed(self.pending) if p.depth == depth and p.prefix] if self.stack else []
+        return [p for p in reversed(self.pending) if p.depth == depth and p.members] if self.stack else []
 
 
 # ---- grammar and matcher ----------------------------------------------------------------------------------------
