@@ -149,18 +149,22 @@ def resolve_ref(root: Any, ref: Any) -> Any:
 
 def references_followable(root: dict) -> bool:
     """Every $ref is a local JSON Pointer `resolve_ref` follows, and no $dynamicRef, $recursiveRef or nested $id
-    moves what they mean (a nested $id changes the base a $ref resolves against; with no $ref it changes
-    nothing): then a walk of the schema knows every subschema that may apply at a place."""
-    nested_id = has_ref = False
+    moves what they mean: then a walk of the schema knows every subschema that may apply at a place. A nested
+    $id changes the base of the $refs inside its subschema only, and a plain-name fragment (`"$id": "#name"`,
+    drafts 6-7) changes no base at all."""
+    bases: list[str] = []  # the subschemas a nested $id gives another base
+    refs: list[str] = []
     for ptr, key, node in walk(root):
         if key in ("$dynamicRef", "$recursiveRef"):
             return False
-        nested_id |= key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str)
+        if key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) \
+                and not node[key].startswith("#"):
+            bases.append(ptr[: ptr.rindex("/")])
         if key == "$ref":
-            has_ref = True
             if resolve_ref(root, node[key]) is None:
                 return False
-    return not (nested_id and has_ref)
+            refs.append(ptr)
+    return not any(ref.startswith(base + "/") for ref in refs for base in bases)
 
 
 def recursive_targets(schema: Any) -> set[str]:

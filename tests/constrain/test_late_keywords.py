@@ -62,10 +62,15 @@ def _accepts(grammar, tokenizer, vocab, text: str) -> bool:
     (_object({"type": "array", "contains": {"const": 1}, "items": {"type": "integer", "not": {"const": 2}}}),
      ("/properties/v", "/properties/v/items")),
     (_object({"type": "array", "uniqueItems": False}), None),
-    # a nested $id moves what a $ref means: with a $ref the checks cannot follow the schema; without, they can
+    # a nested $id moves what the $refs inside its subschema mean (there the checks cannot follow the schema),
+    # not those outside it; a plain-name fragment moves nothing
     ({"type": "object", "properties": {"v": {"$id": "/v", "not": {"const": 1}}}}, ("/properties/v",)),
     ({"type": "object", "$defs": {"d": {"type": "integer"}},
-      "properties": {"v": {"$id": "/v", "not": {"const": 1}}, "w": {"$ref": "#/$defs/d"}}}, None),
+      "properties": {"v": {"$id": "/v", "not": {"const": 1}}, "w": {"$ref": "#/$defs/d"}}}, ("/properties/v",)),
+    ({"type": "object", "$defs": {"d": {"type": "integer"}}, "properties": {
+        "v": {"$id": "/v", "not": {"const": 1}, "properties": {"w": {"$ref": "#/$defs/d"}}}}}, None),
+    ({"type": "object", "$defs": {"d": {"type": "integer"}}, "properties": {
+        "v": {"$id": "#v", "not": {"const": 1}, "properties": {"w": {"$ref": "#/$defs/d"}}}}}, ("/properties/v",)),
 ])
 def test_which_values_are_checked_when_finished(schema, governed):
     plan = plan_late_keywords(schema, one_of=True)

@@ -271,9 +271,9 @@ def test_a_unique_array_under_not_or_if_keeps_its_keyword():
 @pytest.mark.parametrize("extra", [
     {"$defs": {"x": {"$anchor": "x", "type": "string"}}, "properties": {"y": {"$ref": "#x"}}},
     {"properties": {"y": {"$dynamicRef": "#meta"}}},
-    # (a nested $id changes the base of a $ref: without any $ref it changes nothing, and the schema is followed)
-    {"$defs": {"s": {"type": "string"}},
-     "properties": {"y": {"$id": "http://example.com/y", "type": "string"}, "z": {"$ref": "#/$defs/s"}}},
+    # (a nested $id changes the base of the $refs inside its subschema)
+    {"$defs": {"s": {"type": "string"}}, "properties": {
+        "y": {"$id": "http://example.com/y", "type": "object", "properties": {"z": {"$ref": "#/$defs/s"}}}}},
 ])
 def test_schemas_whose_references_the_tracker_cannot_follow_are_left_to_the_backend(extra):
     schema = {"type": "object", "properties": {"tags": _array({"type": "string"})}}
