@@ -62,7 +62,6 @@ class LatePlan:
     is checked as each member of its value is finished."""
 
     schema: Any
-    source: Any
     governed: dict[int, dict]
     pointers: tuple[str, ...]
     validator: Any = field(repr=False)  # (`_validator`: built on the compile thread, not on the first step)
@@ -254,7 +253,7 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
                 node["anyOf"] = node.pop("oneOf")
             else:
                 node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
-    return LatePlan(out, schema, governed, pointers, _validator(schema, searches), originals,
+    return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders), {id(n): _member_checks(n) for n in governed.values()})
 
 
