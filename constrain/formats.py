@@ -1,6 +1,7 @@
 """Regular expressions for the JSON-Schema formats llguidance 1.9.1 has no matcher for, each the exact language of
-its RFC's grammar (every one of these grammars is regular). constrain/rewrite.py turns such a `format` into the
-equivalent `pattern`, so both backends enforce it instead of refusing the schema.
+its RFC's grammar (every one of these grammars is regular), and for the dates and times its matchers take too
+loosely. constrain/rewrite.py turns such a `format` into the equivalent `pattern`, so both backends enforce it
+instead of refusing the schema.
 
 Written in the common subset of ECMA-262, Rust's regex and Python's re: classes, `(?:...)`, counted repeats, no
 look-around; non-ASCII ranges are literal characters. Not here: `idn-email` and `idn-hostname` (IDNA's rules
@@ -71,8 +72,22 @@ def _uri_template() -> str:
 
 _JSON_POINTER = "(?:/(?:[^/~]|~[01])*)*"
 
+# RFC 3339 dates and times as Python's datetime (and so pydantic and jsonschema) reads them: the RFC's grammar with
+# the calendar's days per month (February 29 in leap years only), but no year 0000, no leap second (:60) and only
+# the upper-case T and Z. Stricter than the RFC, never looser; llguidance's own take February 31 and year 0000
+# (which its shortest completion writes: "0000-01-01").
+_YEAR = "(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+              "|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+
 # format name -> the regex its strings match in full
 FORMAT_PATTERNS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
     "uri-reference": _reference(iri=False, absolute=False),
     "iri": _reference(iri=True, absolute=True),
     "iri-reference": _reference(iri=True, absolute=False),

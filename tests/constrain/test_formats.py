@@ -3,6 +3,7 @@ puts it in place of the `format`, and both backends then accept and refuse the s
 
 from __future__ import annotations
 
+import datetime
 import re
 
 import pytest
@@ -22,6 +23,9 @@ VALID = {
                      "{var%20x}", "{;x,y:3}", "é{x}"],
     "json-pointer": ["", "/a/b", "/a~0b/~1", "/ é/\"x", "/"],
     "relative-json-pointer": ["0", "1/a", "2#", "10/a~1b"],
+    "date": ["2024-02-29", "2000-02-29", "2023-12-31", "0001-01-01", "9999-11-30"],
+    "time": ["23:59:59Z", "00:00:00.5+05:30", "12:30:00.123456789-08:00"],
+    "date-time": ["2024-02-29T23:59:59Z", "1996-12-19T16:39:57-08:00", "1985-04-12T23:20:50.52Z"],
 }
 INVALID = {
     "uri-reference": ["http://exa mple.com", "a b", "http://[::1/", "%zz", "http://x/<>", ":nope", "1a:b/c:d",
@@ -31,6 +35,12 @@ INVALID = {
     "uri-template": ["{", "}", "{a b}", "{a,}", "{a:0}", "{a:12345}", "x'y", "{}", "a{b}}", "{.a.}"],
     "json-pointer": ["a", "/a~2", "/~"],
     "relative-json-pointer": ["", "01", "-1", "1a", "#", "0##"],
+    # Python's datetime (pydantic, jsonschema) reads none of these: February 31, year 0, a leap second, a
+    # lower-case t or z; nor are they RFC 3339 but for the last three.
+    "date": ["2023-02-29", "1900-02-29", "2023-02-31", "2023-04-31", "0000-01-01", "2023-13-01", "2023-1-01"],
+    "time": ["23:59:60Z", "24:00:00Z", "12:00:00", "12:00:00z", "12:00Z"],
+    "date-time": ["2023-02-29T00:00:00Z", "2020-01-01t00:00:00Z", "2020-01-01T00:00:00z", "2020-01-01 00:00:00Z",
+                  "0000-01-01T00:00:00Z", "2020-01-01T23:59:60+01:00"],
 }
 
 
@@ -45,13 +55,28 @@ def test_formats_the_backends_lack_become_patterns_and_the_others_stay():
     schema = {"type": "object", "properties": {
         "a": {"type": "string", "format": "uri-reference"},
         "b": {"type": "string", "format": "json-pointer", "pattern": "^/"},
-        "c": {"type": "string", "format": "date-time"},
+        "c": {"type": "string", "format": "email"},
         "d": {"type": "string", "format": "idn-hostname"}}}
     props = rewrite_schema(schema)["properties"]
     assert props["a"] == {"type": "string", "pattern": format_pattern("uri-reference")}
     assert props["b"] == {"type": "string", "pattern": "^/", "allOf": [{"pattern": format_pattern("json-pointer")}]}
     assert props["c"] == schema["properties"]["c"] and props["d"] == schema["properties"]["d"]
-    assert format_pattern("date-time") is None and format_pattern("idn-email") is None
+    assert format_pattern("email") is None and format_pattern("idn-email") is None
+
+
+def test_dates_are_exactly_those_python_reads():
+    """Every day string of years around the leap rules: the pattern and `datetime.date.fromisoformat` agree."""
+    pattern = re.compile(format_pattern("date"))
+    for year in (0, 1, 4, 100, 400, 1900, 1996, 2000, 2023, 2024, 9999):
+        for month in range(14):
+            for day in range(33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    datetime.date.fromisoformat(text)
+                    python_reads = True
+                except ValueError:
+                    python_reads = False
+                assert bool(pattern.fullmatch(text)) == python_reads, text
 
 
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
