@@ -11,7 +11,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   rest mean (constrain/regex_sets.py: neither backend reads lookarounds);
 - a `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation: dropped; `uri-reference`,
   `iri`, `iri-reference`, `uri-template`, `json-pointer` and `relative-json-pointer` (regular RFC grammars
-  llguidance has no matcher for) become the grammar's `pattern` (constrain/formats.py);
+  llguidance has no matcher for) and `date`, `time`, `date-time` (which its matchers take too loosely) become the
+  grammar's `pattern` (constrain/formats.py);
 - `oneOf` whose branches are pairwise provably disjoint is an `anyOf` (types, finite value sets, a required
   property whose values are disjoint or that one branch forbids); any other `oneOf` of up to 8 branches is
   `anyOf` over i of (Bi and not Bj for every j != i), when each `not Bj` has a `not`-free form (below; this
@@ -50,7 +51,10 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 - a `$ref` to a recursive definition where it meets other keywords (an `allOf` member, an `anyOf`/`oneOf` branch
   beside other keywords, a `$ref` with siblings) is replaced by a copy of its target (llguidance cannot intersect a
   definition it is still compiling); inside such a copy, a `type` that the branches imply anyway is dropped
-  beside a branch back to the definition being copied.
+  beside a branch back to the definition being copied;
+- last, over the result: an object whose other keys are open beside declared names or patterns gets them as one
+  more `patternProperties` region and `additionalProperties: false` (`_open_keys`: llguidance would let an escaped
+  spelling of a declared name pass as another key), except where llguidance intersects objects.
 
 Skipped entirely for schemas using `unevaluated*`, `$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning
 depends on context a local rewrite cannot see).
