@@ -30,7 +30,8 @@ from pathlib import Path
 
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
-from constrain.late_keywords import REFUSALS, LateGrammar, LatePlan, plan_late_keywords, token_sets
+from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, counts_repeatable_keys, plan_late_keywords,
+                                     token_sets)
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
@@ -177,9 +178,18 @@ class GrammarCompiler:
         still refuses, its first refusal stands. Which schemas needed that is remembered, so repeats compile once."""
         with self._lock:
             plan = self._late_plans.get(spec.key)
+        if plan is None and spec.kind in ("json_schema", "tools") and counts_repeatable_keys(spec.schema):
+            plan = plan_late_keywords(spec.schema, one_of=False)  # (None: not checkable; the backend counts)
         if plan is not None:
-            return LateGrammar(self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend), plan,
-                               self.vocab)
+            try:
+                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+            except ConstraintError:
+                if spec.key in self._late_plans:
+                    raise
+                plan = None  # the backend refuses more: the refusal path below plans for it too
+            else:
+                self._remember_plan(spec.key, plan)
+                return LateGrammar(inner, plan, self.vocab)
         try:
             return self._on_backend(spec, backend)
         except ConstraintError as exc:
@@ -194,11 +204,14 @@ class GrammarCompiler:
             except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
                 found = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
                 raise (later if found else exc) from None
+        self._remember_plan(spec.key, plan)
+        return LateGrammar(inner, plan, self.vocab)
+
+    def _remember_plan(self, key: str, plan: LatePlan) -> None:
         with self._lock:
-            self._late_plans[spec.key] = plan
+            self._late_plans[key] = plan
             while len(self._late_plans) > 256:  # (a plan holds a copy of its schema)
                 self._late_plans.popitem(last=False)
-        return LateGrammar(inner, plan, self.vocab)
 
     def _on_backend(self, spec: ConstraintSpec, backend: str) -> Grammar:
         if backend == "llguidance":

@@ -1,7 +1,8 @@
 """Keywords the backend cannot compile, checked on each finished value that holds them: `not`, `if`/`then`/
 `else`, `contains`, `propertyNames`, `dependentSchemas`/`dependentRequired`/`dependencies`, `unevaluated*`, the
 `uniqueItems` constrain/unique_items.py leaves, `idn-email`/`idn-hostname` formats, min/maxProperties beside
-optional properties, and `oneOf` whose branches the backend cannot prove disjoint.
+optional properties, minProperties where keys may repeat, and `oneOf` whose branches the backend cannot prove
+disjoint.
 
 The exact rewrites (constrain/rewrite.py) turn most of these into keywords a grammar expresses; what is left used
 to be refused. Here the backend compiles a weaker schema (the keywords dropped, `oneOf` as `anyOf`), and a matcher
@@ -79,6 +80,11 @@ class LatePlan:
         except Exception:  # noqa: BLE001 - what jsonschema cannot decide counts as invalid
             return False
 
+    def _trivial(self, node: Any) -> bool:
+        """`node` asserts nothing here: true, or {} that is not a governed node (a holder whose only keyword was
+        late, `{"not": ...}`, is {} in `schema` and must still be checked)."""
+        return node is True or (node == {} and id(node) not in self.governed)
+
     def applicable(self, node: Any) -> tuple[dict, ...] | None:
         """`node` and the subschemas that apply with it ($ref, allOf): all of them hold for the value. None when
         the value is reached through a choice (anyOf/oneOf branches, patternProperties): not followed."""
@@ -86,7 +92,7 @@ class LatePlan:
         stack = [node]
         while stack:
             n = stack.pop()
-            if n is True or n == {}:
+            if self._trivial(n):
                 continue
             if not isinstance(n, dict):
                 return None
@@ -125,7 +131,7 @@ class LatePlan:
         budget[0] -= 1
         if budget[0] < 0:
             return None
-        if node is True or node == {}:
+        if self._trivial(node):
             return [()]
         if not isinstance(node, dict):
             return []  # (`false`: no choice lets a value through)
@@ -260,16 +266,33 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
 def late_keys(node: dict, one_of: bool) -> list[str]:
     """The keywords of the schema object `node` that a plan takes out of what the backend compiles: `DROPPED`
     (`uniqueItems` only when true), a format of `LATE_FORMATS`, min/maxProperties beside optional declared
-    properties (llguidance counts keys only when all are required), and `oneOf` when `one_of`."""
+    properties (llguidance counts keys only when all are required), minProperties where keys may repeat, and
+    `oneOf` when `one_of`."""
     out = [k for k in node if k in DROPPED and (k != "uniqueItems" or node[k] is True)]
     if node.get("format") in LATE_FORMATS:
         out.append("format")
     props, required = node.get("properties"), node.get("required")
     if isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ()):
         out += [k for k in ("minProperties", "maxProperties") if k in node]
+    elif _counts_repeatable_keys(node):
+        out.append("minProperties")
     if one_of and "oneOf" in node:
         out.append("oneOf")
     return out
+
+
+def _counts_repeatable_keys(node: dict) -> bool:
+    """`minProperties` on an object with keys beyond its declared ones. The backend counts key/value pairs, and
+    nothing stops such a key from repeating: `{"": 1, "": 2}` met `minProperties: 2` (and the shortest completion
+    writes just that), yet it parses as one property. Checked late, the count is the parsed object's."""
+    return "minProperties" in node and (node.get("additionalProperties") is not False
+                                        or bool(node.get("patternProperties")))
+
+
+def counts_repeatable_keys(schema: Any) -> bool:
+    """Some object of `schema` counts keys that may repeat (`_counts_repeatable_keys`): its compile takes the late
+    path from the start, not only when the backend refuses a keyword."""
+    return any(_counts_repeatable_keys(node) for _, key, node in walk(schema) if key == "minProperties")
 
 
 def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:

@@ -123,6 +123,14 @@ LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backen
     (_object({"type": "object", "additionalProperties": {"type": "integer"},
               "not": {"patternProperties": {"^x": {"type": "integer"}}, "required": ["x1"]}}),
      ['{"v": {"y": 1}}', '{"v": {}}'], ['{"v": {"x1": 1}}', '{"v": {"y": 2, "x1": 1}}']),
+    # a definition whose only keyword is late (`{"not": ...}`, {} once it is taken out), reached through allOf
+    # and $ref: still checked
+    ({"type": "object", "allOf": [{"$ref": "#/$defs/a"}], "additionalProperties": {"type": "integer"},
+      "$defs": {"a": {"not": {"patternProperties": {"a": {"type": "integer", "maximum": 0}}}}}},
+     ['{"ab": 1}', '{"ab": 1, "a": -1}'], ['{"ab": -1}', '{"b": 1}', '{}']),
+    # minProperties where keys may repeat: the backend counts pairs, and {"": 1, "": 2} is one property
+    (_object({"type": "object", "minProperties": 2}), ['{"v": {"a": 1, "b": 2}}', '{"v": {"": 1, "a": 1}}'],
+     ['{"v": {"a": 1, "a": 2}}', '{"v": {"": 1, "": 2}}', '{"v": {"a": 1}}']),
 ]
 
 
