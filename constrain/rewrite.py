@@ -51,10 +51,7 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 - a `$ref` to a recursive definition where it meets other keywords (an `allOf` member, an `anyOf`/`oneOf` branch
   beside other keywords, a `$ref` with siblings) is replaced by a copy of its target (llguidance cannot intersect a
   definition it is still compiling); inside such a copy, a `type` that the branches imply anyway is dropped
-  beside a branch back to the definition being copied;
-- last, over the result: an object whose other keys are open beside declared names or patterns gets them as one
-  more `patternProperties` region and `additionalProperties: false` (`_open_keys`: llguidance would let an escaped
-  spelling of a declared name pass as another key), except where llguidance intersects objects.
+  beside a branch back to the definition being copied.
 
 Skipped entirely for schemas using `unevaluated*`, `$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning
 depends on context a local rewrite cannot see).
@@ -72,8 +69,7 @@ import jsonschema
 
 from constrain.formats import format_pattern
 from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char, without_lookaheads
-from constrain.support import (_SUBSCHEMA, _SUBSCHEMA_LISTS, _SUBSCHEMA_MAPS, ASSERTIONS, STANDARD_FORMATS,
-                               map_subschemas, recursive_targets, resolve_ref)
+from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -303,11 +299,7 @@ def rewrite_schema(schema: Any) -> Any:
         out = _inline_recursive_meetings(out, ctx)
     except RecursionError:
         return schema
-    out = out if ctx.changed else schema
-    try:
-        return _close_open_keys(out)
-    except RecursionError:
-        return out
+    return out if ctx.changed else schema
 
 
 _MAX_INLINED_NODES = 20_000  # schema objects copied in by _inline_recursive_meetings
@@ -1117,111 +1109,6 @@ def _declared_out_of_patterns(node: dict, ctx: _Ctx) -> dict:
     out = {**node, "properties": new_props, "patternProperties": new_pp}
     if not new_pp:
         del out["patternProperties"]
-    return out
-
-
-_ANY_NAME = "^[\\s\\S]*$"
-
-
-def _close_open_keys(root: Any) -> Any:
-    """`_open_keys` on every object schema that llguidance compiles as it stands, never on one it intersects with
-    another schema (an `allOf` member, a branch or `$ref` target beside sibling keywords, all that lies below them,
-    and definitions a `$ref` from such a place reaches): its intersection of objects refuses the regions as
-    overlapping, or decides other keys against the wrong region. Nor below `not` or `if` (negations are computed
-    before this pass; what is left of them never reaches the backend as written), nor in schemas with non-local
-    references."""
-    refs = [n["$ref"] for n in _iter_nodes(root) if "$ref" in n]
-    if any(not (isinstance(r, str) and (r == "#" or r.startswith("#/"))) for r in refs):
-        return root
-    dirty: set[str] = set()  # definitions (pointers) reached from a place llguidance intersects
-
-    def below_dirty(ptr: str) -> bool:
-        return any(ptr == d or ptr.startswith(d + "/") for d in dirty)
-
-    def mark(node: Any, ptr: str, clean: bool) -> None:
-        if not isinstance(node, dict):
-            return
-        clean = clean and not below_dirty(ptr) and not _intersected(node)
-        if isinstance(node.get("$ref"), str) and not (clean or node["$ref"][1:] in dirty):
-            dirty.add(node["$ref"][1:])
-        for key, child, child_ptr in _children(node, ptr):
-            mark(child, child_ptr, clean and key in _KEYS_THROUGH)
-
-    def close(node: Any, ptr: str) -> Any:
-        if not isinstance(node, dict) or below_dirty(ptr) or _intersected(node):
-            return node
-        out = {}
-        for key, value in node.items():
-            kp = f"{ptr}/{_esc(key)}"
-            if key not in _KEYS_THROUGH:
-                out[key] = value
-            elif isinstance(value, dict) and key in ("properties", "patternProperties", "$defs", "definitions"):
-                out[key] = {k: close(v, f"{kp}/{_esc(k)}") for k, v in value.items()}
-            elif isinstance(value, list):
-                out[key] = [close(v, f"{kp}/{i}") for i, v in enumerate(value)]
-            else:
-                out[key] = close(value, kp)
-        return _open_keys(out)
-
-    for _ in range(len(refs) + 1):  # each round marks at least one more definition, or ends
-        before = len(dirty)
-        mark(root, "", True)
-        if len(dirty) == before:
-            break
-    return close(root, "")
-
-
-# The keywords below which `_close_open_keys` goes on: where llguidance compiles a subschema as it stands.
-_KEYS_THROUGH = frozenset({"properties", "patternProperties", "additionalProperties", "items", "prefixItems",
-                           "anyOf", "oneOf", "$defs", "definitions"})
-
-
-def _intersected(node: dict) -> bool:
-    """llguidance intersects this schema's parts: an `allOf`, or a branch list or `$ref` beside other keywords."""
-    keys = set(node) & ASSERTIONS
-    return "allOf" in keys or (bool(keys & {"anyOf", "oneOf", "$ref"}) and len(keys) > 1)
-
-
-def _children(node: dict, ptr: str):
-    """(keyword, subschema, its pointer) for each direct subschema of `node`."""
-    for key, value in node.items():
-        kp = f"{ptr}/{_esc(key)}"
-        if key in _SUBSCHEMA and isinstance(value, dict):
-            yield key, value, kp
-        elif (key in _SUBSCHEMA_MAPS or key == "dependencies") and isinstance(value, dict):
-            yield from ((key, v, f"{kp}/{_esc(k)}") for k, v in value.items() if isinstance(v, dict))
-        elif (key in _SUBSCHEMA_LISTS or key == "items") and isinstance(value, list):
-            yield from ((key, v, f"{kp}/{i}") for i, v in enumerate(value))
-
-
-def _open_keys(node: dict) -> dict:
-    """An object whose other keys are open (`additionalProperties` absent, true or a schema) beside declared names
-    or patterns: those other keys become one more `patternProperties` region, the names no declared property and
-    no pattern takes, and `additionalProperties` is false. The same objects are valid. Why: llguidance 1.9.1 tells
-    keys apart as they are spelled, and its region of other keys holds every spelling but the declared names' own,
-    so `"\\u0061"` (the name "a", escaped) passed as another key and escaped a's schema; a pattern's keys it takes
-    only as JSON writes them plainly. Names holding '"' or '\\', and patterns out of the automata's reach, leave
-    the object as it was."""
-    extra = node.get("additionalProperties", True)
-    props, pp = node.get("properties", {}), node.get("patternProperties", {})
-    if extra is False or not isinstance(props, dict) or not isinstance(pp, dict) or not (props or pp) \
-            or "propertyNames" in node:
-        return node
-    if pp:
-        literals = ["^" + "".join(regex_char(c) for c in name) + "$" for name in props]
-        regions = disjoint_regions([_ANY_NAME, *pp, *literals])
-        if regions is None:
-            return node
-        others = [region for region, sig in regions if sig == frozenset({0})]
-    else:
-        others = [_other_strings_pattern(list(props))]
-        if others[0] is None:
-            return node
-    if others and others[0] in pp:
-        return node
-    out = {**node, "additionalProperties": False}
-    if others:
-        out["patternProperties"] = {**pp, others[0]: {} if extra is True else extra}
     return out
 
 
