@@ -282,11 +282,14 @@ def late_keys(node: dict, one_of: bool) -> list[str]:
 
 
 def _counts_repeatable_keys(node: dict) -> bool:
-    """`minProperties` on an object with keys beyond its declared ones. The backend counts key/value pairs, and
-    nothing stops such a key from repeating: `{"": 1, "": 2}` met `minProperties: 2` (and the shortest completion
-    writes just that), yet it parses as one property. Checked late, the count is the parsed object's."""
-    return "minProperties" in node and (node.get("additionalProperties") is not False
-                                        or bool(node.get("patternProperties")))
+    """`minProperties` that may need two keys or more beyond the declared ones. The backend counts key/value pairs,
+    and nothing stops such a key from repeating: `{"": 1, "": 2}` met `minProperties: 2` (and the shortest
+    completion writes just that), yet it parses as one property. Checked late, the count is the parsed object's.
+    (One key beyond the required ones cannot repeat another, so `minProperties: 1` stays the backend's.)"""
+    low, required = node.get("minProperties"), node.get("required")
+    names = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
+    return isinstance(low, int) and low - len(names) >= 2 and (node.get("additionalProperties") is not False
+                                                                or bool(node.get("patternProperties")))
 
 
 def counts_repeatable_keys(schema: Any) -> bool:
