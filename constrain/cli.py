@@ -1,4 +1,5 @@
-"""`structgen check-schema` and `structgen maskbench`: registered on the top-level parser by service/cli.py."""
+"""`structgen check-schema`, `structgen maskbench` and `structgen walkbench`: registered on the top-level parser
+by service/cli.py."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def add_commands(subparsers) -> None:
     p.add_argument("--json", type=Path, default=None, help="write one JSON object per case (JSON lines) here")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases (sorted by path)")
     p.set_defaults(func=_maskbench)
+
+    p = subparsers.add_parser("walkbench", help="random walks through each compiled case's mask, every finished "
+                                                "document validated against its schema")
+    p.add_argument("cases_dir", type=Path, help="directory searched recursively for *.json cases")
+    p.add_argument("--tokenizer", type=Path, default=_DEFAULT_TOKENIZER)
+    p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
+    p.add_argument("--timeout", type=float, default=60.0, help="compile time limit per case, seconds")
+    p.add_argument("--walks", type=int, default=3, help="walks per case")
+    p.add_argument("--max-tokens", type=int, default=160, help="the budget of each walk")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="write one JSON object per case (JSON lines) here")
+    p.add_argument("--limit", type=int, default=None, help="only the first N cases (sorted by path)")
+    p.set_defaults(func=_walkbench)
 
 
 def load_tokenizer(path: Path):
@@ -115,6 +129,29 @@ def _maskbench(args: argparse.Namespace) -> int:
         write_json(results, args.json)
     for line in details(results):
         print(line)
+    print(summary_line(results))
+    compiler.close()
+    return 0
+
+
+def _walkbench(args: argparse.Namespace) -> int:
+    from constrain.compiler import GrammarCompiler
+    from constrain.walkbench import summary_line, walk_case, write_json
+
+    cases = sorted(args.cases_dir.rglob("*.json"))[: args.limit]
+    tok, vocab = load_tokenizer(args.tokenizer)
+    compiler = GrammarCompiler(vocab, tok, backend=args.backend, compile_timeout_s=args.timeout,
+                               background_outlines=False, lru_max_bytes=256 << 20)
+    results = []
+    for i, path in enumerate(cases, 1):
+        results.append(walk_case(path, args.cases_dir, compiler, args.walks, args.max_tokens, args.seed))
+        if i % 200 == 0:
+            print(f"[{i}/{len(cases)}] {summary_line(results)}", file=sys.stderr, flush=True)
+    if args.json:
+        write_json(results, args.json)
+    for r in results:
+        for why in r.invalid:
+            print(f"  INVALID {r.case}: {why}")
     print(summary_line(results))
     compiler.close()
     return 0

@@ -1,4 +1,4 @@
-"""`structgen check-schema` and `structgen maskbench` through the real console entry point."""
+"""`structgen check-schema`, `structgen maskbench` and `structgen walkbench` through the real console entry point."""
 
 from __future__ import annotations
 
@@ -30,6 +30,25 @@ def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6 and set(rows[0]) == {"case", "compiled", "backend", "error", "compile_ms", "valid_n",
                                                "valid_accepted", "invalid_n", "invalid_rejected", "mask_us_mean"}
+
+
+def test_walkbench_prints_invalid_documents_and_a_summary_line(tmp_path, capsys):
+    (tmp_path / "cases").mkdir()
+    for p in sorted((CASES / "Github_trivial").glob("*.json"))[:3]:
+        shutil.copy(p, tmp_path / "cases" / p.name)
+    # a case whose grammar is fine but whose walks we can judge: a date the old llguidance format let be 0000
+    (tmp_path / "cases" / "date.json").write_text(json.dumps({"schema": {
+        "type": "object", "properties": {"d": {"type": "string", "format": "date"}}, "required": ["d"],
+        "additionalProperties": False}, "tests": []}))
+    out = tmp_path / "out.jsonl"
+    assert main(["walkbench", str(tmp_path / "cases"), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend",
+                 "llguidance", "--walks", "4", "--max-tokens", "40", "--json", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    m = re.fullmatch(r"walkbench: cases=4 compiled=4 walks=16 ended=(\d+) invalid=0 escaped_keys=0 gave_up=0", last)
+    assert m and int(m.group(1)) >= 8, last
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and set(rows[0]) == {"case", "compiled", "walks", "ended", "gave_up", "invalid",
+                                               "escaped_keys"}
 
 
 def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys):
