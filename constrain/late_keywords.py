@@ -282,8 +282,8 @@ def late_keys(node: dict, one_of: bool) -> list[str]:
 
 
 def _counts_repeatable_keys(node: dict) -> bool:
-    """`minProperties` that may need two keys or more beyond the declared ones. The backend counts key/value pairs,
-    and nothing stops such a key from repeating: `{"": 1, "": 2}` met `minProperties: 2` (and the shortest
+    """`minProperties` that may need two keys or more beyond the required ones, on an object whose keys are not
+    all declared. The backend counts key/value pairs, and nothing stops an undeclared key from repeating: `{"": 1, "": 2}` met `minProperties: 2` (and the shortest
     completion writes just that), yet it parses as one property. Checked late, the count is the parsed object's.
     (One key beyond the required ones cannot repeat another, so `minProperties: 1` stays the backend's.)"""
     low, required = node.get("minProperties"), node.get("required")
