@@ -446,9 +446,11 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
             yield jsonschema.ValidationError(f"additional properties are not allowed ({extras!r})")
 
     cls = validator_class(source)
+    # The draft's own format checker: jsonschema.FormatChecker() holds every draft's, and reads `time` as draft 3
+    # did (HH:MM:SS, no zone), refusing every RFC 3339 time.
     return jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
                                               "additionalProperties": additional_properties})(
-        source, format_checker=jsonschema.FormatChecker())
+        source, format_checker=cls.FORMAT_CHECKER)
 
 
 # ---- following the output -------------------------------------------------------------------------------------

@@ -6,13 +6,15 @@ twice). Used by `structgen walkbench` and the tests; no HTTP here.
 A walk samples among the allowed tokens (half the time a one-byte token, which closes strings and numbers), ends
 with some probability wherever the grammar may end, and keeps the budget rule on (`tokens_left`, `vet`), as the
 engine does, so budget completions are walked too. Validation is jsonschema's for the schema's draft, with
-`dependencies` as enforced, formats where its FormatChecker can, and `multipleOf` in decimal, as JSON Schema
-defines it (jsonschema divides in floating point: 550.44 / 0.01 is not an integer there).
+`dependencies` as enforced, formats with the draft's checker (`time` and `date-time` as Python's datetime reads
+them), and `multipleOf` exactly in decimal, as JSON Schema defines it (jsonschema divides in floating point:
+550.44 / 0.01 is not an integer there).
 """
 
 from __future__ import annotations
 
-import decimal
+import datetime
+import fractions
 import json
 import random
 import re
@@ -91,19 +93,39 @@ def decode(vocab, toks: list[int]) -> str:
 
 
 def _decimal_multiple_of(validator, divisor, instance, schema):
-    if validator.is_type(instance, "number") and not isinstance(instance, bool):
-        quotient = decimal.Decimal(repr(instance)) / decimal.Decimal(repr(divisor))
-        if quotient != quotient.to_integral_value():
-            yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
+    """Exact: the number as written in decimal (a float's shortest repr, an int as it is) over the divisor."""
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        quotient = fractions.Fraction(repr(instance)) / fractions.Fraction(repr(divisor))
+    except (ValueError, OverflowError):  # inf: a number too large for a double
+        yield jsonschema.ValidationError(f"{instance!r} is not a finite number")
+        return
+    if quotient.denominator != 1:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
+
+
+def _python_reads(parse):
+    def check(instance: object) -> bool:
+        if isinstance(instance, str):
+            parse(instance)
+        return True
+    return check
 
 
 def validator_for(schema):
     """jsonschema's validator for `schema` as the product means it (constrain.rewrite.validator_class: its draft,
-    `dependencies` in every draft), formats checked where FormatChecker can, `multipleOf` in decimal."""
+    `dependencies` in every draft), with the draft's format checker, `time` and `date-time` read as Python's
+    datetime reads them (what constrain/formats.py promises; jsonschema checks them only with rfc3339-validator),
+    and `multipleOf` in decimal."""
     from constrain.rewrite import validator_class
 
     cls = jsonschema.validators.extend(validator_class(schema), {"multipleOf": _decimal_multiple_of})
-    return cls(schema, format_checker=jsonschema.FormatChecker())
+    formats = jsonschema.FormatChecker()
+    formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    formats.checks("time", raises=ValueError)(_python_reads(datetime.time.fromisoformat))
+    formats.checks("date-time", raises=ValueError)(_python_reads(datetime.datetime.fromisoformat))
+    return cls(schema, format_checker=formats)
 
 
 # A key holding a \uXXXX escape: llguidance 1.9.1 may take an escaped spelling of a declared name as another key
