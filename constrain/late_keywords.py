@@ -16,9 +16,9 @@ What no continuation repairs (`uniqueItems`, `propertyNames`, `maxProperties`) i
 container so far as each member is finished, and a name as its closing quote is written.
 
 `pattern` and `patternProperties` are decided on the patterns' automata (constrain/regex_sets.py), never by
-running the client's regex. Formats are checked where jsonschema's FormatChecker can (date, time, email, ipv4,
-ipv6, uuid); a format it cannot check (uri, date-time) counts as holding, which can only refuse more, never accept
-an invalid value. A value already invalid in a way no continuation repairs (a `not` pattern matched, a repeated
+running the client's regex. Formats are checked where the draft's FormatChecker can (email, ipv4, ipv6, uuid;
+date, time and date-time are patterns by then, constrain/formats.py); a format it cannot check (uri) counts as
+holding, which can only refuse more, never accept an invalid value. A value already invalid in a way no continuation repairs (a `not` pattern matched, a repeated
 item) cannot be steered back: its end stays refused, so such an output may run to max_tokens (finish_reason
 "length") or end with a constraint_too_complex error, never end invalid. Never imports HTTP or model code.
 """
