@@ -18,9 +18,10 @@ container so far as each member is finished, and a name as its closing quote is 
 `pattern` and `patternProperties` are decided on the patterns' automata (constrain/regex_sets.py), never by
 running the client's regex. Formats are checked where the draft's FormatChecker can (email, ipv4, ipv6, uuid;
 date, time and date-time are patterns by then, constrain/formats.py); a format it cannot check (uri) counts as
-holding, which can only refuse more, never accept an invalid value. A value already invalid in a way no continuation repairs (a `not` pattern matched, a repeated
-item) cannot be steered back: its end stays refused, so such an output may run to max_tokens (finish_reason
-"length") or end with a constraint_too_complex error, never end invalid. Never imports HTTP or model code.
+holding, which can only refuse more, never accept an invalid value. A value already invalid in a way no
+continuation repairs (a `not` pattern matched, a repeated item) cannot be steered back: its end stays refused,
+so such an output may run to max_tokens (finish_reason "length") or end with a constraint_too_complex error, never
+end invalid. Never imports HTTP or model code.
 """
 
 from __future__ import annotations
@@ -283,8 +284,9 @@ def late_keys(node: dict, one_of: bool) -> list[str]:
 
 def _counts_repeatable_keys(node: dict) -> bool:
     """`minProperties` that may need two keys or more beyond the required ones, on an object whose keys are not
-    all declared. The backend counts key/value pairs, and nothing stops an undeclared key from repeating: `{"": 1, "": 2}` met `minProperties: 2` (and the shortest
-    completion writes just that), yet it parses as one property. Checked late, the count is the parsed object's.
+    all declared. The backend counts key/value pairs, and nothing stops an undeclared key from repeating:
+    `{"": 1, "": 2}` met `minProperties: 2` (and the shortest completion writes just that), yet it parses as one
+    property. Checked late, the count is the parsed object's.
     (One key beyond the required ones cannot repeat another, so `minProperties: 1` stays the backend's.)"""
     low, required = node.get("minProperties"), node.get("required")
     names = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()

@@ -25,6 +25,7 @@ import jsonschema
 import numpy as np
 import torch
 
+from constrain.checked import allowed_ids as ids_in_row
 from constrain.compiler import GrammarCompiler
 from constrain.grammar import ConstraintError, ConstraintSpec
 
@@ -50,8 +51,8 @@ def _one_byte(vocab) -> np.ndarray:
 
 
 def allowed_ids(bitmask: torch.Tensor, row: int = 0) -> np.ndarray:
-    bits = np.unpackbits(bitmask[row].numpy().view(np.uint8), bitorder="little")
-    return np.flatnonzero(bits)
+    """Every id allowed in row `row` of a packed CPU bitmask."""
+    return ids_in_row(bitmask[row].numpy())
 
 
 def random_walk(grammar, vocab, rng: random.Random, max_tokens: int, budget: bool = False,
@@ -92,7 +93,7 @@ def decode(vocab, toks: list[int]) -> str:
     return b"".join(vocab.token_bytes[t] for t in toks).decode("utf-8")
 
 
-def _decimal_multiple_of(validator, divisor, instance, schema):
+def _exact_multiple_of(validator, divisor, instance, schema):
     """Exact: the number as written in decimal (a float's shortest repr, an int as it is) over the divisor."""
     if not validator.is_type(instance, "number"):
         return
@@ -120,7 +121,7 @@ def validator_for(schema):
     and `multipleOf` in decimal."""
     from constrain.rewrite import validator_class
 
-    cls = jsonschema.validators.extend(validator_class(schema), {"multipleOf": _decimal_multiple_of})
+    cls = jsonschema.validators.extend(validator_class(schema), {"multipleOf": _exact_multiple_of})
     formats = jsonschema.FormatChecker()
     formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
     formats.checks("time", raises=ValueError)(_python_reads(datetime.time.fromisoformat))
@@ -169,10 +170,10 @@ def walk_case(path: Path, root: Path, compiler: GrammarCompiler, walks: int = 3,
         if not ended:
             continue
         res.ended += 1
-        text = decode(compiler.vocab, toks)
+        text = b"".join(compiler.vocab.token_bytes[t] for t in toks).decode("utf-8", "replace")
         try:
-            error = next(validator.iter_errors(json.loads(text)), None)
-        except ValueError:
+            error = next(validator.iter_errors(json.loads(decode(compiler.vocab, toks))), None)
+        except ValueError:  # (UnicodeDecodeError included)
             res.invalid.append(f"not JSON: {text[:300]}")
             continue
         if error is not None:
