@@ -35,6 +35,7 @@ from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, counts_rep
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
+from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
 from constrain.tools import client_pointer_of_call
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
@@ -158,7 +159,8 @@ class GrammarCompiler:
         """Compile every named schema (outlines too when it can serve them); returns name -> backend or error."""
         out = {}
         self.lltokenizer()  # ~1 s on a 152k vocabulary: paid at start-up, not by the first request
-        token_index(self.vocab), token_sets(self.vocab)  # (~0.8 s: the tables of the checks applied while decoding)
+        # (~0.9 s: the tables of the checks applied while decoding)
+        token_index(self.vocab), token_sets(self.vocab), key_escape_tokens(self.vocab)
         for name, schema in self.named_schemas.items():
             spec = ConstraintSpec(kind="json_schema", schema=schema, extra={"name": name})
             try:
@@ -317,6 +319,8 @@ class GrammarCompiler:
         else:
             g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict_under=spec.strict_under,
                             whitespace_pattern=self.whitespace_pattern, param=param)
+        if spec.kind not in ("regex", "choice") and keys_need_plain_spelling(spec.schema):
+            g = PlainKeysGrammar(g, self.vocab)  # (llguidance tells keys apart as spelled; outlines closes objects)
         self.stats.compiles += 1
         log.debug("llguidance compile %.1f ms", 1000 * (time.perf_counter() - t0))
         self._lru.put(key, g)

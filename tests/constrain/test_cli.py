@@ -94,3 +94,14 @@ def test_check_schema_names_the_values_checked_as_they_are_finished(tmp_path, ca
     out = capsys.readouterr().out
     assert "checked as each value is finished: /properties/n, /properties/rows" in out
     assert "unenforced: none" in out
+
+
+def test_check_schema_says_when_keys_are_written_without_unicode_escapes(tmp_path, capsys):
+    open_object = tmp_path / "open.json"
+    open_object.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}))
+    closed = tmp_path / "closed.json"
+    closed.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
+                                  "additionalProperties": False}))
+    for f, said in ((open_object, True), (closed, False)):
+        assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance"]) == 0
+        assert ("keys are written without \\u escapes" in capsys.readouterr().out) == said

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from constrain import GrammarCompiler
-from constrain.walkbench import _ESCAPED_KEY, validator_for, walk_case
+from constrain.walkbench import ESCAPED_KEY, validator_for, walk_case
 
 CASES = Path(__file__).parent / "maskbench_cases"
 
@@ -38,6 +38,6 @@ def test_multiple_of_is_judged_in_decimal():
 
 
 def test_an_escaped_key_is_told_apart_from_escapes_in_values():
-    assert _ESCAPED_KEY.search('{"a": 1, "\\u0061": 2}')
-    assert _ESCAPED_KEY.search('{"x\\"\\u0062y" : 2}')
-    assert not _ESCAPED_KEY.search('{"a": "\\u0061", "b": ["\\u0062"]}')
+    assert ESCAPED_KEY.search('{"a": 1, "\\u0061": 2}')
+    assert ESCAPED_KEY.search('{"x\\"\\u0062y" : 2}')
+    assert not ESCAPED_KEY.search('{"a": "\\u0061", "b": ["\\u0062"]}')

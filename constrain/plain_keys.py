@@ -1,0 +1,156 @@
+"""Object keys written without `\\uXXXX` escapes, where a key's spelling decides which schema its value gets.
+
+llguidance tells keys apart as they are spelled. In an object that takes keys besides its declared names or
+patterns, `{"\\u0061": "x"}` is not the declared `a` to it but another key, so its value is checked against the
+other keys' schema (and `{"a": 1, "\\u0061": "x"}` parses as `{"a": "x"}`). JSON spells a key's characters with
+`\\u` escapes only by choice: `"` and `\\` have their short escapes, and every other character can be written as
+itself. So where such an object may appear, a matcher wrapper refuses the tokens that would write a `\\u` escape
+inside a key. A key is then spelled one way, the way llguidance compares it, and every document that can still be
+written parses to what the grammar checked. (`\\/` needs nothing: llguidance refuses it in keys.)
+
+What this costs a client: a key holding a control character other than \\b \\f \\n \\r \\t (JSON writes those only
+as `\\u00XX`) cannot be written in such a schema; a non-ASCII key is written as its UTF-8 bytes, as models write
+it. Objects that do not name keys, and closed objects (`additionalProperties: false`, OpenAI's strict shape), are
+not affected and pay nothing. Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
+from constrain.grammar import Grammar, Matcher
+from constrain.json_follower import Frame, JsonFollower
+from constrain.vocabulary import Vocabulary
+
+# Keywords through which a key's name selects what applies to its value, or counts.
+_NAMING = frozenset({"properties", "patternProperties", "required", "propertyNames", "dependencies",
+                     "dependentRequired", "dependentSchemas"})
+_MAX_STATES = 4096
+_U = ord("u")
+_NONE = np.zeros(0, dtype=np.int64)  # lexical states whose refused tokens are kept per vocabulary
+
+
+def keys_need_plain_spelling(schema: Any) -> bool:
+    """Some object of `schema` names keys and takes others too (its `additionalProperties` is not false), so a
+    key spelled with an escape could pass as another key. Looks at every object in the schema, annotations and
+    enum values included: at worst a schema pays for a check it does not need."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("additionalProperties") is not False and any(k in node for k in _NAMING):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+class _KeyFollower(JsonFollower):
+    """The JSON follower, noting when a `\\u` escape is written inside a key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.escaped_key = False
+
+    def feed(self, data: bytes) -> None:
+        for c in data:
+            if self.mode == "off":
+                return
+            if c == _U and self.escaped and self.mode == "key":
+                self.escaped_key = True
+            self._byte(c)
+
+    def state(self) -> tuple:
+        """What decides whether a token writes a key escape from here: the lexical mode, a pending backslash, the
+        open containers' kinds (a token may close some and open a key), a literal's letters so far."""
+        literal = bytes(self.buf) if self.mode == "literal" else b""
+        return self.mode, self.escaped, tuple(f.is_array for f in self.stack), literal
+
+    @classmethod
+    def at(cls, state: tuple) -> "_KeyFollower":
+        mode, escaped, kinds, literal = state
+        f = cls()
+        f.mode, f.escaped, f.stack, f.buf = mode, escaped, [Frame(k) for k in kinds], bytearray(literal)
+        return f
+
+
+def writes_key_escape(state: tuple, data: bytes) -> bool:
+    """Writing `data` from the lexical `state` (`_KeyFollower.state`) puts a `\\u` escape inside a key."""
+    f = _KeyFollower.at(state)
+    f.feed(data)
+    return f.escaped_key
+
+
+class KeyEscapeTokens:
+    """The tokens that can write a key escape (those holding `\\u`, and after a pending backslash those starting
+    with `u`), and, per lexical state met, those of them that do: a state costs one pass over the suspects the
+    first time, a lookup after that."""
+
+    def __init__(self, vocab: Vocabulary):
+        self.token_bytes = vocab.token_bytes
+        holding = [t for t, b in enumerate(vocab.token_bytes) if b and b"\\u" in b]
+        starting = [t for t, b in enumerate(vocab.token_bytes) if b and b[:1] == b"u"]
+        self.holding = np.array(holding, dtype=np.int64)
+        self.after_backslash = np.array(sorted(set(holding) | set(starting)), dtype=np.int64)
+        self._refused: dict[tuple, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def refused(self, state: tuple) -> np.ndarray:
+        """The ids of the tokens that write a key escape from `state`."""
+        ids = self._refused.get(state)
+        if ids is None:
+            mode, escaped = state[0], state[1]
+            suspects = self.after_backslash if mode == "key" and escaped else self.holding
+            ids = np.array([t for t in suspects.tolist() if writes_key_escape(state, self.token_bytes[t])],
+                           dtype=np.int64)
+            with self._lock:
+                if len(self._refused) >= _MAX_STATES:
+                    self._refused.clear()
+                self._refused[state] = ids
+        return ids
+
+
+def key_escape_tokens(vocab: Vocabulary) -> KeyEscapeTokens:
+    """Built once per vocabulary (~0.1 s for 152k tokens)."""
+    return per_vocabulary(KeyEscapeTokens, vocab)
+
+
+class PlainKeysGrammar(CheckedGrammar):
+    """A backend grammar whose matchers also refuse `\\u` escapes inside keys."""
+
+    def __init__(self, inner: Grammar, vocab: Vocabulary):
+        super().__init__(inner)
+        self.tokens = key_escape_tokens(vocab)
+
+    def matcher(self) -> "PlainKeysMatcher":
+        return PlainKeysMatcher(self.inner.matcher(), self.tokens)
+
+
+class PlainKeysMatcher(CheckedMatcher):
+    dead_end = "every token the output constraint allows here would write a \\u escape inside an object key " \
+               "(keys are written without them where a key's spelling selects its schema)"
+
+    def __init__(self, inner: Matcher, tokens: KeyEscapeTokens):
+        super().__init__(inner, tokens.token_bytes)
+        self.tokens = tokens
+        self.follower = _KeyFollower()
+        self._candidates = _NONE  # this step's: the tokens that write a key escape from here
+
+    def _active(self) -> bool:
+        """Some token could write a key escape from here (outside keys, next to none can: the step costs a lookup)."""
+        self._candidates = self.tokens.refused(self.follower.state()) if self.follower.mode != "off" else _NONE
+        return len(self._candidates) > 0
+
+    def _refused(self, words: np.ndarray) -> np.ndarray:
+        return allowed_among(words, self._candidates)
+
+    def _refuses(self, data: bytes) -> bool:
+        return writes_key_escape(self.follower.state(), data)
+
+    def _feed(self, data: bytes) -> None:
+        self.follower.feed(data)
