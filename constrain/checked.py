@@ -107,6 +107,13 @@ class CheckedMatcher(Matcher):
         return self.inner.can_end()
 
 
+def backend_matcher(matcher: Matcher) -> Matcher:
+    """The backend's own matcher under the checks wrapping it."""
+    while isinstance(matcher, CheckedMatcher):
+        matcher = matcher.inner
+    return matcher
+
+
 def allowed_among(words: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ids among `ids` whose bits are set in the mask row `words` (uint32)."""
     return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]

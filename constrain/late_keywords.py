@@ -34,9 +34,11 @@ from typing import Any, Callable
 import jsonschema
 import numpy as np
 
-from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, per_vocabulary
+from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, backend_matcher,
+                               per_vocabulary)
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
+from constrain.llg_backend import LlgMatcher
 from constrain.regex_sets import Work, pattern_search
 from constrain.support import references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
@@ -254,6 +256,8 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     for node in holders:
         for key in late_keys(node, one_of):
+            if key == "minProperties" and _backend_counts_pairs(node):
+                continue  # (checked late, and left to the backend, whose completions then write enough keys)
             if key != "oneOf":
                 del node[key]
             elif "anyOf" not in node:
@@ -286,12 +290,23 @@ def _counts_repeatable_keys(node: dict) -> bool:
     """`minProperties` that may need two keys or more beyond the required ones, on an object whose keys are not
     all declared. The backend counts key/value pairs, and nothing stops an undeclared key from repeating:
     `{"": 1, "": 2}` met `minProperties: 2` (and the shortest completion writes just that), yet it parses as one
-    property. Checked late, the count is the parsed object's.
-    (One key beyond the required ones cannot repeat another, so `minProperties: 1` stays the backend's.)"""
+    property. Checked late, the count is the parsed object's; the backend keeps counting pairs too
+    (`_backend_counts_pairs`), and where such an object's place is known a key it already has is refused as its
+    closing quote is written, so its pairs are its properties and its budget completions (which write no key twice,
+    `LlgMatcher.write_distinct_keys`) end valid. (One key beyond the required ones cannot repeat another, so
+    `minProperties: 1` stays the backend's.)"""
     low, required = node.get("minProperties"), node.get("required")
     names = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
     return isinstance(low, int) and low - len(names) >= 2 and (node.get("additionalProperties") is not False
                                                                 or bool(node.get("patternProperties")))
+
+
+def _backend_counts_pairs(node: dict) -> bool:
+    """`minProperties` here is checked late only because keys may repeat (`_counts_repeatable_keys`): the
+    backend's count of key/value pairs is then a necessary condition, so it keeps the keyword too."""
+    props, required = node.get("properties"), node.get("required")
+    optional = isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ())
+    return not optional and _counts_repeatable_keys(node)
 
 
 def counts_repeatable_keys(schema: Any) -> bool:
@@ -464,6 +479,7 @@ class _Open(Frame):
 
     applies: tuple[dict, ...] | None = None
     alts: list[tuple[dict, ...]] | None = None
+    keys: set[str] | None = None  # where the backend counts key/value pairs: the keys so far (none may repeat)
 
 
 Check = tuple[tuple[dict, ...], ...]  # the value holds when it is valid against every subschema of one tuple
@@ -494,6 +510,7 @@ class LateTracker(JsonFollower):
         self.origin = 0
         self.pending: list[Pending] = []  # (outermost first: a checked value may hold another)
         self.finished: list[tuple[Check, bytes]] = []
+        self.repeated_key = False  # a key was written twice in an object whose pairs the backend counts
         self._here: tuple = (None, None)  # what applies to the value beginning: (for sure, alternatives)
 
     def fork(self) -> "LateTracker":
@@ -502,7 +519,8 @@ class LateTracker(JsonFollower):
         f.pending = list(self.pending)
         f.origin = self.pending[0].start if self.pending else self.origin + len(self.out)
         f.out = bytearray(self.out[f.origin - self.origin:])
-        f.stack = [_Open(o.is_array, o.key, o.index, o.applies, o.alts) for o in self.stack]
+        f.stack = [_Open(o.is_array, o.key, o.index, o.applies, o.alts, None if o.keys is None else set(o.keys))
+                   for o in self.stack]
         return f
 
     def root_scalar(self) -> list[tuple[Check, bytes]]:
@@ -540,7 +558,8 @@ class LateTracker(JsonFollower):
         if alts is not None:  # (the choices whose types refuse this container cannot hold for it)
             kind = "array" if is_array else "object"
             alts = [alt for alt in alts if all(_may_be(n, kind) for n in alt)]
-        return _Open(is_array, applies=applies, alts=alts)
+        counts_pairs = not is_array and any(_backend_counts_pairs(a) for a in applies or ())
+        return _Open(is_array, applies=applies, alts=alts, keys=set() if counts_pairs else None)
 
     def _value_ends(self, kind: str) -> None:
         end = len(self.out) - (kind == "number")  # (the byte that ended a number is not part of it)
@@ -552,6 +571,10 @@ class LateTracker(JsonFollower):
             self.finished.append((((p.members.prefix,),), text))
 
     def _key_ends(self) -> None:
+        top = self.stack[-1]
+        if top.keys is not None:  # (a repeated key would make the backend's count of pairs overcount)
+            self.repeated_key |= top.key in top.keys
+            top.keys.add(top.key)
         for p in self.members_checked():  # (a name `propertyNames` refuses: refused as its quote closes)
             if p.members.names is not None:
                 self.finished.append((((p.members.names,),), b'{"' + bytes(self.buf) + b'": null}'))
@@ -596,6 +619,14 @@ def token_sets(vocab: Vocabulary) -> _TokenSets:
     return per_vocabulary(_TokenSets, vocab)
 
 
+def _leaves_any(words: np.ndarray, ids: list[int]) -> bool:
+    """The mask row `words` (uint32) allows some token besides `ids`."""
+    rest = words.copy()
+    banned = np.array(ids, dtype=np.int64)
+    np.bitwise_and.at(rest, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
+    return bool(rest.any())
+
+
 def _may_hold_value_ends(b: bytes) -> bool:
     """`b` may end a container, a string, a number or a literal."""
     if any(c in _CLOSE for c in b) or b.count(b'"') >= 2 or any(w in b for w in (b"true", b"false", b"null")):
@@ -620,7 +651,11 @@ class LateGrammar(CheckedGrammar):
         self.tokens = token_sets(vocab)  # (built here, on a compile thread, if start-up did not)
 
     def matcher(self) -> "LateMatcher":
-        return LateMatcher(self.inner.matcher(), LateTracker(self.plan), self.tokens)
+        inner = self.inner.matcher()
+        base = backend_matcher(inner)
+        if isinstance(base, LlgMatcher):  # (a repeated key would change the parsed value these checks judge)
+            base.write_distinct_keys()
+        return LateMatcher(inner, LateTracker(self.plan), self.tokens)
 
 
 class LateMatcher(CheckedMatcher):
@@ -642,6 +677,8 @@ class LateMatcher(CheckedMatcher):
         """Tokens that may finish a checked value from here (see `_TokenSets`; None: any allowed token)."""
         t, sets = self.tracker, self.tokens
         in_string = t.mode in ("string", "key")
+        if t.mode == "key" and t.stack[-1].keys is not None:
+            return sets.quote  # (a repeated key is refused as its quote closes; every other suspect holds a quote)
         if not t.pending or len(t.stack) > t.pending[-1].depth:  # (none, or inside the innermost: it or one in it)
             if not t.members_checked():
                 return sets.quote_whole if in_string else sets.whole
@@ -657,20 +694,33 @@ class LateMatcher(CheckedMatcher):
         return sets.delimiter
 
     def _refused(self, words: np.ndarray) -> np.ndarray:
+        """The tokens that finish a refused value; and those that repeat a key where the backend counts pairs,
+        unless nothing else is left (the key may have no other ending: the late count still decides then)."""
         self._verdicts = {}
         suspects = self._suspects()
         ids = (allowed_ids(words) if suspects is None else allowed_among(words, suspects)).tolist()
-        return np.array([t for t in ids if self._refuses(self.tokens.token_bytes[t] or b"")], dtype=np.int64)
+        refused, repeating = [], []
+        for t in ids:
+            finishes_refused, repeats_key = self._verdict(self.tokens.token_bytes[t] or b"")
+            if finishes_refused:
+                refused.append(t)
+            elif repeats_key:
+                repeating.append(t)
+        if repeating and _leaves_any(words, refused + repeating):
+            refused += repeating
+        return np.array(refused, dtype=np.int64)
 
     def _refuses(self, data: bytes) -> bool:
-        """`data` finishes a governed value its schema refuses (b"": the output ends here)."""
-        if data:
-            fork = self.tracker.fork()
-            fork.feed(data)
-            finished = fork.finished
-        else:
-            finished = self.tracker.root_scalar()
-        return not all(self._holds(check, text) for check, text in finished)
+        return any(self._verdict(data))
+
+    def _verdict(self, data: bytes) -> tuple[bool, bool]:
+        """Whether `data` finishes a governed value its schema refuses (b"": the output ends here), and whether
+        it repeats a key (`LateTracker.repeated_key`)."""
+        if not data:
+            return not all(self._holds(check, text) for check, text in self.tracker.root_scalar()), False
+        fork = self.tracker.fork()
+        fork.feed(data)
+        return not all(self._holds(check, text) for check, text in fork.finished), fork.repeated_key
 
     def _holds(self, check: Check, text: bytes) -> bool:
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import dataclass, field
 
 import llguidance
 import llguidance.hf
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
+from constrain.json_follower import Frame, JsonFollower, decode_key
 from constrain.support import STANDARD_FORMATS, pointers_of, walk
 from constrain.vocabulary import Vocabulary
 
@@ -43,14 +45,43 @@ _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever le
 _CLOSING_MARGIN = 8
 
 
-def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary) -> list[int] | None:
+class KeySets(JsonFollower):
+    """Follows the output with the keys written so far in each open object, so that a closing walk can avoid
+    writing a key twice in one object (which would parse as one property)."""
+
+    def _frame(self, is_array: bool) -> "_KeyedFrame":
+        return _KeyedFrame(is_array)
+
+    def _key_ends(self) -> None:
+        self.stack[-1].keys.add(self.stack[-1].key)
+
+    def closing_repeats_a_key(self) -> bool:
+        """A quote now would end a key that its object already has."""
+        return self.mode == "key" and not self.escaped and decode_key(bytes(self.buf)) in self.stack[-1].keys
+
+    def copy(self) -> "KeySets":
+        c = KeySets()
+        c.mode, c.escaped, c.buf = self.mode, self.escaped, bytearray(self.buf)
+        c.stack = [_KeyedFrame(f.is_array, f.key, f.index, set(f.keys)) for f in self.stack]
+        return c
+
+
+@dataclass
+class _KeyedFrame(Frame):
+    keys: set[str] = field(default_factory=set)  # objects: the keys written so far
+
+
+def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary,
+                   keys: KeySets | None = None) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
-    Greedy, not minimal: it may overestimate, which only makes forcing start earlier."""
+    Greedy, not minimal: it may overestimate, which only makes forcing start earlier. With `keys` (the output's
+    keys so far, at the same state) it writes no key twice in one object: `""`, then `"q"`, `"qq"`..."""
     byte_tokens = vocab.byte_tokens()
     order = [byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens]
     quote, letter = byte_tokens.get(ord('"')), byte_tokens.get(ord("q"))
     walk = matcher.deep_copy()
+    keys = keys.copy() if keys is not None else None
     out: list[int] = []
     while not walk.is_accepting():
         if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
@@ -62,17 +93,24 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary) -> list[i
                 if tid is None or not walk.consume_token(tid):
                     return None
                 out.append(tid)
+            if keys is not None:
+                keys.feed(forced)
             continue
-        # Inside a string both a letter and '"' fit: close it rather than write more of it.
+        # Inside a string both a letter and '"' fit: close it rather than write more of it, unless that would
+        # repeat a key.
+        repeats = keys is not None and keys.closing_repeats_a_key()
         if quote is not None and letter is not None and walk.validate_tokens([letter]) == 1 \
                 and walk.validate_tokens([quote]) == 1:
-            pick = quote
+            pick = letter if repeats else quote
         else:
-            pick = next((t for t in order if walk.validate_tokens([t]) == 1), None)
+            pick = next((t for t in order if walk.validate_tokens([t]) == 1 and not (repeats and t == quote)),
+                        None)
             if pick is None:
                 return None
         walk.consume_token(pick)
         out.append(pick)
+        if keys is not None:
+            keys.feed(vocab.token_bytes[pick])
     return vocab.spell(b"".join(vocab.token_bytes[t] for t in out))
 
 
@@ -262,12 +300,18 @@ class LlgMatcher(Matcher):
         self._vetted: tuple[int, list[int] | None] | None = None  # (token vet passed, the completion after it)
         self._measure_every = _CLOSING_RECHECK_STEPS
         self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
+        self._keys: KeySets | None = None  # the output's keys, when completions must not repeat one
+
+    def write_distinct_keys(self) -> None:
+        """Budget completions write no key twice in one object (before the first token). For checks that judge
+        the parsed value (constrain/late_keywords.py): `{"": 1, "": 2}` parses as one property."""
+        self._keys = KeySets()
 
     def _near(self, tokens_left: int) -> bool:
         return self._closing_len is not None and tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
 
-    def _measure(self, matcher: "llguidance.LLMatcher") -> list[int] | None:
-        closing = closing_tokens(matcher, self._g.vocab)
+    def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None) -> list[int] | None:
+        closing = closing_tokens(matcher, self._g.vocab, keys)
         self._since_measure = 0
         # A failed walk is the expensive one (it runs to _CLOSING_MAX_BYTES): never repeat it every step.
         self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None
@@ -285,7 +329,7 @@ class LlgMatcher(Matcher):
         if tokens_left is not None:
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
-                self._closing = self._measure(self._m)
+                self._closing = self._measure(self._m, self._keys)
                 self._closing_len = len(self._closing) if self._closing is not None else None
             if self._closing is not None and len(self._closing) == tokens_left:  # no slack: the completion
                 if self._closing:
@@ -321,11 +365,15 @@ class LlgMatcher(Matcher):
         probe = self._m.deep_copy()
         if not probe.consume_token(token_id):
             return token_id  # not allowed at all: accept refuses it
-        after = self._measure(probe)
+        keys = None
+        if self._keys is not None:
+            keys = self._keys.copy()
+            keys.feed(self._g.vocab.token_bytes[token_id])
+        after = self._measure(probe, keys)
         if after is not None and len(after) <= tokens_left - 1:
             self._vetted = (token_id, after)
             return token_id
-        here = self._closing if self._closing is not None else closing_tokens(self._m, self._g.vocab)
+        here = self._closing if self._closing is not None else closing_tokens(self._m, self._g.vocab, self._keys)
         if here and len(here) <= tokens_left:
             self._vetted = (here[0], here[1:])
             return here[0]
@@ -341,6 +389,8 @@ class LlgMatcher(Matcher):
         self._closing = vetted[1] if vetted is not None and vetted[0] == token_id else None
         if self._closing is not None:
             self._closing_len = len(self._closing)
+        if self._keys is not None:
+            self._keys.feed(tb[token_id])
         return self._m.consume_token(token_id)
 
     def is_terminated(self) -> bool:

@@ -92,7 +92,7 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
 
     walks = []
     real = llg_backend.closing_tokens
-    monkeypatch.setattr(llg_backend, "closing_tokens", lambda m, v: walks.append(1) or real(m, v))
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda m, v, keys=None: walks.append(1) or real(m, v, keys))
     g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z]{3000}", backend="llguidance"))
     m = g.matcher()
     bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
@@ -150,3 +150,34 @@ def test_llguidance_budget_holds_when_one_token_opens_many_obligations(gpt2_comp
             m = g.matcher()
             assert all(m.accept(t) for t in toks) and m.can_end(), (max_tokens, decode(vocabs["gpt2"], toks))
             jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "minProperties": 3},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "minProperties": 4},
+    {"type": "array", "items": {"type": "object", "minProperties": 2, "additionalProperties": {"type": "integer"}},
+     "minItems": 2},
+], ids=["free", "required-and-more", "items"])
+def test_llguidance_budget_completions_write_distinct_keys_where_keys_are_counted(schema, gpt2_compiler, vocabs):
+    """`minProperties` where keys may repeat is checked on the parsed object (constrain/late_keywords.py), so a
+    completion that wrote `{"": 1, "": 2}` would be refused at its last `}` and the answer would run to the limit.
+    The backend keeps counting pairs (its completions write enough of them) and completions write no key twice in
+    one object: walks from tight budgets up end complete, valid, with distinct keys."""
+    from constrain.checked import backend_matcher
+    from constrain.llg_backend import closing_tokens
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True, backend="llguidance"))
+    start = backend_matcher(g.matcher())
+    shortest = closing_tokens(start._m, vocabs["gpt2"], start._keys)
+    assert shortest is not None
+    jsonschema.validate(json.loads(decode(vocabs["gpt2"], shortest)), schema)
+    rng = random.Random(11)
+    for max_tokens in (len(shortest), len(shortest) + 2, len(shortest) + 8, 30, 50):
+        for _ in range(4):
+            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert ended, (max_tokens, b"".join(vocabs["gpt2"].token_bytes[t] for t in toks))
+            text = decode(vocabs["gpt2"], toks)
+            jsonschema.validate(json.loads(text), schema)
+            pairs = json.loads(text, object_pairs_hook=lambda kv: [k for k, _ in kv])
+            for keys in (pairs if schema["type"] == "array" else [pairs]):
+                assert len(keys) == len(set(keys)), text

@@ -178,11 +178,13 @@ def test_a_value_below_a_choice_is_refused_when_it_is_finished_not_with_the_docu
 def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_written(name, tokenizers, vocabs):
     """uniqueItems, propertyNames and maxProperties cannot be repaired by what follows: the container so far is
     checked as each member is finished, so the member's last token is refused (here the "}" of a repeated
-    object, the quote closing a refused name), not only the container's end."""
+    object, the quote closing a refused name or a repeated key), not only the container's end."""
     from constrain import GrammarCompiler
 
     names = {"type": "object", "propertyNames": {"anyOf": [{"maxLength": 2}, {"const": "long"}]},
              "additionalProperties": {"type": "integer"}}
+    letters = {"type": "object", "patternProperties": {"^[ab]$": True}, "additionalProperties": False,
+               "minProperties": 2}
     compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
     try:
         for schema, prefix, last, allowed in [
@@ -193,6 +195,12 @@ def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_writt
             (_object(names), '{"v": {"long": 1', ",", True),
             (_object(names), '{"v": {"abc', '":', False),  # (the name itself, as its quote closes)
             (_object(names), '{"v": {"ab', '":', True),
+            # where the backend counts pairs towards minProperties, a repeated key (which would count twice)
+            (_object({"type": "object", "minProperties": 2}), '{"v": {"a": 1, "a', '":', False),
+            (_object({"type": "object", "minProperties": 2}), '{"v": {"a": 1, "b', '":', True),
+            # ... unless the key has no other ending: no dead end, the count on the parsed object still decides
+            (_object(letters), '{"v": {"a": 1, "a', '":', True),
+            (_object(letters), '{"v": {"a": 1, "a": 2', "}", False),
         ]:
             g = _compile(compiler, schema)
             assert isinstance(g, LateGrammar)
