@@ -84,6 +84,22 @@ def test_tight_max_tokens_still_gives_a_complete_parsed_document(client, max_tok
         assert r.usage.completion_tokens <= max_tokens
 
 
+@pytest.mark.parametrize("max_tokens", [12, 25])
+def test_tight_max_tokens_gives_a_complete_document_where_keys_are_counted_on_the_parsed_object(client, max_tokens):
+    """`minProperties` on a free object is checked on the parsed object (a repeated key counts once): the budget
+    completion still closes in time, with distinct keys."""
+    schema = {"type": "object", "minProperties": 3}
+    for seed in range(2):
+        r = client.chat.completions.create(
+            model=MODEL, max_tokens=max_tokens, seed=seed, temperature=1.0, messages=HELLO,
+            response_format={"type": "json_schema", "json_schema": {"name": "bag", "strict": True, "schema": schema}})
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        keys = json.loads(choice.message.content, object_pairs_hook=lambda pairs: [k for k, _ in pairs])
+        assert len(set(keys)) == len(keys) >= 3
+        assert r.usage.completion_tokens <= max_tokens
+
+
 def test_json_object_with_schema_hosted_shape_validates(client):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
               "required": ["ok", "n"], "additionalProperties": False}
