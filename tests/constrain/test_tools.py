@@ -7,8 +7,10 @@ import random
 
 import jsonschema
 import pytest
+import torch
 
 from constrain import ConstraintError, parse_tool_calls, spec_from_request, tools_system_prompt
+from constrain.maskbench import walk_instance
 from tests.constrain.conftest import decode, random_walk
 
 TOOLS = [
@@ -133,3 +135,21 @@ def test_strict_is_per_function(tool_choice, gpt2_compiler):
         with pytest.raises(ConstraintError) as exc:
             gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice=tool_choice, backend=backend))
         assert exc.value.pointer == "/1/function/parameters/properties/tags/not"
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_escaped_argument_keys_cannot_pass_as_other_keys(tool_choice, gpt2_compiler, tokenizers, vocabs):
+    """Open parameters (no additionalProperties: false) name `city`: `\\u0063ity` would be another key to
+    llguidance, so `\\u` escapes in keys are refused in calls (constrain/plain_keys.py); free text is untouched."""
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}],
+                             tool_choice=tool_choice)
+    g = gpt2_compiler.compile(spec)
+    tok = tokenizers["gpt2"]
+    texts = [('[{"name": "f", "arguments": {"city": "Oslo", "n": 1}}]', True),
+             ('[{"name": "f", "arguments": {"city": "Oslo", "\\u0063ity": 1}}]', False)]
+    if tool_choice == "auto":
+        texts.append(('Say "\\u0063ity": 1', True))
+    bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    for text, accepted in texts:  # (token by token under the mask, as the engine samples)
+        assert walk_instance(g, tok.encode(text), tok.eos_token_id, bitmask, []) == accepted, text
