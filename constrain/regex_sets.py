@@ -20,6 +20,7 @@ matches before a final newline).
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import re
 import re._constants as sre
@@ -36,6 +37,7 @@ _SEARCH_PATTERN_CHARS = _MAX_OUTPUT_CHARS
 _SEARCH_NFA_STATES = 40_000
 _SEARCH_DFA_STATES = 4000
 _SEARCH_BUDGET = 5  # a budget of this many largest automata, shared by a schema's searches
+_EXAMPLE_NFA_STATES = 10_000
 _TOP = 0x10FFFF
 
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
@@ -65,6 +67,12 @@ class Work:
         """The limits of `pattern_search`, and a budget for the searches of one schema."""
         return cls(_SEARCH_BUDGET * _SEARCH_NFA_STATES, _SEARCH_BUDGET * _SEARCH_DFA_STATES, _SEARCH_NFA_STATES,
                    _SEARCH_DFA_STATES, _SEARCH_PATTERN_CHARS)
+
+    @classmethod
+    def for_example(cls) -> "Work":
+        """The limits of `pattern_example` (small: examples are hints, and a compile computes them), and a budget
+        for the examples of one schema."""
+        return cls(_EXAMPLE_NFA_STATES * 4, 0, _EXAMPLE_NFA_STATES, _SEARCH_DFA_STATES, _SEARCH_PATTERN_CHARS)
 
     def spend_nfa(self) -> None:
         self.nfa_states -= 1
@@ -123,6 +131,62 @@ def pattern_search(pattern: str, work: Work | None = None):
         return matched[state]
 
     return search
+
+
+def pattern_example(pattern: str, work: Work | None = None) -> str | None:
+    """A shortest string in which `pattern` finds a match (as `pattern_search` means it), written with letters,
+    digits and other printable ASCII where the pattern allows, never `"`, `\\` or a control character: something
+    a completion can write inside a JSON string. None when the pattern is out of reach or nothing fits. A
+    shortest path through the pattern's NFA (no DFA is built: linear in the pattern's size)."""
+    work = work or Work.for_example()
+    trees = _parse([pattern], work)
+    if trees is None:
+        return None
+    try:
+        nfa = _Nfa(work)
+        start, end = nfa.search(list(trees[0]))
+    except (_Unsupported, RecursionError):
+        return None
+    best = {start: 0}
+    came: dict[int, tuple[int, str]] = {}
+    queue = collections.deque([start])
+    while queue:  # (0-1 breadth first: an epsilon move costs nothing, a character one)
+        state = queue.popleft()
+        if state == end:
+            out = []
+            while state != start:
+                state, ch = came[state]
+                out.append(ch)
+            return "".join(reversed(out))
+        for cost, moves in ((0, [(t, "") for t in nfa.eps[state]]),
+                            (1, [(t, _representative(s)) for s, t in nfa.edges[state]])):
+            for nxt, ch in moves:
+                if ch is None or best.get(nxt, len(nfa.eps) + 1) <= best[state] + cost:
+                    continue
+                best[nxt], came[nxt] = best[state] + cost, (state, ch)
+                queue.appendleft(nxt) if cost == 0 else queue.append(nxt)
+    return None
+
+
+_PREFERRED = [*range(ord("a"), ord("z") + 1), *range(ord("0"), ord("9") + 1), *range(ord("A"), ord("Z") + 1),
+              *(c for c in range(0x20, 0x7F) if not chr(c).isalnum() and chr(c) not in '"\\')]
+
+
+@functools.lru_cache(maxsize=1024)
+def _representative(ranges: Ranges) -> str | None:
+    """A character of `ranges` to write: printable ASCII by preference, else the first code point that is not a
+    control character, a surrogate, `"` or `\\`."""
+    inside = lambda c: any(lo <= c <= hi for lo, hi in ranges)  # noqa: E731
+    for c in _PREFERRED:
+        if inside(c):
+            return chr(c)
+    for lo, hi in ranges:
+        c = max(lo, 0xA0)
+        if 0xD800 <= c <= 0xDFFF:
+            c = 0xE000
+        if c <= hi:
+            return chr(c)
+    return None
 
 
 def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:

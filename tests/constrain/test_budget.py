@@ -92,7 +92,8 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
 
     walks = []
     real = llg_backend.closing_tokens
-    monkeypatch.setattr(llg_backend, "closing_tokens", lambda m, v, keys=None: walks.append(1) or real(m, v, keys))
+    monkeypatch.setattr(llg_backend, "closing_tokens",
+                        lambda m, v, keys=None, hints=(): walks.append(1) or real(m, v, keys, hints))
     g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z]{3000}", backend="llguidance"))
     m = g.matcher()
     bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
@@ -181,3 +182,26 @@ def test_llguidance_budget_completions_write_distinct_keys_where_keys_are_counte
             pairs = json.loads(text, object_pairs_hook=lambda kv: [k for k, _ in kv])
             for keys in (pairs if schema["type"] == "array" else [pairs]):
                 assert len(keys) == len(set(keys)), text
+
+
+@pytest.mark.parametrize("string", [
+    {"type": "string", "pattern": "[a-f0-9]{24}"},  # searched anywhere: any byte fits until a match is written
+    {"type": "string", "pattern": r"^[_a-z0-9-]+(\.[_a-z0-9-]+)*@[_a-z0-9-]+(\.[a-z]{2,3})$"},
+    {"type": "string", "format": "email"},
+], ids=["unanchored", "email-pattern", "email-format"])
+def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_finish(string, gpt2_compiler, vocabs):
+    """A closing walk inside such a string kept writing one byte (`}}}}`, `0000`) and found no completion, so no
+    budget rule: answers ran to the limit. It now tries the schema's pattern and format examples (and their tails)
+    when stuck: walks entering the string at random end complete and valid."""
+    from constrain.spec import normalise_schema
+
+    schema = {"type": "object", "properties": {"id": string}, "required": ["id"], "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    rng = random.Random(13)
+    for max_tokens in (30, 50):
+        for _ in range(5):
+            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert ended, b"".join(vocabs["gpt2"].token_bytes[t] for t in toks)
+            assert checker.is_valid(json.loads(decode(vocabs["gpt2"], toks)))
