@@ -78,9 +78,7 @@ class CheckedMatcher(Matcher):
 
     def _ban(self, words: np.ndarray) -> bool:
         """Clears the refused tokens' bits; whether any allowed token is left."""
-        banned = self._refused(words)
-        if len(banned):
-            np.bitwise_and.at(words, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
+        clear_ids(words, self._refused(words))
         return bool(words.any())
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
@@ -112,6 +110,12 @@ def backend_matcher(matcher: Matcher) -> Matcher:
     while isinstance(matcher, CheckedMatcher):
         matcher = matcher.inner
     return matcher
+
+
+def clear_ids(words: np.ndarray, ids: np.ndarray) -> None:
+    """Clears the bits of `ids` in the mask row `words` (uint32), in place."""
+    if len(ids):
+        np.bitwise_and.at(words, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
 
 
 def allowed_among(words: np.ndarray, ids: np.ndarray) -> np.ndarray:

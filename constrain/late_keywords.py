@@ -35,7 +35,7 @@ import jsonschema
 import numpy as np
 
 from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, backend_matcher,
-                               per_vocabulary)
+                               clear_ids, per_vocabulary)
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
 from constrain.llg_backend import LlgMatcher
@@ -622,8 +622,7 @@ def token_sets(vocab: Vocabulary) -> _TokenSets:
 def _leaves_any(words: np.ndarray, ids: list[int]) -> bool:
     """The mask row `words` (uint32) allows some token besides `ids`."""
     rest = words.copy()
-    banned = np.array(ids, dtype=np.int64)
-    np.bitwise_and.at(rest, banned >> 5, ~(np.uint32(1) << (banned & 31).astype(np.uint32)))
+    clear_ids(rest, np.array(ids, dtype=np.int64))
     return bool(rest.any())
 
 

@@ -29,9 +29,9 @@ from constrain.vocabulary import Vocabulary
 # Keywords through which a key's name selects what applies to its value, or counts.
 _NAMING = frozenset({"properties", "patternProperties", "required", "propertyNames", "dependencies",
                      "dependentRequired", "dependentSchemas"})
-_MAX_STATES = 4096
+_MAX_STATES = 4096  # lexical states whose refused tokens are kept per vocabulary
 _U = ord("u")
-_NONE = np.zeros(0, dtype=np.int64)  # lexical states whose refused tokens are kept per vocabulary
+_NONE = np.zeros(0, dtype=np.int64)  # no token refused
 
 
 def keys_need_plain_spelling(schema: Any) -> bool:
