@@ -48,6 +48,7 @@ class CheckedMatcher(Matcher):
     def __init__(self, inner: Matcher, token_bytes: list[bytes | None]):
         self.inner = inner
         self.token_bytes = token_bytes
+        self._refused_here: np.ndarray | None = None  # the ids the last mask cleared at this state (None: no mask)
 
     @abc.abstractmethod
     def _active(self) -> bool:
@@ -67,6 +68,7 @@ class CheckedMatcher(Matcher):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         self.inner.fill_bitmask(bitmask, row, tokens_left)
+        self._refused_here = _NONE
         if not self._active():
             return
         words = bitmask[row].numpy().view(np.uint32)
@@ -78,7 +80,8 @@ class CheckedMatcher(Matcher):
 
     def _ban(self, words: np.ndarray) -> bool:
         """Clears the refused tokens' bits; whether any allowed token is left."""
-        clear_ids(words, self._refused(words))
+        self._refused_here = self._refused(words)
+        clear_ids(words, self._refused_here)
         return bool(words.any())
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
@@ -91,7 +94,13 @@ class CheckedMatcher(Matcher):
         return vetted
 
     def accept(self, token_id: int) -> bool:
-        if not self.inner.accept(token_id):
+        """False for a token the check refuses here, as the mask does: judged by the ids the last mask at this
+        state cleared (the engine fills one every step), else by filling one."""
+        if self._refused_here is None:
+            scratch = torch.zeros((1, (len(self.token_bytes) + 31) // 32), dtype=torch.int32)
+            self.fill_bitmask(scratch, 0)
+        refused, self._refused_here = self._refused_here, None
+        if token_id in refused or not self.inner.accept(token_id):
             return False
         data = self.token_bytes[token_id]
         if data:
@@ -103,6 +112,9 @@ class CheckedMatcher(Matcher):
 
     def can_end(self) -> bool:
         return self.inner.can_end()
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 def backend_matcher(matcher: Matcher) -> Matcher:
