@@ -134,23 +134,52 @@ def pattern_search(pattern: str, work: Work | None = None):
 
 
 def pattern_example(pattern: str, work: Work | None = None) -> str | None:
-    """A shortest string in which `pattern` finds a match (as `pattern_search` means it), written with letters,
-    digits and other printable ASCII where the pattern allows, never `"`, `\\` or a control character: something
-    a completion can write inside a JSON string. None when the pattern is out of reach or nothing fits. A
-    shortest path through the pattern's NFA (no DFA is built: linear in the pattern's size)."""
+    """A shortest string in which `pattern` finds a match (as `pattern_search` means it); see `pattern_examples`."""
+    examples = pattern_examples(pattern, work)
+    return examples[0] if examples else None
+
+
+def pattern_examples(pattern: str, work: Work | None = None) -> list[str]:
+    """For each top-level alternative of `pattern` (`^all|tags$`: `^all` and `tags$`), a shortest string in which
+    it finds a match, shortest first, without repeats: a completion that wrote what rules one alternative out can
+    still finish with another. Written with letters, digits and other printable ASCII where the pattern allows,
+    then other characters, `"` and `\\` only where nothing else fits, never a control character. Empty when the
+    pattern is out of reach or nothing fits. Shortest paths through each alternative's NFA (no DFA is built:
+    linear in the pattern's size)."""
     work = work or Work.for_example()
     trees = _parse([pattern], work)
     if trees is None:
-        return None
-    try:
-        nfa = _Nfa(work)
-        start, end = nfa.search(list(trees[0]))
-    except (_Unsupported, RecursionError):
-        return None
+        return []
+    found: dict[str, None] = {}
+    for items, begin in _alternatives(list(trees[0])):
+        try:
+            nfa = _Nfa(work)
+            example = _shortest(nfa, *nfa.search_one(items, begin))
+        except (_Unsupported, RecursionError):
+            continue
+        if example is not None:
+            found[example] = None
+    return sorted(found, key=len)
+
+
+def _alternatives(items: list, begin: bool = False) -> list[tuple[list, bool]]:
+    """The top-level alternatives of a parsed pattern, each with whether it is anchored at the start."""
+    if items[:1] in ([(sre.AT, sre.AT_BEGINNING)], [(sre.AT, sre.AT_BEGINNING_STRING)]):
+        begin, items = True, items[1:]  # (Python's parser hoists a `^` common to all alternatives)
+    if len(items) == 1 and items[0][0] is sre.BRANCH:
+        return [alt for branch in items[0][1][1] for alt in _alternatives(list(branch), begin)]
+    if len(items) == 1 and items[0][0] is sre.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
+        return _alternatives(list(items[0][1][3]), begin)
+    return [(items, begin)]
+
+
+def _shortest(nfa: "_Nfa", start: int, end: int) -> str | None:
+    """The characters of a shortest path from `start` to `end` (0-1 breadth first: an epsilon move costs nothing,
+    a character one), or None."""
     best = {start: 0}
     came: dict[int, tuple[int, str]] = {}
     queue = collections.deque([start])
-    while queue:  # (0-1 breadth first: an epsilon move costs nothing, a character one)
+    while queue:
         state = queue.popleft()
         if state == end:
             out = []
@@ -175,7 +204,7 @@ _PREFERRED = [*range(ord("a"), ord("z") + 1), *range(ord("0"), ord("9") + 1), *r
 @functools.lru_cache(maxsize=1024)
 def _representative(ranges: Ranges) -> str | None:
     """A character of `ranges` to write: printable ASCII by preference, else the first code point that is not a
-    control character, a surrogate, `"` or `\\`."""
+    control character or a surrogate, `"` and `\\` last (a JSON string holds them escaped)."""
     inside = lambda c: any(lo <= c <= hi for lo, hi in ranges)  # noqa: E731
     for c in _PREFERRED:
         if inside(c):
@@ -186,7 +215,7 @@ def _representative(ranges: Ranges) -> str | None:
             c = 0xE000
         if c <= hi:
             return chr(c)
-    return None
+    return next((ch for ch in '"\\' if inside(ord(ch))), None)
 
 
 def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:
@@ -344,14 +373,15 @@ class _Nfa:
         self.edges[a].append((s, b))
         return a, b
 
-    def search(self, items: list, begin: bool = False) -> tuple[int, int]:
+    def search(self, items: list) -> tuple[int, int]:
         """A match anywhere: each top-level alternative gets `[\\s\\S]*` on the sides it does not anchor."""
-        if items[:1] in ([(sre.AT, sre.AT_BEGINNING)], [(sre.AT, sre.AT_BEGINNING_STRING)]):
-            begin, items = True, items[1:]  # (Python's parser hoists a `^` common to all alternatives)
-        if len(items) == 1 and items[0][0] is sre.BRANCH:
-            return self._alternation([self.search(list(alt), begin) for alt in items[0][1][1]])
-        if len(items) == 1 and items[0][0] is sre.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
-            return self.search(list(items[0][1][3]), begin)
+        alternatives = _alternatives(items)
+        if len(alternatives) == 1:
+            return self.search_one(*alternatives[0])
+        return self._alternation([self.search_one(alt, begin) for alt, begin in alternatives])
+
+    def search_one(self, items: list, begin: bool) -> tuple[int, int]:
+        """A match anywhere of one top-level alternative (`_alternatives`), anchored at the start or not."""
         end = items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
         items = items[:-1] if end else items
         parts = ([] if begin else [self._star(self.chars(_ANY))]) + [self.sequence(items)] \

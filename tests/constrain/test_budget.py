@@ -188,11 +188,14 @@ def test_llguidance_budget_completions_write_distinct_keys_where_keys_are_counte
     {"type": "string", "pattern": "[a-f0-9]{24}"},  # searched anywhere: any byte fits until a match is written
     {"type": "string", "pattern": r"^[_a-z0-9-]+(\.[_a-z0-9-]+)*@[_a-z0-9-]+(\.[a-z]{2,3})$"},
     {"type": "string", "format": "email"},
-], ids=["unanchored", "email-pattern", "email-format"])
+    {"type": "string", "pattern": "^all|tags$"},  # once the string does not start with "all", it ends with "tags"
+    {"type": "string", "pattern": "(^Hpt_|^Int_|_Armour_)"},
+], ids=["unanchored", "email-pattern", "email-format", "anchored-alternatives", "searched-alternatives"])
 def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_finish(string, gpt2_compiler, vocabs):
-    """A closing walk inside such a string kept writing one byte (`}}}}`, `0000`) and found no completion, so no
-    budget rule: answers ran to the limit. It now tries the schema's pattern and format examples (and their tails)
-    when stuck: walks entering the string at random end complete and valid."""
+    """A closing walk inside such a value kept writing one byte (`}}}}`, `0000`) and found no completion, so no
+    budget rule: answers ran to the limit. It now tries the schema's pattern and format examples (one per top-level
+    alternative, and their tails) when stuck, else another byte: walks entering the value at random end complete
+    and valid."""
     from constrain.spec import normalise_schema
 
     schema = {"type": "object", "properties": {"id": string}, "required": ["id"], "additionalProperties": False}
@@ -205,3 +208,27 @@ def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_f
             toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
             assert ended, b"".join(vocabs["gpt2"].token_bytes[t] for t in toks)
             assert checker.is_valid(json.loads(decode(vocabs["gpt2"], toks)))
+
+
+@pytest.mark.parametrize("value, prefix", [
+    ({"type": "number", "exclusiveMinimum": 0}, "0.000"),  # a digit other than 0 closes it
+    ({"type": "string", "pattern": r"^\\d+/\\d+$"}, '"\\\\ddd'),  # literal backslashes, written escaped
+    ({"type": "string", "pattern": r"^a\s*\+b$"}, '"a  '),  # spaces fit forever; only `+b` ends it
+    ({"type": "string", "pattern": "^all|tags$"}, '"x'),  # no longer "all...": "...tags"
+])
+def test_a_closing_walk_finishes_values_where_its_greedy_byte_would_repeat_forever(value, prefix, gpt2_compiler,
+                                                                                  tokenizers, vocabs):
+    """From inside such a value the greedy walk wrote the same byte until it gave up (no completion, so no budget
+    rule). Now it tries the pattern's examples, then another byte, and finds a completion."""
+    from constrain.checked import backend_matcher
+    from constrain.llg_backend import closing_tokens
+
+    schema = {"type": "object", "properties": {"id": value}, "required": ["id"], "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True, backend="llguidance"))
+    m = g.matcher()
+    start = '{"id": ' + prefix
+    assert all(m.accept(t) for t in tokenizers["gpt2"].encode(start, add_special_tokens=False))
+    backend = backend_matcher(m)
+    closing = closing_tokens(backend._m, vocabs["gpt2"], backend._keys, backend._g.hints)
+    assert closing is not None
+    jsonschema.validate(json.loads(start + decode(vocabs["gpt2"], closing)), schema)
