@@ -45,6 +45,7 @@ _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion thi
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
 # Sampled tokens are vetted from twice the completion plus this many tokens before the budget runs out.
 _CLOSING_MARGIN = 8
+_CLOSING_GROWTH = 32  # tokens by which a completion may grow at once before any growth is seen (see LlgGrammar)
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 _MAX_HINTS = 32
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
@@ -352,6 +353,10 @@ class LlgGrammar(Grammar):
                  hints: tuple[bytes, ...] = ()):
         self.lltok = lltok
         self.hints = hints  # strings the schema's patterns and formats accept, for closing walks (`string_hints`)
+        # How much a completion's length may grow from one measure to the next (one `,{"` can open an item that
+        # needs 40 more tokens): vetting starts that much earlier. The most seen over this grammar's matchers so
+        # far, and at least _CLOSING_GROWTH for growth not seen yet.
+        self.closing_growth = _CLOSING_GROWTH
         self.text = text
         self.vocab = vocab
         self.unenforced = unenforced
@@ -383,10 +388,14 @@ class LlgMatcher(Matcher):
         self._keys = KeySets()
 
     def _near(self, tokens_left: int) -> bool:
-        return self._closing_len is not None and tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN)
+        return self._closing_len is not None and \
+            tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN) + self._g.closing_growth
 
     def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None) -> list[int] | None:
+        """A completion from `matcher` (the state now, or after a probed token); notes how much it grew."""
         closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints)
+        if closing is not None and self._closing_len is not None:
+            self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
         self._since_measure = 0
         # A failed walk is the expensive one (it runs to _CLOSING_MAX_BYTES): never repeat it every step.
         self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None

@@ -232,3 +232,20 @@ def test_a_closing_walk_finishes_values_where_its_greedy_byte_would_repeat_forev
     closing = closing_tokens(backend._m, vocabs["gpt2"], backend._keys, backend._g.hints)
     assert closing is not None
     jsonschema.validate(json.loads(start + decode(vocabs["gpt2"], closing)), schema)
+
+
+def test_llguidance_budget_sees_a_token_that_opens_a_large_item_coming(gpt2_compiler, vocabs):
+    """`,{` opening another item with four required members makes the completion ~30 tokens longer at once: with
+    the vetting zone sized by the completion alone, walks that had room to close the array opened one item too
+    many and ran to the limit. The zone now has room for such growth (an allowance, or the most growth seen with
+    the schema), so such walks close in time."""
+    item = {"type": "object", "properties": {k: {"type": "integer"} for k in ("alpha", "beta", "gamma", "delta")},
+            "required": ["alpha", "beta", "gamma", "delta"], "additionalProperties": False}
+    schema = {"type": "array", "items": item}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True, backend="llguidance"))
+    rng = random.Random(5)
+    for max_tokens in (60, 80, 100):
+        for _ in range(6):
+            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert ended, (max_tokens, b"".join(vocabs["gpt2"].token_bytes[t] for t in toks))
+            jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
