@@ -45,7 +45,10 @@ _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion thi
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
 # Sampled tokens are vetted from twice the completion plus this many tokens before the budget runs out.
 _CLOSING_MARGIN = 8
-_CLOSING_GROWTH = 32  # tokens by which a completion may grow at once before any growth is seen (see LlgGrammar)
+# A token holding one of these bytes can open a member, an item or a value with required parts: before any growth
+# is seen with a schema, such a token is vetted as if the completion could grow by _CLOSING_GROWTH tokens at once.
+_OPENERS = frozenset(b"{[,:")
+_CLOSING_GROWTH = 32
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 _MAX_HINTS = 32
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
@@ -353,10 +356,9 @@ class LlgGrammar(Grammar):
                  hints: tuple[bytes, ...] = ()):
         self.lltok = lltok
         self.hints = hints  # strings the schema's patterns and formats accept, for closing walks (`string_hints`)
-        # How much a completion's length may grow from one measure to the next (one `,{"` can open an item that
-        # needs 40 more tokens): vetting starts that much earlier. The most seen over this grammar's matchers so
-        # far, and at least _CLOSING_GROWTH for growth not seen yet.
-        self.closing_growth = _CLOSING_GROWTH
+        # The most a completion's length grew from one measure to the next, over this grammar's matchers so far
+        # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
+        self.closing_growth = 0
         self.text = text
         self.vocab = vocab
         self.unenforced = unenforced
@@ -387,9 +389,11 @@ class LlgMatcher(Matcher):
         the parsed value (constrain/late_keywords.py): `{"": 1, "": 2}` parses as one property."""
         self._keys = KeySets()
 
-    def _near(self, tokens_left: int) -> bool:
+    def _near(self, tokens_left: int, allowance: int = 0) -> bool:
+        """Close enough to the budget that a token may no longer leave room for the completion (`allowance`:
+        growth to allow for beyond what was seen)."""
         return self._closing_len is not None and \
-            tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN) + self._g.closing_growth
+            tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN) + max(self._g.closing_growth, allowance)
 
     def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None) -> list[int] | None:
         """A completion from `matcher` (the state now, or after a probed token); notes how much it grew."""
@@ -442,9 +446,13 @@ class LlgMatcher(Matcher):
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """Near the budget: the sampled token if the output can still be completed after it within the tokens
         left, else the next token of the completion measured from here (which fits, by the same rule one step
-        earlier)."""
+        earlier). A token that may open something (`_OPENERS`) is vetted earlier: it may make the completion grow
+        at once by more than any growth seen so far."""
         self._vetted = None
-        if tokens_left is None or not self._near(tokens_left):
+        if tokens_left is None:
+            return token_id
+        data = self._g.vocab.token_bytes[token_id] or b""
+        if not self._near(tokens_left, _CLOSING_GROWTH if _OPENERS.intersection(data) else 0):
             return token_id
         probe = self._m.deep_copy()
         if not probe.consume_token(token_id):
