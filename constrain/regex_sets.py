@@ -70,7 +70,7 @@ class Work:
 
     @classmethod
     def for_example(cls) -> "Work":
-        """The limits of `pattern_example`, and a budget for the examples of one schema: NFAs only (no state
+        """The limits of `pattern_examples`, and a budget for the examples of one schema: NFAs only (no state
         sets: a compile computes them), counted repeats up to the searches' limit."""
         return cls(_EXAMPLE_NFA_STATES * 4, 0, _EXAMPLE_NFA_STATES, _SEARCH_DFA_STATES, _SEARCH_PATTERN_CHARS)
 
