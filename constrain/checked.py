@@ -68,7 +68,7 @@ class CheckedMatcher(Matcher):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         self.inner.fill_bitmask(bitmask, row, tokens_left)
-        self._refused_here = _NONE
+        self._refused_here = NO_IDS
         if not self._active():
             return
         words = bitmask[row].numpy().view(np.uint32)
@@ -114,7 +114,7 @@ class CheckedMatcher(Matcher):
         return self.inner.can_end()
 
 
-_NONE = np.zeros(0, dtype=np.int64)
+NO_IDS = np.zeros(0, dtype=np.int64)  # no token (ids are int64, as the mask helpers take them)
 
 
 def backend_matcher(matcher: Matcher) -> Matcher:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from constrain.checked import CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
+from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
 from constrain.vocabulary import Vocabulary
@@ -31,7 +31,6 @@ _NAMING = frozenset({"properties", "patternProperties", "required", "propertyNam
                      "dependentRequired", "dependentSchemas"})
 _MAX_STATES = 4096  # lexical states whose refused tokens are kept per vocabulary
 _U = ord("u")
-_NONE = np.zeros(0, dtype=np.int64)  # no token refused
 
 
 def keys_need_plain_spelling(schema: Any) -> bool:
@@ -139,11 +138,11 @@ class PlainKeysMatcher(CheckedMatcher):
         super().__init__(inner, tokens.token_bytes)
         self.tokens = tokens
         self.follower = _KeyFollower()
-        self._candidates = _NONE  # this step's: the tokens that write a key escape from here
+        self._candidates = NO_IDS  # this step's: the tokens that write a key escape from here
 
     def _active(self) -> bool:
         """Some token could write a key escape from here (outside keys, next to none can: the step costs a lookup)."""
-        self._candidates = self.tokens.refused(self.follower.state()) if self.follower.mode != "off" else _NONE
+        self._candidates = self.tokens.refused(self.follower.state()) if self.follower.mode != "off" else NO_IDS
         return len(self._candidates) > 0
 
     def _refused(self, words: np.ndarray) -> np.ndarray:

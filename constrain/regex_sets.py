@@ -133,12 +133,6 @@ def pattern_search(pattern: str, work: Work | None = None):
     return search
 
 
-def pattern_example(pattern: str, work: Work | None = None) -> str | None:
-    """A shortest string in which `pattern` finds a match (as `pattern_search` means it); see `pattern_examples`."""
-    examples = pattern_examples(pattern, work)
-    return examples[0] if examples else None
-
-
 def pattern_examples(pattern: str, work: Work | None = None) -> list[str]:
     """For each top-level alternative of `pattern` (`^all|tags$`: `^all` and `tags$`), a shortest string in which
     it finds a match, shortest first, without repeats: a completion that wrote what rules one alternative out can
