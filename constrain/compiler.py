@@ -138,6 +138,11 @@ class GrammarCompiler:
     def compile(self, spec: ConstraintSpec) -> Grammar:
         """Blocking compile (or cache hit). Raises ConstraintError on refusal, failure, limits or time-out."""
         backend = spec.backend if spec.backend in ("outlines", "llguidance") else self.backend
+        if spec.kind == "json_schema" and spec.schema is False:
+            self.stats.errors += 1
+            raise ConstraintError("cannot compile constraint: Unsatisfiable schema: it is `false`, or rewrites to "
+                                  "`false` (such as {\"not\": {}}): no JSON document satisfies it",
+                                  param=spec.param)
         t0 = time.perf_counter()
         try:
             plan = self._unique_plan(spec)

@@ -52,6 +52,8 @@ def normalise_schema(schema: Any) -> Any:
         out = rewrite_schema(out)
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
         log.debug("schema rewrite failed", exc_info=True)
+    if out is True:  # the boolean schema `true` accepts every JSON value, as `{}` does (which the backends take)
+        out = {}
     if key is not None:  # (a schema that is not plain JSON is not remembered)
         with _valid_lock:
             _normal[key] = out

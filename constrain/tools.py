@@ -54,7 +54,11 @@ def call_schema(functions: list[dict], single: bool) -> dict:
         if params is None:
             params = {"type": "object", "properties": {}, "additionalProperties": False}
         key = f"tool{i}"
-        defs[key] = _rebase_refs(copy.deepcopy(normalise_schema(params)), f"#/$defs/{key}")
+        params = normalise_schema(params)
+        if params is False:
+            raise ConstraintError(f"tools[{i}].function.parameters: Unsatisfiable schema: it rewrites to `false` "
+                                  "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
+        defs[key] = _rebase_refs(copy.deepcopy(params), f"#/$defs/{key}")
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
                                                           "arguments": {"$ref": f"#/$defs/{key}"}},
                          "required": ["name", "arguments"], "additionalProperties": False})

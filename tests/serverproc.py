@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,9 +27,10 @@ class ServerProcess:
                  log_path: Path | None = None):
         self.port = free_port()
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
-        # Its own cache directory: a grammar cache left by an earlier run never leaks into a test.
+        # Its own cache directory: a grammar cache left by an earlier run never leaks into a test; removed on exit.
+        self.cache_home = tempfile.mkdtemp(prefix="structgen-test-cache-")
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                    "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="structgen-test-cache-"), **(env or {})}
+                    "XDG_CACHE_HOME": self.cache_home, **(env or {})}
         self.startup_timeout = startup_timeout
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
@@ -62,3 +64,4 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.cache_home, ignore_errors=True)

@@ -58,6 +58,11 @@ def ended_walks_valid(grammar, vocab, schema: dict, seed: int, walks: int = 25, 
 def accepts_value(grammar, tokenizer, vocab, value) -> bool:
     """The grammar (over `{"v": ...}` documents) takes `{"v": value}`, spelled as the tokenizer spells it,
     token by token through the mask, and may end after it. Non-ASCII is written raw, as a model writes it."""
-    tokens = tokenizer.encode(json.dumps({"v": value}, ensure_ascii=False), add_special_tokens=False)
+    return accepts_document(grammar, tokenizer, vocab, {"v": value})
+
+
+def accepts_document(grammar, tokenizer, vocab, document) -> bool:
+    """The grammar takes the JSON text of `document` (non-ASCII raw) token by token and may end after it."""
+    tokens = tokenizer.encode(json.dumps(document, ensure_ascii=False), add_special_tokens=False)
     bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
     return walk_instance(grammar, tokens, min(vocab.eos_token_ids), bitmask, [])

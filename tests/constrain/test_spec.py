@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, spec_from_request
+from tests.constrain.conftest import accepts_document, ended_walks_valid
 
 S = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
 
@@ -65,6 +66,23 @@ def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compile
     lax = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
     g = gpt2_compiler.compile(lax)
     assert g.unenforced == ("/properties/tags/not",)
+
+
+def test_the_boolean_schema_true_takes_any_value_and_false_is_refused_as_unsatisfiable(gpt2_compiler, vocabs,
+                                                                                       tokenizers):
+    """`true` (and what rewrites to it) accepts every JSON value, as `{}` does; `false` (and `{"not": {}}`) accepts
+    none: a 400 that says so, not a backend's message about options it could not attach to a boolean."""
+    for schema in (True, {"not": {"not": {}}}):
+        spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+        g = gpt2_compiler.compile(spec)
+        for value in ([1, "a"], "text", None, 2.5, {"k": {}}):
+            assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+        assert ended_walks_valid(g, vocabs["gpt2"], {}, seed=3, walks=10) > 0
+    for schema in (False, {"not": {}}):
+        spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "f", "schema": schema}})
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(spec)
+        assert "Unsatisfiable" in exc.value.message and exc.value.param == "response_format"
 
 
 

@@ -70,6 +70,10 @@ def test_tool_choice_none_and_errors():
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(tools=[{"type": "function", "function": {"parameters": {}}}])
     assert exc.value.param == "tools"
+    with pytest.raises(ConstraintError) as exc:  # parameters no arguments satisfy
+        spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}],
+                          tool_choice="required")
+    assert exc.value.param == "tools" and "tools[0].function.parameters: Unsatisfiable" in exc.value.message
 
 
 def test_system_prompt_names_functions_and_format():

@@ -106,6 +106,17 @@ def test_unsupported_schema_keyword_in_strict_mode_is_400(http):
     _assert_error(r, 400, "response_format")
 
 
+def test_boolean_schemas_true_is_any_value_and_false_is_a_400(http):
+    def ask(schema):
+        return http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 8,
+                                                       "response_format": {"type": "json_schema", "json_schema": {
+                                                           "name": "b", "schema": schema}}})
+    r = ask(True)
+    assert r.status_code == 200, r.text
+    error = _assert_error(ask(False), 400, "response_format")
+    assert "Unsatisfiable" in error["message"] and error["code"] == "invalid_constraint"
+
+
 # llguidance 1.9.1 exceeds its per-token lexer work on this pattern within a 1000-character bound
 TOO_COMPLEX = {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 1000}
 
