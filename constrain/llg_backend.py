@@ -104,11 +104,12 @@ def string_hints(schema: Any) -> tuple[bytes, ...]:
 
 
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
-                   hints: tuple[bytes, ...] = ()) -> list[int] | None:
+                   hints: tuple[bytes, ...] = (), distinct_keys: bool = False) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
-    Greedy, not minimal: it may overestimate, which only makes forcing start earlier. With `keys` (the output's
-    keys so far, at the same state) it writes no key twice in one object: `""`, then `"q"`, `"qq"`... With
+    Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON
+    output so far (at the same state): inside a string, a quote that fits ends it (`}` there is only a
+    character), and with `distinct_keys` it writes no key twice in one object: `""`, then `"q"`, `"qq"`... With
     `hints` (`string_hints`), a walk that keeps writing one byte tries to finish the string with a hint, or with
     a hint's tail, after which a closing quote fits. Failing that, it stops writing that byte where another fits
     (`0.000...` under `exclusiveMinimum: 0` goes on with a 1), until it next writes a closer."""
@@ -147,12 +148,17 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                     keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
                 continue
             avoid.add(last)
-        # Inside a string both a letter and '"' fit: close it rather than write more of it, unless that would
-        # repeat a key.
-        repeats = keys is not None and keys.closing_repeats_a_key()
-        if quote is not None and letter is not None and walk.validate_tokens([letter]) == 1 \
-                and walk.validate_tokens([quote]) == 1:
-            pick = letter if repeats else quote
+        # Inside a string (known from `keys`, else guessed: both a letter and '"' fit), close it rather than write
+        # more of it, unless that would repeat a key.
+        in_string = keys is not None and keys.mode in ("string", "key") and not keys.escaped
+        repeats = distinct_keys and keys is not None and keys.closing_repeats_a_key()
+        if in_string and quote is not None and not repeats and walk.validate_tokens([quote]) == 1:
+            pick = quote
+        elif (keys is None or keys.mode == "off") and quote is not None and letter is not None \
+                and walk.validate_tokens([letter]) == 1 and walk.validate_tokens([quote]) == 1:
+            pick = quote
+        elif repeats and letter is not None and walk.validate_tokens([letter]) == 1:
+            pick = letter
         else:
             pick = first = None
             for t in order:
@@ -167,7 +173,7 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                 return None
         walk.consume_token(pick)
         out.append(pick)
-        if pick in closers:
+        if pick in closers and not in_string:
             avoid.clear()
         run, last = (run + 1, pick) if pick == last else (1, pick)
         try_at = try_at if run > 1 else _STUCK_RUN
@@ -289,7 +295,8 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
     text, unenforced = checked_grammar_text(lltok, kind, schema=schema, regex=regex, strict_under=strict_under,
                                             whitespace_pattern=whitespace_pattern, param=param,
                                             base_pointer=base_pointer)
-    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema) if kind == "json" else ())
+    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema) if kind == "json" else (),
+                      json_output=kind == "json")
 
 
 def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = None, strict_under: tuple[str, ...] = (),
@@ -346,15 +353,16 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
-    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema))
+    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True)
 
 
 class LlgGrammar(Grammar):
     backend = "llguidance"
 
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
-                 hints: tuple[bytes, ...] = ()):
+                 hints: tuple[bytes, ...] = (), json_output: bool = False):
         self.lltok = lltok
+        self.json_output = json_output  # the output is JSON (free text under tool_choice "auto" switches it off)
         self.hints = hints  # strings the schema's patterns and formats accept, for closing walks (`string_hints`)
         # The most a completion's length grew from one measure to the next, over this grammar's matchers so far
         # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
@@ -382,12 +390,23 @@ class LlgMatcher(Matcher):
         self._vetted: tuple[int, list[int] | None] | None = None  # (token vet passed, the completion after it)
         self._measure_every = _CLOSING_RECHECK_STEPS
         self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
-        self._keys: KeySets | None = None  # the output's keys, when completions must not repeat one
+        # JSON output: the lexical state and keys so far, for completions (`closing_tokens`); fed lazily, from
+        # `_unfed`, when a completion is measured.
+        self._keys: KeySets | None = KeySets() if grammar.json_output else None
+        self._unfed = bytearray()
+        self._distinct_keys = False
 
     def write_distinct_keys(self) -> None:
-        """Budget completions write no key twice in one object (before the first token). For checks that judge
-        the parsed value (constrain/late_keywords.py): `{"": 1, "": 2}` parses as one property."""
-        self._keys = KeySets()
+        """Budget completions write no key twice in one object. For checks that judge the parsed value
+        (constrain/late_keywords.py): `{"": 1, "": 2}` parses as one property."""
+        self._distinct_keys = True
+
+    def _followed(self) -> KeySets | None:
+        """The follower of the output so far."""
+        if self._unfed and self._keys is not None:
+            self._keys.feed(bytes(self._unfed))
+            self._unfed.clear()
+        return self._keys
 
     def _near(self, tokens_left: int, allowance: int = 0) -> bool:
         """Close enough to the budget that a token may no longer leave room for the completion (`allowance`:
@@ -397,7 +416,7 @@ class LlgMatcher(Matcher):
 
     def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None) -> list[int] | None:
         """A completion from `matcher` (the state now, or after a probed token); notes how much it grew."""
-        closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints)
+        closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys)
         if closing is not None and self._closing_len is not None:
             self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
         self._since_measure = 0
@@ -417,7 +436,7 @@ class LlgMatcher(Matcher):
         if tokens_left is not None:
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
-                self._closing = self._measure(self._m, self._keys)
+                self._closing = self._measure(self._m, self._followed())
                 self._closing_len = len(self._closing) if self._closing is not None else None
             if self._closing is not None and len(self._closing) == tokens_left:  # no slack: the completion
                 if self._closing:
@@ -457,16 +476,16 @@ class LlgMatcher(Matcher):
         probe = self._m.deep_copy()
         if not probe.consume_token(token_id):
             return token_id  # not allowed at all: accept refuses it
-        keys = None
-        if self._keys is not None:
-            keys = self._keys.copy()
-            keys.feed(self._g.vocab.token_bytes[token_id])
+        keys = self._followed()
+        if keys is not None:
+            keys = keys.copy()
+            keys.feed(data)
         after = self._measure(probe, keys)
         if after is not None and len(after) <= tokens_left - 1:
             self._vetted = (token_id, after)
             return token_id
         here = self._closing if self._closing is not None else \
-            closing_tokens(self._m, self._g.vocab, self._keys, self._g.hints)
+            closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys)
         if here and len(here) <= tokens_left:
             self._vetted = (here[0], here[1:])
             return here[0]
@@ -483,7 +502,7 @@ class LlgMatcher(Matcher):
         if self._closing is not None:
             self._closing_len = len(self._closing)
         if self._keys is not None:
-            self._keys.feed(tb[token_id])
+            self._unfed += tb[token_id]
         return self._m.consume_token(token_id)
 
     def is_terminated(self) -> bool:

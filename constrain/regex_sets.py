@@ -167,6 +167,42 @@ def _alternatives(items: list, begin: bool = False) -> list[tuple[list, bool]]:
     return [(items, begin)]
 
 
+def _trim_edges(items: list, begin: bool, end: bool) -> tuple[list, int]:
+    """A search finds `X{m,n}` at a side it does not anchor exactly where it finds `X{m}` (a longer run holds the
+    shorter one; `X{0,n}` is then nothing): the alternative with such repeats cut to their minimum, and the
+    largest bounded span (n - m) cut (an unbounded one counts as 0: `X+` costs no states to count). Keeps the
+    automata of `[a-z.-]{1,255}` at two states instead of 256."""
+    items, cut = list(items), 0
+    for side in ([] if end else [-1]) + ([] if begin else [0]):
+        while items and items[side][0] in (sre.MAX_REPEAT, sre.MIN_REPEAT):
+            op, (lo, hi, sub) = items[side]
+            if hi == lo:
+                break
+            cut = max(cut, 0 if hi == sre.MAXREPEAT else hi - lo)
+            if lo:
+                items[side] = (op, (lo, lo, sub))
+                break
+            items.pop(side)
+    return items, cut
+
+
+def search_region(pattern: str, work: Work | None = None, min_cut: int = 16) -> str | None:
+    """The anchored pattern of the strings `pattern` finds a match in, when a search of it has a counted repeat
+    of span `min_cut` or more at a side it does not anchor (`_trim_edges`), else None: the same names, without
+    the count that derivative-based regex engines (llguidance's) unroll into thousands of states."""
+    trees = _parse([pattern], work or Work())
+    if trees is None:
+        return None
+    cut = 0
+    for items, begin in _alternatives(list(trees[0])):
+        end = items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
+        cut = max(cut, _trim_edges(items[:-1] if end else items, begin, end)[1])
+    if cut < min_cut:
+        return None
+    dfa = _dfa_of([list(trees[0])], work or Work())
+    return None if dfa is None else _region(dfa, frozenset([0]))
+
+
 def _shortest(nfa: "_Nfa", start: int, end: int) -> str | None:
     """The characters of a shortest path from `start` to `end` (0-1 breadth first: an epsilon move costs nothing,
     a character one), or None."""
@@ -377,7 +413,7 @@ class _Nfa:
     def search_one(self, items: list, begin: bool) -> tuple[int, int]:
         """A match anywhere of one top-level alternative (`_alternatives`), anchored at the start or not."""
         end = items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
-        items = items[:-1] if end else items
+        items, _ = _trim_edges(items[:-1] if end else items, begin, end)
         parts = ([] if begin else [self._star(self.chars(_ANY))]) + [self.sequence(items)] \
             + ([] if end else [self._star(self.chars(_ANY))])
         return self._concat(parts)

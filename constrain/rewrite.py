@@ -68,7 +68,8 @@ from typing import Any
 import jsonschema
 
 from constrain.formats import format_pattern
-from constrain.regex_sets import Work, complement_pattern, disjoint_regions, regex_char, without_lookaheads
+from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, regex_char, search_region,
+                                  without_lookaheads)
 from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -1052,11 +1053,19 @@ _MAX_PATTERN_PROPERTIES = 16  # overlapping patternProperties cut into disjoint 
 
 
 def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
-    """Overlapping `patternProperties` (llguidance wants them disjoint): one pattern per region of names matched
-    by exactly a set R of the patterns, with the schemas of R together (an `allOf`). A name matched by several
-    patterns must pass each of their schemas: so it does in its region."""
+    """A `patternProperties` regex with a long count at a side it does not anchor (`[A-Za-z0-9.:-]{1,255}`, which
+    llguidance unrolls until it gives up mid-output) becomes the anchored pattern of the same names
+    (`regex_sets.search_region`). Overlapping ones (llguidance wants them disjoint): one pattern per region of
+    names matched by exactly a set R of the patterns, with the schemas of R together (an `allOf`). A name matched
+    by several patterns must pass each of their schemas: so it does in its region."""
     pp = node.get("patternProperties")
-    if not isinstance(pp, dict) or not (2 <= len(pp) <= _MAX_PATTERN_PROPERTIES):
+    if not isinstance(pp, dict) or not pp or len(pp) > _MAX_PATTERN_PROPERTIES:
+        return node
+    regions = {p: search_region(p, ctx.regex_work) for p in pp}
+    if any(regions.values()) and len({regions[p] or p for p in pp}) == len(pp):
+        ctx.changed = True
+        return {**node, "patternProperties": {regions[p] or p: schema for p, schema in pp.items()}}
+    if len(pp) < 2:
         return node
     patterns = list(pp)
     regions = disjoint_regions(patterns, ctx.regex_work)

@@ -38,7 +38,8 @@ def gpt2_compiler(tokenizers, vocabs):
     c.close()
 
 
-def ended_walks_valid(grammar, vocab, schema: dict, seed: int, walks: int = 25, max_tokens: int = 60) -> int:
+def ended_walks_valid(grammar, vocab, schema: dict, seed: int, walks: int = 25, max_tokens: int = 60,
+                      prefer_end: float = 0.3) -> int:
     """Budgeted random walks through the mask (see `random_walk`): every walk that ends is a document valid
     against `schema` (jsonschema); returns how many ended."""
     import jsonschema
@@ -47,7 +48,7 @@ def ended_walks_valid(grammar, vocab, schema: dict, seed: int, walks: int = 25, 
     rng = random.Random(seed)
     ended = 0
     for _ in range(walks):
-        toks, done = random_walk(grammar, vocab, rng, max_tokens, budget=True, prefer_end=0.3)
+        toks, done = random_walk(grammar, vocab, rng, max_tokens, budget=True, prefer_end=prefer_end)
         if done:
             ended += 1
             doc = json.loads(decode(vocab, toks))

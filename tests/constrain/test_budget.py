@@ -93,7 +93,7 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
     walks = []
     real = llg_backend.closing_tokens
     monkeypatch.setattr(llg_backend, "closing_tokens",
-                        lambda m, v, keys=None, hints=(): walks.append(1) or real(m, v, keys, hints))
+                        lambda *args: walks.append(1) or real(*args))
     g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z]{3000}", backend="llguidance"))
     m = g.matcher()
     bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
@@ -169,7 +169,7 @@ def test_llguidance_budget_completions_write_distinct_keys_where_keys_are_counte
 
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True, backend="llguidance"))
     start = backend_matcher(g.matcher())
-    shortest = closing_tokens(start._m, vocabs["gpt2"], start._keys)
+    shortest = closing_tokens(start._m, vocabs["gpt2"], start._followed(), distinct_keys=start._distinct_keys)
     assert shortest is not None
     jsonschema.validate(json.loads(decode(vocabs["gpt2"], shortest)), schema)
     rng = random.Random(11)
@@ -211,6 +211,8 @@ def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_f
 
 
 @pytest.mark.parametrize("value, prefix", [
+    ({"type": "string", "pattern": "^[^a-z]*$"}, '"ABC'),  # `}` and `]` fit inside the string, a letter does not
+    ({"type": "string", "not": {"pattern": "[a-z]{1,255}"}}, '"X}'),  # the same, from the complement of a search
     ({"type": "number", "exclusiveMinimum": 0}, "0.000"),  # a digit other than 0 closes it
     ({"type": "string", "pattern": r"^\\d+/\\d+$"}, '"\\\\ddd'),  # literal backslashes, written escaped
     ({"type": "string", "pattern": r"^a\s*\+b$"}, '"a  '),  # spaces fit forever; only `+b` ends it
@@ -219,17 +221,22 @@ def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_f
 def test_a_closing_walk_finishes_values_where_its_greedy_byte_would_repeat_forever(value, prefix, gpt2_compiler,
                                                                                   tokenizers, vocabs):
     """From inside such a value the greedy walk wrote the same byte until it gave up (no completion, so no budget
-    rule). Now it tries the pattern's examples, then another byte, and finds a completion."""
+    rule). Now it tries the pattern's examples, then another byte, and finds a completion. Inside a string whose
+    pattern refuses letters, it took `}` for a closer and wrote `}]}]...` into the string: it now knows (from the
+    output followed as JSON) that it is inside a string, and closes it."""
     from constrain.checked import backend_matcher
     from constrain.llg_backend import closing_tokens
 
+    from constrain.spec import normalise_schema
+
     schema = {"type": "object", "properties": {"id": value}, "required": ["id"], "additionalProperties": False}
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True, backend="llguidance"))
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
     m = g.matcher()
     start = '{"id": ' + prefix
     assert all(m.accept(t) for t in tokenizers["gpt2"].encode(start, add_special_tokens=False))
     backend = backend_matcher(m)
-    closing = closing_tokens(backend._m, vocabs["gpt2"], backend._keys, backend._g.hints)
+    closing = closing_tokens(backend._m, vocabs["gpt2"], backend._followed(), backend._g.hints)
     assert closing is not None
     jsonschema.validate(json.loads(start + decode(vocabs["gpt2"], closing)), schema)
 

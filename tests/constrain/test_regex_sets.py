@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from constrain.regex_sets import complement_pattern, disjoint_regions, pattern_examples
+from constrain.regex_sets import complement_pattern, disjoint_regions, pattern_examples, search_region
 
 # Patterns found under `not` or `oneOf` in real-world schemas (JSONSchemaBench), and the edge cases of
 # the construction: anchors on one side, hoisted by Python's parser, inside a group; lazy repeats; classes with
@@ -17,6 +17,8 @@ PATTERNS = [
     "^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$", "^(0|([1-9]\\d*))\\.(0|([1-9]\\d*))\\.(0|([1-9]\\d*))$",
     "^\\d+-\\d+|^\\d+$", ",,|^,|,$", "^.*\\.[Cc][Aa][Nn]$", "^\\$[A-Z0-9-_]+", "^a*$", "x*?y", "^$", "[^\"]+",
     "^\\s*\\S", "\\Aab\\Z", "a{2,3}b?", "(?:ab|a)c",
+    # counts at a side the search does not anchor: the count costs no states (`_trim_edges`)
+    "[A-Za-z0-9-_.:]{1,255}", "^x[0-9]{2,300}", "[0-9]{1,300}$", "(?:q|[ab]{3,400})", "a{0,500}b",
 ]
 
 _EXTRA = ["a", "b", "0", "1", "9", "x", "-", ".", "/", ",", " ", "\t", "\n", "\"", "\\", "é", "\u0663", "\u00a0",
@@ -186,3 +188,21 @@ def test_pattern_examples_give_a_shortest_match_per_top_level_alternative(patter
 @pytest.mark.parametrize("pattern", [r"^[\x00-\x1f]+$", r"^(?=a)b", r"(a)\1"])
 def test_pattern_examples_are_empty_when_no_json_string_content_fits_or_the_pattern_is_out_of_reach(pattern):
     assert pattern_examples(pattern) == []
+
+
+@pytest.mark.parametrize("pattern, region", [
+    ("[ab]{1,255}", True), ("^x-[a-z]{1,64}", True), ("[0-9]{1,30}$", True), ("(?:q|[ab]{3,400})", True),
+    ("[a-z]{3,9}", False),  # a short count: left as written
+    ("^[a-z]{1,255}$", False), ("x[0-9]{2,100}y", False),  # counts the search must make: nothing to cut
+    ("a+", False),  # unbounded: counting costs nothing
+])
+def test_search_region_names_the_same_strings_without_a_long_count_at_an_unanchored_side(pattern, region):
+    """What `patternProperties` regexes such as `[A-Za-z0-9-_.:]{1,255}` become: llguidance unrolled the count
+    while matching keys until it gave up mid-output."""
+    out = search_region(pattern)
+    assert (out is not None) == region
+    if out is not None:
+        assert out.startswith("^") and out.endswith("$") and "{" not in out
+        bank = _bank(pattern, random.Random(pattern))
+        wrong = [s for s in bank if bool(re.search(out, s)) != bool(re.search(pattern, s))]
+        assert wrong == []

@@ -11,7 +11,7 @@ import pytest
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import rewrite_schema, validator_class
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_value
+from tests.constrain.conftest import accepts_value, ended_walks_valid
 
 D7 = "http://json-schema.org/draft-07/schema#"
 
@@ -190,6 +190,8 @@ CASES = [
                                                  "properties": {"a": {"type": "integer"}, "b": {"title": "B"}},
                                                  "patternProperties": {"^[ab]": {"type": "integer", "minimum": 2},
                                                                        "^k$": {"type": "string"}}}, "^[ab]"),
+    ("long count in patternProperties", {"type": "object", "patternProperties": {"[ab]{1,200}": {"type": "integer"}},
+                                         "additionalProperties": {"type": "string"}}, "[ab]{1,200}"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
 ]
@@ -315,7 +317,8 @@ ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive r
             "oneOf enum vs pattern", "oneOf patterns", "not pattern", "not pattern among any values",
             "not anyOf with a pattern", "overlapping patternProperties", "dependencies in 2020-12",
             "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then",
-            "minProperties open object", "maxProperties open object", "declared names out of patternProperties"]
+            "minProperties open object", "maxProperties open object", "declared names out of patternProperties",
+            "long count in patternProperties"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)
@@ -402,3 +405,19 @@ def test_a_pattern_opening_with_lookaheads_compiles_strictly_and_means_the_same(
                                              backend="llguidance"))
     for value in ["release-one", "draft", "drafts-x", "draft-one", "a" * 13, "", "Upper"]:
         assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == bool(re.search(pattern, value)), value
+
+
+def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_give_up(tokenizers, vocabs):
+    """`[A-Za-z0-9-_.:]{1,255}` as a patternProperties regex (a real schema, JSONSchemaBench Github_trivial o78117):
+    with Qwen2's 152k tokens, llguidance unrolled the count while masking keys until it gave up mid-output
+    (constraint_too_complex), within the first few tokens. The regex now reaches it as the anchored pattern of
+    the same names, and walks that write long keys end valid."""
+    from constrain import GrammarCompiler
+
+    compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    schema = {"type": "object", "patternProperties": {"[A-Za-z0-9-_.:]{1,255}": {"type": "string"}}}
+    try:
+        g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+        assert ended_walks_valid(g, vocabs["qwen2"], schema, seed=5, walks=8, max_tokens=100, prefer_end=0.02) == 8
+    finally:
+        compiler.close()
