@@ -53,8 +53,11 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   definition it is still compiling); inside such a copy, a `type` that the branches imply anyway is dropped
   beside a branch back to the definition being copied.
 
-Skipped entirely for schemas using `unevaluated*`, `$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning
-depends on context a local rewrite cannot see).
+First, `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the value (those
+named beside it and through `allOf` and local `$ref`s, with no `anyOf`, `oneOf`, `if`... among them) becomes
+`additionalProperties` on the node with those names declared there, or is dropped where an `additionalProperties`
+among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
+`$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning depends on context a local rewrite cannot see).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ import jsonschema
 from constrain.formats import format_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, regex_char, search_region,
                                   without_lookaheads)
-from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref
+from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref, walk
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -286,6 +289,9 @@ def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with the rewrites above applied (the input is never modified)."""
     if not isinstance(schema, dict):
         return schema
+    plain = _unevaluated_as_additional(schema)
+    if plain is not schema:
+        return rewrite_schema(plain)
     for n in _iter_nodes(schema):
         if any(k in n for k in _CONTEXT_KEYS):
             return schema
@@ -301,6 +307,77 @@ def rewrite_schema(schema: Any) -> Any:
     except RecursionError:
         return schema
     return out if ctx.changed else schema
+
+
+# Beside `unevaluatedProperties`, these make which properties count as evaluated depend on the value.
+_DYNAMIC_EVALUATION = ("anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "dependencies", "$dynamicRef",
+                       "$recursiveRef", "unevaluatedItems")
+
+
+def _unevaluated_as_additional(schema: dict) -> dict:
+    """`unevaluatedProperties: U` (2019-09 and later) where the properties evaluated beside it are known without
+    the value: the node and what applies with it through `allOf` and local `$ref`s (recursively) name them in
+    `properties` and `patternProperties`, and none of them takes alternatives (`anyOf`, `oneOf`, `if`, ...). It
+    then means `additionalProperties: U` on the node with every such name and pattern declared there (as `{}`,
+    which asserts nothing); and nothing at all when one of them has `additionalProperties` (which evaluates every
+    other property) or its own `unevaluatedProperties`. A copy where one changes; `schema` itself otherwise."""
+    if "unevaluatedProperties" not in validator_class(schema).VALIDATORS:
+        return schema  # (drafts 4-7: an unknown keyword, which asserts nothing; left as it is)
+    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)):
+        return schema
+    root = copy.deepcopy(schema)
+    changed = False
+    holders = {id(n): n for _, key, n in walk(root) if key == "unevaluatedProperties"}
+    for node in holders.values():
+        adjacent = _applying_with(root, node)
+        if adjacent is None:
+            continue
+        others = [a for a in adjacent if a is not node]
+        changed = True
+        extra = node.pop("unevaluatedProperties")
+        if "additionalProperties" in node or any("additionalProperties" in a or "unevaluatedProperties" in a
+                                                 for a in others):
+            continue  # every property is evaluated already
+        props = node.get("properties", {})
+        pp = node.get("patternProperties", {})
+        for a in others:
+            props = {**props, **{k: {} for k in a.get("properties", {}) if k not in props}}
+            pp = {**pp, **{k: {} for k in a.get("patternProperties", {}) if k not in pp}}
+        if props:
+            node["properties"] = props
+        if pp:
+            node["patternProperties"] = pp
+        node["additionalProperties"] = extra
+    return root if changed else schema
+
+
+def _applying_with(root: dict, node: dict) -> list[dict] | None:
+    """`node` and the subschemas that apply with it through `allOf` and local `$ref` (each once), or None when
+    one of them evaluates properties depending on the value, or holds something other than a schema object
+    there (a `$ref` out of reach, a `properties` that is not an object)."""
+    out: list[dict] = []
+    stack: list[Any] = [node]
+    while stack:
+        n = stack.pop()
+        if n is True:
+            continue
+        if not isinstance(n, dict) or any(k in n for k in _DYNAMIC_EVALUATION):
+            return None
+        if any(n is o for o in out):
+            continue
+        if not isinstance(n.get("properties", {}), dict) or not isinstance(n.get("patternProperties", {}), dict):
+            return None
+        out.append(n)
+        if "$ref" in n:
+            target = resolve_ref(root, n["$ref"])
+            if target is None:
+                return None
+            stack.append(target)
+        if "allOf" in n:
+            if not isinstance(n["allOf"], list):
+                return None
+            stack.extend(n["allOf"])
+    return out
 
 
 _MAX_INLINED_NODES = 20_000  # schema objects copied in by _inline_recursive_meetings

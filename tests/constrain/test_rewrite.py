@@ -192,6 +192,14 @@ CASES = [
                                                                        "^k$": {"type": "string"}}}, "^[ab]"),
     ("long count in patternProperties", {"type": "object", "patternProperties": {"[ab]{1,200}": {"type": "integer"}},
                                          "additionalProperties": {"type": "string"}}, "[ab]{1,200}"),
+    ("unevaluatedProperties beside allOf", {"type": "object", "properties": {"a": {"type": "integer"}},
+                                            "allOf": [{"properties": {"b": {"type": "integer"}}}],
+                                            "unevaluatedProperties": False}, "unevaluatedProperties"),
+    ("unevaluatedProperties through a $ref", {"$defs": {"d": {"properties": {"k": {"type": "string"}}}},
+                                              "$ref": "#/$defs/d", "unevaluatedProperties": {"type": "integer"}},
+     "unevaluatedProperties"),
+    ("unevaluatedProperties after additionalProperties", {"allOf": [{"additionalProperties": {"type": "integer"}}],
+                                                          "unevaluatedProperties": False}, "unevaluatedProperties"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
 ]
@@ -257,7 +265,7 @@ UNTOUCHED = [
     ("not lookahead pattern", {"type": "string", "not": {"pattern": "a(?=b)"}}),
     ("oneOf patterns with a quote", {"oneOf": [{"type": "string", "pattern": "a\"b"}, {"type": "string"}]}),
     ("disjoint patternProperties", {"patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}}}),
-    ("unevaluated", {"allOf": [{"enum": [{"a": 1}]}], "unevaluatedProperties": False}),
+    ("unevaluated", {"anyOf": [{"enum": [{"a": 1}]}, {"properties": {"a": {}}}], "unevaluatedProperties": False}),
     ("minProperties beyond required", {"type": "object", "required": ["a"], "minProperties": 2}),
     ("minProperties with many alternatives", {"type": "object", "properties": {k: {} for k in "abcdefghij"},
                                               "additionalProperties": False, "minProperties": 3}),
@@ -318,7 +326,7 @@ ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive r
             "not anyOf with a pattern", "overlapping patternProperties", "dependencies in 2020-12",
             "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then",
             "minProperties open object", "maxProperties open object", "declared names out of patternProperties",
-            "long count in patternProperties"]
+            "long count in patternProperties", "unevaluatedProperties beside allOf"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)
@@ -421,3 +429,22 @@ def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_g
         assert ended_walks_valid(g, vocabs["qwen2"], schema, seed=5, walks=8, max_tokens=100, prefer_end=0.02) == 8
     finally:
         compiler.close()
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "anyOf": [{"properties": {"b": {}}}, {}], "unevaluatedProperties": False},  # depends on b
+    {"$schema": D7, "type": "object", "unevaluatedProperties": False},  # not a draft-7 keyword: asserts nothing
+])
+def test_unevaluated_properties_whose_meaning_depends_on_the_value_or_the_draft_is_left_alone(schema):
+    assert rewrite_schema(schema) is schema
+
+
+def test_walks_end_where_unevaluated_properties_became_additional_properties(gpt2_compiler, vocabs):
+    """Checked late, `unevaluatedProperties: false` let a walk write a key it then refused at the closing brace:
+    about half the walks ran to the limit. As `additionalProperties`, the grammar never offers such a key."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+              "properties": {"a": {"type": "integer"}}, "allOf": [{"properties": {"b": {"type": "string"}}}],
+              "unevaluatedProperties": False, "required": ["a"]}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=9, walks=12, max_tokens=80, prefer_end=0.05) == 12
