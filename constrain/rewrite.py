@@ -34,6 +34,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   not A), when `not A` has a `not`-free form as above; `then`/`else` without `if` are dropped;
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
   `maxItems: 1` when every item must equal one constant;
+- `contains: C` on arrays of at most 8 items (2020-12): an `anyOf` over the position of an item valid against C
+  (`prefixItems` of `true`s then C, with the `minItems` that puts an item there);
 - `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
   already required, dropped; `dependentSchemas`/`dependencies` (schema form) on a required property: `allOf`;
   otherwise, for at most 5 triggers, `anyOf: [{"properties": {k: false}}, {"required": [k, ...]}]` per trigger.
@@ -485,8 +487,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_lookaheads, _format, _not, _one_of, _conditional, _unique_items, _dependencies, _properties_count,
-                 _property_names, _pattern_properties, _declared_out_of_patterns):
+    for step in (_lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains, _dependencies,
+                 _properties_count, _property_names, _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -905,6 +907,29 @@ def _unique_items(node: dict, ctx: _Ctx) -> dict:
             node["maxItems"] = min(mx, 1) if isinstance(mx, int) and not isinstance(mx, bool) else 1
             ctx.changed = True
     return node
+
+
+_MAX_CONTAINS_ITEMS = 8  # `contains` laid out position by position up to this maxItems (n(n+1)/2 subschemas)
+
+
+def _contains(node: dict, ctx: _Ctx) -> dict:
+    """`contains: C` (at least one item valid against C) on an array of at most N items, N <= 8: the item at some
+    position k < N is, so an `anyOf` over k of `prefixItems: [true]*k + [C]` with `minItems: k + 1` (the node's
+    `items` still applies to every item). Checked late, the array's end was refused only once the last place was
+    written, a dead end. 2020-12 only (its `prefixItems`), with no `minContains`/`maxContains` beside and no
+    `prefixItems` of its own."""
+    if "contains" not in node or "prefixItems" in node or "minContains" in node or "maxContains" in node \
+            or "prefixItems" not in ctx.validator.VALIDATORS or "$ref" in node:
+        return node
+    mx, items = node.get("maxItems"), node.get("items", True)
+    if not (isinstance(mx, int) and not isinstance(mx, bool) and 1 <= mx <= _MAX_CONTAINS_ITEMS) \
+            or not isinstance(items, (dict, bool)):
+        return node
+    ctx.changed = True
+    out = {k: v for k, v in node.items() if k != "contains"}
+    positions = [{"prefixItems": [True] * k + [node["contains"]], "minItems": k + 1} for k in range(mx)]
+    _add_all_of(out, {"anyOf": positions})
+    return out
 
 
 def _dependencies(node: dict, ctx: _Ctx) -> dict:

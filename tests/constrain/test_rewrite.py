@@ -200,6 +200,9 @@ CASES = [
      "unevaluatedProperties"),
     ("unevaluatedProperties after additionalProperties", {"allOf": [{"additionalProperties": {"type": "integer"}}],
                                                           "unevaluatedProperties": False}, "unevaluatedProperties"),
+    ("contains on a short array", {"type": "array", "contains": {"const": 2}, "maxItems": 4}, "contains"),
+    ("contains on any value", {"contains": {"type": "string"}, "maxItems": 3, "items": {"type": ["string", "integer"]}},
+     "contains"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
 ]
@@ -326,7 +329,8 @@ ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive r
             "not anyOf with a pattern", "overlapping patternProperties", "dependencies in 2020-12",
             "five dependencies", "propertyNames pattern and length", "propertyNames enum", "if then else", "if then",
             "minProperties open object", "maxProperties open object", "declared names out of patternProperties",
-            "long count in patternProperties", "unevaluatedProperties beside allOf"]
+            "long count in patternProperties", "unevaluatedProperties beside allOf", "contains on a short array",
+            "contains on any value"]
 
 
 @pytest.mark.parametrize("name", ENFORCED)
@@ -448,3 +452,12 @@ def test_walks_end_where_unevaluated_properties_became_additional_properties(gpt
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=9, walks=12, max_tokens=80, prefer_end=0.05) == 12
+
+
+def test_walks_end_where_contains_on_a_short_array_became_positions(gpt2_compiler, vocabs):
+    """Checked late, `contains` refused the array's end only once its last place was written: a dead end (the
+    matcher gave up) in most walks. Laid out position by position, the grammar leaves room for the item."""
+    schema = {"type": "array", "items": {"type": "integer"}, "contains": {"const": 7}, "maxItems": 5}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=4, walks=12, max_tokens=60, prefer_end=0.05) == 12
