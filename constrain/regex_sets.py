@@ -167,6 +167,11 @@ def _alternatives(items: list, begin: bool = False) -> list[tuple[list, bool]]:
     return [(items, begin)]
 
 
+def _anchored_at_end(items: list) -> bool:
+    """A parsed alternative ends with `$` (or `\Z`)."""
+    return items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
+
+
 def _trim_edges(items: list, begin: bool, end: bool) -> tuple[list, int]:
     """A search finds `X{m,n}` at a side it does not anchor exactly where it finds `X{m}` (a longer run holds the
     shorter one; `X{0,n}` is then nothing): the alternative with such repeats cut to their minimum, and the
@@ -195,7 +200,7 @@ def search_region(pattern: str, work: Work | None = None, min_cut: int = 16) -> 
         return None
     cut = 0
     for items, begin in _alternatives(list(trees[0])):
-        end = items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
+        end = _anchored_at_end(items)
         cut = max(cut, _trim_edges(items[:-1] if end else items, begin, end)[1])
     if cut < min_cut:
         return None
@@ -412,7 +417,7 @@ class _Nfa:
 
     def search_one(self, items: list, begin: bool) -> tuple[int, int]:
         """A match anywhere of one top-level alternative (`_alternatives`), anchored at the start or not."""
-        end = items[-1:] in ([(sre.AT, sre.AT_END)], [(sre.AT, sre.AT_END_STRING)])
+        end = _anchored_at_end(items)
         items, _ = _trim_edges(items[:-1] if end else items, begin, end)
         parts = ([] if begin else [self._star(self.chars(_ANY))]) + [self.sequence(items)] \
             + ([] if end else [self._star(self.chars(_ANY))])
