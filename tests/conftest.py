@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Where the engine tests load their models: float32 on the CPU in CI. `STRUCTGEN_TEST_DEVICE=cuda` runs the same tests
+# on a GPU, and `STRUCTGEN_TEST_DTYPE=bfloat16` in the dtype a GPU host serves with (the servers the service tests
+# start take `--device auto`: the GPU where there is one).
+TEST_DEVICE = os.environ.get("STRUCTGEN_TEST_DEVICE", "cpu")
+TEST_DTYPE = os.environ.get("STRUCTGEN_TEST_DTYPE", "float32")
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = {

@@ -7,11 +7,12 @@ import pytest
 
 from engine import Engine
 from engine.model_loader import BUILTIN_MODEL, load_model
+from tests.conftest import TEST_DEVICE, TEST_DTYPE
 
 
 @pytest.fixture(scope="session")
 def builtin():
-    return load_model(BUILTIN_MODEL, device="cpu")
+    return load_model(BUILTIN_MODEL, device=TEST_DEVICE, dtype=TEST_DTYPE)
 
 
 @pytest.fixture

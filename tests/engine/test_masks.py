@@ -159,7 +159,7 @@ def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
                                      logprobs=True))
     assert out[0].tokens == [token] * 3
     with torch.inference_mode():
-        logits = builtin.model(torch.tensor([PROMPT + [token] * 2])).logits[0, -3:].float()
+        logits = builtin.model(torch.tensor([PROMPT + [token] * 2], device=builtin.device)).logits[0, -3:].float()
     expected = torch.log_softmax(logits, -1)[:, token].tolist()
     got = [lp for ev in out[0].events for lp in ev.logprobs]
     assert [lp.token_id for lp in got] == [token] * 3

@@ -12,6 +12,7 @@ from constrain import ConstraintSpec, GrammarCompiler, Vocabulary
 from engine import Engine
 from engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from engine.model_loader import load_model
+from tests.conftest import TEST_DEVICE, TEST_DTYPE
 from tests.engine.driver import request, run_all
 
 TEXT = "Grüße, 世界! 🙂🚀 naïve café — ok"
@@ -19,7 +20,7 @@ TEXT = "Grüße, 世界! 🙂🚀 naïve café — ok"
 
 @pytest.fixture(scope="module", params=["qwen2", "phi3"])
 def tiny_model(request, tiny_model_dirs):
-    return load_model(str(tiny_model_dirs[request.param]), device="cpu")
+    return load_model(str(tiny_model_dirs[request.param]), device=TEST_DEVICE, dtype=TEST_DTYPE)
 
 
 def test_tiny_models_decode_a_mixed_batch_with_their_own_vocabulary(tiny_model):

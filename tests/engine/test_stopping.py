@@ -85,7 +85,7 @@ def test_logprobs_are_raw_and_the_greedy_token_is_the_top_alternative(engine, bu
     events = out[0].events
     assert [len(ev.logprobs) for ev in events] == [1, 1, 1, 1]
     with torch.inference_mode():
-        logits = builtin.model(torch.tensor([PROMPT])).logits[0, -1].float()
+        logits = builtin.model(torch.tensor([PROMPT], device=builtin.device)).logits[0, -1].float()
     expected = torch.log_softmax(logits, -1)
     first = events[0].logprobs[0]
     assert first.token_id == out[0].tokens[0] == int(expected.argmax())
@@ -103,7 +103,7 @@ def test_prompt_logprobs_come_with_the_first_event_only(engine, builtin):
     plp = first.prompt_logprobs
     assert len(plp) == len(PROMPT) and plp[0] is None
     with torch.inference_mode():
-        logits = builtin.model(torch.tensor([PROMPT])).logits[0].float()
+        logits = builtin.model(torch.tensor([PROMPT], device=builtin.device)).logits[0].float()
     expected = torch.log_softmax(logits, -1)
     for pos in range(1, len(PROMPT)):
         assert plp[pos].token_id == PROMPT[pos]
@@ -214,7 +214,7 @@ def test_prompt_logprobs_of_a_prompt_prefilled_in_chunks_match_one_full_forward(
     (plain,) = run_all(engine, request("p", PROMPT, temperature=0.0, max_tokens=6))
     plp = scored[0].events[0].prompt_logprobs
     with torch.inference_mode():
-        expected = torch.log_softmax(builtin.model(torch.tensor([PROMPT])).logits[0].float(), -1)
+        expected = torch.log_softmax(builtin.model(torch.tensor([PROMPT], device=builtin.device)).logits[0].float(), -1)
     assert len(plp) == len(PROMPT) and plp[0] is None
     for pos in range(1, len(PROMPT)):
         assert plp[pos].token_id == PROMPT[pos]
