@@ -1,9 +1,10 @@
 """One decode step's logits -> tokens, batched on the device, as a short pipeline of pure tensor functions.
 
 Order (DESIGN.md): grammar bitmask -> raw logprobs -> logit_bias -> repetition / frequency / presence penalties
--> greedy rows take argmax -> temperature -> mirostat | min_p -> top_k -> top_p -> inverse-CDF sampling (one
-uniform draw per row; per-row torch.Generator for seeded rows) -> one device-to-host copy. Never touches Python
-per-token state, the model or the grammar objects; each function is tested against a plain reference.
+-> greedy rows take argmax -> temperature -> mirostat | min_p -> top_k -> top_p -> sampling (`draw_tokens`:
+the exponential race on a GPU, inverse CDF on a CPU; per-row torch.Generator for seeded rows) -> one
+device-to-host copy. Never touches Python per-token state, the model or the grammar objects; each function is
+tested against a plain reference.
 
 Raw logprobs (documented choice): log_softmax of the model's logits after the grammar mask only, before bias,
 penalties and temperature. Disallowed tokens have logprob -inf and are never listed among the alternatives.
@@ -143,6 +144,40 @@ def uniform_draws(rows: int, device: torch.device, generators: list[torch.Genera
     return draws
 
 
+def draw_tokens(probs: torch.Tensor, generators: list[torch.Generator | None],
+                shared: torch.Generator | None) -> torch.Tensor:
+    """long [B]: one token per row from `probs` [B, V] (not necessarily normalised).
+
+    On a CPU, inverse-CDF sampling: one uniform draw per row, where the race's V draws per row would cost more
+    than a small model's forward. Elsewhere, the exponential race: a GPU draws V numbers per row for free, and
+    the race's token changes only when two candidates tie within rounding, while an inverse CDF moves to the
+    neighbouring token whenever the prefix sums shift by a rounding error. A GPU's matrix kernels round
+    differently at different batch sizes, so only the race keeps a seeded request's tokens the same alone and
+    in any batch there (CPU forwards round the same way per row, and the tests check both)."""
+    if probs.device.type == "cpu":
+        return sample_from(probs, uniform_draws(probs.shape[0], probs.device, generators, shared))
+    return race(probs, generators, shared)
+
+
+def race(probs: torch.Tensor, generators: list[torch.Generator | None],
+         shared: torch.Generator | None) -> torch.Tensor:
+    """The exponential race (gpt-fast, vLLM): argmax of p / E with E ~ Exp(1) drawn per token samples p exactly.
+    A seeded row draws its E only from its own generator, so its draws do not depend on its neighbours.
+    E is kept above 0 and zero-probability tokens score 0, so they are never chosen over a positive one."""
+    noise = torch.empty_like(probs, dtype=torch.float32)
+    shared_rows = [i for i, g in enumerate(generators) if g is None]
+    if len(shared_rows) == len(generators):
+        noise.exponential_(generator=shared)
+    else:
+        if shared_rows:
+            noise[shared_rows] = torch.empty_like(noise[shared_rows]).exponential_(generator=shared)
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i].exponential_(generator=g)
+    noise.clamp_(min=torch.finfo(torch.float32).tiny)
+    return first_max(probs / noise)
+
+
 SAMPLE_BLOCK = 1024
 
 
@@ -267,8 +302,7 @@ def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tenso
         if batch.any_top_p:
             logits = apply_top_p(logits, batch.top_p)
         probs = torch.softmax(logits, dim=-1)
-        draws = uniform_draws(probs.shape[0], probs.device, batch.generators, shared)
-        sampled = sample_from(probs, draws)
+        sampled = draw_tokens(probs, batch.generators, shared)
         tokens = torch.where(batch.greedy, greedy_tokens, sampled) if batch.any_greedy else sampled
         chosen_prob = probs.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
