@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the checkout's engine/ (save_builtin), as the servers below run it
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["items"],
           "properties": {"items": {"type": "array", "minItems": 8, "items": {"type": "string", "maxLength": 8}}}}
 MESSAGES = [{"role": "user", "content": "List some short words as JSON."}]
@@ -86,7 +87,8 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "Server":
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": path}
         self.proc = subprocess.Popen(self.argv, env=env, stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
                                      cwd=str(ROOT))
         deadline = time.monotonic() + self.timeout
@@ -182,15 +184,44 @@ def fresh_schema() -> dict:
             "properties": {name: {"type": "string", "maxLength": 8}}}
 
 
-def run_workloads(base: str, model: str, args, schema: dict | None, extra: dict) -> dict[int, float]:
+STEP_PHASE_METRIC = "structgen_engine_step_seconds_total"
+
+
+def engine_counters(base: str) -> dict[str, float]:
+    """structgen's /metrics: seconds per step phase (by phase name) and "steps"."""
+    out = {}
+    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(STEP_PHASE_METRIC + '{phase="'):
+            out[line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith("structgen_engine_steps_total "):
+            out["steps"] = float(line.split()[-1])
+    return out
+
+
+def step_phases_line(before: dict[str, float], after: dict[str, float]) -> str:
+    """Milliseconds per engine step, by phase, between two readings of `engine_counters`."""
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    if steps <= 0:
+        return "no engine steps"
+    parts = [f"{phase} {1000 * (after[phase] - before.get(phase, 0.0)) / steps:.2f}"
+             for phase in after if phase != "steps"]
+    return f"ms/step over {steps:.0f} steps: " + ", ".join(parts)
+
+
+def run_workloads(base: str, model: str, args, schema: dict | None, extra: dict,
+                  step_phases: bool = False) -> dict[int, float]:
+    """tokens/s by concurrency; with `step_phases` (structgen), also where its engine's steps spent the time."""
     out = {}
     for clients in args.concurrency:
+        before = engine_counters(base) if step_phases else {}
         tps, tokens, errors, backends = asyncio.run(throughput(base, model, clients, args.requests_per_client,
                                                                args.max_tokens, schema, extra))
         out[clients] = tps
         label = "schema" if schema else "plain"
         served = "".join(f", {n} served by {b}" for b, n in sorted(backends.items()))
         print(f"  {label:6s} c={clients:2d}: {tps:8.1f} tok/s  ({tokens} tokens, {errors} errors{served})", flush=True)
+        if step_phases:
+            print(f"      {step_phases_line(before, engine_counters(base))}", flush=True)
     return out
 
 
@@ -229,8 +260,8 @@ def main() -> int:
         asyncio.run(throughput(base, model, 2, 1, 4, SCHEMA, {"ignore_eos": True}))  # warm-up, schema compiled
         time.sleep(args.settle)
         print("structgen:", flush=True)
-        plain = run_workloads(base, model, args, None, {"ignore_eos": True})
-        constrained = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True})
+        plain = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True)
+        constrained = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True}, step_phases=True)
         base_ttft = statistics.median(asyncio.run(ttft(base, model, None))[0] for _ in range(args.ttft_samples))
         new, repeated, paired_plain, settled = [], [], [], []
         for _ in range(args.ttft_samples):

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
@@ -69,6 +70,8 @@ class Engine:
         self._tokens_generated = 0
         self._requests_finished = 0
         self._prefill_tokens = 0
+        # Seconds the engine thread spent in each part of its steps (see `_step`); /metrics and bench/ read them.
+        self._step_seconds = dict.fromkeys(STEP_PHASES, 0.0)
 
     # ---- asyncio side -------------------------------------------------------------------------------------
 
@@ -125,7 +128,8 @@ class Engine:
     def stats(self) -> dict:
         return {"batch_size": len(self.seqs), "queue_depth": self.scheduler.depth(), "steps": self._steps,
                 "tokens_generated": self._tokens_generated, "requests_finished": self._requests_finished,
-                "prefill_tokens": self._prefill_tokens, "max_batch_size": self.max_batch_size}
+                "prefill_tokens": self._prefill_tokens, "max_batch_size": self.max_batch_size,
+                "step_seconds": dict(self._step_seconds)}
 
     # ---- engine thread ------------------------------------------------------------------------------------
 
@@ -200,6 +204,7 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self) -> None:
+        clock = _PhaseClock(self._step_seconds)
         self._drop_cancelled()
         newcomers = self._admitted = self.scheduler.admit(len(self.seqs))
         running = self.seqs
@@ -207,19 +212,25 @@ class Engine:
         # (when a core is free for it), else after the forward.
         fill = (self._filler.submit(self._fill_rows, running, 0)
                 if self._fill_during_forward and _constrained(running) else None)
+        clock.lap("schedule")
         running_logits = self.runner.decode(self.kv, self.last_tokens) if running else None
+        clock.lap("forward")
         new_seqs, new_kv, new_logits = self._prefill(newcomers)
         if new_seqs:
             self._join(new_seqs, new_kv)
+        clock.lap("prefill")
         if not self.seqs:
             return
         parts = [x for x in (running_logits, new_logits) if x is not None]
         logits = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         bitmask = self._bitmask(running, new_seqs, fill)
+        clock.lap("mask")
         batch = self._sampling_batch()
         out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator)
+        clock.lap("sample")
         self._steps += 1
         self._postprocess(out, batch)
+        clock.lap("postprocess")
 
     # ---- joining and leaving ------------------------------------------------------------------------------
 
@@ -559,3 +570,21 @@ def _constrained(seqs: list[Sequence]) -> bool:
 def _deliver(items: list) -> None:
     for queue, item in items:
         queue.put_nowait(item)
+
+
+# The parts of a step, in order. On a GPU the forward only queues kernels: "sample" ends with the step's one
+# device-to-host copy, so it holds the time the device needs for the forward as well.
+STEP_PHASES = ("schedule", "forward", "prefill", "mask", "sample", "postprocess")
+
+
+class _PhaseClock:
+    """Adds the time since the last lap to `totals[phase]`: where the engine thread's time goes, per phase."""
+
+    def __init__(self, totals: dict[str, float]):
+        self.totals = totals
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.totals[phase] += now - self.last
+        self.last = now

@@ -1,5 +1,6 @@
 """Prometheus metrics for /metrics: requests, tokens in/out, time to first token, per-token latency, and
-(read at scrape time) the engine's batch size and queue depth and the grammar compiler's counters.
+(read at scrape time) the engine's batch size, queue depth and time per step phase, and the grammar compiler's
+counters.
 
 One registry per app, so several apps in one process never collide. Never records prompt text or keys.
 """
@@ -26,6 +27,11 @@ def _read(stats: Any, name: str, default: float = 0.0) -> float:
         return default
 
 
+def _read_dict(stats: Any, name: str) -> dict[str, float]:
+    value = stats.get(name) if isinstance(stats, dict) else getattr(stats, name, None)
+    return {str(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
 class _LiveStats:
     """Collector that asks the engine and the compiler for their numbers when Prometheus scrapes."""
 
@@ -44,6 +50,12 @@ class _LiveStats:
                                   value=_read(engine, "steps"))
         yield CounterMetricFamily("structgen_engine_tokens_generated", "Tokens sampled by the engine",
                                   value=_read(engine, "tokens_generated"))
+        phases = CounterMetricFamily("structgen_engine_step_seconds",
+                                     "Seconds the engine thread spent in each phase of its decode steps "
+                                     "(on a GPU, 'sample' includes waiting for the device)", labels=["phase"])
+        for phase, seconds in _read_dict(engine, "step_seconds").items():
+            phases.add_metric([phase], seconds)
+        yield phases
         yield CounterMetricFamily("structgen_grammar_compiles", "Grammars compiled (cache misses)",
                                   value=_read(compiler, "compiles"))
         yield CounterMetricFamily("structgen_grammar_cache_hits", "Grammar requests served from a cache",

@@ -74,3 +74,25 @@ def test_metrics_are_prometheus_text_with_the_serving_numbers(http):
     assert metric(text, "structgen_prompt_tokens_total") > 0
     assert 'structgen_requests_total{endpoint="chat",status="200"}' in text
     assert 'structgen_requests_total{endpoint="chat",status="400"}' in text
+
+
+def _step_seconds(http) -> dict[str, float]:
+    text = http.get("/metrics").text
+    return {phase: metric(text, f'structgen_engine_step_seconds_total{{phase="{phase}"}}')
+            for phase in ("schedule", "forward", "prefill", "mask", "sample", "postprocess")}
+
+
+def test_metrics_say_where_the_engine_steps_spend_their_time(http):
+    """Seconds per step phase: each phase a request passes through grows, and together they never exceed the
+    time that passed (one engine thread, each moment counted once)."""
+    before = _step_seconds(http)
+    start = time.monotonic()
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                "max_tokens": 8, "response_format": {"type": "json_object"}})
+    assert r.status_code == 200
+    elapsed = time.monotonic() - start
+    after = _step_seconds(http)
+    grown = {phase: after[phase] - before[phase] for phase in before}
+    assert all(grown[phase] > 0 for phase in ("forward", "prefill", "mask", "sample", "postprocess")), grown
+    assert all(seconds >= 0 for seconds in grown.values()), grown
+    assert sum(grown.values()) <= elapsed, (grown, elapsed)
