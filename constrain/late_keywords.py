@@ -54,6 +54,7 @@ DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "ma
 # idna package). Not `regex`: FormatChecker compiles it as a Python regex, whose dialect is not ECMA-262's.
 LATE_FORMATS = frozenset({"idn-email", "idn-hostname"}) & set(jsonschema.FormatChecker.checkers)
 _MAX_VISITS = 200_000  # (node, context) pairs the placement walk may visit before it gives up
+_LOOKAHEAD_TRIES = 32  # tokens `LateMatcher.vet` tries in place of one that leads to a dead end
 _CLOSE = frozenset(b"]}")
 _NUMBER_END = frozenset(b" \t\n\r,]}")
 
@@ -668,9 +669,47 @@ class LateMatcher(CheckedMatcher):
         self.tracker = tracker
         self.tokens = tokens
         self._verdicts: dict[tuple[int, bytes], bool] = {}  # this step's, by subschema and the value's text
+        self._allowed_here: np.ndarray | None = None  # this step's mask row while a check is active (`vet`)
 
     def _active(self) -> bool:
         return self.tracker.mode != "off"
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
+        super().fill_bitmask(bitmask, row, tokens_left)
+        self._allowed_here = bitmask[row].numpy().view(np.uint32).copy() if self._active() else None
+
+    def vet(self, token_id: int, tokens_left: int | None) -> int:
+        """Also one token of lookahead: a token after which every token the grammar allows would finish a
+        refused value (`-0` where integers and numbers >= 0 overlap in a oneOf: it can only end as 0, which both
+        accept) is replaced by another this step allows, the first (one-byte tokens first) with a way on."""
+        vetted = super().vet(token_id, tokens_left)
+        allowed, self._allowed_here = self._allowed_here, None
+        if allowed is None or not self._dead_end_after(vetted):
+            return vetted
+        candidates = allowed_ids(allowed)  # (the row as filled: the refused tokens are cleared already)
+        short = np.array([len(self.token_bytes[t] or b"") == 1 for t in candidates], dtype=bool)
+        for alternative in np.concatenate([candidates[short], candidates[~short]])[:_LOOKAHEAD_TRIES].tolist():
+            if alternative != vetted and not self._dead_end_after(alternative):
+                return alternative
+        return vetted  # no way on found: the dead end ends the output at the next step, as before
+
+    def _dead_end_after(self, token_id: int) -> bool:
+        """Whether every token the grammar allows after `token_id` would finish a value the checks refuse."""
+        base = backend_matcher(self.inner)
+        data = self.token_bytes[token_id]
+        if not isinstance(base, LlgMatcher) or not data:
+            return False
+        words = base.mask_after(token_id)
+        if words is None or not words.any():
+            return False
+        here = self.tracker
+        self.tracker = here.fork()
+        try:
+            self._feed(data)
+            refused = self._refused(words)
+        finally:
+            self.tracker = here
+        return not _leaves_any(words, refused.tolist())
 
     def _suspects(self) -> np.ndarray | None:
         """Tokens that may finish a checked value from here (see `_TokenSets`; None: any allowed token)."""

@@ -429,11 +429,7 @@ class LlgMatcher(Matcher):
         v = bitmask[row]
         out = v.numpy()
         self._raise_if_gave_up()
-        can_end = self._m.is_accepting()
-        if self._m.is_stopped():
-            out[:] = self._g._eos if can_end else 0
-            return
-        if tokens_left is not None:
+        if tokens_left is not None and not self._m.is_stopped():
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
                 self._closing = self._measure(self._m, self._followed())
@@ -446,8 +442,17 @@ class LlgMatcher(Matcher):
                 else:
                     out[:] = self._g._eos
                 return
-        self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
+        self._write_mask(self._m, v)
         self._raise_if_gave_up()
+
+    def _write_mask(self, matcher: "llguidance.LLMatcher", v: torch.Tensor) -> None:
+        """`matcher`'s mask into the int32 row `v`: the tokens it allows, and EOS where the output may end."""
+        out = v.numpy()
+        can_end = matcher.is_accepting()
+        if matcher.is_stopped():
+            out[:] = self._g._eos if can_end else 0
+            return
+        matcher.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
         np.bitwise_and(out, self._g._allowed, out=out)
         if can_end:
             np.bitwise_or(out, self._g._eos, out=out)
@@ -490,6 +495,16 @@ class LlgMatcher(Matcher):
             self._vetted = (here[0], here[1:])
             return here[0]
         return token_id  # no completion fits either way: the output ends at the limit
+
+    def mask_after(self, token_id: int) -> np.ndarray | None:
+        """The mask row (uint32 words, EOS included where the output may end) after `token_id`, on a copy of the
+        matcher: a check's lookahead. None when the grammar refuses the token or gives up after it."""
+        probe = self._m.deep_copy()
+        if not probe.consume_token(token_id) or probe.is_error():
+            return None
+        row = torch.zeros(len(self._g._allowed), dtype=torch.int32)
+        self._write_mask(probe, row)
+        return None if probe.is_error() else row.numpy().view(np.uint32)
 
     def accept(self, token_id: int) -> bool:
         tb = self._g.vocab.token_bytes
