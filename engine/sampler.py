@@ -128,20 +128,27 @@ def apply_mirostat(logits: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(drop, NEG_INF)
 
 
-def uniform_draws(rows: int, device: torch.device, generators: list[torch.Generator | None],
-                  shared: torch.Generator | None) -> torch.Tensor:
-    """One U[0, 1) draw per row; a row with its own generator draws only from it, so a seeded row's draws do
-    not depend on which other rows share the batch."""
+def _per_row(out: torch.Tensor, generators: list[torch.Generator | None], shared: torch.Generator | None,
+             draw) -> torch.Tensor:
+    """Fills `out` [B, ...] with `draw(tensor, generator)` (an in-place random fill): a row with its own
+    generator draws only from it, so a seeded row's draws do not depend on which other rows share the batch; the
+    other rows draw together from `shared`."""
     shared_rows = [i for i, g in enumerate(generators) if g is None]
-    if len(shared_rows) == rows:  # no seeded row: one draw for the batch, no scatter
-        return torch.rand((rows, 1), device=device, generator=shared)
-    draws = torch.empty((rows, 1), device=device, dtype=torch.float32)
+    if len(shared_rows) == len(generators):  # no seeded row: one draw for the batch, no scatter
+        return draw(out, shared)
     if shared_rows:
-        draws[shared_rows] = torch.rand((len(shared_rows), 1), device=device, generator=shared)
+        out[shared_rows] = draw(torch.empty_like(out[shared_rows]), shared)
     for i, g in enumerate(generators):
         if g is not None:
-            draws[i] = torch.rand((1,), device=device, generator=g)
-    return draws
+            draw(out[i], g)
+    return out
+
+
+def uniform_draws(rows: int, device: torch.device, generators: list[torch.Generator | None],
+                  shared: torch.Generator | None) -> torch.Tensor:
+    """One U[0, 1) draw per row (`_per_row`)."""
+    return _per_row(torch.empty((rows, 1), device=device, dtype=torch.float32), generators, shared,
+                    lambda t, g: t.uniform_(generator=g))
 
 
 def draw_tokens(probs: torch.Tensor, generators: list[torch.Generator | None],
@@ -161,19 +168,10 @@ def draw_tokens(probs: torch.Tensor, generators: list[torch.Generator | None],
 
 def race(probs: torch.Tensor, generators: list[torch.Generator | None],
          shared: torch.Generator | None) -> torch.Tensor:
-    """The exponential race (gpt-fast, vLLM): argmax of p / E with E ~ Exp(1) drawn per token samples p exactly.
-    A seeded row draws its E only from its own generator, so its draws do not depend on its neighbours.
-    E is kept above 0 and zero-probability tokens score 0, so they are never chosen over a positive one."""
-    noise = torch.empty_like(probs, dtype=torch.float32)
-    shared_rows = [i for i, g in enumerate(generators) if g is None]
-    if len(shared_rows) == len(generators):
-        noise.exponential_(generator=shared)
-    else:
-        if shared_rows:
-            noise[shared_rows] = torch.empty_like(noise[shared_rows]).exponential_(generator=shared)
-        for i, g in enumerate(generators):
-            if g is not None:
-                noise[i].exponential_(generator=g)
+    """The exponential race (gpt-fast, vLLM): argmax of p / E with E ~ Exp(1) drawn per token (`_per_row`)
+    samples p exactly. E is kept above 0 and zero-probability tokens score 0, so they are never chosen over a positive one."""
+    noise = _per_row(torch.empty_like(probs, dtype=torch.float32), generators, shared,
+                     lambda t, g: t.exponential_(generator=g))
     noise.clamp_(min=torch.finfo(torch.float32).tiny)
     return first_max(probs / noise)
 
