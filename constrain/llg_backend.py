@@ -10,7 +10,8 @@ the completion plus _CLOSING_MARGIN) the engine has each sampled token vetted (`
 completion would no longer fit is replaced by the completion's next token, and with no slack left the mask holds
 only that token. So the document closes complete and valid within max_tokens whenever the greedy completion fits
 at the start and, far from the budget, no single token more than doubles what remains to write. Far from the
-budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond.
+budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond,
+except a long one (~15 µs a byte): one far out of reach is re-measured ever less often.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + 
 _CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the grammar may not close at all)
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
+_CLOSING_LONG = 64  # a completion of more tokens than this and twice the tokens left is retried as rarely
 # Sampled tokens are vetted from twice the completion plus this many tokens before the budget runs out.
 _CLOSING_MARGIN = 8
 # A token holding one of these bytes can open a member, an item or a value with required parts: before any growth
@@ -168,7 +170,9 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                 if t not in avoid:
                     pick = t
                     break
-            pick = first if pick is None else pick
+            if pick is None:  # every byte that fits is avoided: avoiding them helps no more (and rescans cost)
+                pick = first
+                avoid.clear()
             if pick is None:
                 return None
         walk.consume_token(pick)
@@ -414,13 +418,21 @@ class LlgMatcher(Matcher):
         return self._closing_len is not None and \
             tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN) + max(self._g.closing_growth, allowance)
 
-    def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None) -> list[int] | None:
-        """A completion from `matcher` (the state now, or after a probed token); notes how much it grew."""
+    def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None,
+                 tokens_left: int | None = None) -> list[int] | None:
+        """A completion from `matcher` (the state now, or after a probed token); notes how much it grew. With
+        `tokens_left`, a long completion (`_CLOSING_LONG`) more than twice that long counts as none found: it
+        costs milliseconds to walk, and the budget rule can seldom steer to it (the output ends at the limit)."""
         closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys)
         if closing is not None and self._closing_len is not None:
             self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
+        if closing is not None and tokens_left is not None and len(closing) > max(2 * tokens_left, _CLOSING_LONG):
+            closing = None
         self._since_measure = 0
-        # A failed walk is the expensive one (it runs to _CLOSING_MAX_BYTES): never repeat it every step.
+        # A walk that found nothing is not repeated every step: a failed walk is the expensive one (it runs to
+        # _CLOSING_MAX_BYTES), and so is a long one (`[a-z ]{600}` with 64 tokens left: ~10 ms, measured twice a
+        # step with the sampled token's probe, before). A short completion that does not fit is measured every
+        # step: a sampled token may bring one back in reach (a random walk under `contains` did, 3 times in 12).
         self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None
                                else min(2 * self._measure_every, _CLOSING_MAX_BACKOFF))
         return closing
@@ -432,7 +444,7 @@ class LlgMatcher(Matcher):
         if tokens_left is not None and not self._m.is_stopped():
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
-                self._closing = self._measure(self._m, self._followed())
+                self._closing = self._measure(self._m, self._followed(), tokens_left)
                 self._closing_len = len(self._closing) if self._closing is not None else None
             if self._closing is not None and len(self._closing) == tokens_left:  # no slack: the completion
                 if self._closing:

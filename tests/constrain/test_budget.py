@@ -105,6 +105,64 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
     assert 1 <= len(walks) <= 6  # backoff 8, 16, 32, 64, 128 steps
 
 
+def test_llguidance_does_not_remeasure_every_step_a_completion_longer_than_the_budget(
+        gpt2_compiler, vocabs, monkeypatch):
+    """`[a-z ]{600}` with 64 tokens left: the completion is found, but it is long and more than twice the tokens
+    left, so the rule has nothing to steer to. Measuring it each step (twice, with the sampled token's probe) cost
+    ~90 ms per step on the built-in model; it is re-measured with the backoff of a failed walk, and the output
+    keeps its plain grammar mask."""
+    import torch
+
+    from constrain import llg_backend
+
+    walks = []
+    real = llg_backend.closing_tokens
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real(*args))
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z ]{600}", backend="llguidance"))
+    m = g.matcher()
+    assert len(real(m._m, vocabs["gpt2"])) > 64  # the completion exists, and is longer than the budget
+    walks.clear()
+    letter = vocabs["gpt2"].byte_tokens()[ord("q")]
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    for step in range(64):
+        m.fill_bitmask(bm, 0, tokens_left=64 - step)
+        assert bm.count_nonzero() > 1
+        assert m.vet(letter, 64 - step) == letter
+        assert m.accept(letter)
+    assert 1 <= len(walks) <= 3  # steps 0, 16, 48
+
+
+class _CountingMatcher:
+    """An llguidance matcher (and its copies) whose `validate_tokens` calls are counted: the walk's unit of work."""
+
+    def __init__(self, inner, calls: list):
+        self.inner, self.calls = inner, calls
+
+    def deep_copy(self) -> "_CountingMatcher":
+        return _CountingMatcher(self.inner.deep_copy(), self.calls)
+
+    def validate_tokens(self, tokens):
+        self.calls.append(1)
+        return self.inner.validate_tokens(tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_closing_walk_stays_cheap_when_it_must_repeat_bytes(gpt2_compiler, vocabs):
+    """A walk that must write 600 letters avoids a byte it keeps writing (to leave `0.000...` loops) only while
+    another byte fits: once every byte that fits is avoided it starts over, instead of trying all ~256 bytes for
+    each byte it writes (~110k tries and ~60 ms per walk before)."""
+    from constrain.llg_backend import closing_tokens
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z ]{600}", backend="llguidance"))
+    tries: list = []
+    closing = closing_tokens(_CountingMatcher(g.matcher()._m, tries), vocabs["gpt2"])
+    text = decode(vocabs["gpt2"], closing)
+    assert re.fullmatch("[a-z ]{600}", text)
+    assert len(tries) < 40 * 600
+
+
 def test_outlines_budget_rows_equal_the_transitions_filtered_by_distance(gpt2_compiler, vocabs):
     """The cached budget rows (keyed by the largest successor distance within the budget) hold exactly the tokens
     whose next state accepts within the budget, plus EOS in accepting states, for every budget that a document
