@@ -36,7 +36,7 @@ import numpy as np
 
 from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, backend_matcher,
                                clear_ids, per_vocabulary)
-from constrain.grammar import Grammar, Matcher
+from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
 from constrain.llg_backend import LlgMatcher
 from constrain.regex_sets import Work, pattern_search
@@ -699,7 +699,10 @@ class LateMatcher(CheckedMatcher):
         data = self.token_bytes[token_id]
         if not isinstance(base, LlgMatcher) or not data:
             return False
-        words = base.mask_after(token_id)
+        try:
+            words = base.mask_after(token_id)
+        except ConstraintError:  # llguidance's lexer limits: the output would end there with that error
+            return True
         if words is None or not words.any():
             return False
         here = self.tracker

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -377,18 +378,46 @@ class LlgGrammar(Grammar):
         self._allowed = vocab.allowed_words()
         self._eos = vocab.eos_words()
         self.nbytes = 4 * len(text) + 64 * 1024
-        self._proto = llguidance.LLMatcher(lltok, text, log_level=0)  # parsed once; matchers are deep copies
-        if self._proto.is_error():
-            raise ConstraintError(f"cannot start matcher: {self._proto.get_error()[:300]}")
+        self._proto_lock = threading.Lock()
+        self._proto = self._parse()  # parsed once; matchers are deep copies
+        self._lexer_generation = 0
+
+    def _parse(self) -> "llguidance.LLMatcher":
+        proto = llguidance.LLMatcher(self.lltok, self.text, log_level=0)
+        if proto.is_error():
+            raise ConstraintError(f"cannot start matcher: {proto.get_error()[:300]}")
+        return proto
+
+    def fresh_copy(self) -> tuple["llguidance.LLMatcher", int]:
+        """A copy of the parsed grammar, and the generation of the lexer it shares with the other copies of that
+        parse: the lexer's states are built once for all of them, and so is its limit on how many it may build."""
+        with self._proto_lock:
+            return self._proto.deep_copy(), self._lexer_generation
+
+    def lexer_spent(self, generation: int) -> None:
+        """An output ran into the limit of the lexer of `generation`: the grammar is parsed anew, so that the
+        copies after it get a fresh lexer (else every later output of this grammar, and a cached one serves many
+        requests, would fail at its first mask). Thread-safe: the engine thread and the mask filler call it."""
+        with self._proto_lock:
+            if generation == self._lexer_generation:
+                self._proto = self._parse()
+                self._lexer_generation += 1
 
     def matcher(self) -> "LlgMatcher":
         return LlgMatcher(self)
 
 
+def _lexer_limit(matcher: "llguidance.LLMatcher") -> str | None:
+    """The error of a matcher stopped by its lexer's limits (states, expressions or fuel), else None."""
+    error = matcher.get_error() if matcher.is_error() else ""
+    return error.split("\n", 1)[0][:200] if "lexer error" in error else None
+
+
 class LlgMatcher(Matcher):
     def __init__(self, grammar: LlgGrammar):
         self._g = grammar
-        self._m = grammar._proto.deep_copy()
+        self._m, self._lexer_generation = grammar.fresh_copy()
+        self._consumed: list[int] = []  # the output's tokens, to replay on a fresh lexer (`_on_fresh_lexer`)
         self._closing: list[int] | None = None  # a completion from the current state, when known this step
         self._closing_len: int | None = None  # its length when last measured (a hint once stale)
         self._vetted: tuple[int, list[int] | None] | None = None  # (token vet passed, the completion after it)
@@ -440,6 +469,8 @@ class LlgMatcher(Matcher):
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         v = bitmask[row]
         out = v.numpy()
+        if _lexer_limit(self._m):  # (a probe of this matcher's lexer ran into its limit)
+            self._on_fresh_lexer()
         self._raise_if_gave_up()
         if tokens_left is not None and not self._m.is_stopped():
             self._since_measure += 1
@@ -455,7 +486,19 @@ class LlgMatcher(Matcher):
                     out[:] = self._g._eos
                 return
         self._write_mask(self._m, v)
+        if _lexer_limit(self._m):  # once more on a fresh lexer: if this output itself needs more, it gives up
+            self._on_fresh_lexer()
+            self._write_mask(self._m, v)
         self._raise_if_gave_up()
+
+    def _on_fresh_lexer(self) -> None:
+        """This matcher's lexer ran into its limit (here or in a copy): the matcher again on a fresh lexer
+        (`LlgGrammar.lexer_spent`), with the output so far replayed."""
+        self._g.lexer_spent(self._lexer_generation)
+        self._m, self._lexer_generation = self._g.fresh_copy()
+        if self._consumed:
+            self._m.consume_tokens(self._consumed)
+            self._raise_if_gave_up()
 
     def _write_mask(self, matcher: "llguidance.LLMatcher", v: torch.Tensor) -> None:
         """`matcher`'s mask into the int32 row `v`: the tokens it allows, and EOS where the output may end."""
@@ -474,6 +517,8 @@ class LlgMatcher(Matcher):
         per-token work limit, e.g. a long `maxLength` intersected with a pattern. That ends this output, with a
         message that says so, instead of an empty mask (which would read as a logit_bias conflict)."""
         if self._m.is_error():
+            if _lexer_limit(self._m):  # (this output's own: the lexer is left fresh for the others)
+                self._g.lexer_spent(self._lexer_generation)
             reason = self._m.get_error().split("\n", 1)[0][:200]
             raise ConstraintError(f"the output constraint is too complex to follow at this point of the output "
                                   f"(llguidance: {reason}); a simpler pattern or smaller length bounds avoid this",
@@ -510,13 +555,26 @@ class LlgMatcher(Matcher):
 
     def mask_after(self, token_id: int) -> np.ndarray | None:
         """The mask row (uint32 words, EOS included where the output may end) after `token_id`, on a copy of the
-        matcher: a check's lookahead. None when the grammar refuses the token or gives up after it."""
+        matcher: a check's lookahead. None when the grammar refuses the token or gives up after it; a
+        ConstraintError when it gives up for the lexer's limits (`_lexer_spent_by`)."""
         probe = self._m.deep_copy()
-        if not probe.consume_token(token_id) or probe.is_error():
-            return None
         row = torch.zeros(len(self._g._allowed), dtype=torch.int32)
-        self._write_mask(probe, row)
+        if probe.consume_token(token_id):
+            self._write_mask(probe, row)
+        if _lexer_limit(probe):
+            self._on_fresh_lexer()
+            raise ConstraintError(f"llguidance: {_lexer_limit(probe)}", code="constraint_too_complex")
         return None if probe.is_error() else row.numpy().view(np.uint32)
+
+    def _lexer_spent_by(self, token_id: int) -> bool:
+        """Whether `token_id` is refused for the lexer's limits, not by the grammar (on a copy). The copy shares
+        this matcher's lexer and has spent it too: this matcher goes on with a fresh one (`_on_fresh_lexer`)."""
+        probe = self._m.deep_copy()
+        probe.consume_token(token_id)
+        if _lexer_limit(probe) is None:
+            return False
+        self._on_fresh_lexer()
+        return True
 
     def accept(self, token_id: int) -> bool:
         tb = self._g.vocab.token_bytes
@@ -524,13 +582,20 @@ class LlgMatcher(Matcher):
         if not (0 <= token_id < len(tb)) or tb[token_id] is None or self._m.is_error():
             return False
         if self._m.validate_tokens([token_id]) != 1:
-            return False
+            if not self._lexer_spent_by(token_id):
+                return False  # refused by the grammar
+            if self._m.validate_tokens([token_id]) != 1:  # the fresh lexer's limit too: this output gives up
+                self._m.consume_token(token_id)
+                self._raise_if_gave_up()
         self._closing = vetted[1] if vetted is not None and vetted[0] == token_id else None
         if self._closing is not None:
             self._closing_len = len(self._closing)
         if self._keys is not None:
             self._unfed += tb[token_id]
-        return self._m.consume_token(token_id)
+        if not self._m.consume_token(token_id):
+            return False
+        self._consumed.append(token_id)
+        return True
 
     def is_terminated(self) -> bool:
         return self._m.is_stopped()

@@ -177,3 +177,55 @@ def test_choices_sharing_subschemas_cost_the_checks_on_finished_values_bounded_w
     assert plan is not None and plan.pointers == ("/$defs/d0",)
     assert plan.alternatives(plan.schema["properties"]["v"]) is None
     assert plan.child_alternatives([(plan.schema,)], "v") is None
+
+
+# A number llguidance follows only by building its lexer's states as the digits come: past `-`, one mask builds
+# more expressions than its lexer may hold ("too many expressions constructed").
+LEXER_PUZZLE = {"type": "number", "exclusiveMinimum": -100000, "exclusiveMaximum": -10000,
+                "allOf": [{"multipleOf": 6.75}, {"multipleOf": 19}, {"multipleOf": 9.5}, {"multipleOf": 2.125}]}
+
+
+def test_lexer_limit_fails_only_the_output_that_ran_into_it(gpt2_compiler, vocabs):
+    """The copies of a parsed llguidance grammar share one lexer, and so its limit. An output that spends it
+    gives up (constraint_too_complex); an output already under way and the next request of the same (cached)
+    grammar go on, on a fresh lexer (before, both failed at their next mask, and so did every later request)."""
+    import torch
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema={"anyOf": [{"type": "string"}, LEXER_PUZZLE]},
+                                             backend="llguidance"))
+    byte = vocabs["gpt2"].byte_tokens()
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    under_way = g.matcher()
+    for b in b'"a':
+        under_way.fill_bitmask(bm, 0)
+        assert under_way.accept(byte[b])
+    spender = g.matcher()
+    spender.fill_bitmask(bm, 0)
+    assert spender.accept(byte[ord("-")])
+    with pytest.raises(ConstraintError) as exc:
+        spender.fill_bitmask(bm, 0)
+    assert exc.value.code == "constraint_too_complex" and "lexer" in exc.value.message
+    for m, text in ((under_way, b'b"'), (g.matcher(), b'"ok"')):
+        for b in text:
+            m.fill_bitmask(bm, 0)
+            assert bm.count_nonzero() > 0 and m.accept(byte[b])
+        assert m.can_end()
+
+
+def test_lookahead_steers_away_from_a_token_past_which_the_lexer_gives_up(gpt2_compiler, vocabs):
+    """Under a check (here a `not`), a sampled `-` after which llguidance's lexer would give up is replaced by a
+    token with a way on, as a dead end is; and the matcher, whose lexer the probe spent, goes on."""
+    import torch
+
+    schema = {"anyOf": [{"type": "string"}, LEXER_PUZZLE], "not": {"const": "x"}}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="llguidance", strict=True))
+    byte = vocabs["gpt2"].byte_tokens()
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    m = g.matcher()
+    m.fill_bitmask(bm, 0, tokens_left=50)
+    token = m.vet(byte[ord("-")], 50)
+    assert token != byte[ord("-")] and m.accept(token)
+    for b in b'ok"':
+        m.fill_bitmask(bm, 0, tokens_left=40)
+        assert m.accept(byte[b])
+    assert m.can_end()

@@ -3,6 +3,7 @@ compiled case's mask finishes is valid against the case's schema (the generation
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jsonschema
@@ -41,3 +42,29 @@ def test_an_escaped_key_is_told_apart_from_escapes_in_values():
     assert ESCAPED_KEY.search('{"a": 1, "\\u0061": 2}')
     assert ESCAPED_KEY.search('{"x\\"\\u0062y" : 2}')
     assert not ESCAPED_KEY.search('{"a": "\\u0061", "b": ["\\u0062"]}')
+
+
+def test_a_walk_that_spends_the_lexer_ends_as_given_up_not_as_a_disagreement(tmp_path, gpt2_compiler):
+    """Handwritten/num4 (only a negative number in a narrow range can be valid, and following one spends
+    llguidance's lexer): its walks used to stop the whole run with "the matcher refuses a token its mask
+    allowed", the lookahead's probe having spent the lexer that the matcher shares."""
+    from tests.constrain.test_hostile import LEXER_PUZZLE
+
+    schema = {**LEXER_PUZZLE, "type": ["number", "boolean"], "not": {"multipleOf": 7}}  # (a late check)
+    (tmp_path / "num.json").write_text(json.dumps({"schema": schema}))
+    result = walk_case(tmp_path / "num.json", tmp_path, gpt2_compiler, walks=12, max_tokens=40)
+    assert result.compiled and result.walks == 12 and result.invalid == []
+
+
+def test_a_disagreement_is_counted_with_its_case(tmp_path, gpt2_compiler, monkeypatch):
+    """A mask and a matcher that disagree are a bug: reported as an invalid walk of the case, and the run goes on."""
+    from constrain import walkbench
+
+    def disagree(*args, **kwargs):
+        raise walkbench.WalkError("the matcher refuses a token its mask allowed")
+
+    (tmp_path / "int.json").write_text(json.dumps({"schema": {"type": "integer"}}))
+    monkeypatch.setattr(walkbench, "random_walk", disagree)
+    result = walk_case(tmp_path / "int.json", tmp_path, gpt2_compiler, walks=2)
+    assert result.invalid == ["walk error: the matcher refuses a token its mask allowed"] * 2
+    assert "invalid=2" in walkbench.summary_line([result])
