@@ -455,12 +455,16 @@ class GrammarCompiler:
         return g
 
     def _load_named(self) -> dict[str, dict]:
-        from constrain.spec import validate_schema
+        from constrain.spec import SCHEMA_NAME, validate_schema
 
         out: dict[str, dict] = {}
         if not self.schemas_dir or not self.schemas_dir.is_dir():
             return out
         for path in sorted(self.schemas_dir.glob("*.json")):
+            if not SCHEMA_NAME.fullmatch(path.stem):
+                log.warning("skipping named schema %s: a request could not name it (up to 64 letters, digits, "
+                            "'_' and '-')", path.name)
+                continue
             try:
                 schema = json.loads(path.read_text())
                 validate_schema(schema, "response_format")

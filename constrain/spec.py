@@ -125,6 +125,9 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         raise _schema_error(exc, param, base) from None
 
 
+SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
 def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | None:
     p = "response_format"
     if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
@@ -143,8 +146,10 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         if not isinstance(js, dict):
             raise ConstraintError("response_format.json_schema must be an object with 'name' and 'schema'", param=p)
         name = js.get("name")
-        if name is not None and not isinstance(name, str):
-            raise ConstraintError("response_format.json_schema.name must be a string", param=p)
+        if name is not None and not (isinstance(name, str) and SCHEMA_NAME.fullmatch(name)):
+            # (OpenAI's rule; a client that omits the name is let through, as other compatible servers do)
+            raise ConstraintError(f"invalid response_format.json_schema.name {name!r}: up to 64 letters, digits, "
+                                  f"'_' and '-'", param="response_format.json_schema.name", code="invalid_value")
         strict = js.get("strict", False)
         if strict is None:
             strict = False

@@ -52,6 +52,7 @@ def test_auto_serves_new_schemas_with_llguidance_and_builds_outlines_from_the_se
 def test_compile_async_and_named_schemas_precompile(tmp_path, tokenizers, vocabs):
     (tmp_path / "flag.json").write_text(json.dumps(SCHEMA))
     (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "no name.json").write_text(json.dumps(SCHEMA))  # (a request could not name it: skipped)
     from constrain import checked
 
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto", schemas_dir=tmp_path)

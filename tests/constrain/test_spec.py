@@ -43,6 +43,13 @@ def test_named_schema_reference():
     assert "nope" in exc.value.message
 
 
+def test_json_schema_names_follow_openais_rule_and_may_be_omitted():
+    for name in ("a", "my_schema-2", "x" * 64):
+        spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": name, "schema": S}})
+        assert spec.extra["name"] == name
+    assert spec_from_request(response_format={"type": "json_schema", "json_schema": {"schema": S}}).schema == S
+
+
 def test_regex_choice_backend_and_conflicts():
     assert spec_from_request(regex="[a-z]+", backend="outlines").backend == "outlines"
     assert spec_from_request(choice=["a", "b", "a"]).choices == ("a", "b")

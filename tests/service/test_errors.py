@@ -106,6 +106,13 @@ def test_unsupported_schema_keyword_in_strict_mode_is_400(http):
     _assert_error(r, 400, "response_format")
 
 
+@pytest.mark.parametrize("name", ["has space", "", "x" * 65, "Response[int]", 7])
+def test_a_json_schema_name_openai_would_refuse_is_a_400_naming_it(http, name):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "response_format": {
+        "type": "json_schema", "json_schema": {"name": name, "schema": {"type": "object"}}}})
+    assert _assert_error(r, 400, "response_format.json_schema.name")["code"] == "invalid_value"
+
+
 def test_boolean_schemas_true_is_any_value_and_false_is_a_400(http):
     def ask(schema):
         return http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 8,
