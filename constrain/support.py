@@ -297,6 +297,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
         return ["/"]  # any JSON value: unbounded nesting
+    if not isinstance(schema, dict):
+        return ["/"]  # `false` (no value): nothing for outlines to compile
     bad: list[str] = []
     if not isinstance(schema, dict) or schema.get("type") not in ("object", "array"):
         bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")

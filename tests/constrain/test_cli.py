@@ -105,3 +105,12 @@ def test_check_schema_says_when_keys_are_written_without_unicode_escapes(tmp_pat
     for f, said in ((open_object, True), (closed, False)):
         assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance"]) == 0
         assert ("keys are written without \\u escapes" in capsys.readouterr().out) == said
+
+
+def test_check_schema_on_false_says_it_is_unsatisfiable_and_points_at_the_root(tmp_path, capsys):
+    f = tmp_path / "false.json"
+    f.write_text("false")
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"])]) == 1
+    out = capsys.readouterr().out
+    assert "outlines: cannot enforce /\n" in out and "/type" not in out
+    assert "Unsatisfiable" in out
