@@ -37,7 +37,7 @@ import numpy as np
 from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, backend_matcher,
                                clear_ids, per_vocabulary)
 from constrain.grammar import ConstraintError, Grammar, Matcher
-from constrain.json_follower import Frame, JsonFollower
+from constrain.json_follower import WS, Frame, JsonFollower
 from constrain.llg_backend import LlgMatcher
 from constrain.regex_sets import Work, pattern_search
 from constrain.support import references_followable, resolve_ref, walk
@@ -55,6 +55,7 @@ DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "ma
 LATE_FORMATS = frozenset({"idn-email", "idn-hostname"}) & set(jsonschema.FormatChecker.checkers)
 _MAX_VISITS = 200_000  # (node, context) pairs the placement walk may visit before it gives up
 _LOOKAHEAD_TRIES = 32  # tokens `LateMatcher.vet` tries in place of one that leads to a dead end
+_LOOKAHEAD_BLANKS = 2  # whitespace tokens the lookahead looks past (a schema's whitespace is bounded)
 _CLOSE = frozenset(b"]}")
 _NUMBER_END = frozenset(b" \t\n\r,]}")
 
@@ -593,15 +594,17 @@ class _TokenSets:
     `quote`: hold a '"'; `delimiter`: hold what ends a number; `whole`: may finish a value begun before them and
     may hold a whole value ('}', ']', two quotes, a digit or a letter before a delimiter, a literal);
     `quote_whole`: a '"' and after it such a token's bytes (leave a string, then finish a value); `eos`: end the
-    output (and so a number at the root)."""
+    output (and so a number at the root); `blank`: whitespace only (the lookahead looks past it)."""
 
     def __init__(self, vocab: Vocabulary):
         self.token_bytes = vocab.token_bytes
         sets: dict[str, list[int]] = {"quote": [], "delimiter": [], "whole": [], "quote_whole": [],
-                                      "eos": sorted(vocab.eos_token_ids)}
+                                      "eos": sorted(vocab.eos_token_ids), "blank": []}
         for tid, b in enumerate(vocab.token_bytes):
             if not b:
                 continue
+            if all(c in WS for c in b):
+                sets["blank"].append(tid)
             q = b.find(b'"')
             if q >= 0:
                 sets["quote"].append(tid)
@@ -684,23 +687,26 @@ class LateMatcher(CheckedMatcher):
         accept) is replaced by another this step allows, the first (one-byte tokens first) with a way on."""
         vetted = super().vet(token_id, tokens_left)
         allowed, self._allowed_here = self._allowed_here, None
-        if allowed is None or not self._dead_end_after(vetted):
+        if allowed is None or not self._dead_end_after([vetted]):
             return vetted
         candidates = allowed_ids(allowed)  # (the row as filled: the refused tokens are cleared already)
         short = np.array([len(self.token_bytes[t] or b"") == 1 for t in candidates], dtype=bool)
         for alternative in np.concatenate([candidates[short], candidates[~short]])[:_LOOKAHEAD_TRIES].tolist():
-            if alternative != vetted and not self._dead_end_after(alternative):
+            if alternative != vetted and not self._dead_end_after([alternative]):
                 return alternative
         return vetted  # no way on found: the dead end ends the output at the next step, as before
 
-    def _dead_end_after(self, token_id: int) -> bool:
-        """Whether every token the grammar allows after `token_id` would finish a value the checks refuse."""
+    def _dead_end_after(self, path: list[int], blanks: int = _LOOKAHEAD_BLANKS) -> bool:
+        """Whether every token the grammar allows after `path` would finish a value the checks refuse, or would
+        give up (llguidance's lexer limits). Whitespace does not count as a way on: where nothing else is left,
+        the tokens after it are looked at too, up to `blanks` deep (`{"a": 0` where `{"a": 0}` would repeat an
+        item: only ` ` may follow, and only `}` after it)."""
         base = backend_matcher(self.inner)
-        data = self.token_bytes[token_id]
+        data = b"".join(self.token_bytes[t] or b"" for t in path)
         if not isinstance(base, LlgMatcher) or not data:
             return False
         try:
-            words = base.mask_after(token_id)
+            words = base.mask_after(path)
         except ConstraintError:  # llguidance's lexer limits: the output would end there with that error
             return True
         if words is None or not words.any():
@@ -712,7 +718,15 @@ class LateMatcher(CheckedMatcher):
             refused = self._refused(words)
         finally:
             self.tracker = here
-        return not _leaves_any(words, refused.tolist())
+        rest = words.copy()
+        clear_ids(rest, refused)
+        blank = allowed_among(rest, self.tokens.blank)
+        clear_ids(rest, blank)
+        if rest.any():
+            return False
+        if not len(blank):
+            return True
+        return blanks > 0 and all(self._dead_end_after(path + [t], blanks - 1) for t in blank[:_LOOKAHEAD_TRIES].tolist())
 
     def _suspects(self) -> np.ndarray | None:
         """Tokens that may finish a checked value from here (see `_TokenSets`; None: any allowed token)."""

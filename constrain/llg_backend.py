@@ -553,13 +553,13 @@ class LlgMatcher(Matcher):
             return here[0]
         return token_id  # no completion fits either way: the output ends at the limit
 
-    def mask_after(self, token_id: int) -> np.ndarray | None:
-        """The mask row (uint32 words, EOS included where the output may end) after `token_id`, on a copy of the
-        matcher: a check's lookahead. None when the grammar refuses the token or gives up after it; a
+    def mask_after(self, tokens: list[int]) -> np.ndarray | None:
+        """The mask row (uint32 words, EOS included where the output may end) after `tokens`, on a copy of the
+        matcher: a check's lookahead. None when the grammar refuses the tokens or gives up after them; a
         ConstraintError when it gives up for the lexer's limits (`_lexer_spent_by`)."""
         probe = self._m.deep_copy()
         row = torch.zeros(len(self._g._allowed), dtype=torch.int32)
-        if probe.consume_token(token_id):
+        if probe.consume_tokens(tokens):
             self._write_mask(probe, row)
         if _lexer_limit(probe):
             self._on_fresh_lexer()
