@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, field_validator, model_validator
 
 # Fields OpenAI (or the seed pages) define that this server cannot honour: sending them is a 400, not a silent
 # drop. The value is the reason, which becomes the error message.
@@ -18,8 +18,6 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "audio": "audio output is not supported by this server",
     "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
-    "functions": "the deprecated `functions` field is not supported: send `tools` instead",
-    "function_call": "the deprecated `function_call` field is not supported: send `tool_choice` instead",
 }
 
 
@@ -73,11 +71,12 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: ToolCallFunction | None = None  # (deprecated: an assistant's one call, before `tool_calls`)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -96,10 +95,12 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.function_call)):
             raise ValueError(f"a {self.role!r} message needs `content`")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a 'tool' message needs `tool_call_id`")
+        if self.role == "function" and not self.name:
+            raise ValueError("a 'function' message needs the `name` of the function it answers")
         return self
 
     @property
@@ -245,6 +246,10 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     modalities: list[str] | None = None
+    # Deprecated by OpenAI, still sent by older clients: served as the `tools` they became (`_legacy_functions`)
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
+    _uses_functions: bool = PrivateAttr(False)
 
     @model_validator(mode="after")
     def _messages_or_prompt(self) -> "ChatCompletionRequest":
@@ -259,6 +264,50 @@ class ChatCompletionRequest(_SamplingFields):
         if self.modalities and any(m != "text" for m in self.modalities):
             raise ValueError("only the 'text' modality is supported")
         return self
+
+    @model_validator(mode="after")
+    def _legacy_functions(self) -> "ChatCompletionRequest":
+        """`functions` and `function_call` become `tools` and `tool_choice` (one call at most: the answer's
+        `function_call` holds one); history in the old shape (an assistant's `function_call`, `function` role
+        results) becomes tool calls and tool results, paired in order. The answer keeps the old shape
+        (`uses_functions`)."""
+        if self.functions is None and self.function_call is None:
+            self._pair_legacy_history()
+            return self
+        if self.tools is not None or self.tool_choice is not None or self.parallel_tool_calls is not None:
+            raise ValueError("send either `tools` (and `tool_choice`, `parallel_tool_calls`) or the deprecated "
+                             "`functions` (and `function_call`), not both")
+        if not self.functions:
+            raise ValueError("`function_call` needs `functions`")
+        self.tools = [Tool(function=f) for f in self.functions]
+        choice = self.function_call
+        if isinstance(choice, dict):
+            if set(choice) != {"name"} or not isinstance(choice["name"], str):
+                raise ValueError("`function_call` must be 'none', 'auto' or {'name': <a function's name>}")
+            if choice["name"] not in {f.name for f in self.functions}:
+                raise ValueError(f"`function_call` names an unknown function {choice['name']!r}")
+            self.tool_choice = {"type": "function", "function": {"name": choice["name"]}}
+        else:
+            self.tool_choice = choice
+        self.parallel_tool_calls = False
+        self._uses_functions = True
+        self._pair_legacy_history()
+        return self
+
+    def _pair_legacy_history(self) -> None:
+        last_id = None
+        for i, m in enumerate(self.messages or ()):
+            if m.role == "assistant" and m.function_call is not None and not m.tool_calls:
+                last_id = f"call_{i}"
+                self.messages[i] = m.model_copy(update={
+                    "tool_calls": [ToolCall(id=last_id, function=m.function_call)], "function_call": None})
+            elif m.role == "function":
+                self.messages[i] = m.model_copy(update={"role": "tool", "tool_call_id": last_id or f"call_{m.name}"})
+
+    @property
+    def uses_functions(self) -> bool:
+        """The request used the deprecated `functions`: the answer is a `function_call`, not `tool_calls`."""
+        return self._uses_functions
 
 
 class CompletionRequest(_SamplingFields):

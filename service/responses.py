@@ -108,24 +108,35 @@ def tool_calls_json(calls) -> list[dict]:
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def finish_for(choice: ChoiceState, calls) -> str:
+def finish_for(choice: ChoiceState, calls, uses_functions: bool = False) -> str:
     if calls and choice.finish_reason == "stop":
-        return "tool_calls"
+        return "function_call" if uses_functions else "tool_calls"
     return choice.finish_reason or "stop"
+
+
+def function_call_delta(delta: dict) -> dict:
+    """A `tool_calls` delta (`ToolCallStream`) in the deprecated shape, for requests that sent `functions`: the
+    one call's name and argument pieces under `function_call` (there is at most one call: see protocol.py)."""
+    if "tool_calls" not in delta:
+        return delta
+    return {"function_call": dict(delta["tool_calls"][0]["function"])}
 
 
 # ---- whole bodies
 def chat_body(*, request_id: str, model: str, created: int, choices: list[ChoiceState], parsed_calls: dict,
-              prompt_tokens: int, logprobs: bool, as_ids: bool) -> dict:
+              prompt_tokens: int, logprobs: bool, as_ids: bool, uses_functions: bool = False) -> dict:
+    """`uses_functions`: the request sent the deprecated `functions`, so a call is the message's `function_call`."""
     out = []
     for c in choices:
         calls = parsed_calls.get(c.index)
         message: dict = {"role": "assistant", "content": None if calls else c.text, "refusal": None}
-        if calls:
+        if calls and uses_functions:
+            message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
+        elif calls:
             message["tool_calls"] = tool_calls_json(calls)
         out.append({"index": c.index, "message": message,
                     "logprobs": chat_logprobs(c.logprobs, as_ids) if logprobs else None,
-                    "finish_reason": finish_for(c, calls)})
+                    "finish_reason": finish_for(c, calls, uses_functions)})
     completion = sum(c.completion_tokens for c in choices)
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
             "system_fingerprint": system_fingerprint(model), "choices": out,

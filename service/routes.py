@@ -67,7 +67,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream:
         return _streaming(request, gen, plan, chat_stream(
             gen, plan, model=model, created=plan.created, include_usage=body.include_usage,
-            logprobs=bool(body.logprobs), as_ids=as_ids, tools=tools_mode))
+            logprobs=bool(body.logprobs), as_ids=as_ids, tools=tools_mode, uses_functions=body.uses_functions))
     try:
         events = await gen.collect(plan, request)
     except ClientGone:
@@ -77,7 +77,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     return JSONResponse(chat_body(request_id=plan.request_id, model=model, created=plan.created, choices=states,
                                   parsed_calls={k: v for k, v in calls.items() if v},
                                   prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
-                                  as_ids=as_ids), headers=plan.headers)
+                                  as_ids=as_ids, uses_functions=body.uses_functions), headers=plan.headers)
 
 
 def _first_tokens(gen: Generation, plan: Plan) -> list[str]:

@@ -13,8 +13,8 @@ from typing import AsyncIterator
 
 from service.errors import APIError, error_body
 from service.generation import Generation, Plan, engine_error
-from service.responses import (ChoiceState, chat_logprobs, finish_for, legacy_logprobs, system_fingerprint,
-                               usage_dict)
+from service.responses import (ChoiceState, chat_logprobs, finish_for, function_call_delta, legacy_logprobs,
+                               system_fingerprint, usage_dict)
 from service.tool_stream import ToolCallStream
 
 DONE = b"data: [DONE]\n\n"
@@ -47,9 +47,10 @@ def _error_chunk(exc: APIError) -> bytes:
 
 
 async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, include_usage: bool,
-                      logprobs: bool, as_ids: bool, tools: bool) -> AsyncIterator[bytes]:
+                      logprobs: bool, as_ids: bool, tools: bool, uses_functions: bool = False) -> AsyncIterator[bytes]:
     """With tools in play each choice's text goes through a `ToolCallStream`: tool calls stream as `tool_calls`
-    deltas (id and name first, then argument pieces), anything else as content."""
+    deltas (id and name first, then argument pieces), anything else as content. A request that sent the
+    deprecated `functions` gets the call as `function_call` deltas (`function_call_delta`)."""
     chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
     streams = {i: ToolCallStream() for i in range(plan.choices)} if tools else {}
@@ -64,6 +65,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 lp = chat_logprobs(list(event.logprobs), as_ids) if logprobs and event.logprobs else None
                 if tools:
                     for delta in streams[index].feed(event.text):
+                        delta = function_call_delta(delta) if uses_functions else delta
                         yield chunks.chunk([{"index": index, "delta": delta,
                                              "logprobs": lp if "content" in delta else None,
                                              "finish_reason": None}])
@@ -76,7 +78,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                     raise engine_error(event.error, event.error_code, plan.spec)
                 calls = gen.parse_tool_calls(state.text, plan.spec) if tools else None
                 yield chunks.chunk([{"index": index, "delta": {}, "logprobs": None,
-                                     "finish_reason": finish_for(state, calls)}])
+                                     "finish_reason": finish_for(state, calls, uses_functions)}])
     except APIError as exc:
         yield _error_chunk(exc)
         yield DONE

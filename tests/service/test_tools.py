@@ -109,3 +109,65 @@ def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
     error = r.json()["error"]
     assert error["param"] == "tools"
     assert "/1/function/parameters/properties/tags/not" in error["message"]
+
+
+# ---- the deprecated `functions` / `function_call` (older clients still send them) --------------------------------
+FUNCTIONS = [t["function"] for t in TOOLS]
+
+
+@pytest.mark.parametrize("function_call", [{"name": "get_time"}, "auto"])
+def test_deprecated_functions_answer_with_one_function_call(http, function_call):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "functions": FUNCTIONS,
+                                               "function_call": function_call, "max_tokens": 200, "seed": 3})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    message = choice["message"]
+    assert "tool_calls" not in message
+    if function_call == "auto" and message["content"] is not None:  # (auto: text is an answer too)
+        assert "function_call" not in message and choice["finish_reason"] in ("stop", "length")
+        return
+    call = message["function_call"]
+    assert set(call) == {"name", "arguments"} and message["content"] is None
+    assert call["name"] == "get_time" or function_call == "auto"
+    jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert choice["finish_reason"] == "function_call"
+
+
+def test_deprecated_function_call_streams_as_function_call_deltas(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "functions": FUNCTIONS,
+                                               "function_call": {"name": "get_weather"}, "max_tokens": 200,
+                                               "seed": 5, "stream": True})
+    assert r.status_code == 200, r.text
+    chunks = [json.loads(e[len(b"data: "):]) for e in r.content.split(b"\n\n") if e and e != b"data: [DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any("tool_calls" in d for d in deltas)
+    parts = [d["function_call"] for d in deltas if "function_call" in d]
+    assert parts[0]["name"] == "get_weather" and all("name" not in p for p in parts[1:])
+    jsonschema.validate(json.loads("".join(p.get("arguments", "") for p in parts)), WEATHER)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "function_call"
+
+
+def test_deprecated_history_and_function_call_none(http):
+    """An assistant's `function_call` and the `function` message answering it are history like tool calls; with
+    `function_call: "none"` the answer is text."""
+    messages = ASK + [{"role": "assistant", "content": None,
+                       "function_call": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}},
+                      {"role": "function", "name": "get_weather", "content": '{"temperature": 21}'}]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "functions": FUNCTIONS,
+                                               "function_call": "none", "max_tokens": 8})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert isinstance(message["content"], str) and "function_call" not in message
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"functions": FUNCTIONS, "tools": TOOLS}, "not both"),
+    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "`function_call` names an unknown function"),
+    ({"functions": FUNCTIONS, "function_call": "required"}, "function_call"),
+    ({"function_call": "auto"}, "`function_call` needs `functions`"),
+])
+def test_deprecated_functions_mixed_or_malformed_are_400(http, body, said):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 8, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and said in error["message"]
