@@ -133,6 +133,15 @@ def test_deprecated_functions_answer_with_one_function_call(http, function_call)
     assert choice["finish_reason"] == "function_call"
 
 
+def test_deprecated_functions_through_the_openai_sdk(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, functions=FUNCTIONS,
+                                       function_call={"name": "get_time"}, max_tokens=200, seed=4)
+    message = r.choices[0].message
+    assert message.tool_calls is None and message.function_call.name == "get_time"
+    jsonschema.validate(json.loads(message.function_call.arguments), TIME)
+    assert r.choices[0].finish_reason == "function_call"
+
+
 def test_deprecated_function_call_streams_as_function_call_deltas(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "functions": FUNCTIONS,
                                                "function_call": {"name": "get_weather"}, "max_tokens": 200,
