@@ -726,7 +726,8 @@ class LateMatcher(CheckedMatcher):
             return False
         if not len(blank):
             return True
-        return blanks > 0 and all(self._dead_end_after(path + [t], blanks - 1) for t in blank[:_LOOKAHEAD_TRIES].tolist())
+        return blanks > 0 and all(self._dead_end_after(path + [t], blanks - 1)
+                                  for t in blank[:_LOOKAHEAD_TRIES].tolist())
 
     def _suspects(self) -> np.ndarray | None:
         """Tokens that may finish a checked value from here (see `_TokenSets`; None: any allowed token)."""
