@@ -535,6 +535,9 @@ class LlgMatcher(Matcher):
         data = self._g.vocab.token_bytes[token_id] or b""
         if not self._near(tokens_left, _CLOSING_GROWTH if _OPENERS.intersection(data) else 0):
             return token_id
+        if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:
+            self._vetted = (token_id, self._closing[1:])  # the completion's own next token: its rest fits
+            return token_id
         probe = self._m.deep_copy()
         if not probe.consume_token(token_id):
             return token_id  # not allowed at all: accept refuses it

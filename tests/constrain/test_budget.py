@@ -84,6 +84,32 @@ def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_
                     json.loads(text)
 
 
+def test_following_the_completion_walks_once(gpt2_compiler, vocabs, monkeypatch):
+    """With no slack the mask holds only the completion's next token; vetting that token takes the rest of the
+    completion as the completion after it, instead of walking again (before: one walk per row per step)."""
+    import torch
+
+    from constrain import llg_backend
+    from tests.constrain.conftest import allowed_ids
+
+    vocab = vocabs["gpt2"]
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern=r"[a-z]{3,9}@example\.com", backend="llguidance"))
+    m = g.matcher()
+    budget = len(llg_backend.closing_tokens(m._m, vocab))
+    walks = []
+    real = llg_backend.closing_tokens
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real(*args))
+    bm = torch.zeros((1, vocab.words), dtype=torch.int32)
+    written = []
+    for step in range(budget):
+        m.fill_bitmask(bm, 0, tokens_left=budget - step)
+        (only,) = allowed_ids(bm).tolist()
+        assert m.vet(only, budget - step) == only and m.accept(only)
+        written.append(only)
+    assert m.can_end() and re.fullmatch(r"[a-z]{3,9}@example\.com", decode(vocab, written))
+    assert len(walks) == 1
+
+
 def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compiler, vocabs, monkeypatch):
     """A completion out of the walk's reach is the costly case: it must be retried rarely, not per token."""
     import torch
