@@ -376,6 +376,16 @@ def test_the_checks_wrap_the_outlines_backend_too(gpt2_compiler, tokenizers, voc
 INTEGER_OR_NONNEGATIVE = _object({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]})
 
 
+def _write_vetted(m, tok, vocab, text: str) -> torch.Tensor:
+    """Writes `text`'s tokens through the mask and `vet` (each must stand) and fills the next step's mask."""
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for t in tok.encode(text, add_special_tokens=False):
+        m.fill_bitmask(bitmask, 0)
+        assert m.vet(t, None) == t and m.accept(t)
+    m.fill_bitmask(bitmask, 0)
+    return bitmask
+
+
 @pytest.mark.parametrize("name", ["gpt2", "qwen2"])
 def test_a_token_that_leads_to_a_dead_end_is_replaced_by_one_with_a_way_on(name, tokenizers, vocabs):
     """`-0` under integers-or-numbers >= 0: only the integer branch goes on after `-`, and `-0` can only end as 0,
@@ -383,11 +393,7 @@ def test_a_token_that_leads_to_a_dead_end_is_replaced_by_one_with_a_way_on(name,
     tok, vocab = tokenizers[name], vocabs[name]
     compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
     m = _compile(compiler, INTEGER_OR_NONNEGATIVE).matcher()
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    for t in tok.encode('{"v": -', add_special_tokens=False):
-        m.fill_bitmask(bitmask, 0)
-        assert m.accept(m.vet(t, None))
-    m.fill_bitmask(bitmask, 0)
+    bitmask = _write_vetted(m, tok, vocab, '{"v": -')
     zero = tok.convert_tokens_to_ids("0")
     assert zero in allowed_ids(bitmask)  # the mask allows it: the dead end is a token further on
     replaced = m.vet(zero, None)
@@ -408,17 +414,11 @@ def test_the_lookahead_sees_past_whitespace(gpt2_compiler, tokenizers, vocabs):
     the `0` is a dead end two tokens deep, past the whitespace, and is replaced by another digit."""
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
     m = _compile(gpt2_compiler, UNIQUE_DIGITS).matcher()
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    for t in tok.encode('[{"a": 0}, {"a": ', add_special_tokens=False):
-        m.fill_bitmask(bitmask, 0)
-        assert m.accept(m.vet(t, None))
-    m.fill_bitmask(bitmask, 0)
+    _write_vetted(m, tok, vocab, '[{"a": 0}, {"a": ')
     zero = tok.convert_tokens_to_ids("0")
     replaced = m.vet(zero, None)
     assert replaced != zero and vocab.token_bytes[replaced][:1].isdigit() and m.accept(replaced)
-    for t in tok.encode("}]", add_special_tokens=False):
-        m.fill_bitmask(bitmask, 0)
-        assert m.accept(t)
+    _write_vetted(m, tok, vocab, "}]")
     assert m.can_end()
 
 
