@@ -58,7 +58,7 @@ def main() -> int:
     ap.add_argument("--backend", default="outlines", choices=["outlines", "llguidance"],
                     help="the backend of the constrained workloads (outlines: bench.py's schema once compiled)")
     ap.add_argument("--regex", help="also a workload under this regex (the --backend serves it)")
-    ap.add_argument("--repeats", type=int, default=2, help="runs of each workload and size (the first warms)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each workload and size")
     args = ap.parse_args()
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -74,7 +74,7 @@ def main() -> int:
     print(f"model: {args.model}  device: {loaded.device}  max_tokens: {args.max_tokens}  "
           f"backend: {args.backend}", flush=True)
     try:
-        for label, grammar in workloads.items():  # warm-up: first steps, first masks
+        for grammar in workloads.values():  # warm-up: first steps, first masks
             run(engine, prompt, 2, grammar, 4)
         for n in args.concurrency:
             for label, grammar in workloads.items():

@@ -564,9 +564,10 @@ class LlgMatcher(Matcher):
         row = torch.zeros(len(self._g._allowed), dtype=torch.int32)
         if probe.consume_tokens(tokens):
             self._write_mask(probe, row)
-        if _lexer_limit(probe):
+        limit = _lexer_limit(probe)
+        if limit:
             self._on_fresh_lexer()
-            raise ConstraintError(f"llguidance: {_lexer_limit(probe)}", code="constraint_too_complex")
+            raise ConstraintError(f"llguidance: {limit}", code="constraint_too_complex")
         return None if probe.is_error() else row.numpy().view(np.uint32)
 
     def _lexer_spent_by(self, token_id: int) -> bool:

@@ -271,8 +271,8 @@ class ChatCompletionRequest(_SamplingFields):
         `function_call` holds one); history in the old shape (an assistant's `function_call`, `function` role
         results) becomes tool calls and tool results, paired in order. The answer keeps the old shape
         (`uses_functions`)."""
+        self._pair_legacy_history()
         if self.functions is None and self.function_call is None:
-            self._pair_legacy_history()
             return self
         if self.tools is not None or self.tool_choice is not None or self.parallel_tool_calls is not None:
             raise ValueError("send either `tools` (and `tool_choice`, `parallel_tool_calls`) or the deprecated "
@@ -291,10 +291,10 @@ class ChatCompletionRequest(_SamplingFields):
             self.tool_choice = choice
         self.parallel_tool_calls = False
         self._uses_functions = True
-        self._pair_legacy_history()
         return self
 
     def _pair_legacy_history(self) -> None:
+        """An assistant's `function_call` as a tool call, a `function` message as the result of the latest one."""
         last_id = None
         for i, m in enumerate(self.messages or ()):
             if m.role == "assistant" and m.function_call is not None and not m.tool_calls:

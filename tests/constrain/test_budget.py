@@ -158,6 +158,30 @@ def test_llguidance_does_not_remeasure_every_step_a_completion_longer_than_the_b
     assert 1 <= len(walks) <= 3  # steps 0, 16, 48
 
 
+def test_a_short_completion_out_of_reach_is_still_measured_every_step(gpt2_compiler, vocabs, monkeypatch):
+    """A completion of at most 64 tokens that does not fit is walked every step (cheap): a sampled token may bring
+    a shorter one back in reach (random walks under `contains` did). Only long ones back off."""
+    import torch
+
+    from constrain import llg_backend
+
+    vocab = vocabs["gpt2"]
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z]{40}", backend="llguidance"))
+    m = g.matcher()
+    shortest = len(llg_backend.closing_tokens(m._m, vocab))
+    assert shortest <= 64
+    walks = []
+    real = llg_backend.closing_tokens
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real(*args))
+    bm = torch.zeros((1, vocab.words), dtype=torch.int32)
+    letter = vocab.byte_tokens()[ord("q")]
+    tokens_left = shortest // 3  # out of reach, and the completion is more than twice the tokens left
+    for step in range(4):
+        m.fill_bitmask(bm, 0, tokens_left=tokens_left - step)
+        assert m.accept(letter)
+    assert len(walks) == 4
+
+
 class _CountingMatcher:
     """An llguidance matcher (and its copies) whose `validate_tokens` calls are counted: the walk's unit of work."""
 
