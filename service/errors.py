@@ -56,7 +56,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     # drop pydantic's union-branch names ("str", "list[int]", "function-after[...]") from the location
     loc = [p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool", "dict")]
-    param = ".".join(loc) or None
+    named = getattr((first.get("ctx") or {}).get("error"), "param", None)  # a check across fields names its own
+    param = ".".join(loc + ([named] if named else [])) or None
     msg = str(first.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
@@ -65,6 +66,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "the request body must be a JSON object", None
     if first.get("type") == "missing" and param:
         return f"missing required parameter: '{param}'", param
+    if named:
+        return msg, param
     if param:
         return f"invalid value for '{param}': {msg}", param
     return msg, None

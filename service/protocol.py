@@ -21,6 +21,15 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 }
 
 
+class ParamError(ValueError):
+    """A check across fields, naming the parameter it is about: the OpenAI error's `param` (service/errors.py).
+    Nested inside a list or object of the body, the place of that part comes first (`messages.2.tool_call_id`)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: StrictBool | None = False
@@ -96,11 +105,11 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
         if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.function_call)):
-            raise ValueError(f"a {self.role!r} message needs `content`")
+            raise ParamError("content", f"a {self.role!r} message needs `content`")
         if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a 'tool' message needs `tool_call_id`")
+            raise ParamError("tool_call_id", "a 'tool' message needs `tool_call_id`")
         if self.role == "function" and not self.name:
-            raise ValueError("a 'function' message needs the `name` of the function it answers")
+            raise ParamError("name", "a 'function' message needs the `name` of the function it answers")
         return self
 
     @property
@@ -131,7 +140,7 @@ def _first_invalid_text(value, path: str = "") -> str | None:
             if any(isinstance(k, str) and _first_invalid_text(k) for k in node):
                 return where or "body"
         elif isinstance(node, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(node))  # (pydantic's `loc` style)
     return None
 
 
@@ -145,7 +154,7 @@ class _SamplingFields(BaseModel):
     def _valid_unicode(cls, data):
         where = _first_invalid_text(data)
         if where is not None:
-            raise ValueError(f"'{where}' is not valid Unicode text (it holds a lone surrogate)")
+            raise ParamError(where, f"'{where}' is not valid Unicode text (it holds a lone surrogate)")
         return data
 
     model: str = Field(min_length=1)
@@ -218,7 +227,7 @@ class _SamplingFields(BaseModel):
     @model_validator(mode="after")
     def _best_of_is_n(self):
         if self.best_of is not None and self.best_of != (self.n or 1):
-            raise ValueError("`best_of` other than `n` is not supported by this server")
+            raise ParamError("best_of", "`best_of` other than `n` is not supported by this server")
         return self
 
     @property
@@ -254,15 +263,15 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _messages_or_prompt(self) -> "ChatCompletionRequest":
         if self.messages is None and self.prompt is None:
-            raise ValueError("either `messages` or `prompt` must be provided")
+            raise ParamError("messages", "either `messages` or `prompt` must be provided")
         if self.messages is not None and self.prompt is not None:
-            raise ValueError("send either `messages` or `prompt`, not both")
+            raise ParamError("prompt", "send either `messages` or `prompt`, not both")
         if self.messages is not None and not self.messages:
-            raise ValueError("`messages` must not be empty")
+            raise ParamError("messages", "`messages` must not be empty")
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("`top_logprobs` requires `logprobs: true`")
+            raise ParamError("top_logprobs", "`top_logprobs` requires `logprobs: true`")
         if self.modalities and any(m != "text" for m in self.modalities):
-            raise ValueError("only the 'text' modality is supported")
+            raise ParamError("modalities", "only the 'text' modality is supported")
         return self
 
     @model_validator(mode="after")
@@ -275,17 +284,19 @@ class ChatCompletionRequest(_SamplingFields):
         if self.functions is None and self.function_call is None:
             return self
         if self.tools is not None or self.tool_choice is not None or self.parallel_tool_calls is not None:
-            raise ValueError("send either `tools` (and `tool_choice`, `parallel_tool_calls`) or the deprecated "
-                             "`functions` (and `function_call`), not both")
+            raise ParamError("functions", "send either `tools` (and `tool_choice`, `parallel_tool_calls`) or the "
+                             "deprecated `functions` (and `function_call`), not both")
         if not self.functions:
-            raise ValueError("`function_call` needs `functions`")
+            raise ParamError("function_call", "`function_call` needs `functions`")
         self.tools = [Tool(function=f) for f in self.functions]
         choice = self.function_call
         if isinstance(choice, dict):
             if set(choice) != {"name"} or not isinstance(choice["name"], str):
-                raise ValueError("`function_call` must be 'none', 'auto' or {'name': <a function's name>}")
+                raise ParamError("function_call",
+                                 "`function_call` must be 'none', 'auto' or {'name': <a function's name>}")
             if choice["name"] not in {f.name for f in self.functions}:
-                raise ValueError(f"`function_call` names an unknown function {choice['name']!r}")
+                raise ParamError("function_call",
+                                 f"`function_call` names an unknown function {choice['name']!r}")
             self.tool_choice = {"type": "function", "function": {"name": choice["name"]}}
         else:
             self.tool_choice = choice

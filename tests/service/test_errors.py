@@ -44,7 +44,21 @@ def test_completions_field_out_of_range_is_a_400_naming_it(http, field, value):
 
 def test_top_logprobs_without_logprobs_is_refused(http):
     _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "top_logprobs": 2}),
-                  400)
+                  400, "top_logprobs")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": HELLO, "prompt": "x"}, "prompt"),
+    ({"messages": HELLO, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": HELLO, "n": 2, "best_of": 3}, "best_of"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}, "messages.1.content"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.name"),
+])
+def test_checks_across_fields_name_their_parameter(http, body, param):
+    """Checks that read several fields (pydantic model validators) name the parameter too, not `param: null`."""
+    error = _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, **body}), 400, param)
+    assert not error["message"].startswith("invalid value for"), error  # the check's own sentence
 
 
 def test_invalid_json_and_non_object_bodies_are_400(http):
@@ -54,7 +68,7 @@ def test_invalid_json_and_non_object_bodies_are_400(http):
 
 
 def test_missing_messages_and_prompt_is_400(http):
-    _assert_error(http.post("/v1/chat/completions", json={"model": MODEL}), 400)
+    _assert_error(http.post("/v1/chat/completions", json={"model": MODEL}), 400, "messages")
     _assert_error(http.post("/v1/chat/completions", json={"messages": HELLO}), 400, "model")
 
 
@@ -211,3 +225,7 @@ def test_malformed_text_and_deep_nesting_are_400_not_500(http):
         for body in bodies:
             r = http.post(path, content=body, headers={"content-type": "application/json"})
             _assert_error(r, 400)
+    lone = http.post("/v1/chat/completions", content=bodies[0], headers={"content-type": "application/json"})
+    _assert_error(lone, 400, "messages.0.content")
+    lone = http.post("/v1/completions", content=bodies[1], headers={"content-type": "application/json"})
+    _assert_error(lone, 400, "prompt.1")

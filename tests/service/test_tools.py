@@ -169,14 +169,16 @@ def test_deprecated_history_and_function_call_none(http):
     assert isinstance(message["content"], str) and "function_call" not in message
 
 
-@pytest.mark.parametrize("body, said", [
-    ({"functions": FUNCTIONS, "tools": TOOLS}, "not both"),
-    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "`function_call` names an unknown function"),
-    ({"functions": FUNCTIONS, "function_call": "required"}, "function_call"),
-    ({"function_call": "auto"}, "`function_call` needs `functions`"),
+@pytest.mark.parametrize("body, said, param", [
+    ({"functions": FUNCTIONS, "tools": TOOLS}, "not both", "functions"),
+    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "`function_call` names an unknown function",
+     "function_call"),
+    ({"functions": FUNCTIONS, "function_call": "required"}, "function_call", "function_call"),
+    ({"function_call": "auto"}, "`function_call` needs `functions`", "function_call"),
 ])
-def test_deprecated_functions_mixed_or_malformed_are_400(http, body, said):
+def test_deprecated_functions_mixed_or_malformed_are_400(http, body, said, param):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 8, **body})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and said in error["message"]
+    assert error["param"] == param
