@@ -59,7 +59,8 @@ First, `unevaluatedProperties` (2019-09 and later) whose evaluated properties ar
 named beside it and through `allOf` and local `$ref`s, with no `anyOf`, `oneOf`, `if`... among them) becomes
 `additionalProperties` on the node with those names declared there, or is dropped where an `additionalProperties`
 among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
-`$dynamicRef`/`$recursiveRef` or nested `$id` (their meaning depends on context a local rewrite cannot see).
+`$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends
+on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ import jsonschema
 from constrain.formats import format_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, regex_char, search_region,
                                   without_lookaheads)
-from constrain.support import ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, resolve_ref, walk
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, references_followable,
+                               resolve_ref, walk)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -297,8 +299,7 @@ def rewrite_schema(schema: Any) -> Any:
     for n in _iter_nodes(schema):
         if any(k in n for k in _CONTEXT_KEYS):
             return schema
-    nested_ids = [n for n in _iter_nodes(schema) if n is not schema and isinstance(n.get("$id"), str)]
-    if nested_ids:
+    if not references_followable(schema):
         return schema
     root = copy.deepcopy(schema)
     ctx = _Ctx(schema)  # validation and $ref resolution against the original: rewrites never change meaning

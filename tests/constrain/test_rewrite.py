@@ -206,6 +206,10 @@ CASES = [
      "contains"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
+    # nested $ids (as jsonschema.net writes them) that no $ref resolves against: rewritten as without them
+    ("minProperties beside nested $ids", {"type": "object", "additionalProperties": False, "minProperties": 2,
+                                          "properties": {k: {"$id": f"/properties/{k}", "type": "integer"}
+                                                         for k in "abcd"}}, "minProperties"),
 ]
 
 
@@ -273,6 +277,11 @@ UNTOUCHED = [
     ("minProperties beyond required", {"type": "object", "required": ["a"], "minProperties": 2}),
     ("minProperties with many alternatives", {"type": "object", "properties": {k: {} for k in "abcdefghij"},
                                               "additionalProperties": False, "minProperties": 3}),
+    # a nested $id that moves what a $ref inside it means: the rewrites, which resolve local pointers, stay out
+    ("not beside a $ref under a nested $id", {"properties": {"v": {"$id": "http://example.com/v",
+                                                                   "properties": {"w": {"$ref": "#/$defs/d"}},
+                                                                   "not": {"required": ["x"]}}},
+                                              "$defs": {"d": {"type": "string"}}}),
 ]
 
 
