@@ -30,7 +30,7 @@ class JsonFollower:
     is written of the current string, key, number or literal (`buf`), and the open containers (`stack`).
     Hooks: `_value_begins` (a value's first byte, before the follower acts on it), `_frame` (the frame of a
     container that opens), `_value_ends` (a value was finished; for a number, by the byte just fed, which is
-    not part of it), `_key_ends`."""
+    not part of it), `_key_ends`, `_comma`."""
 
     def __init__(self) -> None:
         self.stack: list[Frame] = []
@@ -57,6 +57,9 @@ class JsonFollower:
 
     def _key_ends(self) -> None:
         """An object's key was finished: `buf` holds it (without its quotes, still escaped)."""
+
+    def _comma(self) -> None:
+        """A comma was written in the open container, whose `index` now counts the member to come."""
 
     # ---- the lexer ----------------------------------------------------------------------------------------------
     def _byte(self, c: int) -> None:
@@ -103,6 +106,7 @@ class JsonFollower:
                 top = self.stack[-1]
                 top.index += 1
                 self.mode = "value" if top.is_array else "member"
+                self._comma()
             elif c in b"]}":
                 self._close()
             else:

@@ -12,8 +12,9 @@ exactly: reached from the root through `properties`, `items`, `additionalPropert
 `allOf` and `$ref` only. A late keyword at such a place governs its own value; one below a choice (an anyOf or
 oneOf branch, `patternProperties`, a tuple item) makes the nearest exactly placed value around it governed, so the
 check comes later but is just as exact. The root is always exactly placed, so every such schema is covered.
-What no continuation repairs (`uniqueItems`, `propertyNames`, `maxProperties`) is also checked on a checked
-container so far as each member is finished, and a name as its closing quote is written.
+What no continuation repairs (`uniqueItems`, `propertyNames`) is also checked on a checked container so far as
+each member is finished, and a name as its closing quote is written; property counts at each key and comma
+(`maxProperties`, and `minProperties` where the keys come in the declared order: a key too late to reach it).
 
 `pattern` and `patternProperties` are decided on the patterns' automata (constrain/regex_sets.py), never by
 running the client's regex. Formats are checked where the draft's FormatChecker can (email, ipv4, ipv6, uuid;
@@ -372,21 +373,69 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
 @dataclass(frozen=True)
 class MemberChecks:
     """The keywords of a governed node that the members written so far already break for good, whatever follows:
-    a repeated item (`uniqueItems`), a name `propertyNames` refuses, one property past `maxProperties`. `prefix`
-    is checked on the container so far as each member is finished, `names` on each name as its quote closes, so
-    such a member is refused when it is written, not with the whole value (when it could no longer be taken
-    back)."""
+    a repeated item (`uniqueItems`), a name `propertyNames` refuses, a property count `counts` can no longer meet.
+    `prefix` is checked on the container so far as each member is finished, `names` on each name as its quote
+    closes, `counts` at each key and comma. So such a member is refused when it is written, not with the whole
+    value (when it could no longer be taken back), and a key or comma before its value (a number after it could
+    never end: the `,` or `}` that would end it would finish a refused object)."""
 
     prefix: dict
     names: dict | None
+    counts: "PropertyCounts | None" = None
+
+
+@dataclass(frozen=True)
+class PropertyCounts:
+    """min/maxProperties of an object, judged on the key/value pairs written so far (a repeated key counts
+    twice: a duplicate key at the limit is refused, which JSON discourages anyway). `most`: no comma once the
+    object holds that many, no key past it. `least` with `after`: on a closed object whose keys the backend
+    writes in the declared order (llguidance's order, as OpenAI's strict mode), only the properties declared
+    after a key may follow it; a key with fewer of them left than the count still needs is a dead end
+    (`{"last": 1` under `minProperties: 2` could never close)."""
+
+    most: int | None
+    least: int
+    after: dict[str, int] | None  # declared name -> how many declared properties that may appear come after it
+
+    def comma_holds(self, pairs: int) -> bool:
+        """A comma after `pairs` members: room for one more."""
+        return self.most is None or pairs < self.most
+
+    def key_holds(self, key: str, pairs: int) -> bool:
+        """`pairs` members so far, the last of them `key` (its value to come)."""
+        if self.most is not None and pairs > self.most:
+            return False
+        return self.after is None or key not in self.after or pairs + self.after[key] >= self.least
+
+
+# Keywords beside which the backend's key order is not the node's own `properties` order (merged properties,
+# alternatives): no `PropertyCounts.after` there.
+_MERGING = ("allOf", "anyOf", "oneOf", "$ref", "if", "then", "else", "dependentSchemas", "dependencies",
+            "patternProperties", "unevaluatedProperties", "propertyNames")
+
+
+def _property_counts(node: dict) -> PropertyCounts | None:
+    def count(key: str) -> int | None:
+        value = node.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    most, least, props = count("maxProperties"), count("minProperties"), node.get("properties")
+    ordered = least is not None and least >= 2 and isinstance(props, dict) \
+        and node.get("additionalProperties") is False and not any(k in node for k in _MERGING)
+    if most is None and not ordered:
+        return None
+    names = [k for k, v in props.items() if v is not False] if ordered else []
+    after = {k: len(names) - 1 - i for i, k in enumerate(names)} if ordered else None
+    return PropertyCounts(most, least or 0, after)
 
 
 def _member_checks(node: dict) -> MemberChecks | None:
-    prefix = {k: node[k] for k in ("propertyNames", "maxProperties") if k in node}
+    prefix = {k: node[k] for k in ("propertyNames",) if k in node}
     if node.get("uniqueItems") is True:
         prefix["uniqueItems"] = True
     names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node else None
-    return MemberChecks(prefix, names) if prefix else None
+    counts = _property_counts(node)
+    return MemberChecks(prefix, names, counts) if prefix or counts else None
 
 
 def _originals(copied: Any, source: Any) -> dict[int, Any]:
@@ -513,6 +562,7 @@ class LateTracker(JsonFollower):
         self.pending: list[Pending] = []  # (outermost first: a checked value may hold another)
         self.finished: list[tuple[Check, bytes]] = []
         self.repeated_key = False  # a key was written twice in an object whose pairs the backend counts
+        self.miscounted = False  # a key or comma after which min/maxProperties can no longer hold (`PropertyCounts`)
         self._here: tuple = (None, None)  # what applies to the value beginning: (for sure, alternatives)
 
     def fork(self) -> "LateTracker":
@@ -569,8 +619,9 @@ class LateTracker(JsonFollower):
             p = self.pending.pop()
             self.finished.append((p.check, bytes(self.out[p.start - self.origin:end])))
         for p in self.members_checked():  # (a member of a checked container: the container so far, closed)
-            text = bytes(self.out[p.start - self.origin:end]) + (b"]" if self.stack[-1].is_array else b"}")
-            self.finished.append((((p.members.prefix,),), text))
+            if p.members.prefix:
+                text = bytes(self.out[p.start - self.origin:end]) + (b"]" if self.stack[-1].is_array else b"}")
+                self.finished.append((((p.members.prefix,),), text))
 
     def _key_ends(self) -> None:
         top = self.stack[-1]
@@ -580,6 +631,15 @@ class LateTracker(JsonFollower):
         for p in self.members_checked():  # (a name `propertyNames` refuses: refused as its quote closes)
             if p.members.names is not None:
                 self.finished.append((((p.members.names,),), b'{"' + bytes(self.buf) + b'": null}'))
+            if p.members.counts is not None:  # (`index`: the commas so far, so this is key number index + 1)
+                self.miscounted |= not p.members.counts.key_holds(top.key, top.index + 1)
+
+    def _comma(self) -> None:
+        top = self.stack[-1]
+        if not top.is_array:
+            for p in self.members_checked():
+                if p.members.counts is not None:
+                    self.miscounted |= not p.members.counts.comma_holds(top.index)
 
     def members_checked(self) -> list[Pending]:
         """The checked values whose keywords are checked as each member of the open container is finished."""
@@ -776,7 +836,8 @@ class LateMatcher(CheckedMatcher):
             return not all(self._holds(check, text) for check, text in self.tracker.root_scalar()), False
         fork = self.tracker.fork()
         fork.feed(data)
-        return not all(self._holds(check, text) for check, text in fork.finished), fork.repeated_key
+        refused = fork.miscounted or not all(self._holds(check, text) for check, text in fork.finished)
+        return refused, fork.repeated_key
 
     def _holds(self, check: Check, text: bytes) -> bool:
         try:

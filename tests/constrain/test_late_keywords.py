@@ -97,6 +97,8 @@ CASES = [  # (schema, accepted, refused): the refused ones are what anyOf alone 
 ]
 
 
+EIGHT_KEYS = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}, "minProperties": 2,
+              "maxProperties": 3, "additionalProperties": False}
 LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backend's expresses, and no rewrite
     # a number at the root ends with the output: checked at the end of output
     ({"type": "integer", "not": {"multipleOf": 3}}, ["4", "-1", "10"], ["3", "0", "12"]),
@@ -116,8 +118,7 @@ LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backen
     (_object({"type": "string", "format": "idn-hostname", "maxLength": 12}), ['{"v": "b\u00fccher.de"}'],
      ['{"v": "a..b"}', '{"v": "-ab"}']),
     # min/maxProperties beside more optional properties than the rewrites lay out
-    (_object({"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}, "minProperties": 2,
-              "maxProperties": 3, "additionalProperties": False}),
+    (_object(EIGHT_KEYS),
      ['{"v": {"a": 1, "h": 2}}', '{"v": {"b": 1, "c": 2, "d": 3}}'],
      ['{"v": {"a": 1}}', '{"v": {}}', '{"v": {"a": 1, "b": 2, "c": 3, "d": 4}}']),
     # `not` of names matched by a pattern: decided on the pattern's automaton
@@ -179,7 +180,8 @@ def test_a_value_below_a_choice_is_refused_when_it_is_finished_not_with_the_docu
 def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_written(name, tokenizers, vocabs):
     """uniqueItems, propertyNames and maxProperties cannot be repaired by what follows: the container so far is
     checked as each member is finished, so the member's last token is refused (here the "}" of a repeated
-    object, the quote closing a refused name or a repeated key), not only the container's end."""
+    object, the quote closing a refused name or a repeated key), not only the container's end. Nor can a key
+    after which too few declared properties are left for minProperties."""
     from constrain import GrammarCompiler
 
     names = {"type": "object", "propertyNames": {"anyOf": [{"maxLength": 2}, {"const": "long"}]},
@@ -201,6 +203,13 @@ def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_writt
             # ... unless the key has no other ending: no dead end, the count on the parsed object still decides
             (_object(letters), '{"v": {"a": 1, "a', '":', True),
             (_object(letters), '{"v": {"a": 1, "a": 2', "}", False),
+            # min/maxProperties 2..3 over keys written in the declared order a..h: after "g" one key may follow;
+            # after three members, no comma (a fourth key could never end the object)
+            (_object(EIGHT_KEYS), '{"v": {"g', '":', True),
+            (_object(EIGHT_KEYS), '{"v": {"a": 1, "h', '":', True),
+            (_object(EIGHT_KEYS), '{"v": {"a": 1, "b": 2, "c": 3', ",", False),
+            (_object(EIGHT_KEYS), '{"v": {"a": 1, "b": 2, "c": 3', "}", True),
+            (_object(EIGHT_KEYS), '{"v": {"a": 1, "b": 2', ",", True),
         ]:
             g = _compile(compiler, schema)
             assert isinstance(g, LateGrammar)
@@ -404,6 +413,30 @@ def test_a_token_that_leads_to_a_dead_end_is_replaced_by_one_with_a_way_on(name,
     assert closers and m.accept(closers[0]) and m.can_end()
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_a_key_after_which_too_few_properties_are_left_is_replaced(name, tokenizers, vocabs):
+    """minProperties: 2 over keys the backend writes in the declared order a..h: a first key "h" leaves no key to
+    follow it, so the object could never close. Its name is refused as its quote closes, and the lookahead
+    replaces the `h` that leads there; after another key, "h" stands."""
+    tok, vocab = tokenizers[name], vocabs[name]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
+    try:
+        g = _compile(compiler, EIGHT_KEYS)
+        h = tok.convert_tokens_to_ids("h")
+        m = g.matcher()
+        bitmask = _write_vetted(m, tok, vocab, '{"')
+        assert h in allowed_ids(bitmask)  # the grammar takes it: the dead end is a token further on
+        replaced = m.vet(h, None)
+        assert replaced != h and m.accept(replaced)
+        m = g.matcher()
+        _write_vetted(m, tok, vocab, '{"a": 1, "')
+        assert m.vet(h, None) == h and m.accept(h)
+        _write_vetted(m, tok, vocab, '": 2}')
+        assert m.can_end()
+    finally:
+        compiler.close()
+
+
 UNIQUE_DIGITS = {"type": "array", "uniqueItems": True, "maxItems": 4, "items": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"],
     "additionalProperties": False}}
@@ -424,11 +457,13 @@ def test_the_lookahead_sees_past_whitespace(gpt2_compiler, tokenizers, vocabs):
 
 @pytest.mark.parametrize("schema, ended", [(INTEGER_OR_NONNEGATIVE, 150),
                                             (_object({"type": "integer", "not": {"multipleOf": 3}}), 195),
-                                            (UNIQUE_DIGITS, 190)])
+                                            (UNIQUE_DIGITS, 190), (EIGHT_KEYS, 195)])
 def test_walks_under_late_checks_never_reach_a_dead_end(schema, ended, tokenizers, vocabs):
     """On Qwen2's vocabulary, before the lookahead: 8 of 200 walks wrote `-0` under the overlapping oneOf, and
     about 1 in 11 wrote a `0` (which cannot go on) under `not: {multipleOf: 3}`; each ended in a dead-end error.
     Before it looked past whitespace, 24 of 200 walks wrote an item of a uniqueItems array that could only end
-    as a repeat (`{"a": 0` then a space, then only `}`)."""
+    as a repeat (`{"a": 0` then a space, then only `}`). Before keys and commas were checked against the
+    property counts, 44 of 200 walks under EIGHT_KEYS wrote a first key after which too few were left, or a
+    fourth member, and could never close the object (a number then runs to the limit)."""
     compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance", background_outlines=False)
     assert ended_walks_valid(_compile(compiler, schema), vocabs["qwen2"], schema, seed=0, walks=200) >= ended
