@@ -198,7 +198,8 @@ class GrammarCompiler:
                 self._remember_plan(spec.key, plan)
                 return LateGrammar(inner, plan, self.vocab)
         try:
-            return self._on_backend(spec, backend)
+            g = self._on_backend(spec, backend)
+            return self._late_if_stronger(spec, backend, g) if g.unenforced else g
         except ConstraintError as exc:
             refused_keyword = exc.code == "unsupported_schema" or any(r in exc.message for r in REFUSALS)
             if not refused_keyword or spec.kind not in ("json_schema", "tools"):
@@ -211,6 +212,25 @@ class GrammarCompiler:
             except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
                 found = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
                 raise (later if found else exc) from None
+        self._remember_plan(spec.key, plan)
+        return LateGrammar(inner, plan, self.vocab)
+
+    def _late_if_stronger(self, spec: ConstraintSpec, backend: str, g: Grammar) -> Grammar:
+        """A schema that is not strict compiles with the keywords the backend cannot enforce left out and named
+        (`unenforced`). Where the late checks enforce some of them, they do, as they do for a strict schema: a
+        client that did not ask for `strict` (OpenAI's default) still gets every keyword that can be enforced."""
+        if spec.kind not in ("json_schema", "tools"):
+            return g
+        one_of = any(p.rsplit("/", 1)[-1] == "oneOf" for p in g.unenforced)
+        plan = plan_late_keywords(spec.schema, one_of=one_of)
+        if plan is None:
+            return g
+        try:
+            inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+        except ConstraintError:
+            return g
+        if len(inner.unenforced) >= len(g.unenforced):
+            return g
         self._remember_plan(spec.key, plan)
         return LateGrammar(inner, plan, self.vocab)
 
