@@ -39,8 +39,11 @@ _UNKNOWN_FORMAT = "Unknown format: "
 _ONE_OF_AS_ANY_OF = "oneOf not fully supported, falling back to anyOf"
 
 
-# Bytes the closing walk tries, best first: closers, then the shortest JSON values, then anything printable.
-_CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + bytes(range(0x20, 0x7F))
+# Bytes the closing walk tries, best first: closers, then the shortest JSON values, letters (a letter ends a
+# pattern's alternative sooner than punctuation opens another: `Z` ends a date-time where `+` needs `00:00`), then
+# anything printable.
+_CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("A"), ord("Z") + 1))
+                       + bytes(range(0x20, 0x7F))
                        + bytes(range(0x80, 0x100)) + bytes(range(0x20)))
 _CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the grammar may not close at all)
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
@@ -54,6 +57,7 @@ _OPENERS = frozenset(b"{[,:")
 _CLOSING_GROWTH = 32
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 _MAX_HINTS = 32
+_MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
                     "ipv6": "::", "uuid": "00000000-0000-0000-0000-000000000000", "duration": "P1D",
@@ -106,8 +110,22 @@ def string_hints(schema: Any) -> tuple[bytes, ...]:
     return tuple(found)[:_MAX_HINTS]
 
 
+def required_names(schema: Any) -> tuple[bytes, ...]:
+    """The names the schema's objects require, as a JSON string holds them (escaped), shortest first: a closing
+    walk that must write a key writes one of these where the grammar takes it, not the first letters that fit
+    (which spell the first declared property, often an optional one: `"attendees": []` before the required
+    `"end_date"`)."""
+    names: dict[str, None] = {}
+    for _, key, node in walk(schema):
+        if key == "required" and isinstance(node["required"], list):
+            names.update((n, None) for n in node["required"] if isinstance(n, str))
+    spelled = sorted((json.dumps(n, ensure_ascii=False)[1:-1].encode() for n in names), key=len)
+    return tuple(spelled[:_MAX_KEY_NAMES])
+
+
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
-                   hints: tuple[bytes, ...] = (), distinct_keys: bool = False) -> list[int] | None:
+                   hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
+                   key_names: tuple[bytes, ...] = ()) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
     Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON
@@ -115,7 +133,9 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     character), and with `distinct_keys` it writes no key twice in one object: `""`, then `"q"`, `"qq"`... With
     `hints` (`string_hints`), a walk that keeps writing one byte tries to finish the string with a hint, or with
     a hint's tail, after which a closing quote fits. Failing that, it stops writing that byte where another fits
-    (`0.000...` under `exclusiveMinimum: 0` goes on with a 1), until it next writes a closer."""
+    (`0.000...` under `exclusiveMinimum: 0` goes on with a 1), until it next writes a closer. With `key_names`
+    (`required_names`) and `keys`, a key being written is finished as one of those names where the grammar
+    takes it."""
     byte_tokens = vocab.byte_tokens()
     order = [byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens]
     quote, letter = byte_tokens.get(ord('"')), byte_tokens.get(ord("q"))
@@ -151,6 +171,14 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                     keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
                 continue
             avoid.add(last)
+        if key_names and keys is not None and keys.mode == "key" and not keys.escaped:
+            name = _required_name_tail(walk, key_names, keys, byte_tokens, quote)
+            if name:
+                walk.consume_tokens(name)
+                out.extend(name)
+                keys.feed(b"".join(vocab.token_bytes[t] for t in name))
+                run, last = 0, None
+                continue
         # Inside a string (known from `keys`, else guessed: both a letter and '"' fit), close it rather than write
         # more of it, unless that would repeat a key.
         in_string = keys is not None and keys.mode in ("string", "key") and not keys.escaped
@@ -185,6 +213,24 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
         if keys is not None:
             keys.feed(vocab.token_bytes[pick])
     return vocab.spell(b"".join(vocab.token_bytes[t] for t in out))
+
+
+def _required_name_tail(walk: "llguidance.LLMatcher", names: tuple[bytes, ...], keys: KeySets,
+                        byte_tokens: dict[int, int], quote: int | None) -> list[int] | None:
+    """The byte tokens that finish the key being written as the first of `names` it begins, that its object does
+    not have yet and that the grammar takes, closing quote included; or None."""
+    written = bytes(keys.buf)
+    fits: dict[int, bool] = {}  # next byte -> whether the grammar takes it (most names are ruled out by it)
+    for name in names:
+        if quote is None or not name.startswith(written) or decode_key(name) in keys.stack[-1].keys \
+                or any(b not in byte_tokens for b in name[len(written):]):
+            continue
+        ids = [byte_tokens[b] for b in name[len(written):]] + [quote]
+        if ids[0] not in fits:
+            fits[ids[0]] = walk.validate_tokens(ids[:1]) == 1
+        if fits[ids[0]] and walk.validate_tokens(ids) == len(ids):
+            return ids
+    return None
 
 
 def _hint_tail(walk: "llguidance.LLMatcher", hints: tuple[bytes, ...], byte_tokens: dict[int, int],
@@ -301,7 +347,7 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
                                             whitespace_pattern=whitespace_pattern, param=param,
                                             base_pointer=base_pointer)
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema) if kind == "json" else (),
-                      json_output=kind == "json")
+                      json_output=kind == "json", key_names=required_names(schema) if kind == "json" else ())
 
 
 def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = None, strict_under: tuple[str, ...] = (),
@@ -358,17 +404,19 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
-    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True)
+    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
+                      key_names=required_names(schema))
 
 
 class LlgGrammar(Grammar):
     backend = "llguidance"
 
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
-                 hints: tuple[bytes, ...] = (), json_output: bool = False):
+                 hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = ()):
         self.lltok = lltok
         self.json_output = json_output  # the output is JSON (free text under tool_choice "auto" switches it off)
         self.hints = hints  # strings the schema's patterns and formats accept, for closing walks (`string_hints`)
+        self.key_names = key_names  # names the schema requires, for closing walks (`required_names`)
         # The most a completion's length grew from one measure to the next, over this grammar's matchers so far
         # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
         self.closing_growth = 0
@@ -452,7 +500,7 @@ class LlgMatcher(Matcher):
         """A completion from `matcher` (the state now, or after a probed token); notes how much it grew. With
         `tokens_left`, a long completion (`_CLOSING_LONG`) more than twice that long counts as none found: it
         costs milliseconds to walk, and the budget rule can seldom steer to it (the output ends at the limit)."""
-        closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys)
+        closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys, self._g.key_names)
         if closing is not None and self._closing_len is not None:
             self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
         if closing is not None and tokens_left is not None and len(closing) > max(2 * tokens_left, _CLOSING_LONG):
@@ -550,7 +598,8 @@ class LlgMatcher(Matcher):
             self._vetted = (token_id, after)
             return token_id
         here = self._closing if self._closing is not None else \
-            closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys)
+            closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,
+                           self._g.key_names)
         if here and len(here) <= tokens_left:
             self._vetted = (here[0], here[1:])
             return here[0]

@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from constrain import ConstraintSpec
+from constrain import ConstraintSpec, spec_from_request
 from constrain.token_dfa import INF
 from tests.constrain.conftest import decode, random_walk
 
@@ -364,3 +364,30 @@ def test_llguidance_budget_sees_a_token_that_opens_a_large_item_coming(gpt2_comp
             toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
             assert ended, (max_tokens, b"".join(vocabs["gpt2"].token_bytes[t] for t in toks))
             jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+EVENT = {"type": "object", "required": ["title", "start", "end"], "properties": {
+    "attendees": {"type": "array", "items": {"type": "string"}}, "end": {"type": "string", "format": "date-time"},
+    "location": {"type": "string"}, "start": {"type": "string", "format": "date-time"}, "title": {"type": "string"}}}
+
+
+def test_llguidance_completions_skip_optional_keys_and_take_the_shorter_alternative(gpt2_compiler, vocabs):
+    """A function schema as Glaive's are written: optional properties declared before required ones. The closing
+    walk writes the required keys only (before, the first letters that fit spelled `"attendees": []` and
+    `"location": ""` too) and ends a date-time with `Z`, not `+00:00`; so it measures the shortest document
+    closely, and tight budgets still end valid (at 64 tokens on Qwen2's vocabulary, 7 of 20 walks had not)."""
+    from constrain.checked import backend_matcher
+    from constrain.llg_backend import closing_tokens
+
+    g = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": EVENT},
+                                                backend="llguidance"))  # (date-time as the server compiles it)
+    m = backend_matcher(g.matcher())
+    closing = closing_tokens(m._m, vocabs["gpt2"], m._followed(), m._g.hints, key_names=m._g.key_names)
+    assert json.loads(decode(vocabs["gpt2"], closing)) == {"end": "0001-01-01T00:00:00Z",
+                                                            "start": "0001-01-01T00:00:00Z", "title": ""}
+    rng = random.Random(3)
+    for max_tokens in (len(closing), len(closing) + 4):
+        for _ in range(6):
+            toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            assert ended and len(toks) <= max_tokens
+            jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), EVENT)
