@@ -42,6 +42,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--walks", type=int, default=3, help="walks per case")
     p.add_argument("--max-tokens", type=int, default=160, help="the budget of each walk")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--not-strict", action="store_true",
+                   help="compile as the server compiles a schema sent without `strict` (OpenAI's default)")
     p.add_argument("--json", type=Path, default=None, help="write one JSON object per case (JSON lines) here")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases (sorted by path)")
     p.set_defaults(func=_walkbench)
@@ -152,7 +154,8 @@ def _walkbench(args: argparse.Namespace) -> int:
                                background_outlines=False, lru_max_bytes=256 << 20)
     results = []
     for i, path in enumerate(cases, 1):
-        results.append(walk_case(path, args.cases_dir, compiler, args.walks, args.max_tokens, args.seed))
+        results.append(walk_case(path, args.cases_dir, compiler, args.walks, args.max_tokens, args.seed,
+                                 strict=not args.not_strict))
         if i % 200 == 0:
             print(f"[{i}/{len(cases)}] {summary_line(results)}", file=sys.stderr, flush=True)
     if args.json:

@@ -143,18 +143,21 @@ class WalkResult:
     gave_up: int = 0  # walks the matcher ended with a ConstraintError (constraint_too_complex: a dead end)
     invalid: list[str] = field(default_factory=list)  # "why: document" for each finished invalid document
     escaped_keys: int = 0  # of `invalid`, those with a \u escape in a key (see ESCAPED_KEY)
+    named: int = 0  # finished documents invalid where the compile named keywords unenforced (not strict only)
 
 
 def walk_case(path: Path, root: Path, compiler: GrammarCompiler, walks: int = 3, max_tokens: int = 160,
-              seed: int = 0) -> WalkResult:
-    """`walks` budgeted random walks through the case's schema compiled as MaskBench compiles it (strict)."""
+              seed: int = 0, strict: bool = True) -> WalkResult:
+    """`walks` budgeted random walks through the case's schema compiled as MaskBench compiles it (strict), or as
+    the server compiles a schema sent without `strict`: then a document that breaks a keyword the compile named
+    unenforced is counted apart (`named`), and every other invalid one is a bug."""
     from constrain.spec import normalise_schema, validate_schema
 
     name = str(path.relative_to(root))
     schema = json.loads(path.read_text())["schema"]
     try:
         validate_schema(schema, "response_format")
-        grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+        grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict))
         validator = validator_for(schema)
     except Exception:  # noqa: BLE001 - not compiled (MaskBench counts why)
         return WalkResult(name, False)
@@ -179,7 +182,9 @@ def walk_case(path: Path, root: Path, compiler: GrammarCompiler, walks: int = 3,
         except ValueError:  # (UnicodeDecodeError included)
             res.invalid.append(f"not JSON: {text[:300]}")
             continue
-        if error is not None:
+        if error is not None and grammar.unenforced:
+            res.named += 1
+        elif error is not None:
             res.invalid.append(f"{error.message[:200]}: {text[:300]}")
             res.escaped_keys += bool(ESCAPED_KEY.search(text))
     return res
@@ -189,7 +194,8 @@ def summary_line(results: list[WalkResult]) -> str:
     comp = [r for r in results if r.compiled]
     return (f"walkbench: cases={len(results)} compiled={len(comp)} walks={sum(r.walks for r in comp)} "
             f"ended={sum(r.ended for r in comp)} invalid={sum(len(r.invalid) for r in comp)} "
-            f"escaped_keys={sum(r.escaped_keys for r in comp)} gave_up={sum(r.gave_up for r in comp)}")
+            f"escaped_keys={sum(r.escaped_keys for r in comp)} gave_up={sum(r.gave_up for r in comp)} "
+            f"named={sum(r.named for r in comp)}")
 
 
 def write_json(results: list[WalkResult], out: Path) -> None:

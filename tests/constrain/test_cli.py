@@ -44,11 +44,12 @@ def test_walkbench_prints_invalid_documents_and_a_summary_line(tmp_path, capsys)
     assert main(["walkbench", str(tmp_path / "cases"), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend",
                  "llguidance", "--walks", "4", "--max-tokens", "40", "--json", str(out)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    m = re.fullmatch(r"walkbench: cases=4 compiled=4 walks=16 ended=(\d+) invalid=0 escaped_keys=0 gave_up=0", last)
+    m = re.fullmatch(r"walkbench: cases=4 compiled=4 walks=16 ended=(\d+) invalid=0 escaped_keys=0 gave_up=0 named=0",
+                     last)
     assert m and int(m.group(1)) >= 8, last
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and set(rows[0]) == {"case", "compiled", "walks", "ended", "gave_up", "invalid",
-                                               "escaped_keys"}
+                                               "escaped_keys", "named"}
 
 
 def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys):

@@ -68,3 +68,22 @@ def test_a_disagreement_is_counted_with_its_case(tmp_path, gpt2_compiler, monkey
     result = walk_case(tmp_path / "int.json", tmp_path, gpt2_compiler, walks=2)
     assert result.invalid == ["walk error: the matcher refuses a token its mask allowed"] * 2
     assert "invalid=2" in walkbench.summary_line([result])
+
+
+def test_not_strict_walks_count_documents_that_break_a_named_keyword_apart(tmp_path, gpt2_compiler):
+    """As the server compiles a schema sent without `strict`: an overlapping oneOf is checked late, as in strict
+    mode (its walks used to end in documents valid in both branches, since llguidance's lenient pass took it as
+    an anyOf); a `not` of a backreference is named unenforced, and the documents that break it are counted as
+    `named`, not as bugs."""
+    from constrain import walkbench
+
+    overlap = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}},
+               "required": ["v"], "additionalProperties": False}
+    named = {"enum": ["aa", "ab"], "not": {"pattern": "^(a)\\1$"}}
+    (tmp_path / "overlap.json").write_text(json.dumps({"schema": overlap}))
+    (tmp_path / "named.json").write_text(json.dumps({"schema": named}))
+    result = walk_case(tmp_path / "overlap.json", tmp_path, gpt2_compiler, walks=12, max_tokens=24, strict=False)
+    assert result.compiled and result.ended >= 6 and result.invalid == [] and result.named == 0
+    result = walk_case(tmp_path / "named.json", tmp_path, gpt2_compiler, walks=12, max_tokens=24, strict=False)
+    assert result.compiled and result.ended == 12 and result.invalid == [] and 0 < result.named < 12
+    assert f"named={result.named}" in walkbench.summary_line([result])
