@@ -127,6 +127,7 @@ class GrammarCompiler:
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
         self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
         self._late_plans: OrderedDict[str, LatePlan] = OrderedDict()  # specs whose backend refused a keyword
+        self._no_stronger_plan: OrderedDict[str, None] = OrderedDict()  # non-strict specs the checks add nothing to
         self._lock = threading.Lock()
         self._lltok = None
         self._tmp_dir: str | None = None
@@ -219,17 +220,22 @@ class GrammarCompiler:
         """A schema that is not strict compiles with the keywords the backend cannot enforce left out and named
         (`unenforced`). Where the late checks enforce some of them, they do, as they do for a strict schema: a
         client that did not ask for `strict` (OpenAI's default) still gets every keyword that can be enforced."""
-        if spec.kind not in ("json_schema", "tools"):
-            return g
+        with self._lock:
+            if spec.kind not in ("json_schema", "tools") or spec.key in self._no_stronger_plan:
+                return g
         one_of = any(p.rsplit("/", 1)[-1] == "oneOf" for p in g.unenforced)
         plan = plan_late_keywords(spec.schema, one_of=one_of)
-        if plan is None:
-            return g
-        try:
-            inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
-        except ConstraintError:
-            return g
-        if len(inner.unenforced) >= len(g.unenforced):
+        inner = None
+        if plan is not None:
+            try:
+                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+            except ConstraintError:
+                pass
+        if inner is None or len(inner.unenforced) >= len(g.unenforced):
+            with self._lock:  # (so a repeat costs a lookup, not a plan)
+                self._no_stronger_plan[spec.key] = None
+                while len(self._no_stronger_plan) > 4096:
+                    self._no_stronger_plan.popitem(last=False)
             return g
         self._remember_plan(spec.key, plan)
         return LateGrammar(inner, plan, self.vocab)

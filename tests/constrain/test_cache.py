@@ -24,6 +24,25 @@ def test_repeated_schema_does_not_recompile(tokenizers, vocabs):
     c.close()
 
 
+def test_a_repeated_non_strict_schema_plans_its_late_checks_once(tokenizers, vocabs, monkeypatch):
+    """Without `strict`, a schema compiled with keywords left out is planned for the late checks: once, whether
+    they enforce more (`not` of a multipleOf) or nothing more (`format: regex`), not again on every repeat."""
+    from constrain import compiler as compiler_module
+
+    calls = []
+    plan = compiler_module.plan_late_keywords
+    monkeypatch.setattr(compiler_module, "plan_late_keywords", lambda *a, **k: calls.append(1) or plan(*a, **k))
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance")
+    for keyword, unenforced in [({"not": {"multipleOf": 3}}, ()), ({"format": "regex"}, ("/properties/x/format",))]:
+        schema = {"type": "object", "properties": {"x": {"type": "integer" if "not" in keyword else "string",
+                                                         **keyword}}}
+        spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        calls.clear()
+        assert [c.compile(spec).unenforced for _ in range(3)] == [unenforced] * 3
+        assert len(calls) == 1
+    c.close()
+
+
 def test_disk_cache_survives_a_restart(tmp_path, tokenizers, vocabs):
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
     g = c.compile(_spec())
