@@ -514,8 +514,17 @@ def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
     return mapped, mapped != pointer
 
 
+# llguidance names where an error arose as a URI into the schema it compiled (for tools: the call schema).
+_SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")
+
+
 def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintError:
-    """`exc` with its pointer told in terms of what the client sent (see `_client_pointer`)."""
+    """`exc` with its pointer, and the places llguidance's message names, told in terms of what the client sent
+    (see `_client_pointer`): `tools` errors name `/1/function/parameters/...`, never the call schema's
+    `/$defs/tool1`."""
+    if spec.kind == "tools" and _SCHEMA_URI.search(exc.message):
+        message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, m.group(1))[0], exc.message)
+        exc = ConstraintError(message, param=exc.param, pointer=exc.pointer, code=exc.code)
     if not exc.pointer:
         return exc
     pointer, rewritten = _client_pointer(spec, exc.pointer)

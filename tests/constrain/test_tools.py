@@ -157,3 +157,17 @@ def test_escaped_argument_keys_cannot_pass_as_other_keys(tool_choice, gpt2_compi
     bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
     for text, accepted in texts:  # (token by token under the mask, as the engine samples)
         assert walk_instance(g, tok.encode(text), tok.eos_token_id, bitmask, []) == accepted, text
+
+
+def test_a_refusal_names_the_entry_of_the_tools_array_not_the_call_schema(gpt2_compiler):
+    """llguidance names where it failed as a URI into the schema it compiled: for tools, the call schema holding
+    each function's parameters under `$defs/tool<i>`. The message names the client's `tools` entry instead."""
+    ok = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    unsatisfiable = {"type": "object", "properties": {"d": {"type": "object", "required": ["x"],
+                                                          "properties": {"x": False}}}, "required": ["d"]}
+    tools = [{"type": "function", "function": {"name": "g", "parameters": ok}},
+             {"type": "function", "function": {"name": "f", "parameters": unsatisfiable}}]
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required"))
+    assert exc.value.param == "tools" and "Unsatisfiable" in exc.value.message
+    assert "/1/function/parameters" in exc.value.message and "$defs" not in exc.value.message
