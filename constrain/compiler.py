@@ -183,7 +183,9 @@ class GrammarCompiler:
         """The grammar of `spec` on `backend`. When the backend refuses a keyword (`not`, `contains`, ... in a
         strict schema; a oneOf it cannot prove disjoint, min/maxProperties it cannot count), the schema compiles
         without them and matchers check them on each finished value (constrain/late_keywords.py); if the backend
-        still refuses, its first refusal stands. Which schemas needed that is remembered, so repeats compile once."""
+        still refuses, its first refusal stands. A schema that is not strict, which the backend compiles with
+        keywords left out, gets them checked too where the checks can (`_late_if_stronger`). Which schemas needed
+        that is remembered, so repeats compile once."""
         with self._lock:
             plan = self._late_plans.get(spec.key)
         if plan is None and spec.kind in ("json_schema", "tools") and counts_repeatable_keys(spec.schema):
