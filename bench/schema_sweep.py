@@ -47,9 +47,12 @@ def judge(schema, response: httpx.Response, label: str) -> tuple[str, str | None
     """(outcome, why when invalid): stop | length | tool_calls | refused | invalid | server_error."""
     if response.status_code >= 500:
         return "server_error", response.text[:300]
-    body = response.json()
+    try:
+        body = response.json()
+    except ValueError:
+        return "invalid", f"a {response.status_code} whose body is not JSON: {response.text[:200]}"
     if response.status_code != 200:
-        error = body.get("error")
+        error = body.get("error") if isinstance(body, dict) else None
         if not isinstance(error, dict) or set(error) != {"message", "type", "param", "code"}:
             return "invalid", f"error not in the OpenAI shape: {response.text[:200]}"
         return "refused", None

@@ -219,10 +219,12 @@ def _required_name_tail(walk: "llguidance.LLMatcher", names: tuple[bytes, ...], 
                         byte_tokens: dict[int, int], quote: int | None) -> list[int] | None:
     """The byte tokens that finish the key being written as the first of `names` it begins, that its object does
     not have yet and that the grammar takes, closing quote included; or None."""
+    if quote is None:
+        return None
     written = bytes(keys.buf)
     fits: dict[int, bool] = {}  # next byte -> whether the grammar takes it (most names are ruled out by it)
     for name in names:
-        if quote is None or not name.startswith(written) or decode_key(name) in keys.stack[-1].keys \
+        if not name.startswith(written) or decode_key(name) in keys.stack[-1].keys \
                 or any(b not in byte_tokens for b in name[len(written):]):
             continue
         ids = [byte_tokens[b] for b in name[len(written):]] + [quote]
