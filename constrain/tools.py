@@ -94,6 +94,33 @@ def _functions(tools: Any) -> list[dict]:
     return out
 
 
+def _named(functions: list[dict], name: Any, where: str) -> dict:
+    for fn in functions:
+        if fn["name"] == name:
+            return fn
+    raise ConstraintError(f"{where} names an unknown function {name!r}", param="tool_choice")
+
+
+def _allowed_functions(functions: list[dict], allowed: Any) -> tuple[list[dict], str]:
+    """tool_choice `allowed_tools`: the functions it lets the model call, in `tools` order, and its mode. Every
+    tool stays in the prompt (the point of allowed_tools is a prompt that does not change); only the constraint
+    narrows."""
+    if not isinstance(allowed, dict) or allowed.get("mode") not in ("auto", "required"):
+        raise ConstraintError("tool_choice.allowed_tools must be {'mode': 'auto' | 'required', 'tools': [...]}",
+                              param="tool_choice")
+    entries = allowed.get("tools")
+    if not isinstance(entries, list) or not entries:
+        raise ConstraintError("tool_choice.allowed_tools.tools must be a non-empty list", param="tool_choice")
+    names = set()
+    for i, entry in enumerate(entries):
+        fn = entry.get("function") if isinstance(entry, dict) and entry.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise ConstraintError(f"tool_choice.allowed_tools.tools[{i}] must be "
+                                  "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+        names.add(_named(functions, fn.get("name"), f"tool_choice.allowed_tools.tools[{i}]")["name"])
+    return [fn for fn in functions if fn["name"] in names], allowed["mode"]
+
+
 def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ConstraintSpec | None:
     """The constraint for a tools request; None when the model may not call tools (tool_choice "none")."""
     if tool_choice == "none":
@@ -107,18 +134,19 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> Constr
     if not isinstance(parallel_tool_calls, bool):
         raise ConstraintError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     mode = "auto" if tool_choice is None else tool_choice
-    if isinstance(mode, dict):
-        fn = mode.get("function") if mode.get("type") == "function" else None
+    if isinstance(mode, dict) and mode.get("type") == "allowed_tools":
+        functions, mode = _allowed_functions(functions, mode.get("allowed_tools"))
+    if isinstance(mode, dict) and mode.get("type") == "function":
+        fn = mode.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        match = [f for f in functions if f["name"] == name]
-        if not match:
-            raise ConstraintError(f"tool_choice names an unknown function {name!r}", param="tool_choice")
-        functions, mode, single = match, "named", True
+        functions, mode, single = [_named(functions, name, "tool_choice.function.name")], "named", True
     elif mode in ("auto", "required"):
         single = not parallel_tool_calls
     else:
-        raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or "
-                              "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+        raise ConstraintError("tool_choice must be 'none', 'auto', 'required', "
+                              "{'type': 'function', 'function': {'name': ...}} or "
+                              "{'type': 'allowed_tools', 'allowed_tools': {'mode': ..., 'tools': [...]}}",
+                              param="tool_choice")
     strict_tools = tuple(i for i, f in enumerate(functions) if f.get("strict") is True)
     sources = tuple((position[f["name"]], f.get("parameters")) for f in functions)
     return ConstraintSpec(kind="tools", schema=call_schema(functions, single), strict=bool(strict_tools),

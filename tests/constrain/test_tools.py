@@ -76,6 +76,42 @@ def test_tool_choice_none_and_errors():
     assert exc.value.param == "tools" and "tools[0].function.parameters: Unsatisfiable" in exc.value.message
 
 
+def _allowed(mode, *names):
+    return {"type": "allowed_tools", "allowed_tools": {
+        "mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_allowed_tools_narrow_the_calls_to_the_named_functions(mode, gpt2_compiler, tokenizers):
+    spec = spec_from_request(tools=TOOLS, tool_choice=_allowed(mode, "add"))
+    assert spec.tool_names == ("add",) and spec.tool_choice == mode
+    g = gpt2_compiler.compile(spec)
+    tok = tokenizers["gpt2"]
+    for text, ok in [('[{"name": "add", "arguments": {"x": 1, "y": 2}}]', True),
+                     ('[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]', False),
+                     ("It is sunny.", mode == "auto")]:
+        m = g.matcher()
+        assert (all(m.accept(t) for t in tok.encode(text)) and m.can_end()) == ok, text
+    # the client's index of the function still names its parameters in errors
+    assert spec.extra["tool_sources"][0][0] == 1
+
+
+@pytest.mark.parametrize("tool_choice, said", [
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": []}}, "'mode': 'auto' | 'required'"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}, "non-empty list"),
+    ({"type": "allowed_tools"}, "'mode': 'auto' | 'required'"),
+    (_allowed("auto", "add", "nope"), "tool_choice.allowed_tools.tools[1] names an unknown function 'nope'"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "mcp"}]}},
+     "tool_choice.allowed_tools.tools[0] must be"),
+    ({"type": "custom", "custom": {"name": "add"}}, "tool_choice must be"),
+    ({"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name names an unknown function"),
+])
+def test_malformed_allowed_tools_are_refused_naming_tool_choice(tool_choice, said):
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(tools=TOOLS, tool_choice=tool_choice)
+    assert exc.value.param == "tool_choice" and said in exc.value.message
+
+
 def test_system_prompt_names_functions_and_format():
     text = tools_system_prompt(TOOLS)
     assert "get_weather" in text and "add" in text and '"arguments"' in text

@@ -83,9 +83,23 @@ def test_streamed_tool_calls_assemble_like_openai(client):
         jsonschema.validate(json.loads(slot["arguments"]), SCHEMAS[slot["name"]])
 
 
+def test_allowed_tools_required_calls_only_an_allowed_function(client):
+    # Both tools stay in the prompt; the calls may name only get_time.
+    tool_choice = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}
+    for seed in (1, 2, 3):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice,
+                                           parallel_tool_calls=False, max_tokens=200, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls"
+        _check_calls(r.choices[0].message.tool_calls)
+        assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
+
+
 @pytest.mark.parametrize("tool_choice, param", [
     ({"type": "function", "function": {"name": "nope"}}, "tool_choice"),
     ("sometimes", "tool_choice"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "nope"}}]}}, "tool_choice"),
 ])
 def test_bad_tool_choice_is_a_400_naming_it(http, tool_choice, param):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
