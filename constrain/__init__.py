@@ -12,7 +12,7 @@ _EXPORTS = {
     "GrammarCompiler": "constrain.compiler",
     "ConstraintError": "constrain.grammar", "ConstraintSpec": "constrain.grammar", "Grammar": "constrain.grammar",
     "Matcher": "constrain.grammar",
-    "spec_from_request": "constrain.spec",
+    "spec_from_request": "constrain.spec", "COMPAT_CONSTRAINT_FIELDS": "constrain.spec",
     "ToolCall": "constrain.tools", "parse_tool_calls": "constrain.tools", "tools_system_prompt": "constrain.tools",
     "Vocabulary": "constrain.vocabulary",
 }

@@ -60,6 +60,8 @@ class ConstraintSpec:
     @property
     def param(self) -> str:
         """The request field this constraint came from: the `param` of its errors."""
+        if "param" in self.extra:  # a field other than the usual one for its kind (constrain/spec.py)
+            return self.extra["param"]
         return {"tools": "tools", "regex": "regex", "choice": "choice"}.get(self.kind, "response_format")
 
     @functools.cached_property

@@ -172,29 +172,104 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
                           param=p)
 
 
-def _regex(pattern: Any) -> ConstraintSpec:
+def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     if not isinstance(pattern, str) or not pattern:
-        raise ConstraintError("regex must be a non-empty string", param="regex")
+        raise ConstraintError(f"{param} must be a non-empty string", param=param)
     if len(pattern) > 10_000:
-        raise ConstraintError("regex is longer than 10000 characters", param="regex")
+        raise ConstraintError(f"{param} is longer than 10000 characters", param=param)
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise ConstraintError(f"invalid regex: {exc}", param="regex") from None
-    return ConstraintSpec(kind="regex", pattern=pattern)
+        raise ConstraintError(f"invalid regex in {param}: {exc}", param=param) from None
+    return ConstraintSpec(kind="regex", pattern=pattern, extra=_from_field(param, "regex"))
 
 
-def _choice(choice: Any) -> ConstraintSpec:
+def _choice(choice: Any, param: str = "choice") -> ConstraintSpec:
     if (not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice)):
-        raise ConstraintError("choice must be a non-empty list of non-empty strings", param="choice")
+        raise ConstraintError(f"{param} must be a non-empty list of non-empty strings", param=param)
     if len(choice) > 10_000:
-        raise ConstraintError("choice has more than 10000 entries", param="choice")
-    return ConstraintSpec(kind="choice", choices=tuple(dict.fromkeys(choice)))
+        raise ConstraintError(f"{param} has more than 10000 entries", param=param)
+    return ConstraintSpec(kind="choice", choices=tuple(dict.fromkeys(choice)), extra=_from_field(param, "choice"))
+
+
+def _from_field(param: str, usual: str) -> dict[str, Any]:
+    """`extra` naming the request field a constraint came from, where it is not the usual one for its kind."""
+    return {} if param == usual else {"param": param}
+
+
+# Constraint fields of other OpenAI-compatible servers, read as the constraint they mean there, so that a client
+# written for one of them is never silently unconstrained here:
+#   vLLM: guided_json, guided_regex, guided_choice, and structured_outputs {json, regex, choice, json_object};
+#   llama.cpp and SGLang: json_schema (a schema, or its JSON text);
+#   TGI: grammar {"type": "json" | "regex" | "json_object", "value": ...}.
+# Grammars written in a grammar language (GBNF, EBNF, Lark, structural tags) are refused, never ignored.
+COMPAT_CONSTRAINT_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                            "json_schema", "grammar", "ebnf", "structural_tag")
+_GRAMMAR_LANGUAGE = "grammars in a grammar language (GBNF, EBNF, Lark, structural tags) are not supported by this " \
+                    "server: send a JSON schema (response_format), a `regex` or a `choice`"
+
+
+def _compat_schema(value: Any, param: str) -> ConstraintSpec:
+    """A JSON schema sent in a compatibility field, as an object or as its JSON text; not strict, as
+    response_format's `json_object` with a schema."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConstraintError(f"{param} must be a JSON schema or its JSON text: {exc}", param=param) from None
+    validate_schema(value, param)
+    return ConstraintSpec(kind="json_schema", schema=normalise_schema(value),
+                          extra={"source": value, "param": param})
+
+
+def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpec]]:
+    """The constraints the compatibility fields among `fields` (a body's other fields) carry, with their names."""
+    found: list[tuple[str, ConstraintSpec]] = []
+
+    def add(param: str, kind: str, value: Any) -> None:
+        if value is None or (value is False and kind == "json_object"):
+            return
+        if kind == "schema":
+            found.append((param, _compat_schema(value, param)))
+        elif kind == "regex":
+            found.append((param, _regex(value, param)))
+        elif kind == "choice":
+            found.append((param, _choice(value, param)))
+        elif kind == "json_object":
+            if value is not True:
+                raise ConstraintError(f"{param} must be a boolean", param=param)
+            found.append((param, ConstraintSpec(kind="json_object", extra={"param": param})))
+        else:  # a grammar language
+            raise ConstraintError(_GRAMMAR_LANGUAGE, param=param, code="unsupported_parameter")
+
+    for name, kind in (("guided_json", "schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                       ("guided_grammar", "grammar"), ("json_schema", "schema"), ("ebnf", "grammar"),
+                       ("structural_tag", "grammar")):
+        add(name, kind, fields.get(name))
+    outputs = fields.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise ConstraintError("structured_outputs must be an object", param="structured_outputs")
+        for key, kind in (("json", "schema"), ("regex", "regex"), ("choice", "choice"),
+                          ("json_object", "json_object"), ("grammar", "grammar"), ("structural_tag", "grammar")):
+            add(f"structured_outputs.{key}", kind, outputs.get(key))
+    grammar = fields.get("grammar")
+    if isinstance(grammar, dict):  # TGI
+        kind = {"json": "schema", "regex": "regex", "json_object": "json_object"}.get(grammar.get("type"))
+        if kind is None:
+            raise ConstraintError("grammar.type must be 'json', 'regex' or 'json_object'", param="grammar")
+        add("grammar", kind, True if kind == "json_object" else grammar.get("value"))
+    elif grammar is not None:  # llama.cpp: GBNF text
+        add("grammar", "grammar", grammar)
+    return found
 
 
 def spec_from_request(*, response_format=None, regex=None, choice=None, tools=None, tool_choice=None,
-                      parallel_tool_calls=None, backend=None, named_schemas=None) -> ConstraintSpec | None:
-    """The one constraint a request carries, or None for free text. Raises ConstraintError(param=...)."""
+                      parallel_tool_calls=None, backend=None, named_schemas=None,
+                      other_fields=None) -> ConstraintSpec | None:
+    """The one constraint a request carries, or None for free text. `other_fields` are the body's fields beyond
+    OpenAI's, where other servers' constraint fields (COMPAT_CONSTRAINT_FIELDS) are read. Raises
+    ConstraintError(param=...)."""
     if backend is not None and backend not in _BACKENDS:
         raise ConstraintError(f"constraint backend must be one of {', '.join(_BACKENDS)}", param="backend")
     specs: list[tuple[str, ConstraintSpec]] = []
@@ -212,6 +287,7 @@ def spec_from_request(*, response_format=None, regex=None, choice=None, tools=No
         s = tools_spec(tools, tool_choice, parallel_tool_calls)
         if s is not None:
             specs.append(("tools", s))
+    specs += _compat_constraints(other_fields or {})
     if not specs:
         return None
     if len(specs) > 1:

@@ -100,7 +100,8 @@ class Generation:
         if (req.n or 1) > self.config.max_batch_size:
             raise invalid(f"n={req.n} is more than this server's batch size ({self.config.max_batch_size}): "
                           f"all choices of a prompt decode together", "n")
-        ignored = [f for f in req.extra_fields if f not in UNSUPPORTED_FIELDS]
+        ignored = [f for f in req.extra_fields
+                   if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS]
         return {"x-structgen-ignored-fields": ",".join(ignored)} if ignored else {}
 
     async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None):
@@ -112,7 +113,8 @@ class Generation:
                 constrain.spec_from_request,
                 response_format=req.response_format, regex=req.regex, choice=req.choice, tools=tools,
                 tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                backend=req.constraint_backend, named_schemas=getattr(self.compiler, "named_schemas", None))
+                backend=req.constraint_backend, named_schemas=getattr(self.compiler, "named_schemas", None),
+                other_fields=req.model_extra)
             if spec is None:
                 return None, None
             started = time.monotonic()
@@ -122,8 +124,7 @@ class Generation:
             raise _constraint_error(exc) from None
         except Exception as exc:  # a backend failing on a client's constraint fails only this request, as a 400
             log.warning("constraint compile failed: %s: %s", type(exc).__name__, exc)
-            param = {"tools": "tools", "regex": "regex", "choice": "choice"}.get(getattr(spec, "kind", ""),
-                                                                                 "response_format")
+            param = spec.param if spec is not None else None
             raise APIError(400, f"the constraint could not be compiled: {type(exc).__name__}: {exc}",
                            param=param, code="invalid_constraint") from None
         return spec, grammar

@@ -63,6 +63,58 @@ def test_regex_choice_backend_and_conflicts():
     assert exc.value.param == "backend"
 
 
+@pytest.mark.parametrize("fields, kind, param", [
+    ({"guided_json": S}, "json_schema", "guided_json"),
+    ({"guided_json": '{"type": "integer"}'}, "json_schema", "guided_json"),
+    ({"json_schema": S}, "json_schema", "json_schema"),
+    ({"structured_outputs": {"json": S, "whitespace_pattern": " ?"}}, "json_schema", "structured_outputs.json"),
+    ({"grammar": {"type": "json", "value": S}}, "json_schema", "grammar"),
+    ({"guided_regex": "[0-9]+"}, "regex", "guided_regex"),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "structured_outputs.regex"),
+    ({"grammar": {"type": "regex", "value": "[0-9]+"}}, "regex", "grammar"),
+    ({"guided_choice": ["a", "b"]}, "choice", "guided_choice"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "choice", "structured_outputs.choice"),
+    ({"structured_outputs": {"json_object": True}}, "json_object", "structured_outputs.json_object"),
+    ({"grammar": {"type": "json_object"}}, "json_object", "grammar"),
+])
+def test_other_servers_constraint_fields_are_the_same_constraints(fields, kind, param):
+    spec = spec_from_request(other_fields={"unrelated": 1, **fields})
+    assert spec.kind == kind and spec.param == param and not spec.strict
+    usual = {"json_schema": spec_from_request(response_format={"type": "json_object", "schema": S}),
+             "regex": spec_from_request(regex="[0-9]+"), "choice": spec_from_request(choice=["a", "b"]),
+             "json_object": spec_from_request(response_format={"type": "json_object"})}[kind]
+    if fields != {"guided_json": '{"type": "integer"}'}:
+        assert spec.key == usual.key  # the same grammar, from the same cache entry
+
+
+@pytest.mark.parametrize("fields, param, said", [
+    ({"guided_grammar": 'root ::= "a"'}, "guided_grammar", "grammar language"),
+    ({"grammar": 'root ::= "a"'}, "grammar", "grammar language"),
+    ({"ebnf": 'root ::= "a"'}, "ebnf", "grammar language"),
+    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, "structured_outputs.grammar", "grammar language"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag", "grammar language"),
+    ({"structured_outputs": "json"}, "structured_outputs", "must be an object"),
+    ({"grammar": {"type": "lark", "value": "x"}}, "grammar", "grammar.type must be"),
+    ({"guided_json": "{not json"}, "guided_json", "JSON text"),
+    ({"guided_json": {"type": "strin"}}, "guided_json", "invalid JSON Schema at /type"),
+    ({"guided_regex": "(a"}, "guided_regex", "invalid regex in guided_regex"),
+    ({"guided_choice": []}, "guided_choice", "non-empty list"),
+    ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice", "only one output constraint"),
+])
+def test_other_servers_constraint_fields_are_refused_when_malformed_or_a_grammar_language(fields, param, said):
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(other_fields=fields)
+    assert exc.value.param == param and said in exc.value.message
+
+
+def test_an_other_servers_field_beside_response_format_is_two_constraints():
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_object"}, other_fields={"guided_regex": "a"})
+    assert exc.value.param == "guided_regex" and "response_format and guided_regex" in exc.value.message
+    assert spec_from_request(response_format={"type": "text"}, other_fields={"guided_regex": "a"}).kind == "regex"
+    assert spec_from_request(other_fields={"structured_outputs": {"json_object": False}}) is None
+
+
 def test_strict_schema_with_unenforceable_keyword_names_its_pointer(gpt2_compiler):
     schema = {"type": "object", "properties": {"tags": {"type": "string", "not": {"pattern": "(a)\\1"}}}}
     strict = spec_from_request(response_format={"type": "json_schema",

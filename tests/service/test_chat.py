@@ -119,6 +119,29 @@ def test_regex_and_choice_extensions_constrain_the_answer(client):
     assert r.choices[0].message.content in ("red", "green", "blue")
 
 
+def test_other_servers_constraint_fields_constrain_the_answer_too(client, http):
+    """A client written for vLLM, llama.cpp or TGI sends its constraint in its own field: never ignored here."""
+    import re
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for extra in [{"guided_json": schema}, {"structured_outputs": {"json": json.dumps(schema)}},
+                  {"json_schema": schema}]:
+        r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30, seed=4, extra_body=extra)
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
+                                       extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].message.content)
+    r = client.completions.create(model=MODEL, prompt="Pick:", max_tokens=20,
+                                  extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert r.choices[0].text in ("red", "green", "blue")
+    # read as constraints, so not named among the ignored fields
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 20,
+                                               "grammar": {"type": "regex", "value": "x{3}"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "xxx"
+    assert "x-structgen-ignored-fields" not in r.headers
+
+
 def test_n_2_returns_two_choices_in_index_order(client):
     r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, n=2, seed=7)
     assert [c.index for c in r.choices] == [0, 1]

@@ -191,6 +191,14 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     assert r.headers["x-structgen-ignored-fields"] == "another,my_sdk_extra"
 
 
+def test_other_servers_grammar_fields_are_refused_not_ignored(http):
+    for field, value in [("guided_grammar", 'root ::= "a"'), ("grammar", 'root ::= "a"')]:
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, field: value})
+        assert _assert_error(r, 400, param=field)["code"] == "unsupported_parameter"
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "guided_json": "{nope"})
+    _assert_error(r, 400, param="guided_json")
+
+
 def test_garbage_never_causes_a_500(http):
     bodies = [{"model": MODEL, "messages": [{"role": "user", "content": None}]},
               {"model": MODEL, "messages": HELLO, "response_format": "json"},
