@@ -107,9 +107,13 @@ class ChatTemplate:
         return out
 
     def render(self, messages: list[ChatMessage], tools: list[dict] | None = None,
-               tools_prompt: Callable[[list[dict]], str] | None = None) -> str:
+               tools_prompt: Callable[[list[dict]], str] | None = None, *, generation_prompt: bool = True,
+               continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text: the conversation, then the assistant's turn opened (`generation_prompt`), or the last
+        (assistant) message left open so the answer continues it (`continue_final_message`, a prefill).
+        `template_kwargs` are extra variables for the model's template."""
         dicts = self._message_dicts(messages)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(template_kwargs or {})
         if tools:
             if self.knows_tools:
                 kwargs["tools"] = tools
@@ -122,7 +126,8 @@ class ChatTemplate:
         dicts = self._fold_roles(dicts)
         try:
             return self.tokenizer.apply_chat_template(dicts, chat_template=self.template, tokenize=False,
-                                                      add_generation_prompt=True, **kwargs)
+                                                      add_generation_prompt=generation_prompt,
+                                                      continue_final_message=continue_final_message, **kwargs)
         except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
             raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
 

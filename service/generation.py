@@ -160,7 +160,9 @@ class Generation:
             raise invalid("`tool_choice` needs `tools`", "tool_choice")
         if req.messages is not None:
             text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
-                                        tools_prompt=self._tools_prompt)
+                                        tools_prompt=self._tools_prompt, generation_prompt=req.generation_prompt,
+                                        continue_final_message=bool(req.continue_final_message),
+                                        template_kwargs=req.chat_template_kwargs)
             ids = self.template.encode(text)
         else:
             text = req.prompt or ""

@@ -21,6 +21,11 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 }
 
 
+# Variables of the chat template that the server derives from the request (chat_template_kwargs may not set them).
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
+                                         "chat_template", "tokenize", "return_dict", "documents"})
+
+
 class ParamError(ValueError):
     """A check across fields, naming the parameter it is about: the OpenAI error's `param` (service/errors.py).
     Nested inside a list or object of the body, the place of that part comes first (`messages.2.tool_call_id`)."""
@@ -86,6 +91,7 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     function_call: ToolCallFunction | None = None  # (deprecated: an assistant's one call, before `tool_calls`)
+    refusal: str | None = None  # an assistant's refusal, as OpenAI returns it (and SDKs send back in history)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -104,8 +110,10 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
-        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.function_call)):
-            raise ParamError("content", f"a {self.role!r} message needs `content`")
+        if self.content is None and not (self.role == "assistant" and (
+                self.tool_calls or self.function_call or self.refusal is not None)):
+            article = "an" if self.role[0] in "aeiou" else "a"
+            raise ParamError("content", f"{article} {self.role!r} message needs `content`")
         if self.role == "tool" and not self.tool_call_id:
             raise ParamError("tool_call_id", "a 'tool' message needs `tool_call_id`")
         if self.role == "function" and not self.name:
@@ -114,9 +122,9 @@ class ChatMessage(BaseModel):
 
     @property
     def text(self) -> str:
-        """The content as one string (text parts joined)."""
+        """The content as one string (text parts joined); an assistant's refusal when it has no content."""
         if self.content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text or "" for part in self.content)
@@ -259,6 +267,11 @@ class ChatCompletionRequest(_SamplingFields):
     functions: list[FunctionDefinition] | None = None
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None
     _uses_functions: bool = PrivateAttr(False)
+    # Chat template controls, as vLLM names them: a final assistant message continued (a prefill), and variables
+    # for the model's template (Qwen3's `enable_thinking`, ...).
+    add_generation_prompt: StrictBool | None = None  # default: true, false when continue_final_message
+    continue_final_message: StrictBool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _messages_or_prompt(self) -> "ChatCompletionRequest":
@@ -272,7 +285,25 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("top_logprobs", "`top_logprobs` requires `logprobs: true`")
         if self.modalities and any(m != "text" for m in self.modalities):
             raise ParamError("modalities", "only the 'text' modality is supported")
+        if self.continue_final_message:
+            if self.messages is None or self.messages[-1].role != "assistant":
+                raise ParamError("continue_final_message",
+                                 "`continue_final_message` needs `messages` that end with an assistant message")
+            if self.add_generation_prompt:
+                raise ParamError("add_generation_prompt", "`add_generation_prompt` and `continue_final_message` "
+                                 "cannot both be true: the answer either continues the last message or starts one")
+        reserved = set(self.chat_template_kwargs or ()) & RESERVED_TEMPLATE_VARIABLES
+        if reserved:
+            raise ParamError("chat_template_kwargs", f"`chat_template_kwargs` may not set {sorted(reserved)}: "
+                             "the server sets them from the request's own fields")
         return self
+
+    @property
+    def generation_prompt(self) -> bool:
+        """Whether the rendered prompt opens the assistant's turn."""
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
 
     @model_validator(mode="after")
     def _legacy_functions(self) -> "ChatCompletionRequest":

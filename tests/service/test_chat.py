@@ -142,6 +142,26 @@ def test_other_servers_constraint_fields_constrain_the_answer_too(client, http):
     assert "x-structgen-ignored-fields" not in r.headers
 
 
+def test_continue_final_message_continues_the_assistants_prefill(http):
+    prefill = [*HELLO, {"role": "assistant", "content": "Sure, here it is:"}]
+
+    def ask(**fields):
+        return http.post("/v1/chat/completions", json={"model": MODEL, "messages": prefill, "max_tokens": 2,
+                                                       "temperature": 0, **fields})
+
+    opened, continued = ask(), ask(continue_final_message=True)
+    assert continued.status_code == 200 and "x-structgen-ignored-fields" not in continued.headers
+    # the turn is left open: the end-of-turn and a new assistant header are not in the prompt
+    assert continued.json()["usage"]["prompt_tokens"] < opened.json()["usage"]["prompt_tokens"]
+    assert ask(add_generation_prompt=False).json()["usage"]["prompt_tokens"] < opened.json()["usage"]["prompt_tokens"]
+    for fields, param in [({"continue_final_message": True, "add_generation_prompt": True}, "add_generation_prompt"),
+                          ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs")]:
+        r = ask(**fields)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+
+
 def test_n_2_returns_two_choices_in_index_order(client):
     r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, n=2, seed=7)
     assert [c.index for c in r.choices] == [0, 1]

@@ -47,3 +47,29 @@ def test_a_tokenizer_without_a_template_uses_the_chatml_fallback():
     assert not template.has_own_template
     assert template.render([ChatMessage(role="user", content="hi")]) == (
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_continue_final_message_leaves_the_assistants_prefill_open(template):
+    conversation = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content='{"answer": ')]
+    text = template.render(conversation, generation_prompt=False, continue_final_message=True)
+    assert text.rstrip().endswith('{"answer":')  # (whitespace at the end may be the template's to keep or drop)
+    closed = template.render(conversation)
+    assert closed.index('{"answer":') < len(closed) - len('{"answer":') - 2  # the turn was closed and a new one opened
+
+
+def test_template_variables_reach_the_template():
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"]))
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if enable_thinking is defined and not enable_thinking %}NO-THINK{% endif %}")
+    template = ChatTemplate(tokenizer)
+    hi = [ChatMessage(role="user", content="hi")]
+    assert template.render(hi, template_kwargs={"enable_thinking": False}) == "hiNO-THINK"
+    assert template.render(hi) == "hi"
+
+
+def test_an_assistant_refusal_in_history_is_its_content():
+    refused = ChatMessage(role="assistant", content=None, refusal="I can't help with that.")
+    assert refused.text == "I can't help with that."
+    template = ChatTemplate(AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"])))
+    assert "I can't help with that." in template.render([ChatMessage(role="user", content="hi"), refused,
+                                                         ChatMessage(role="user", content="why?")])
