@@ -4,6 +4,7 @@ request meets: validation, the rewrites, strict and not strict, tools, the engin
 
     python bench/schema_sweep.py ../shared/jsonschemabench --every 11                 # response_format
     python bench/schema_sweep.py ../shared/jsonschemabench/Glaiveai2K --every 6 --tools
+    python bench/schema_sweep.py ../shared/jsonschemabench --every 11 --offset 5 --concurrency 8   # mixed batches
 
 Each case goes out twice: `response_format` json_schema with `strict` true and false, or (`--tools`) as one
 function's `parameters` with `tool_choice` "required" and "auto". The last line counts the outcomes:
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -77,25 +79,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cases_dir", type=Path, help="searched recursively for *.json cases ({\"schema\": ...})")
     ap.add_argument("--every", type=int, default=11, help="every Nth case, sorted by path")
+    ap.add_argument("--offset", type=int, default=0, help="start at the Kth case (another sample of the same size)")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="requests in flight at once: cases then share the running batch, each with its own mask")
     ap.add_argument("--tools", action="store_true", help="send each schema as a function's parameters")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--model", help="model directory (default: the built-in one)")
     args = ap.parse_args()
 
-    cases = sorted(args.cases_dir.rglob("*.json"))[:: args.every]
+    cases = sorted(args.cases_dir.rglob("*.json"))[args.offset:: args.every]
     counts: Counter[str] = Counter()
     server_args = ["--log-level", "warning"] + (["--model", args.model] if args.model else [])
     with ServerProcess(*server_args) as server, httpx.Client(base_url=server.base_url, timeout=600) as http:
-        for i, path in enumerate(cases):
+
+        def sweep_case(i: int, path: Path) -> list[tuple[str, str | None]]:
             schema = json.loads(path.read_text())["schema"]
-            for label, body in bodies(schema, args.tools, i, args.max_tokens):
-                outcome, why = judge(schema, http.post("/v1/chat/completions", json=body), label)
-                counts["requests"] += 1
-                counts[outcome] += 1
-                if why is not None:
-                    print(f"{outcome.upper()} {path.relative_to(args.cases_dir)} {label}: {why}", flush=True)
-            if (i + 1) % 100 == 0:
-                print(f"[{i + 1}/{len(cases)}] {dict(counts)}", file=sys.stderr, flush=True)
+            return [judge(schema, http.post("/v1/chat/completions", json=body), label) + (label,)
+                    for label, body in bodies(schema, args.tools, i, args.max_tokens)]
+
+        with ThreadPoolExecutor(max(1, args.concurrency)) as pool:
+            for i, (path, results) in enumerate(zip(cases, pool.map(sweep_case, range(len(cases)), cases))):
+                for outcome, why, label in results:
+                    counts["requests"] += 1
+                    counts[outcome] += 1
+                    if why is not None:
+                        print(f"{outcome.upper()} {path.relative_to(args.cases_dir)} {label}: {why}", flush=True)
+                if (i + 1) % 100 == 0:
+                    print(f"[{i + 1}/{len(cases)}] {dict(counts)}", file=sys.stderr, flush=True)
     ok = counts["stop"] + counts["length"] + counts["tool_calls"]
     print(f"sweep: requests={counts['requests']} ok={ok} stop={counts['stop']} tool_calls={counts['tool_calls']} "
           f"length={counts['length']} refused={counts['refused']} invalid={counts['invalid']} "
