@@ -35,6 +35,7 @@ class CheckedGrammar(Grammar):
         self.inner = inner
         self.backend = inner.backend
         self.unenforced = inner.unenforced
+        self.call_tag = inner.call_tag
         self.nbytes = getattr(inner, "nbytes", 0)
 
 

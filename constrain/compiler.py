@@ -33,11 +33,11 @@ from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, counts_repeatable_keys, plan_late_keywords,
                                      token_sets)
 from constrain.limits import DEFAULT_LIMITS, Limits
-from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_llg
+from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
-from constrain.tools import client_pointer_of_call
+from constrain.tools import HERMES_OPEN, call_item_schema, client_pointer_of_call, hermes_regex
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.vocabulary import Vocabulary
 
@@ -287,7 +287,7 @@ class GrammarCompiler:
     # ---- policy -------------------------------------------------------------------------------------------
     def _auto(self, spec: ConstraintSpec) -> Grammar:
         okey = self._key(spec, "outlines")
-        g = self._lru.get(okey) or self._load_disk(okey)
+        g = self._lru.get(okey) or self._load_disk(okey, _call_tag(spec))
         if g is not None:
             self.stats.cache_hits += 1
             self._lru.put(okey, g)
@@ -326,7 +326,7 @@ class GrammarCompiler:
             # outlines-core 0.2.14 drops transitions in some regexes (`[0-9]+(\.[0-9]+)?` refuses "1.5"):
             # auto keeps arbitrary patterns on llguidance; JSON schemas are covered by the MaskBench subset.
             return False
-        if spec.kind == "tools" and spec.tool_choice == "auto":
+        if spec.kind == "tools" and (spec.tool_choice == "auto" or _many_tagged_calls(spec)):
             return False
         if spec.kind == "json_object" or spec.schema is None:
             return False
@@ -346,6 +346,9 @@ class GrammarCompiler:
             g = compile_llg(lltok, self.vocab, "regex", regex=spec.pattern, param=param)
         elif spec.kind == "choice":
             g = compile_llg(lltok, self.vocab, "regex", regex=choice_regex(spec.choices), param=param)
+        elif spec.kind == "tools" and spec.tool_format == "hermes":
+            g = compile_hermes_calls(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
+                                     whitespace_pattern=self.whitespace_pattern, free_text=spec.tool_choice == "auto")
         elif spec.kind == "tools" and spec.tool_choice == "auto":
             g = compile_calls_or_text(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
                                       whitespace_pattern=self.whitespace_pattern)
@@ -373,8 +376,16 @@ class GrammarCompiler:
             raise ConstraintError(f"the outlines backend cannot enforce the keyword at {bad[0]}"
                                   + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
                                   param=param, pointer=bad[0], code="unsupported_schema")
+        if _many_tagged_calls(spec):
+            raise ConstraintError("outlines cannot enforce more than one call in the <tool_call> format of this "
+                                  "model's chat template (send parallel_tool_calls: false, or use the llguidance "
+                                  "backend)", param=param, code="unsupported_schema")
         try:
-            regex = schema_regex(spec.schema, self.whitespace_pattern)
+            if spec.kind == "tools" and spec.tool_format == "hermes":
+                regex = hermes_regex(schema_regex(call_item_schema(spec.schema), self.whitespace_pattern),
+                                     single=True)
+            else:
+                regex = schema_regex(spec.schema, self.whitespace_pattern)
         except Exception as exc:  # outlines raises ValueError / TypeError / PanicException subclasses
             raise ConstraintError(f"outlines cannot translate this schema: {str(exc)[:300]}", param=param,
                                   code="unsupported_schema") from None
@@ -390,7 +401,7 @@ class GrammarCompiler:
 
     def _outlines(self, spec: ConstraintSpec, wait: bool) -> Grammar | None:
         key = self._key(spec, "outlines")
-        g = self._lru.get(key) or self._load_disk(key)
+        g = self._lru.get(key) or self._load_disk(key, _call_tag(spec))
         if g is not None:
             self.stats.cache_hits += 1
             self._lru.put(key, g)
@@ -402,7 +413,7 @@ class GrammarCompiler:
         with self._lock:
             fut = self._pending.get(key)
             if fut is None:
-                fut = self._builds.submit(self._build_outlines, key, regex)
+                fut = self._builds.submit(self._build_outlines, key, regex, _call_tag(spec))
                 self._pending[key] = fut
                 if not wait:
                     self.stats.background_compiles += 1
@@ -420,7 +431,7 @@ class GrammarCompiler:
         return ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
                                param=param, code="compile_timeout")
 
-    def _build_outlines(self, key: str, regex: str) -> Grammar:
+    def _build_outlines(self, key: str, regex: str, call_tag: bytes | None) -> Grammar:
         """Runs on a `_builds` thread, which only waits: the work happens in a worker process."""
         if self.cache_dir:
             path = self.cache_dir / f"{key}.outlines.npz"
@@ -432,7 +443,7 @@ class GrammarCompiler:
         try:
             seconds = self.workers.build(regex, path, self.compile_timeout_s)
             dfa = TokenDFA.load(path)
-            g = OutlinesGrammar(dfa, self.vocab)
+            g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
             self.stats.compiles += 1
             log.debug("outlines compile %.2f s", seconds)
             self._lru.put(key, g)
@@ -468,14 +479,14 @@ class GrammarCompiler:
         raw = json.dumps([spec.key, backend, self.whitespace_pattern, self.vocab.fingerprint])
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
-    def _load_disk(self, key: str) -> Grammar | None:
+    def _load_disk(self, key: str, call_tag: bytes | None) -> Grammar | None:
         if not self.cache_dir:
             return None
         path = self.cache_dir / f"{key}.outlines.npz"
         if not path.exists():
             return None
         try:
-            g = OutlinesGrammar(TokenDFA.load(path), self.vocab)
+            g = OutlinesGrammar(TokenDFA.load(path), self.vocab, call_tag=call_tag)
         except (OSError, ValueError, KeyError) as exc:
             log.warning("ignoring unreadable cache file %s: %s", path, exc)
             return None
@@ -515,6 +526,18 @@ def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
     mapped = client_pointer(source, pointer)
     return mapped, mapped != pointer
 
+
+
+def _many_tagged_calls(spec: ConstraintSpec) -> bool:
+    """Calls in the hermes format, more than one allowed. outlines-core 0.2.14 drops the transitions that leave
+    an accepting state through states that are not (`a(bc)*` takes "a" but not "abc"; it is why `[0-9]+([.][0-9]+)?`
+    refuses "1.5"), so after a call's closing tag it would refuse the next call."""
+    return spec.kind == "tools" and spec.tool_format == "hermes" and spec.schema.get("maxItems") != 1
+
+
+def _call_tag(spec: ConstraintSpec) -> bytes | None:
+    """The tag opening each call, where `spec`'s output is tool calls written between tags (`Grammar.call_tag`)."""
+    return HERMES_OPEN.encode() if spec.kind == "tools" and spec.tool_format == "hermes" else None
 
 # llguidance names where an error arose as a URI into the schema it compiled (for tools: the call schema).
 _SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")

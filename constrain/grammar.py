@@ -46,6 +46,7 @@ class ConstraintSpec:
     tool_choice: str = "auto"  # tools: "auto" | "required" | "named"
     parallel_tool_calls: bool = True
     strict_tools: tuple[int, ...] = ()  # tools: the functions declared strict (their index in the call schema)
+    tool_format: str = "json_array"  # tools: how calls are written, "json_array" | "hermes" (constrain/tools.py)
     backend: str | None = None  # per-request override: "outlines" | "llguidance" | None (server default)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -72,7 +73,7 @@ class ConstraintSpec:
 
         return json.dumps(
             [self.kind, self.schema, self.strict, self.pattern, list(self.choices), list(self.tool_names),
-             self.tool_choice, self.parallel_tool_calls, list(self.strict_tools)],
+             self.tool_choice, self.parallel_tool_calls, list(self.strict_tools), self.tool_format],
             sort_keys=True, separators=(",", ":"), default=str,
         )
 
@@ -112,6 +113,9 @@ class Grammar(abc.ABC):
 
     backend: str  # "outlines" | "llguidance"
     unenforced: tuple[str, ...] = ()  # JSON Pointers of keywords accepted but not enforced (non-strict only)
+    # Tool calls written between tags: the opening tag (the JSON followers of constrain/checked.py follow each
+    # call as an item of the call schema's array); None: the output is one JSON document, or text.
+    call_tag: bytes | None = None
 
     @abc.abstractmethod
     def matcher(self) -> Matcher: ...

@@ -1,11 +1,14 @@
 """Following JSON output byte by byte, for the checks applied while decoding (constrain/unique_items.py,
 constrain/late_keywords.py): the lexical state and the open containers. A subclass says what each container
 carries and what happens when a value begins and ends. Output that is not JSON (free text under tool_choice
-"auto") switches the follower off. Never imports HTTP or model code.
+"auto") switches the follower off. Tool calls written between tags (`<tool_call>\n{...}\n</tool_call>`, see
+constrain/tools.py) are followed as the items of one array, the call schema's root: only the JSON between the
+tags is fed. Never imports HTTP or model code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -25,24 +28,61 @@ class Frame:
     index: int = 0  # arrays
 
 
+@dataclass
+class TaggedCalls:
+    """Where the output stands among tagged calls: outside a call (text before it, its closing tag, what comes
+    between calls), watching for the tag that opens the next, or inside one's JSON."""
+
+    tag: bytes  # the opening tag
+    inside: bool = False
+    opened: int = 0  # calls opened so far
+    tail: bytes = b""  # the last bytes written outside a call (a tag may come in pieces)
+
+    def opens(self, c: int) -> bool:
+        """Byte `c`, written outside a call, completes the opening tag."""
+        self.tail = (self.tail + bytes((c,)))[-len(self.tag):]
+        if self.tail != self.tag:
+            return False
+        self.inside, self.opened, self.tail = True, self.opened + 1, b""
+        return True
+
+    def copy(self) -> "TaggedCalls":
+        return dataclasses.replace(self)
+
+
 class JsonFollower:
     """The lexical state (`mode`: value | string | key | number | literal | after | member | colon | off), what
     is written of the current string, key, number or literal (`buf`), and the open containers (`stack`).
     Hooks: `_value_begins` (a value's first byte, before the follower acts on it), `_frame` (the frame of a
     container that opens), `_value_ends` (a value was finished; for a number, by the byte just fed, which is
-    not part of it), `_key_ends`, `_comma`."""
+    not part of it), `_key_ends`, `_comma`. With `call_tag`, the output is tool calls written between tags
+    (`TaggedCalls`): each call's JSON is followed as an item of one array, opened by the first tag (the closing
+    bracket is never written)."""
 
-    def __init__(self) -> None:
+    def __init__(self, call_tag: bytes | None = None) -> None:
         self.stack: list[Frame] = []
         self.mode = "value"
         self.buf = bytearray()
         self.escaped = False
+        self.calls = TaggedCalls(call_tag) if call_tag else None
+
+    @property
+    def in_json(self) -> bool:
+        """The output stands in JSON: always, unless calls are tagged and it stands outside one."""
+        return self.calls is None or self.calls.inside
 
     def feed(self, data: bytes) -> None:
+        calls = self.calls
         for c in data:
+            if calls is not None and not calls.inside:
+                if calls.opens(c):
+                    self._byte(ord("[") if calls.opened == 1 else COMMA_BYTE)
+                continue
             if self.mode == "off":
                 return
             self._byte(c)
+            if calls is not None and self.mode == "after" and len(self.stack) == 1:
+                calls.inside = False  # the call's object closed: its closing tag and the next call's come
 
     # ---- hooks --------------------------------------------------------------------------------------------------
     def _value_begins(self, c: int) -> None:

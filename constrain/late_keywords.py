@@ -554,8 +554,8 @@ class LateTracker(JsonFollower):
     choice whose alternatives hold a late keyword is checked against them too, so that it is refused when
     finished, not only with the value around it (when it can no longer change)."""
 
-    def __init__(self, plan: LatePlan):
-        super().__init__()
+    def __init__(self, plan: LatePlan, call_tag: bytes | None = None):
+        super().__init__(call_tag)
         self.plan = plan
         self.out = bytearray()  # (from `origin` on: a fork holds only the text its pending value needs)
         self.origin = 0
@@ -568,6 +568,7 @@ class LateTracker(JsonFollower):
     def fork(self) -> "LateTracker":
         f = LateTracker(self.plan)
         f.mode, f.escaped, f.buf = self.mode, self.escaped, bytearray(self.buf)
+        f.calls = self.calls.copy() if self.calls is not None else None
         f.pending = list(self.pending)
         f.origin = self.pending[0].start if self.pending else self.origin + len(self.out)
         f.out = bytearray(self.out[f.origin - self.origin:])
@@ -718,7 +719,7 @@ class LateGrammar(CheckedGrammar):
         base = backend_matcher(inner)
         if isinstance(base, LlgMatcher):  # (a repeated key would change the parsed value these checks judge)
             base.write_distinct_keys()
-        return LateMatcher(inner, LateTracker(self.plan), self.tokens)
+        return LateMatcher(inner, LateTracker(self.plan, self.call_tag), self.tokens)
 
 
 class LateMatcher(CheckedMatcher):
@@ -735,7 +736,7 @@ class LateMatcher(CheckedMatcher):
         self._allowed_here: np.ndarray | None = None  # this step's mask row while a check is active (`vet`)
 
     def _active(self) -> bool:
-        return self.tracker.mode != "off"
+        return self.tracker.mode != "off" and self.tracker.in_json
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         super().fill_bitmask(bitmask, row, tokens_left)

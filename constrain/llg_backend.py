@@ -81,6 +81,7 @@ class KeySets(JsonFollower):
     def copy(self) -> "KeySets":
         c = KeySets()
         c.mode, c.escaped, c.buf = self.mode, self.escaped, bytearray(self.buf)
+        c.calls = self.calls.copy() if self.calls is not None else None
         c.stack = [_KeyedFrame(f.is_array, f.key, f.index, set(f.keys)) for f in self.stack]
         return c
 
@@ -410,12 +411,58 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
                       key_names=required_names(schema))
 
 
+def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
+                         whitespace_pattern: str, free_text: bool) -> "LlgGrammar":
+    """Tool calls in the hermes format (constrain/tools.py): each `<tool_call>\\n{call}\\n</tool_call>`, one or
+    (unless the call schema says `maxItems: 1`) more separated by newlines. With `free_text` (tool_choice "auto")
+    also text holding no `<tool_call>`, or such text then calls: text ends where the tag's token comes, so that
+    form needs the tag to be one token of the vocabulary (Qwen's, Hermes'). A tag that is a token may also be
+    spelled out. The support check is `compile_calls_or_text`'s, on the call schema."""
+    from constrain.tools import HERMES_CLOSE, HERMES_OPEN, call_item_schema
+
+    _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
+                                         whitespace_pattern=whitespace_pattern, param="tools")
+    options = _json_options(whitespace_pattern, lenient=bool(unenforced))
+    item = quote_safe_patterns(call_item_schema(schema))
+    open_token = _tag_token(lltok, HERMES_OPEN)
+    calls = "call" if schema.get("maxItems") == 1 else 'call ("\\n" call)*'
+    starts = ["calls"]
+    if free_text:
+        starts += ["TEXT", "TEXT calls"] if open_token is not None else ["TEXT"]
+    lark = (f"start: {' | '.join(starts)}\n"
+            f"calls: {calls}\n"
+            'call: open "\\n" item "\\n" close\n'
+            f"open: {_tag_rule(HERMES_OPEN, open_token)}\n"
+            f"close: {_tag_rule(HERMES_CLOSE, _tag_token(lltok, HERMES_CLOSE))}\n"
+            f"item: %json {json.dumps({**item, 'x-guidance': options})}\n"
+            f"TEXT: /[^\\s][\\s\\S]*/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/\n")
+    text = llguidance.LLMatcher.grammar_from_lark(lark)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+    if is_error:
+        raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
+    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
+                      key_names=required_names(schema), call_tag=HERMES_OPEN.encode())
+
+
+def _tag_token(lltok, tag: str) -> int | None:
+    """The id of the vocabulary's token for `tag`, when it has one (an added token, which llguidance matches by
+    id, not by its text), else None."""
+    ids = lltok.tokenize_str(tag)
+    return ids[0] if len(ids) == 1 and lltok.is_special_token(ids[0]) else None
+
+
+def _tag_rule(tag: str, token: int | None) -> str:
+    return f"<[{token}]> | {json.dumps(tag)}" if token is not None else json.dumps(tag)
+
+
 class LlgGrammar(Grammar):
     backend = "llguidance"
 
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
-                 hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = ()):
+                 hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = (),
+                 call_tag: bytes | None = None):
         self.lltok = lltok
+        self.call_tag = call_tag
         self.json_output = json_output  # the output is JSON (free text under tool_choice "auto" switches it off)
         self.hints = hints  # strings the schema's patterns and formats accept, for closing walks (`string_hints`)
         self.key_names = key_names  # names the schema requires, for closing walks (`required_names`)
@@ -475,7 +522,7 @@ class LlgMatcher(Matcher):
         self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
         # JSON output: the lexical state and keys so far, for completions (`closing_tokens`); fed lazily, from
         # `_unfed`, when a completion is measured.
-        self._keys: KeySets | None = KeySets() if grammar.json_output else None
+        self._keys: KeySets | None = KeySets(grammar.call_tag) if grammar.json_output else None
         self._unfed = bytearray()
         self._distinct_keys = False
 

@@ -51,10 +51,12 @@ def compile_outlines(vocab: Vocabulary, regex: str, ov: outlines_core.Vocabulary
 class OutlinesGrammar(Grammar):
     backend = "outlines"
 
-    def __init__(self, dfa: TokenDFA, vocab: Vocabulary, unenforced: tuple[str, ...] = ()):
+    def __init__(self, dfa: TokenDFA, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
+                 call_tag: bytes | None = None):
         self.dfa = dfa
         self.vocab = vocab
         self.unenforced = unenforced
+        self.call_tag = call_tag
         self._rows: dict[int, np.ndarray] = {}
         self._budget_rows: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._distances: dict[int, np.ndarray] = {}

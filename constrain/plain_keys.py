@@ -52,17 +52,14 @@ def keys_need_plain_spelling(schema: Any) -> bool:
 class _KeyFollower(JsonFollower):
     """The JSON follower, noting when a `\\u` escape is written inside a key."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, call_tag: bytes | None = None) -> None:
+        super().__init__(call_tag)
         self.escaped_key = False
 
-    def feed(self, data: bytes) -> None:
-        for c in data:
-            if self.mode == "off":
-                return
-            if c == _U and self.escaped and self.mode == "key":
-                self.escaped_key = True
-            self._byte(c)
+    def _byte(self, c: int) -> None:
+        if c == _U and self.escaped and self.mode == "key":
+            self.escaped_key = True
+        super()._byte(c)
 
     def state(self) -> tuple:
         """What decides whether a token writes a key escape from here: the lexical mode, a pending backslash, the
@@ -72,6 +69,8 @@ class _KeyFollower(JsonFollower):
 
     @classmethod
     def at(cls, state: tuple) -> "_KeyFollower":
+        """A follower at `state`, for what a token writes from there: inside one JSON value (between tagged calls
+        no token is looked at)."""
         mode, escaped, kinds, literal = state
         f = cls()
         f.mode, f.escaped, f.stack, f.buf = mode, escaped, [Frame(k) for k in kinds], bytearray(literal)
@@ -127,22 +126,23 @@ class PlainKeysGrammar(CheckedGrammar):
         self.tokens = key_escape_tokens(vocab)
 
     def matcher(self) -> "PlainKeysMatcher":
-        return PlainKeysMatcher(self.inner.matcher(), self.tokens)
+        return PlainKeysMatcher(self.inner.matcher(), self.tokens, self.call_tag)
 
 
 class PlainKeysMatcher(CheckedMatcher):
     dead_end = "every token the output constraint allows here would write a \\u escape inside an object key " \
                "(keys are written without them where a key's spelling selects its schema)"
 
-    def __init__(self, inner: Matcher, tokens: KeyEscapeTokens):
+    def __init__(self, inner: Matcher, tokens: KeyEscapeTokens, call_tag: bytes | None = None):
         super().__init__(inner, tokens.token_bytes)
         self.tokens = tokens
-        self.follower = _KeyFollower()
+        self.follower = _KeyFollower(call_tag)
         self._candidates = NO_IDS  # this step's: the tokens that write a key escape from here
 
     def _active(self) -> bool:
         """Some token could write a key escape from here (outside keys, next to none can: the step costs a lookup)."""
-        self._candidates = self.tokens.refused(self.follower.state()) if self.follower.mode != "off" else NO_IDS
+        f = self.follower
+        self._candidates = self.tokens.refused(f.state()) if f.mode != "off" and f.in_json else NO_IDS
         return len(self._candidates) > 0
 
     def _refused(self, words: np.ndarray) -> np.ndarray:

@@ -265,11 +265,11 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
 
 
 def spec_from_request(*, response_format=None, regex=None, choice=None, tools=None, tool_choice=None,
-                      parallel_tool_calls=None, backend=None, named_schemas=None,
+                      parallel_tool_calls=None, tool_format="json_array", backend=None, named_schemas=None,
                       other_fields=None) -> ConstraintSpec | None:
     """The one constraint a request carries, or None for free text. `other_fields` are the body's fields beyond
-    OpenAI's, where other servers' constraint fields (COMPAT_CONSTRAINT_FIELDS) are read. Raises
-    ConstraintError(param=...)."""
+    OpenAI's, where other servers' constraint fields (COMPAT_CONSTRAINT_FIELDS) are read; `tool_format` is how
+    the model writes tool calls (constrain/tools.py). Raises ConstraintError(param=...)."""
     if backend is not None and backend not in _BACKENDS:
         raise ConstraintError(f"constraint backend must be one of {', '.join(_BACKENDS)}", param="backend")
     specs: list[tuple[str, ConstraintSpec]] = []
@@ -284,7 +284,7 @@ def spec_from_request(*, response_format=None, regex=None, choice=None, tools=No
     if tools is not None or tool_choice is not None:
         from constrain.tools import tools_spec
 
-        s = tools_spec(tools, tool_choice, parallel_tool_calls)
+        s = tools_spec(tools, tool_choice, parallel_tool_calls, tool_format)
         if s is not None:
             specs.append(("tools", s))
     specs += _compat_constraints(other_fields or {})

@@ -1,9 +1,15 @@
-"""The tool-call output format, in one place: the constraint that produces it, the parser that reads it back, and
-the prompt text that describes it to a model whose chat template has no tool support.
+"""The tool-call output formats, in one place: the constraint that produces them, the parser that reads them
+back, and the prompt text that describes ours to a model whose chat template has no tool support.
 
-Format: a JSON array of `{"name": <tool name>, "arguments": <object valid against that function's parameters>}`;
-exactly one element when `parallel_tool_calls` is false or a named function is forced. With tool_choice "auto"
-the output is either such an array or free text that does not start with "[". Never imports HTTP.
+Each call is `{"name": <tool name>, "arguments": <object valid against that function's parameters>}`; exactly one
+call when `parallel_tool_calls` is false or a named function is forced. The calls are written
+- "json_array" (ours, for templates without tool support): as a JSON array. With tool_choice "auto" the output is
+  either such an array or free text that does not start with "[".
+- "hermes" (the format of the chat templates of Qwen2.5, Qwen3, Hermes and their fine-tunes, which tell the model
+  to write it): each call as `<tool_call>\n{...}\n</tool_call>`, calls separated by a newline. With tool_choice
+  "auto" the output is calls, or free text holding no `<tool_call>`, or such text followed by calls (where the
+  tag is one token of the vocabulary, as in those models').
+Never imports HTTP.
 """
 
 from __future__ import annotations
@@ -18,11 +24,23 @@ from typing import Any
 from constrain.grammar import ConstraintError, ConstraintSpec
 
 
+TOOL_FORMATS = ("json_array", "hermes")
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str
     arguments: str  # a JSON object, as text (the OpenAI wire shape)
     id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+
+
+@dataclass(frozen=True)
+class ParsedCalls:
+    """A finished output that made tool calls."""
+
+    calls: list[ToolCall]
+    content: str | None = None  # text the model wrote before its calls (hermes under tool_choice "auto")
 
 
 def _rebase_refs(node: Any, prefix: str) -> Any:
@@ -121,8 +139,12 @@ def _allowed_functions(functions: list[dict], allowed: Any) -> tuple[list[dict],
     return [fn for fn in functions if fn["name"] in names], allowed["mode"]
 
 
-def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ConstraintSpec | None:
-    """The constraint for a tools request; None when the model may not call tools (tool_choice "none")."""
+def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
+               tool_format: str = "json_array") -> ConstraintSpec | None:
+    """The constraint for a tools request; None when the model may not call tools (tool_choice "none").
+    `tool_format` is how the model writes calls (`TOOL_FORMATS`): the server picks it from the chat template."""
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format must be one of {TOOL_FORMATS}")
     if tool_choice == "none":
         return None
     if tools is None:
@@ -153,7 +175,7 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> Constr
                           strict_tools=strict_tools,
                           tool_names=tuple(f["name"] for f in functions), tool_choice=mode,
                           parallel_tool_calls=bool(parallel_tool_calls) and mode != "named",
-                          extra={"tool_sources": sources})
+                          tool_format=tool_format, extra={"tool_sources": sources})
 
 
 def client_pointer_of_call(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
@@ -172,8 +194,11 @@ def client_pointer_of_call(spec: ConstraintSpec, pointer: str) -> tuple[str, boo
     return f"/{index}/function/parameters" + ("" if inner == "/" else inner), inner != rest
 
 
-def parse_tool_calls(text: str, spec: ConstraintSpec) -> list[ToolCall] | None:
-    """The calls in a model's output, or None when the output is free text (not a tool call)."""
+def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
+    """The calls in a model's output, or None when the output is free text (not tool calls, or calls cut short by
+    `max_tokens`: then the whole text is the answer's content)."""
+    if spec.tool_format == "hermes":
+        return _parse_hermes(text, spec)
     body = text.strip()
     if not body.startswith(("[", "{")):
         return None
@@ -181,17 +206,52 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> list[ToolCall] | None:
         value = json.loads(body)
     except ValueError:
         return None
-    if isinstance(value, dict):
-        value = [value]
-    if not isinstance(value, list) or not value:
+    calls = _calls(value if isinstance(value, list) else [value], spec)
+    return ParsedCalls(calls) if calls else None
+
+
+_HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE) + r"\s*", re.S)
+
+
+def _parse_hermes(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
+    start = text.find(HERMES_OPEN)
+    if start < 0:
         return None
+    values, pos = [], start
+    while pos < len(text):
+        m = _HERMES_CALL.match(text, pos)
+        if m is None:
+            return None  # a call left open (cut short), or text after the calls
+        try:
+            values.append(json.loads(m.group(1)))
+        except ValueError:
+            return None
+        pos = m.end()
+    calls = _calls(values, spec)
+    return ParsedCalls(calls, text[:start].strip() or None) if calls else None
+
+
+def _calls(values: list, spec: ConstraintSpec) -> list[ToolCall] | None:
     calls = []
-    for item in value:
+    for item in values:
         if (not isinstance(item, dict) or item.get("name") not in spec.tool_names
                 or not isinstance(item.get("arguments"), dict)):
             return None
         calls.append(ToolCall(name=item["name"], arguments=json.dumps(item["arguments"], ensure_ascii=False)))
-    return calls
+    return calls or None
+
+
+def call_item_schema(schema: dict) -> dict:
+    """The schema of one call in the call schema (`call_schema`), its `$defs` kept at the root, so that pointers
+    into them (`/$defs/tool<i>/...`) name the same subschemas."""
+    return {**schema["items"], "$defs": schema.get("$defs", {})}
+
+
+def hermes_regex(item_regex: str, single: bool) -> str:
+    """The calls in the hermes format, as a regex around one call's (for DFA backends; outlines-core serves only
+    `single`: see constrain/compiler.py `_many_tagged_calls`)."""
+    one = f"{re.escape(HERMES_OPEN)}\\n({item_regex})\\n{re.escape(HERMES_CLOSE)}"
+    return one if single else f"{one}(\\n{one})*"
 
 
 def tools_system_prompt(tools: list[dict]) -> str:

@@ -513,13 +513,13 @@ class OutputTracker(JsonFollower):
     """Follows the JSON output (constrain/json_follower.py) with the subschemas that may apply to each open
     container, and the finished items of every array that must be unique."""
 
-    def __init__(self, plan: UniquePlan):
-        super().__init__()
+    def __init__(self, plan: UniquePlan, call_tag: bytes | None = None):
+        super().__init__(call_tag)
         self.plan = plan
 
     def unique_frame(self) -> _Frame | None:
         """The array being written, when its items must be unique and the output stands at one of them."""
-        if self.mode in ("off", "key", "member", "colon") or not self.stack:
+        if self.mode in ("off", "key", "member", "colon") or not self.stack or not self.in_json:
             return None
         top = self.stack[-1]
         return top if top.is_array and top.rule is not None else None
@@ -561,7 +561,7 @@ class UniqueItemsGrammar(CheckedGrammar):
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
 
     def matcher(self) -> "UniqueItemsMatcher":
-        return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan), self.index)
+        return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan, self.call_tag), self.index)
 
 
 class UniqueItemsMatcher(CheckedMatcher):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from constrain.tools import HERMES_OPEN
 from service.errors import invalid
 from service.protocol import ChatMessage
 
@@ -51,6 +52,9 @@ class ChatTemplate:
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
         self.knows_tools = "tools" in self.template
         self.knows_tool_calls = "tool_calls" in self.template
+        # How the model writes tool calls (constrain/tools.py): as its template tells it to, where that is the
+        # `<tool_call>` tags of Qwen2.5, Qwen3 and Hermes; else ours, which the tools prompt describes.
+        self.tool_format = "hermes" if self.knows_tools and HERMES_OPEN in self.template else "json_array"
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
         # turns rather than lose the system prompt, the tools description or a tool's result.
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},

@@ -104,7 +104,8 @@ class Generation:
                    if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS]
         return {"x-structgen-ignored-fields": ",".join(ignored)} if ignored else {}
 
-    async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None):
+    async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None,
+                       tool_format="json_array"):
         """Spec and grammar for the request's constraint (None, None when unconstrained)."""
         spec = None
         try:
@@ -112,7 +113,7 @@ class Generation:
             spec = await asyncio.to_thread(
                 constrain.spec_from_request,
                 response_format=req.response_format, regex=req.regex, choice=req.choice, tools=tools,
-                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
                 backend=req.constraint_backend, named_schemas=getattr(self.compiler, "named_schemas", None),
                 other_fields=req.model_extra)
             if spec is None:
@@ -172,7 +173,8 @@ class Generation:
         prompt = Prompt(ids, text)
         fit_max_tokens(len(ids), req.max_completion_tokens or req.max_tokens, None, self.loaded.context_length,
                        req.context_length_exceeded_behavior or "truncate")  # refuse before compiling
-        spec, grammar = await self._compile(req, tools, req.tool_choice, req.parallel_tool_calls)
+        spec, grammar = await self._compile(req, tools, req.tool_choice, req.parallel_tool_calls,
+                                            self.template.tool_format)
         return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
                           logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl")
 
@@ -196,7 +198,7 @@ class Generation:
         return constrain.tools_system_prompt(tools)
 
     def parse_tool_calls(self, text: str, spec):
-        """constrain's parsed tool calls for a finished choice, or None when it is plain text."""
+        """constrain's parsed tool calls (`ParsedCalls`) for a finished choice, or None when it is plain text."""
         if spec is None or getattr(spec, "kind", None) != "tools":
             return None
         try:

@@ -109,6 +109,7 @@ def tool_calls_json(calls) -> list[dict]:
 
 
 def finish_for(choice: ChoiceState, calls, uses_functions: bool = False) -> str:
+    """`calls`: the choice's `ParsedCalls`, or None."""
     if calls and choice.finish_reason == "stop":
         return "function_call" if uses_functions else "tool_calls"
     return choice.finish_reason or "stop"
@@ -125,15 +126,16 @@ def function_call_delta(delta: dict) -> dict:
 # ---- whole bodies
 def chat_body(*, request_id: str, model: str, created: int, choices: list[ChoiceState], parsed_calls: dict,
               prompt_tokens: int, logprobs: bool, as_ids: bool, uses_functions: bool = False) -> dict:
-    """`uses_functions`: the request sent the deprecated `functions`, so a call is the message's `function_call`."""
+    """`parsed_calls`: index -> `ParsedCalls` of the choices that made tool calls. `uses_functions`: the request
+    sent the deprecated `functions`, so a call is the message's `function_call`."""
     out = []
     for c in choices:
         calls = parsed_calls.get(c.index)
-        message: dict = {"role": "assistant", "content": None if calls else c.text, "refusal": None}
+        message: dict = {"role": "assistant", "content": calls.content if calls else c.text, "refusal": None}
         if calls and uses_functions:
-            message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
+            message["function_call"] = {"name": calls.calls[0].name, "arguments": calls.calls[0].arguments}
         elif calls:
-            message["tool_calls"] = tool_calls_json(calls)
+            message["tool_calls"] = tool_calls_json(calls.calls)
         out.append({"index": c.index, "message": message,
                     "logprobs": chat_logprobs(c.logprobs, as_ids) if logprobs else None,
                     "finish_reason": finish_for(c, calls, uses_functions)})

@@ -53,7 +53,8 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     deprecated `functions` gets the call as `function_call` deltas (`function_call_delta`)."""
     chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
-    streams = {i: ToolCallStream() for i in range(plan.choices)} if tools else {}
+    tool_format = getattr(plan.spec, "tool_format", "json_array")
+    streams = {i: ToolCallStream(tool_format) for i in range(plan.choices)} if tools else {}
     for i in range(plan.choices):
         yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
@@ -64,7 +65,10 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 state.add(event)
                 lp = chat_logprobs(list(event.logprobs), as_ids) if logprobs and event.logprobs else None
                 if tools:
-                    for delta in streams[index].feed(event.text):
+                    deltas = streams[index].feed(event.text)
+                    if event.finish_reason is not None:
+                        deltas += streams[index].finish()
+                    for delta in deltas:
                         delta = function_call_delta(delta) if uses_functions else delta
                         yield chunks.chunk([{"index": index, "delta": delta,
                                              "logprobs": lp if "content" in delta else None,

@@ -1,15 +1,19 @@
 """Streams one choice's output as OpenAI streams tool calls: an id-and-name delta per call, then argument pieces.
 
-The model writes constrain's tool-call format, a JSON array of `{"name": ..., "arguments": {...}}` (see
-constrain/tools.py). This reads it character by character and emits OpenAI `tool_calls` deltas as soon as they
-are known; output that does not start with "[" or "{" (tool_choice "auto" answering in text) streams as content.
-Protocol shaping only: the grammar guarantees the format, so this never validates.
+The model writes one of constrain's tool-call formats (constrain/tools.py): a JSON array of `{"name": ...,
+"arguments": {...}}`, or ("hermes") each such object between `<tool_call>` tags. This reads it character by
+character and emits OpenAI `tool_calls` deltas as soon as they are known. Output that does not start with "[" or
+"{" (tool_choice "auto" answering in text) streams as content; in the hermes format, so does the text before the
+first tag, less the whitespace that ends it, as in the whole answer (`ParsedCalls.content`). Protocol shaping
+only: the grammar guarantees the format, so this never validates.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+
+from constrain.tools import HERMES_OPEN
 
 _WS = " \t\r\n"
 
@@ -94,9 +98,11 @@ class ToolCallStream:
     """Feed text deltas of one choice; get OpenAI delta dicts back (`{"content": ...}` or `{"tool_calls": ...}`).
     """
 
-    def __init__(self):
+    def __init__(self, tool_format: str = "json_array"):
+        self.hermes = tool_format == "hermes"
         self.mode: str | None = None  # None until the first visible character, then "content" or "calls"
         self.pending_ws = ""
+        self.held = ""  # hermes content not sent yet: trailing whitespace, and what may be the tag beginning
         self.call: _CallScanner | None = None
         self.calls = 0  # calls opened so far
         self.announced = False  # current call's id/name delta sent
@@ -107,6 +113,8 @@ class ToolCallStream:
         return self.mode == "calls" and self.calls > 0
 
     def feed(self, text: str) -> list[dict]:
+        if self.hermes:
+            return self._feed_hermes(text)
         deltas: list[dict] = []
         content = ""
         for ch in text:
@@ -126,6 +134,32 @@ class ToolCallStream:
             self._feed_call(ch, deltas)
         if content:
             deltas.insert(0, {"content": content})
+        return self._merge(deltas)
+
+    def finish(self) -> list[dict]:
+        """What is still held when the output ends: the end of a text answer."""
+        rest = self.pending_ws if self.mode is None else self.held if self.mode == "content" else ""
+        self.pending_ws = self.held = ""
+        return [{"content": rest}] if rest else []
+
+    def _feed_hermes(self, text: str) -> list[dict]:
+        deltas: list[dict] = []
+        if self.mode != "calls":
+            self.mode, self.held = "content", self.held + text
+            at = self.held.find(HERMES_OPEN)
+            if at < 0:
+                # Held back: what may begin the tag, and the whitespace before it (dropped if the tag comes).
+                partial = max((n for n in range(1, len(HERMES_OPEN)) if self.held.endswith(HERMES_OPEN[:n])),
+                              default=0)
+                cut = len(self.held[:len(self.held) - partial].rstrip())
+                content, self.held = self.held[:cut], self.held[cut:]
+                return [{"content": content}] if content else []
+            content, text, self.held = self.held[:at].rstrip(), self.held[at + len(HERMES_OPEN):], ""
+            self.mode = "calls"
+            if content:
+                deltas.append({"content": content})
+        for ch in text:
+            self._feed_call(ch, deltas)
         return self._merge(deltas)
 
     def _open_call(self) -> None:

@@ -21,15 +21,43 @@ TOKENIZERS = {
 }
 
 
-def build_tiny_model_dir(out: Path, tokenizer: str, *, layers: int = 2, hidden: int = 64,
+# Qwen2.5's chat template for tool use (Apache-2.0), which tells the model to write calls between <tool_call> tags.
+QWEN_TOOLS_TEMPLATE = ROOT / "tests" / "tokenizers" / "qwen2_tools" / "chat_template.jinja"
+QWEN_TOOL_TAGS = {151657: "<tool_call>", 151658: "</tool_call>"}
+
+
+def build_qwen_tools_tokenizer(out: Path) -> Path:
+    """The Qwen2 tokenizer as Qwen2.5 ships it for tool use, saved into `out`: `<tool_call>` and `</tool_call>`
+    as the added (not special) tokens 151657 and 151658, where the vocabulary-only copy has placeholders, and the
+    template of QWEN_TOOLS_TEMPLATE."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    src = TOKENIZERS["qwen2"]
+    data = json.loads((src / "tokenizer.json").read_text())
+    for added in data["added_tokens"]:
+        if added["id"] in QWEN_TOOL_TAGS:
+            added["content"] = QWEN_TOOL_TAGS[added["id"]]
+    vocab = data["model"]["vocab"]
+    for tid, tag in QWEN_TOOL_TAGS.items():
+        del vocab[f"[PAD{tid}]"]
+        vocab[tag] = tid
+    (out / "tokenizer.json").write_text(json.dumps(data))
+    (out / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text())
+    (out / "chat_template.jinja").write_text(QWEN_TOOLS_TEMPLATE.read_text())
+    return out
+
+
+def build_tiny_model_dir(out: Path, tokenizer: str | Path, *, layers: int = 2, hidden: int = 64,
                          logits_width: int | None = None, seed: int = 0) -> Path:
-    """Save a random 2-layer Llama-architecture model with a real tokenizer into `out` (save_pretrained), so a
-    test can load it through the real `--model DIR` path."""
+    """Save a random 2-layer Llama-architecture model with a real tokenizer (a name in TOKENIZERS, or a tokenizer
+    directory) into `out` (save_pretrained), so a test can load it through the real `--model DIR` path."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[tokenizer]))
-    chat_template = TOKENIZERS[tokenizer] / "chat_template.jinja"
+    src = TOKENIZERS[tokenizer] if isinstance(tokenizer, str) else tokenizer
+    tok = AutoTokenizer.from_pretrained(str(src))
+    chat_template = src / "chat_template.jinja"
     if chat_template.exists() and not tok.chat_template:
         tok.chat_template = chat_template.read_text()
     width = logits_width or len(tok)

@@ -39,7 +39,7 @@ def test_forced_tool_calls_validate_against_parameters(tool_choice, parallel, ba
         if not done:
             continue
         ended += 1
-        calls = parse_tool_calls(decode(vocabs["gpt2"], toks), spec)
+        calls = parse_tool_calls(decode(vocabs["gpt2"], toks), spec).calls
         assert calls
         if not parallel or isinstance(tool_choice, dict):
             assert len(calls) == 1

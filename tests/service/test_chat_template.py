@@ -73,3 +73,20 @@ def test_an_assistant_refusal_in_history_is_its_content():
     template = ChatTemplate(AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"])))
     assert "I can't help with that." in template.render([ChatMessage(role="user", content="hi"), refused,
                                                          ChatMessage(role="user", content="why?")])
+
+
+def test_a_template_that_writes_tool_call_tags_sets_the_hermes_format(tmp_path):
+    """Qwen2.5's template tells the model to write `<tool_call>` tags: calls are constrained and parsed in that
+    format, and the template renders the tools and earlier calls itself. The project's other templates know no
+    tools: ours (a JSON array), described by the tools prompt."""
+    from tests.conftest import build_qwen_tools_tokenizer
+
+    qwen = ChatTemplate(AutoTokenizer.from_pretrained(str(build_qwen_tools_tokenizer(tmp_path))))
+    assert qwen.tool_format == "hermes"
+    text = qwen.render(CONVERSATION, tools=TOOLS, tools_prompt=tools_system_prompt)
+    assert "<tools>" in text and "TOOL-DESCRIPTION" in text and "within <tool_call></tool_call> XML tags" in text
+    assert '<tool_call>\n{"name": "lookup", "arguments": {"q": "ARG-TEXT"}}\n</tool_call>' in text
+    assert tools_system_prompt(TOOLS) not in text
+    for name in TOKENIZERS:
+        tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+        assert ChatTemplate(tok).tool_format == "json_array", name

@@ -50,3 +50,31 @@ def test_a_single_call_object_without_the_array_is_a_call():
     stream = ToolCallStream()
     calls = _assemble(stream.feed('{"name": "f", "arguments": {}}'))
     assert calls[0]["name"] == "f" and calls[0]["arguments"] == "{}"
+
+
+HERMES = ('Let me check. <tool\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "</tool_call>"}}\n'
+          '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("step", [1, 3, 11, len(HERMES)])
+def test_hermes_calls_and_the_text_before_them_for_any_split(step):
+    """The text before the first tag is content, less its trailing whitespace (as `ParsedCalls.content`): what may
+    begin a tag is held back until known not to, and a half tag that stays text is sent."""
+    stream = ToolCallStream("hermes")
+    deltas = [d for i in range(0, len(HERMES), step) for d in stream.feed(HERMES[i:i + step])]
+    deltas += stream.finish()
+    assert "".join(d.get("content", "") for d in deltas) == "Let me check. <tool"
+    calls = _assemble([d for d in deltas if "tool_calls" in d])
+    assert [calls[i]["name"] for i in (0, 1)] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "</tool_call>"}
+    assert json.loads(calls[1]["arguments"]) == {"zone": "UTC"}
+    assert stream.made_calls
+
+
+def test_hermes_text_answer_is_sent_whole_by_the_end():
+    stream = ToolCallStream("hermes")
+    sent = stream.feed("Sunny, 20 C <") + stream.feed("tool")
+    assert "".join(d["content"] for d in sent) == "Sunny, 20 C"  # (the rest may still begin a tag)
+    assert stream.feed(" \n") == [{"content": " <tool"}]  # (it did not; trailing whitespace may precede one)
+    assert stream.finish() == [{"content": " \n"}]
+    assert not stream.made_calls

@@ -1,0 +1,224 @@
+"""Tool calls in the hermes format (`<tool_call>\\n{...}\\n</tool_call>`, what Qwen2.5's template asks for), on the
+Qwen2 tokenizer with its tag tokens: arguments validate on both backends, the checks applied while decoding follow
+each call, free text under "auto" holds no call, and the parser reads calls and the text before them."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+
+from constrain import GrammarCompiler, Vocabulary, parse_tool_calls, spec_from_request
+from constrain.maskbench import walk_instance
+from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer
+from tests.constrain.conftest import EOS, WIDTHS, allowed_ids, decode, random_walk
+
+OPEN_ID, CLOSE_ID = sorted(QWEN_TOOL_TAGS)
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                            "days": {"type": "array", "items": {"enum": [1, 2, 3]},
+                                                     "uniqueItems": True}},
+           "required": ["city"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}, "y": {"type": "integer", "not": {"const": 3}}},
+       "required": ["x", "y"], "additionalProperties": False, "$defs": {"n": {"type": "integer"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+# What outlines can serve (it refuses `not`, which llguidance's grammar serves with a check while decoding).
+ADD_PLAIN = {**ADD, "properties": {**ADD["properties"], "y": {"type": "integer"}}}
+OUTLINES_TOOLS = [TOOLS[0], {"type": "function", "function": {"name": "add", "parameters": ADD_PLAIN}}]
+
+
+@pytest.fixture(scope="module")
+def qwen_tools(tmp_path_factory):
+    """(tokenizer, vocabulary, compiler) of the Qwen2 tokenizer with `<tool_call>` tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(build_qwen_tools_tokenizer(tmp_path_factory.mktemp("qwen-tools"))))
+    vocab = Vocabulary.from_tokenizer(tok, WIDTHS["qwen2"], EOS["qwen2"])
+    compiler = GrammarCompiler(vocab, tok, backend="auto", background_outlines=False, compile_timeout_s=120)
+    yield tok, vocab, compiler
+    compiler.close()
+
+
+def _hermes(tool_choice, parallel=True, backend=None, tools=TOOLS):
+    return spec_from_request(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
+                             tool_format="hermes", backend=backend)
+
+
+def _calls(*calls) -> str:
+    return "\n".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls)
+
+
+def _takes(g, tok, text: str) -> bool:
+    """The grammar takes `text`, tokenised as the tokenizer does (the tags as their tokens), token by token under
+    the mask, then ends."""
+    bitmask = torch.zeros((1, (WIDTHS["qwen2"] + 31) // 32), dtype=torch.int32)
+    return walk_instance(g, tok.encode(text), EOS["qwen2"][0], bitmask, [])
+
+
+@pytest.mark.parametrize("backend, tool_choice, parallel", [
+    ("llguidance", "required", True), ("llguidance", "required", False),
+    ("llguidance", {"type": "function", "function": {"name": "add"}}, True),
+    ("outlines", "required", False), ("outlines", {"type": "function", "function": {"name": "add"}}, True)])
+def test_forced_calls_are_tagged_and_validate(tool_choice, parallel, backend, qwen_tools):
+    tok, vocab, compiler = qwen_tools
+    tools = OUTLINES_TOOLS if backend == "outlines" else TOOLS
+    spec = _hermes(tool_choice, parallel, backend, tools=tools)
+    g = compiler.compile(spec)
+    assert g.backend == backend and g.call_tag == b"<tool_call>"
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    g.matcher().fill_bitmask(bitmask, 0)
+    assert OPEN_ID in allowed_ids(bitmask).tolist()  # the model's own tag token opens a call
+    rng = random.Random(5)
+    ended = 0
+    for _ in range(8):
+        toks, done = random_walk(g, vocab, rng, 160, budget=True, prefer_end=0.5)
+        if not done:
+            continue
+        ended += 1
+        text = decode(vocab, toks)
+        parsed = parse_tool_calls(text, spec)
+        assert parsed is not None and parsed.content is None, text
+        assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
+        if not parallel or isinstance(tool_choice, dict):
+            assert len(parsed.calls) == 1
+        for call in parsed.calls:
+            assert call.name in spec.tool_names
+            params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+            jsonschema.validate(json.loads(call.arguments), params[call.name])
+    assert ended
+
+
+def test_single_call_refuses_a_second_and_a_named_call_refuses_other_functions(qwen_tools):
+    tok, _, compiler = qwen_tools
+    one = _calls(("add", {"x": 1, "y": 2}))
+    two = _calls(("add", {"x": 1, "y": 2}), ("get_weather", {"city": "Oslo"}))
+    assert _takes(compiler.compile(_hermes("required")), tok, two)
+    assert not _takes(compiler.compile(_hermes("required", parallel=False)), tok, two)
+    named = compiler.compile(_hermes({"type": "function", "function": {"name": "get_weather"}}))
+    assert not _takes(named, tok, one)
+    assert _takes(named, tok, _calls(("get_weather", {"city": "Oslo"})))
+
+
+def test_auto_takes_text_calls_or_text_then_calls(qwen_tools):
+    tok, _, compiler = qwen_tools
+    spec = _hermes("auto")
+    g = compiler.compile(spec)
+    call = _calls(("add", {"x": 1, "y": 2}))
+    cases = [
+        ("It is sunny in Oslo.", True, None),
+        (call, True, None),
+        ("Let me add them.\n" + call, True, "Let me add them."),
+        ("Let me add them.\n" + _calls(("launch", {})), False, None),  # unknown functions are masked
+        (" leading whitespace", False, None),  # (else text could hide where calls begin)
+    ]
+    for text, ok, content in cases:
+        assert _takes(g, tok, text) == ok, text
+        if ok:
+            parsed = parse_tool_calls(text, spec)
+            assert (parsed is not None) == (call in text)
+            if parsed is not None:
+                assert parsed.content == content and [c.name for c in parsed.calls] == ["add"]
+
+
+def test_auto_text_never_spells_a_tag_out(qwen_tools):
+    """Text that spells `<tool_call>` in pieces would read as a call with unchecked arguments: refused."""
+    tok, _, compiler = qwen_tools
+    g = compiler.compile(_hermes("auto"))
+    spelled = tok.encode("Sure: <") + tok.encode("tool_call>")
+    assert OPEN_ID not in spelled
+    m = g.matcher()
+    assert not all(m.accept(t) for t in spelled)
+
+
+def test_checks_applied_while_decoding_follow_every_call(qwen_tools):
+    """`uniqueItems` (constrain/unique_items.py) and `not` (constrain/late_keywords.py) are enforced in the
+    second call too, past the tags between calls."""
+    tok, _, compiler = qwen_tools
+    g = compiler.compile(_hermes("required"))
+    first = ("get_weather", {"city": "Oslo", "days": [1, 2]})
+    assert _takes(g, tok, _calls(first, ("get_weather", {"city": "Rome", "days": [2, 3]})))
+    assert not _takes(g, tok, _calls(first, ("get_weather", {"city": "Rome", "days": [2, 2]})))
+    assert _takes(g, tok, _calls(first, ("add", {"x": 3, "y": 4})))
+    assert not _takes(g, tok, _calls(first, ("add", {"x": 1, "y": 3})))
+    single = compiler.compile(_hermes("required", parallel=False, backend="outlines", tools=OUTLINES_TOOLS))
+    assert _takes(single, tok, _calls(("get_weather", {"city": "Rome", "days": [2, 3]})))
+    assert not _takes(single, tok, _calls(("get_weather", {"city": "Rome", "days": [2, 2]})))
+
+
+def test_outlines_refuses_parallel_tagged_calls_and_auto_serves_them(qwen_tools):
+    """outlines-core would refuse every call after the first (`_many_tagged_calls`): a 400 when outlines is asked
+    for, llguidance under `auto`."""
+    from constrain import ConstraintError
+
+    tok, _, compiler = qwen_tools
+    with pytest.raises(ConstraintError) as exc:
+        compiler.compile(_hermes("required", backend="outlines", tools=OUTLINES_TOOLS))
+    assert exc.value.param == "tools" and "parallel_tool_calls: false" in exc.value.message
+    g = compiler.compile(_hermes("required", tools=OUTLINES_TOOLS))
+    assert g.backend == "llguidance"
+    assert _takes(g, tok, _calls(("add", {"x": 1, "y": 2}), ("add", {"x": 3, "y": 4})))
+
+
+def test_escaped_keys_are_refused_in_every_call(qwen_tools):
+    """Open parameters naming `city`: `\\u0063ity` would pass as another key (constrain/plain_keys.py)."""
+    tok, _, compiler = qwen_tools
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    g = compiler.compile(_hermes("auto", tools=[{"type": "function", "function": {"name": "f",
+                                                                                 "parameters": params}}]))
+    first = '<tool_call>\n{"name": "f", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+    assert _takes(g, tok, first + '<tool_call>\n{"name": "f", "arguments": {"city": "Rome", "n": 1}}\n</tool_call>')
+    assert not _takes(g, tok, first + '<tool_call>\n{"name": "f", "arguments": {"city": "Rome", '
+                                      '"\\u0063ity": 1}}\n</tool_call>')
+    assert _takes(g, tok, 'Say "\\u0063ity": 1')  # free text is untouched
+
+
+def test_strict_refusals_name_the_tools_entry(qwen_tools):
+    _, _, compiler = qwen_tools
+    from constrain import ConstraintError
+
+    bad = {"type": "object", "properties": {"tags": {"type": "string", "not": {"pattern": "(a)\\1"}}}}
+    tools = [{"type": "function", "function": {"name": "noop"}},
+             {"type": "function", "function": {"name": "f", "strict": True, "parameters": bad}}]
+    for tool_choice in ("required", "auto"):
+        with pytest.raises(ConstraintError) as exc:
+            compiler.compile(_hermes(tool_choice, tools=tools))
+        assert exc.value.param == "tools" and exc.value.pointer == "/1/function/parameters/properties/tags/not"
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_calls_close_within_a_tight_budget(backend, qwen_tools):
+    """The budget rule (issue #3, item 9) closes the tags too: every walk ends as complete, parseable calls."""
+    _, vocab, compiler = qwen_tools
+    spec = _hermes({"type": "function", "function": {"name": "add"}}, backend=backend,
+                   tools=OUTLINES_TOOLS if backend == "outlines" else TOOLS)
+    g = compiler.compile(spec)
+    rng = random.Random(2)
+    for _ in range(6):
+        toks, done = random_walk(g, vocab, rng, 40, budget=True)
+        assert done
+        parsed = parse_tool_calls(decode(vocab, toks), spec)
+        assert parsed is not None and len(parsed.calls) == 1
+        jsonschema.validate(json.loads(parsed.calls[0].arguments), ADD_PLAIN if backend == "outlines" else ADD)
+
+
+def test_parser_reads_only_whole_calls():
+    spec = _hermes("auto")
+    call = _calls(("add", {"x": 1, "y": 2}))
+    assert parse_tool_calls("plain text", spec) is None
+    assert parse_tool_calls(call[:-3], spec) is None  # cut short by max_tokens: the whole text is content
+    assert parse_tool_calls(call + "\nand more text", spec) is None
+    assert parse_tool_calls(_calls(("nope", {})), spec) is None
+    parsed = parse_tool_calls("  Thinking done.\n\n" + call + "\n" + call + "\n", spec)
+    assert parsed.content == "Thinking done." and [c.arguments for c in parsed.calls] == ['{"x": 1, "y": 2}'] * 2
+    # the other format's parser is not fooled by tags, nor this one by an array
+    assert parse_tool_calls(call, spec_from_request(tools=TOOLS, tool_choice="auto")) is None
+    assert parse_tool_calls('[{"name": "add", "arguments": {"x": 1, "y": 2}}]', spec) is None
+
+
+def test_the_format_is_part_of_the_cache_key():
+    assert _hermes("required").key != spec_from_request(tools=TOOLS, tool_choice="required").key
+    with pytest.raises(ValueError):
+        spec_from_request(tools=TOOLS, tool_choice="required", tool_format="xml")

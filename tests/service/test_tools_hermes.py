@@ -1,0 +1,136 @@
+"""Tool calling with a model whose chat template asks for `<tool_call>` tags (Qwen2.5's): the server constrains
+and parses calls in that format, through the OpenAI SDK and raw SSE, with text before calls under "auto"."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer, build_tiny_model_dir
+from tests.serverproc import ServerProcess
+
+MODEL = "qwen-tools-tiny"
+OPEN_ID = min(QWEN_TOOL_TAGS)
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "array", "items": {"enum": [1, 2, 3]},
+                                                     "maxItems": 3, "uniqueItems": True}},
+           "required": ["city"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def qwen_server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("qwen-tools")
+    model = build_tiny_model_dir(base / "model", build_qwen_tools_tokenizer(base / "tokenizer"))
+    with ServerProcess("--model", str(model), "--served-model-name", MODEL, "--max-batch-size", "8") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def client(qwen_server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=qwen_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _check_calls(calls):
+    assert calls
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_calls_come_back_as_tool_calls(client, parallel):
+    for seed in (1, 2):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=parallel, max_tokens=160, seed=seed)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        _check_calls(choice.message.tool_calls)
+        if not parallel:
+            assert len(choice.message.tool_calls) == 1
+
+
+def test_named_call_through_the_outlines_backend(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=160, seed=4,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                       extra_body={"constraint_backend": "outlines"})
+    assert r.choices[0].finish_reason == "tool_calls"
+    _check_calls(r.choices[0].message.tool_calls)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
+
+
+def test_auto_returns_the_text_before_the_calls_as_content(client):
+    """A logit bias on the tag token makes the random model call after some text (or at once): the text is the
+    content, the calls are tool_calls; without it, plain text, which never holds a tag."""
+    seen_calls = seen_text = False
+    for seed in range(6):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto",
+                                           max_tokens=160, seed=seed, logit_bias={str(OPEN_ID): 8})
+        message = r.choices[0].message
+        assert "<tool_call>" not in (message.content or "")
+        if message.tool_calls:
+            seen_calls = True
+            _check_calls(message.tool_calls)
+            assert r.choices[0].finish_reason == "tool_calls"
+            seen_text |= bool(message.content)
+    assert seen_calls and seen_text
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=20, seed=0,
+                                       logit_bias={str(OPEN_ID): -100})
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" not in r.choices[0].message.content
+
+
+def _assemble(chunks: list[dict]) -> tuple[str, dict[int, dict], str]:
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk.get("choices", ()):
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for d in delta.get("tool_calls") or ():
+                slot = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
+                if d.get("id"):
+                    assert slot["id"] is None
+                    slot["id"] = d["id"]
+                slot["name"] += d.get("function", {}).get("name") or ""
+                slot["arguments"] += d.get("function", {}).get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("tool_choice, bias", [("required", 0), ("auto", 8)])
+def test_streamed_calls_match_the_whole_answer(qwen_server, tool_choice, bias):
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 160,
+            "logit_bias": {str(OPEN_ID): bias}}
+    with httpx.Client(base_url=qwen_server.base_url, timeout=120) as http:
+        for seed in (1, 3):
+            whole = http.post("/v1/chat/completions", json={**body, "seed": seed}).json()["choices"][0]
+            lines = http.post("/v1/chat/completions", json={**body, "seed": seed, "stream": True}).text.splitlines()
+            chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+            content, calls, finish = _assemble(chunks)
+            message = whole["message"]
+            assert finish == whole["finish_reason"]
+            assert (content or None) == message["content"]
+            # (the stream sends arguments as the model wrote them; the whole answer, re-serialised)
+            assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
+                [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                 for c in message.get("tool_calls") or ()]
+
+
+def test_history_with_calls_and_results_goes_through_the_template(client):
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=160, seed=2)
+    _check_calls(r.choices[0].message.tool_calls)
