@@ -46,15 +46,18 @@ _PROBE = "structgen-role-probe-7f3a"
 class ChatTemplate:
     """Renders a conversation for one tokenizer."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, tool_format: str = "auto"):
         self.tokenizer = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
         self.knows_tools = "tools" in self.template
         self.knows_tool_calls = "tool_calls" in self.template
-        # How the model writes tool calls (constrain/tools.py): as its template tells it to, where that is the
-        # `<tool_call>` tags of Qwen2.5, Qwen3 and Hermes; else ours, which the tools prompt describes.
-        self.tool_format = "hermes" if self.knows_tools and HERMES_OPEN in self.template else "json_array"
+        # How the model writes tool calls (constrain/tools.py): `tool_format`, or with "auto" as its template tells
+        # it to, where that is the `<tool_call>` tags of Qwen2.5, Qwen3 and Hermes; else ours (the tools prompt
+        # describes it to templates without tool support).
+        if tool_format == "auto":
+            tool_format = "hermes" if self.knows_tools and HERMES_OPEN in self.template else "json_array"
+        self.tool_format = tool_format
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
         # turns rather than lose the system prompt, the tools description or a tool's result.
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},

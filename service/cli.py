@@ -78,6 +78,10 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--json-whitespace", type=_whitespace, default=_env("json_whitespace", "[ ]?"),
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
                         "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
+    p.add_argument("--tool-call-format", default=_env("tool_call_format", "auto"),
+                   choices=["auto", "json_array", "hermes"],
+                   help="how the model writes tool calls: 'hermes' between <tool_call> tags, 'json_array' as a "
+                        "JSON array (default 'auto': hermes where the chat template writes those tags)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
                    help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
     p.add_argument("--log-level", default=_env("log_level", "info"),
@@ -96,6 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,
         max_body_bytes=int(args.max_body_bytes), json_whitespace=args.json_whitespace,
+        tool_call_format=args.tool_call_format,
     )
     try:
         run_server(config)

@@ -86,7 +86,7 @@ class Generation:
         self.loaded = loaded
         self.config = config
         self.metrics = metrics
-        self.template = ChatTemplate(loaded.tokenizer)
+        self.template = ChatTemplate(loaded.tokenizer, tool_format=config.tool_call_format)
         self.vocab_limit = max(len(loaded.tokenizer), 1)
 
     # ---- validation shared by both endpoints

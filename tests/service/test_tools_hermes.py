@@ -28,10 +28,14 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def qwen_server(tmp_path_factory):
+def qwen_model(tmp_path_factory):
     base = tmp_path_factory.mktemp("qwen-tools")
-    model = build_tiny_model_dir(base / "model", build_qwen_tools_tokenizer(base / "tokenizer"))
-    with ServerProcess("--model", str(model), "--served-model-name", MODEL, "--max-batch-size", "8") as proc:
+    return build_tiny_model_dir(base / "model", build_qwen_tools_tokenizer(base / "tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def qwen_server(qwen_model):
+    with ServerProcess("--model", str(qwen_model), "--served-model-name", MODEL, "--max-batch-size", "8") as proc:
         yield proc
 
 
@@ -134,3 +138,22 @@ def test_history_with_calls_and_results_goes_through_the_template(client):
     r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="required",
                                        parallel_tool_calls=False, max_tokens=160, seed=2)
     _check_calls(r.choices[0].message.tool_calls)
+
+
+def test_tool_call_format_option_overrides_the_template(qwen_model, client):
+    """`--tool-call-format json_array` (here from its environment variable) on the same model: calls are our JSON
+    array, so under "auto" a strong bias on the tag token, which makes the template's format call, gives text;
+    forced calls still come back as tool_calls."""
+    from openai import OpenAI
+
+    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=60, seed=0,
+                logit_bias={str(OPEN_ID): 100})
+    assert client.chat.completions.create(**body).choices[0].message.tool_calls
+    with ServerProcess("--model", str(qwen_model), "--served-model-name", MODEL,
+                       env={"STRUCTGEN_TOOL_CALL_FORMAT": "json_array"}) as proc:
+        array_client = OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        message = array_client.chat.completions.create(**body).choices[0].message
+        assert message.tool_calls is None and message.content and "<tool_call>" not in message.content
+        r = array_client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                                 parallel_tool_calls=False, max_tokens=160, seed=1)
+        _check_calls(r.choices[0].message.tool_calls)
