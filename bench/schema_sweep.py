@@ -5,6 +5,7 @@ request meets: validation, the rewrites, strict and not strict, tools, the engin
     python bench/schema_sweep.py ../shared/jsonschemabench --every 11                 # response_format
     python bench/schema_sweep.py ../shared/jsonschemabench/Glaiveai2K --every 6 --tools
     python bench/schema_sweep.py ../shared/jsonschemabench --every 11 --offset 5 --concurrency 8   # mixed batches
+    python bench/schema_sweep.py ../shared/jsonschemabench/Glaiveai2K --every 6 --tools --model DIR  # another model
 
 Each case goes out twice: `response_format` json_schema with `strict` true and false, or (`--tools`) as one
 function's `parameters` with `tool_choice` "required" and "auto". The last line counts the outcomes:
@@ -89,7 +90,9 @@ def main() -> int:
 
     cases = sorted(args.cases_dir.rglob("*.json"))[args.offset:: args.every]
     counts: Counter[str] = Counter()
-    server_args = ["--log-level", "warning"] + (["--model", args.model] if args.model else [])
+    server_args = ["--log-level", "warning"]
+    if args.model:  # (served under the built-in model's name, which the requests send)
+        server_args += ["--model", args.model, "--served-model-name", "structgen-builtin"]
     with ServerProcess(*server_args) as server, httpx.Client(base_url=server.base_url, timeout=600) as http:
 
         def sweep_case(i: int, path: Path) -> list[tuple[str, str | None]]:

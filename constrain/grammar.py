@@ -90,8 +90,9 @@ class Matcher(abc.ABC):
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """The token to append in place of `token_id`, sampled under this step's mask with `tokens_left` tokens
         left (this one included): itself, unless appending it would leave no way to complete the output in time
-        and another token keeps one (the budget rule, for backends whose masks cannot know distances). Called
-        before `accept`, which then takes the returned token; never with an EOS id."""
+        and another token keeps one, or the output is complete now and an EOS id ends it (the budget rule, for
+        backends whose masks cannot know distances). Called before `accept`, which then takes the returned token
+        (an EOS id ends the output instead); never with an EOS id."""
         return token_id
 
     @abc.abstractmethod

@@ -624,8 +624,9 @@ class LlgMatcher(Matcher):
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """Near the budget: the sampled token if the output can still be completed after it within the tokens
         left, else the next token of the completion measured from here (which fits, by the same rule one step
-        earlier). A token that may open something (`_OPENERS`) is vetted earlier: it may make the completion grow
-        at once by more than any growth seen so far."""
+        earlier), or an EOS id where the output is complete here (another tagged call would not fit). A token that
+        may open something (`_OPENERS`) is vetted earlier: it may make the completion grow at once by more than
+        any growth seen so far."""
         self._vetted = None
         if tokens_left is None:
             return token_id
@@ -652,6 +653,8 @@ class LlgMatcher(Matcher):
         if here and len(here) <= tokens_left:
             self._vetted = (here[0], here[1:])
             return here[0]
+        if here == [] and self._g.vocab.eos_token_ids:
+            return min(self._g.vocab.eos_token_ids)  # complete here, and the token would leave it incomplete
         return token_id  # no completion fits either way: the output ends at the limit
 
     def mask_after(self, tokens: list[int]) -> np.ndarray | None:

@@ -83,7 +83,10 @@ def random_walk(grammar, vocab, rng: random.Random, max_tokens: int, budget: boo
         pool = short if len(short) and rng.random() < 0.5 else choices
         tok = int(pool[rng.randrange(len(pool))])
         if budget:
-            tok = m.vet(tok, max_tokens - step)  # as the engine does
+            tok = m.vet(tok, max_tokens - step)  # as the engine does (an EOS id ends the output)
+            if tok in vocab.eos_token_ids:
+                _check(m.can_end(), "the budget rule ended an output that cannot end")
+                return toks, True
         _check(m.accept(tok), "the matcher refuses a token its mask allowed")
         toks.append(tok)
     return toks, m.can_end()

@@ -222,3 +222,25 @@ def test_the_format_is_part_of_the_cache_key():
     assert _hermes("required").key != spec_from_request(tools=TOOLS, tool_choice="required").key
     with pytest.raises(ValueError):
         spec_from_request(tools=TOOLS, tool_choice="required", tool_format="xml")
+
+
+def test_no_call_is_begun_that_cannot_close_in_the_budget(qwen_tools):
+    """After a closing tag the calls may end or go on: near the budget, the newline that would begin another call
+    is replaced by EOS when that call could not close in time (a sweep found parallel calls cut short)."""
+    tok, vocab, compiler = qwen_tools
+    g = compiler.compile(_hermes("required", tools=[{"type": "function", "function": {"name": "f"}}]))
+    newline = tok.encode("\n")[0]
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for tokens_left, room in [(40, True), (6, False)]:
+        m = g.matcher()
+        for t in tok.encode(_calls(("f", {}))):
+            assert m.accept(t)
+        m.fill_bitmask(bitmask, 0, tokens_left)  # (the engine fills the mask, then vets the sampled token)
+        assert newline in allowed_ids(bitmask).tolist()
+        assert (m.vet(newline, tokens_left) == newline) == room
+        assert room or m.vet(newline, tokens_left) in vocab.eos_token_ids
+    rng = random.Random(7)
+    spec = _hermes("required", tools=[{"type": "function", "function": {"name": "f"}}])
+    for _ in range(8):
+        toks, done = random_walk(g, vocab, rng, 48, budget=True)
+        assert done and parse_tool_calls(decode(vocab, toks), spec) is not None
