@@ -346,7 +346,7 @@ class GrammarCompiler:
             g = compile_llg(lltok, self.vocab, "regex", regex=spec.pattern, param=param)
         elif spec.kind == "choice":
             g = compile_llg(lltok, self.vocab, "regex", regex=choice_regex(spec.choices), param=param)
-        elif spec.kind == "tools" and spec.tool_format == "hermes":
+        elif _tagged(spec):
             g = compile_hermes_calls(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
                                      whitespace_pattern=self.whitespace_pattern, free_text=spec.tool_choice == "auto")
         elif spec.kind == "tools" and spec.tool_choice == "auto":
@@ -381,9 +381,8 @@ class GrammarCompiler:
                                   "model's chat template (send parallel_tool_calls: false, or use the llguidance "
                                   "backend)", param=param, code="unsupported_schema")
         try:
-            if spec.kind == "tools" and spec.tool_format == "hermes":
-                regex = hermes_regex(schema_regex(call_item_schema(spec.schema), self.whitespace_pattern),
-                                     single=True)
+            if _tagged(spec):
+                regex = hermes_regex(schema_regex(call_item_schema(spec.schema), self.whitespace_pattern))
             else:
                 regex = schema_regex(spec.schema, self.whitespace_pattern)
         except Exception as exc:  # outlines raises ValueError / TypeError / PanicException subclasses
@@ -527,17 +526,22 @@ def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
     return mapped, mapped != pointer
 
 
+def _tagged(spec: ConstraintSpec) -> bool:
+    """`spec`'s output is tool calls written between tags (the hermes format of constrain/tools.py)."""
+    return spec.kind == "tools" and spec.tool_format == "hermes"
+
 
 def _many_tagged_calls(spec: ConstraintSpec) -> bool:
-    """Calls in the hermes format, more than one allowed. outlines-core 0.2.14 drops the transitions that leave
-    an accepting state through states that are not (`a(bc)*` takes "a" but not "abc"; it is why `[0-9]+([.][0-9]+)?`
-    refuses "1.5"), so after a call's closing tag it would refuse the next call."""
-    return spec.kind == "tools" and spec.tool_format == "hermes" and spec.schema.get("maxItems") != 1
+    """Tagged calls, more than one allowed. outlines-core 0.2.14 drops the transitions that leave an accepting
+    state through states that are not (`a(bc)*` takes "a" but not "abc"; it is why `[0-9]+([.][0-9]+)?` refuses
+    "1.5"), so after a call's closing tag it would refuse the next call."""
+    return _tagged(spec) and spec.schema.get("maxItems") != 1
 
 
 def _call_tag(spec: ConstraintSpec) -> bytes | None:
-    """The tag opening each call, where `spec`'s output is tool calls written between tags (`Grammar.call_tag`)."""
-    return HERMES_OPEN.encode() if spec.kind == "tools" and spec.tool_format == "hermes" else None
+    """The tag opening each call of tagged calls (`Grammar.call_tag`), else None."""
+    return HERMES_OPEN.encode() if _tagged(spec) else None
+
 
 # llguidance names where an error arose as a URI into the schema it compiled (for tools: the call schema).
 _SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")

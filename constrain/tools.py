@@ -210,23 +210,28 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     return ParsedCalls(calls) if calls else None
 
 
-_HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE) + r"\s*", re.S)
+_SPACE = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
 
 
 def _parse_hermes(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
+    """Each call's JSON is read as JSON (an argument may hold "</tool_call>"), then its closing tag."""
     start = text.find(HERMES_OPEN)
     if start < 0:
         return None
     values, pos = [], start
     while pos < len(text):
-        m = _HERMES_CALL.match(text, pos)
-        if m is None:
-            return None  # a call left open (cut short), or text after the calls
+        if not text.startswith(HERMES_OPEN, pos):
+            return None  # text after the calls
         try:
-            values.append(json.loads(m.group(1)))
+            value, pos = _DECODER.raw_decode(text, _SPACE.match(text, pos + len(HERMES_OPEN)).end())
         except ValueError:
+            return None  # a call cut short
+        pos = _SPACE.match(text, pos).end()
+        if not text.startswith(HERMES_CLOSE, pos):
             return None
-        pos = m.end()
+        values.append(value)
+        pos = _SPACE.match(text, pos + len(HERMES_CLOSE)).end()
     calls = _calls(values, spec)
     return ParsedCalls(calls, text[:start].strip() or None) if calls else None
 
@@ -247,11 +252,10 @@ def call_item_schema(schema: dict) -> dict:
     return {**schema["items"], "$defs": schema.get("$defs", {})}
 
 
-def hermes_regex(item_regex: str, single: bool) -> str:
-    """The calls in the hermes format, as a regex around one call's (for DFA backends; outlines-core serves only
-    `single`: see constrain/compiler.py `_many_tagged_calls`)."""
-    one = f"{re.escape(HERMES_OPEN)}\\n({item_regex})\\n{re.escape(HERMES_CLOSE)}"
-    return one if single else f"{one}(\\n{one})*"
+def hermes_regex(item_regex: str) -> str:
+    """One call in the hermes format, as a regex around the call's (for DFA backends, which serve one call: see
+    constrain/compiler.py `_many_tagged_calls`)."""
+    return f"{re.escape(HERMES_OPEN)}\\n({item_regex})\\n{re.escape(HERMES_CLOSE)}"
 
 
 def tools_system_prompt(tools: list[dict]) -> str:
