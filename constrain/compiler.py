@@ -37,7 +37,7 @@ from constrain.llg_backend import build_lltokenizer, compile_calls_or_text, comp
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
-from constrain.tools import HERMES_OPEN, call_item_schema, client_pointer_of_call, hermes_regex
+from constrain.tools import HERMES_OPEN, call_item_schema, client_pointer_of_call, hermes_regex, text_may_not_start
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.vocabulary import Vocabulary
 
@@ -351,7 +351,8 @@ class GrammarCompiler:
                                      whitespace_pattern=self.whitespace_pattern, free_text=spec.tool_choice == "auto")
         elif spec.kind == "tools" and spec.tool_choice == "auto":
             g = compile_calls_or_text(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
-                                      whitespace_pattern=self.whitespace_pattern)
+                                      whitespace_pattern=self.whitespace_pattern,
+                                      not_first=text_may_not_start(spec.tool_format))
         else:
             g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict_under=spec.strict_under,
                             whitespace_pattern=self.whitespace_pattern, param=param)
@@ -371,6 +372,11 @@ class GrammarCompiler:
         if spec.kind == "json_object" or spec.schema is None or (spec.kind == "tools" and spec.tool_choice == "auto"):
             raise ConstraintError("outlines cannot enforce an unbounded JSON object or free-text tool output; "
                                   "use the llguidance backend", param=param, code="unsupported_schema")
+        if spec.kind == "tools" and spec.tool_format == "llama3_json" and len(spec.tool_names) > 1:
+            # (the bare call object is then an anyOf at the root, which outlines_unsupported refuses: see there)
+            raise ConstraintError("outlines serves a call to one function in the tool-call format of this model's "
+                                  "chat template (name the function in tool_choice, or use the llguidance backend)",
+                                  param=param, code="unsupported_schema")
         bad = outlines_unsupported(spec.schema)
         if bad:
             raise ConstraintError(f"the outlines backend cannot enforce the keyword at {bad[0]}"

@@ -393,16 +393,18 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
 
 
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
-                          whitespace_pattern: str) -> "LlgGrammar":
-    """tool_choice "auto": tool calls (the call schema) or free text that does not start with "[". The calls alone
-    get the support check of `checked_grammar_text` (a strict refusal with the keyword's pointer, else the
-    unenforced pointers), then join the text alternative in one grammar with the same JSON options."""
+                          whitespace_pattern: str, not_first: str) -> "LlgGrammar":
+    """tool_choice "auto": tool calls (the call schema) or free text that does not start with whitespace or a
+    character of `not_first` (those that open calls). The calls alone get the support check of
+    `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers), then join
+    the text alternative in one grammar with the same JSON options."""
     _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
                                          whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
+    first = "".join("\\" + c for c in not_first)
     lark = ("start: calls | text\n"
             f"calls: %json {json.dumps({**quote_safe_patterns(schema), 'x-guidance': options})}\n"
-            "text: /[^\\[ \\t\\r\\n][\\s\\S]*/\n")
+            f"text: /[^{first} \\t\\r\\n][\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:

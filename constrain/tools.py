@@ -4,11 +4,14 @@ back, and the prompt text that describes ours to a model whose chat template has
 Each call is `{"name": <tool name>, "arguments": <object valid against that function's parameters>}`; exactly one
 call when `parallel_tool_calls` is false or a named function is forced. The calls are written
 - "json_array" (ours, for templates without tool support): as a JSON array. With tool_choice "auto" the output is
-  either such an array or free text that does not start with "[".
+  either such an array or free text that does not start with "[" or "{".
 - "hermes" (the format of the chat templates of Qwen2.5, Qwen3, Hermes and their fine-tunes, which tell the model
   to write it): each call as `<tool_call>\n{...}\n</tool_call>`, calls separated by a newline. With tool_choice
   "auto" the output is calls, or free text holding no `<tool_call>`, or such text followed by calls (where the
   tag is one token of the vocabulary, as in those models').
+- "llama3_json" (the format of Llama 3.1, 3.2 and 3.3's templates): one call as a bare object whose arguments are
+  under "parameters", `{"name": ..., "parameters": {...}}`. Always one call: those templates refuse to render an
+  assistant message with more. With tool_choice "auto", the call or free text that does not start with "{".
 Never imports HTTP.
 """
 
@@ -24,8 +27,19 @@ from typing import Any
 from constrain.grammar import ConstraintError, ConstraintSpec
 
 
-TOOL_FORMATS = ("json_array", "hermes")
+TOOL_FORMATS = ("json_array", "hermes", "llama3_json")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def arguments_key(tool_format: str) -> str:
+    """The key a call's arguments go under in `tool_format`."""
+    return "parameters" if tool_format == "llama3_json" else "arguments"
+
+
+def text_may_not_start(tool_format: str) -> str:
+    """The characters free text (tool_choice "auto") may not start with in `tool_format`, besides whitespace:
+    those that open calls (the hermes format tells calls by their tag instead)."""
+    return "{" if tool_format == "llama3_json" else "[{"
 
 
 @dataclass(frozen=True)
@@ -61,9 +75,10 @@ def _rebase_refs(node: Any, prefix: str) -> Any:
 TOOL_DEF = re.compile(r"/\$defs/tool(\d+)(?=/|$)")  # where function i's parameters sit in the call schema
 
 
-def call_schema(functions: list[dict], single: bool) -> dict:
-    """The JSON Schema of the tool-call array for these functions. Each function's parameters go through the same
-    exact rewrites as a response_format schema (constrain/spec.normalise_schema) before they move under $defs."""
+def call_schema(functions: list[dict], single: bool, args_key: str = "arguments") -> dict:
+    """The JSON Schema of the tool-call array for these functions, each call's arguments under `args_key`. Each
+    function's parameters go through the same exact rewrites as a response_format schema
+    (constrain/spec.normalise_schema) before they move under $defs."""
     from constrain.spec import normalise_schema
 
     defs, variants = {}, []
@@ -78,8 +93,8 @@ def call_schema(functions: list[dict], single: bool) -> dict:
                                   "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
         defs[key] = _rebase_refs(copy.deepcopy(params), f"#/$defs/{key}")
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
-                                                          "arguments": {"$ref": f"#/$defs/{key}"}},
-                         "required": ["name", "arguments"], "additionalProperties": False})
+                                                          args_key: {"$ref": f"#/$defs/{key}"}},
+                         "required": ["name", args_key], "additionalProperties": False})
     item = variants[0] if len(variants) == 1 else {"anyOf": variants}
     schema = {"type": "array", "items": item, "minItems": 1, "$defs": defs}
     if single:
@@ -171,10 +186,14 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
                               param="tool_choice")
     strict_tools = tuple(i for i, f in enumerate(functions) if f.get("strict") is True)
     sources = tuple((position[f["name"]], f.get("parameters")) for f in functions)
-    return ConstraintSpec(kind="tools", schema=call_schema(functions, single), strict=bool(strict_tools),
+    schema = call_schema(functions, single, arguments_key(tool_format))
+    if tool_format == "llama3_json":
+        schema = call_item_schema(schema)  # one bare call object
+    return ConstraintSpec(kind="tools", schema=schema, strict=bool(strict_tools),
                           strict_tools=strict_tools,
                           tool_names=tuple(f["name"] for f in functions), tool_choice=mode,
-                          parallel_tool_calls=bool(parallel_tool_calls) and mode != "named",
+                          parallel_tool_calls=bool(parallel_tool_calls) and mode != "named"
+                          and tool_format != "llama3_json",
                           tool_format=tool_format, extra={"tool_sources": sources})
 
 
@@ -200,7 +219,7 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     if spec.tool_format == "hermes":
         return _parse_hermes(text, spec)
     body = text.strip()
-    if not body.startswith(("[", "{")):
+    if not body.startswith(tuple(text_may_not_start(spec.tool_format))):
         return None
     try:
         value = json.loads(body)
@@ -237,12 +256,12 @@ def _parse_hermes(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
 
 
 def _calls(values: list, spec: ConstraintSpec) -> list[ToolCall] | None:
+    key = arguments_key(spec.tool_format)
     calls = []
     for item in values:
-        if (not isinstance(item, dict) or item.get("name") not in spec.tool_names
-                or not isinstance(item.get("arguments"), dict)):
+        if not isinstance(item, dict) or item.get("name") not in spec.tool_names or not isinstance(item.get(key), dict):
             return None
-        calls.append(ToolCall(name=item["name"], arguments=json.dumps(item["arguments"], ensure_ascii=False)))
+        calls.append(ToolCall(name=item["name"], arguments=json.dumps(item[key], ensure_ascii=False)))
     return calls or None
 
 
@@ -269,6 +288,6 @@ def tools_system_prompt(tools: list[dict]) -> str:
         "To call functions, answer with only a JSON array of calls and nothing else, for example:",
         '[{"name": "<function name>", "arguments": {<arguments as a JSON object>}}]',
         "Each element names one function and gives arguments valid against its parameters.",
-        "If no function is needed, answer in plain text that does not start with \"[\".",
+        "If no function is needed, answer in plain text that does not start with \"[\" or \"{\".",
     ]
     return "\n".join(lines)

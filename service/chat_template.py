@@ -8,6 +8,7 @@ samples and never touches tensors.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 from constrain.tools import HERMES_OPEN
@@ -41,6 +42,9 @@ def tool_calls_as_text(message: ChatMessage) -> str:
 
 
 _PROBE = "structgen-role-probe-7f3a"
+# Llama 3.1-3.3's templates tell the model: 'Respond in the format {"name": function name, "parameters":
+# dictionary of argument name and its value}.'
+LLAMA3_JSON_INSTRUCTION = re.compile(r'"name": [^\n"]{0,80}"parameters": ')
 
 
 class ChatTemplate:
@@ -52,12 +56,7 @@ class ChatTemplate:
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
         self.knows_tools = "tools" in self.template
         self.knows_tool_calls = "tool_calls" in self.template
-        # How the model writes tool calls (constrain/tools.py): `tool_format`, or with "auto" as its template tells
-        # it to, where that is the `<tool_call>` tags of Qwen2.5, Qwen3 and Hermes; else ours (the tools prompt
-        # describes it to templates without tool support).
-        if tool_format == "auto":
-            tool_format = "hermes" if self.knows_tools and HERMES_OPEN in self.template else "json_array"
-        self.tool_format = tool_format
+        self.tool_format = self._tool_format() if tool_format == "auto" else tool_format
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
         # turns rather than lose the system prompt, the tools description or a tool's result.
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},
@@ -65,6 +64,18 @@ class ChatTemplate:
         self.renders_tool = self._renders([{"role": "user", "content": "hi"},
                                            {"role": "assistant", "content": "ok"},
                                            {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}])
+
+    def _tool_format(self) -> str:
+        """How the model writes tool calls (constrain/tools.py), as its template tells it to: the `<tool_call>` tags
+        of Qwen2.5, Qwen3 and Hermes; Llama 3's `{"name": ..., "parameters": ...}`; else ours (the tools prompt
+        describes it to templates without tool support)."""
+        if not self.knows_tools:
+            return "json_array"
+        if HERMES_OPEN in self.template:
+            return "hermes"
+        if LLAMA3_JSON_INSTRUCTION.search(self.template):
+            return "llama3_json"
+        return "json_array"
 
     def _renders(self, conversation: list[dict]) -> bool:
         try:

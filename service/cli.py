@@ -18,6 +18,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from constrain.tools import TOOL_FORMATS  # noqa: E402
 from engine.model_loader import BUILTIN_MODEL  # noqa: E402
 from service.config import ServerConfig  # noqa: E402
 
@@ -79,9 +80,10 @@ def _add_serve(subparsers) -> None:
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
                         "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
     p.add_argument("--tool-call-format", default=_env("tool_call_format", "auto"),
-                   choices=["auto", "json_array", "hermes"],
-                   help="how the model writes tool calls: 'hermes' between <tool_call> tags, 'json_array' as a "
-                        "JSON array (default 'auto': hermes where the chat template writes those tags)")
+                   choices=["auto", *TOOL_FORMATS],
+                   help="how the model writes tool calls: 'hermes' between <tool_call> tags, 'llama3_json' as "
+                        "Llama 3's one {\"name\", \"parameters\"} object, 'json_array' as a JSON array (default "
+                        "'auto': the format the chat template describes)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
                    help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
     p.add_argument("--log-level", default=_env("log_level", "info"),

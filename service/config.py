@@ -25,7 +25,7 @@ class ServerConfig:
     schemas_dir: Path | None = None  # named schemas precompiled at start-up (none by default)
     cache_dir: Path | None = None  # on-disk grammar cache; None: grammar_cache_dir's default
     json_whitespace: str = DEFAULT_WHITESPACE  # whitespace JSON constraints allow between tokens (bounded regex)
-    tool_call_format: str = "auto"  # auto (from the chat template) | json_array | hermes: constrain/tools.py
+    tool_call_format: str = "auto"  # auto (from the chat template) | constrain.tools.TOOL_FORMATS
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "info"
 

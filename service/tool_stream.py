@@ -1,11 +1,12 @@
 """Streams one choice's output as OpenAI streams tool calls: an id-and-name delta per call, then argument pieces.
 
 The model writes one of constrain's tool-call formats (constrain/tools.py): a JSON array of `{"name": ...,
-"arguments": {...}}`, or ("hermes") each such object between `<tool_call>` tags. This reads it character by
-character and emits OpenAI `tool_calls` deltas as soon as they are known. Output that does not start with "[" or
-"{" (tool_choice "auto" answering in text) streams as content; in the hermes format, so does the text before the
-first tag, less the whitespace that ends it, as in the whole answer (`ParsedCalls.content`). Protocol shaping
-only: the grammar guarantees the format, so this never validates.
+"arguments": {...}}`, ("hermes") each such object between `<tool_call>` tags, or ("llama3_json") one object with
+"parameters" for "arguments". This reads it character by character and emits OpenAI `tool_calls` deltas as soon
+as they are known. Output that does not start with what opens calls (tool_choice "auto" answering in text) streams
+as content; in the hermes format, so does the text before the first tag, less the whitespace that ends it, as in
+the whole answer (`ParsedCalls.content`). Protocol shaping only: the grammar guarantees the format, so this never
+validates.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import secrets
 
-from constrain.tools import HERMES_OPEN
+from constrain.tools import HERMES_OPEN, arguments_key, text_may_not_start
 
 _WS = " \t\r\n"
 
@@ -23,9 +24,10 @@ def _call_id() -> str:
 
 
 class _CallScanner:
-    """Scans one call object `{"name": "...", "arguments": {...}}` (entered after its opening brace)."""
+    """Scans one call object `{"name": "...", "<args_key>": {...}}` (entered after its opening brace)."""
 
-    def __init__(self):
+    def __init__(self, args_key: str):
+        self.args_key = args_key
         self.name: str | None = None
         self.key: str | None = None  # the key whose value comes next
         self.state = "key"  # key | colon | value | string | args | after
@@ -67,7 +69,7 @@ class _CallScanner:
                 self.state = "value"
             return None, False
         if self.state == "value":
-            if self.key == "arguments" and ch == "{":
+            if self.key == self.args_key and ch == "{":
                 self.state, self.depth, self.in_string = "args", 1, False
                 return ch, False
             if ch == '"':
@@ -100,6 +102,8 @@ class ToolCallStream:
 
     def __init__(self, tool_format: str = "json_array"):
         self.hermes = tool_format == "hermes"
+        self.openers = text_may_not_start(tool_format)  # what opens calls ("{" also opens the first call)
+        self.args_key = arguments_key(tool_format)
         self.mode: str | None = None  # None until the first visible character, then "content" or "calls"
         self.pending_ws = ""
         self.held = ""  # hermes content not sent yet: trailing whitespace, and what may be the tag beginning
@@ -122,7 +126,7 @@ class ToolCallStream:
                 if ch in _WS:
                     self.pending_ws += ch
                     continue
-                if ch in "[{":
+                if ch in self.openers:
                     self.mode = "calls"
                     if ch == "{":
                         self._open_call()
@@ -163,7 +167,7 @@ class ToolCallStream:
         return self._merge(deltas)
 
     def _open_call(self) -> None:
-        self.call = _CallScanner()
+        self.call = _CallScanner(self.args_key)
         self.announced = False
         self.held_args = ""
         self.calls += 1

@@ -48,6 +48,21 @@ def build_qwen_tools_tokenizer(out: Path) -> Path:
     return out
 
 
+# A chat template written for these tests in Llama 3.1-3.3's tool-calling format (one {"name", "parameters"} call).
+LLAMA3_TOOLS_TEMPLATE = ROOT / "tests" / "tokenizers" / "llama3_tools" / "chat_template.jinja"
+
+
+def build_llama3_tools_tokenizer(out: Path) -> Path:
+    """The Qwen2 tokenizer with LLAMA3_TOOLS_TEMPLATE for its chat template, saved into `out` (the format is in the
+    template's text, not in the vocabulary)."""
+    out.mkdir(parents=True, exist_ok=True)
+    src = TOKENIZERS["qwen2"]
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).write_text((src / name).read_text())
+    (out / "chat_template.jinja").write_text(LLAMA3_TOOLS_TEMPLATE.read_text())
+    return out
+
+
 def build_tiny_model_dir(out: Path, tokenizer: str | Path, *, layers: int = 2, hidden: int = 64,
                          logits_width: int | None = None, seed: int = 0) -> Path:
     """Save a random 2-layer Llama-architecture model with a real tokenizer (a name in TOKENIZERS, or a tokenizer

@@ -60,6 +60,9 @@ def test_auto_allows_free_text_or_calls(gpt2_compiler, tokenizers):
     m = g.matcher()
     ids = tok.encode('[{"name": "launch", ')
     assert not all(m.accept(t) for t in ids)  # unknown function names are masked
+    # Text may not start with "{" either: a stream reads "{" as a call's beginning (service/tool_stream.py).
+    m = g.matcher()
+    assert not all(m.accept(t) for t in tok.encode('{"city": "Oslo"}'))
 
 
 def test_tool_choice_none_and_errors():

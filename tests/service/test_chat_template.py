@@ -90,3 +90,23 @@ def test_a_template_that_writes_tool_call_tags_sets_the_hermes_format(tmp_path):
     for name in TOKENIZERS:
         tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
         assert ChatTemplate(tok).tool_format == "json_array", name
+
+
+def test_a_template_that_asks_for_name_and_parameters_sets_the_llama3_format(tmp_path):
+    """A template in Llama 3.1-3.3's format: one `{"name", "parameters"}` call, rendered by the template, which
+    refuses an assistant message holding two calls (a 400 naming `messages`). `tool_format` overrides."""
+    from service.errors import APIError
+    from tests.conftest import build_llama3_tools_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(build_llama3_tools_tokenizer(tmp_path)))
+    llama = ChatTemplate(tok)
+    assert llama.tool_format == "llama3_json"
+    assert ChatTemplate(tok, tool_format="json_array").tool_format == "json_array"
+    text = llama.render(CONVERSATION, tools=TOOLS, tools_prompt=tools_system_prompt)
+    assert "TOOL-DESCRIPTION" in text and tools_system_prompt(TOOLS) not in text
+    assert '{"name": "lookup", "parameters": {"q": "ARG-TEXT"}}' in text and "TOOL-RESULT" in text
+    call = CONVERSATION[2].tool_calls[0]
+    two = CONVERSATION[:2] + [ChatMessage(role="assistant", content=None, tool_calls=[call, call])]
+    with pytest.raises(APIError) as exc:
+        llama.render(two, tools=TOOLS)
+    assert exc.value.status == 400 and exc.value.param == "messages"

@@ -78,3 +78,23 @@ def test_hermes_text_answer_is_sent_whole_by_the_end():
     assert stream.feed(" \n") == [{"content": " <tool"}]  # (it did not; trailing whitespace may precede one)
     assert stream.finish() == [{"content": " \n"}]
     assert not stream.made_calls
+
+
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Pa\\"ris}", "arguments": [1]}}'
+
+
+@pytest.mark.parametrize("step", [1, 3, len(LLAMA_CALL)])
+def test_llama3_call_streams_its_parameters_as_arguments(step):
+    stream = ToolCallStream("llama3_json")
+    deltas = [d for i in range(0, len(LLAMA_CALL), step) for d in stream.feed(LLAMA_CALL[i:i + step])]
+    deltas += stream.finish()
+    calls = _assemble(deltas)
+    assert stream.made_calls and list(calls) == [0] and calls[0]["name"] == "get_weather"
+    assert json.loads(calls[0]["arguments"]) == {"city": 'Pa"ris}', "arguments": [1]}
+
+
+def test_llama3_text_may_start_with_a_bracket():
+    stream = ToolCallStream("llama3_json")
+    assert stream.feed(" [1] is") + stream.feed(" a list.") + stream.finish() == \
+        [{"content": " [1] is"}, {"content": " a list."}]
+    assert not stream.made_calls

@@ -1,0 +1,135 @@
+"""Tool calls in Llama 3's format (one `{"name": ..., "parameters": {...}}` object, what Llama 3.1-3.3's templates
+ask for): arguments validate on both backends, there is never a second call, free text under "auto" never starts
+with "{", and the parser reads the call back."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+
+from constrain import ConstraintError, parse_tool_calls, spec_from_request
+from tests.constrain.conftest import decode, random_walk
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                            "days": {"type": "array", "items": {"enum": [1, 2, 3]},
+                                                     "uniqueItems": True}},
+           "required": ["city"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}, "y": {"$ref": "#/$defs/n"}},
+       "required": ["x", "y"], "additionalProperties": False, "$defs": {"n": {"type": "integer"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+PARAMS = {"get_weather": WEATHER, "add": ADD}
+
+
+def _llama(tool_choice, parallel=None, backend=None, tools=TOOLS):
+    return spec_from_request(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
+                             tool_format="llama3_json", backend=backend)
+
+
+def _call(name, parameters) -> str:
+    return json.dumps({"name": name, "parameters": parameters})
+
+
+def _takes(g, tok, text: str) -> bool:
+    m = g.matcher()
+    return all(m.accept(t) for t in tok.encode(text, add_special_tokens=False)) and m.can_end()
+
+
+@pytest.mark.parametrize("backend, tool_choice", [
+    ("llguidance", "required"), ("llguidance", {"type": "function", "function": {"name": "add"}}),
+    ("outlines", {"type": "function", "function": {"name": "get_weather"}})])
+def test_forced_calls_are_one_object_with_parameters(backend, tool_choice, gpt2_compiler, vocabs):
+    tools = TOOLS
+    if backend == "outlines":  # (outlines refuses uniqueItems, which llguidance's side checks while decoding)
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            **WEATHER, "properties": {"city": WEATHER["properties"]["city"]}}}}, TOOLS[1]]
+    spec = _llama(tool_choice, backend=backend, tools=tools)
+    g = gpt2_compiler.compile(spec)
+    assert g.backend == backend
+    rng = random.Random(7)
+    ended = 0
+    for _ in range(8):
+        toks, done = random_walk(g, vocabs["gpt2"], rng, 120, budget=True, prefer_end=0.5)
+        if not done:
+            continue
+        ended += 1
+        text = decode(vocabs["gpt2"], toks)
+        value = json.loads(text)
+        assert isinstance(value, dict) and set(value) == {"name", "parameters"}, text
+        parsed = parse_tool_calls(text, spec)
+        assert parsed is not None and parsed.content is None and len(parsed.calls) == 1
+        call = parsed.calls[0]
+        if isinstance(tool_choice, dict):
+            assert call.name == tool_choice["function"]["name"]
+        jsonschema.validate(json.loads(call.arguments), PARAMS[call.name])
+    assert ended
+
+
+def test_always_one_call_whatever_parallel_tool_calls_says(gpt2_compiler, tokenizers):
+    """Llama 3's templates refuse to render an assistant message with two calls: the format holds one."""
+    tok = tokenizers["gpt2"]
+    parallel, single = _llama("required", parallel=True), _llama("required", parallel=False)
+    assert parallel.key == single.key
+    g = gpt2_compiler.compile(parallel)
+    one = _call("add", {"x": 1, "y": 2})
+    assert _takes(g, tok, one)
+    for two in (one + "; " + _call("add", {"x": 3, "y": 4}), f"[{one}]"):
+        assert not _takes(g, tok, two)
+    assert not _takes(g, tok, json.dumps({"name": "add", "arguments": {"x": 1, "y": 2}}))  # ours, not Llama's
+
+
+def test_auto_takes_the_call_or_text_that_does_not_start_with_a_brace(gpt2_compiler, tokenizers):
+    tok = tokenizers["gpt2"]
+    spec = _llama("auto")
+    g = gpt2_compiler.compile(spec)
+    call = _call("get_weather", {"city": "Oslo", "days": [1, 3]})
+    for text, ok, is_call in [
+        ("It is sunny in Oslo.", True, False),
+        ("[1, 2] are the days.", True, False),  # ("[" opens nothing here)
+        (call, True, True),
+        ('{"city": "Oslo"}', False, False),  # "{" opens a call: text never starts with it
+        (" It is sunny.", False, False),  # nor with whitespace
+        (_call("get_weather", {"city": "Oslo", "days": [1, 1]}), False, False),  # uniqueItems, checked while decoding
+        (_call("launch", {}), False, False),  # unknown functions are masked
+    ]:
+        assert _takes(g, tok, text) == ok, text
+        if ok:
+            assert (parse_tool_calls(text, spec) is not None) == is_call
+
+
+def test_the_parser_reads_one_call_and_nothing_else():
+    spec = _llama("auto")
+    parsed = parse_tool_calls(" " + _call("add", {"x": 1, "y": 2}) + "\n", spec)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("add", {"x": 1, "y": 2})]
+    assert parsed.content is None and parsed.calls[0].id.startswith("call_")
+    for text in ['{"name": "add", "parameters": {"x": 1', "It is sunny.",  # cut short; text
+                 json.dumps({"name": "add", "arguments": {"x": 1, "y": 2}}),  # another format's key
+                 json.dumps([{"name": "add", "parameters": {"x": 1, "y": 2}}])]:
+        assert parse_tool_calls(text, spec) is None, text
+
+
+def test_outlines_serves_a_call_to_one_function(gpt2_compiler):
+    """Calls to one of several functions are an anyOf at the root, which outlines cannot serve exactly."""
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(_llama("required", backend="outlines", tools=[TOOLS[1], {**TOOLS[1], "function": {
+            **TOOLS[1]["function"], "name": "add2"}}]))
+    assert exc.value.param == "tools" and "name the function in tool_choice" in exc.value.message
+    assert gpt2_compiler.compile(_llama("required", backend="outlines", tools=[TOOLS[1]])).backend == "outlines"
+
+
+def test_refusals_name_the_tools_entry(gpt2_compiler):
+    strict = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "format": "regex"}}, "required": ["a"],
+        "additionalProperties": False}}}]
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(_llama("required", tools=[TOOLS[0], *strict]))
+    assert exc.value.param == "tools" and exc.value.pointer == "/1/function/parameters/properties/a/format"
+
+
+def test_a_bad_tool_format_is_a_programming_error():
+    with pytest.raises(ValueError):
+        spec_from_request(tools=TOOLS, tool_choice="required", tool_format="mistral")
+
