@@ -7,8 +7,10 @@ samples and never touches tensors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import string
 from typing import Any, Callable
 
 from constrain.tools import HERMES_OPEN
@@ -39,6 +41,29 @@ def tool_calls_as_text(message: ChatMessage) -> str:
     calls = [{"name": c.function.name, "arguments": _arguments_object(c.function.arguments)}
              for c in message.tool_calls or ()]
     return json.dumps(calls, ensure_ascii=False)
+
+
+def short_call_id(call_id: str) -> str:
+    """9 letters and digits drawn from `call_id`'s hash: the same id always gives the same short one."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(alphabet[b % len(alphabet)] for b in hashlib.sha256(call_id.encode()).digest()[:9])
+
+
+def _with_short_call_ids(dicts: list[dict]) -> list[dict] | None:
+    """The conversation with its tool call ids (the calls' and the results' `tool_call_id`) made `short_call_id`s,
+    or None when it holds none. Mistral's templates refuse any other id ("Tool call IDs should be alphanumeric
+    strings with length 9!"), OpenAI's and ours are longer, and the id only pairs a result with its call."""
+    out, changed = [], False
+    for d in dicts:
+        d = dict(d)
+        if d.get("tool_calls"):
+            d["tool_calls"] = [{**c, "id": short_call_id(c["id"])} if c.get("id") else c for c in d["tool_calls"]]
+            changed = True
+        if d.get("tool_call_id"):
+            d["tool_call_id"] = short_call_id(d["tool_call_id"])
+            changed = True
+        out.append(d)
+    return out if changed else None
 
 
 _PROBE = "structgen-role-probe-7f3a"
@@ -79,8 +104,7 @@ class ChatTemplate:
 
     def _renders(self, conversation: list[dict]) -> bool:
         try:
-            text = self.tokenizer.apply_chat_template(conversation, chat_template=self.template, tokenize=False,
-                                                      add_generation_prompt=True)
+            text = self._apply(conversation, {"add_generation_prompt": True})
         except Exception:  # a template that refuses the role does not render it
             return False
         return _PROBE in text
@@ -142,12 +166,29 @@ class ChatTemplate:
                 else:
                     dicts.insert(0, {"role": "system", "content": text})
         dicts = self._fold_roles(dicts)
+        options = dict(add_generation_prompt=generation_prompt, continue_final_message=continue_final_message,
+                       **kwargs)
         try:
-            return self.tokenizer.apply_chat_template(dicts, chat_template=self.template, tokenize=False,
-                                                      add_generation_prompt=generation_prompt,
-                                                      continue_final_message=continue_final_message, **kwargs)
+            return self._apply(dicts, options)
         except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
             raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+
+    def _apply(self, dicts: list[dict], options: dict[str, Any]) -> str:
+        """The template applied; where it refuses the conversation and that holds tool call ids, applied again
+        with the ids made `short_call_id`s (`_with_short_call_ids`), and the first error raised if that fails
+        too."""
+        try:
+            return self.tokenizer.apply_chat_template(dicts, chat_template=self.template, tokenize=False, **options)
+        except Exception:
+            short = _with_short_call_ids(dicts)
+            if short is None:
+                raise
+            try:
+                return self.tokenizer.apply_chat_template(short, chat_template=self.template, tokenize=False,
+                                                          **options)
+            except Exception:  # noqa: BLE001 - the ids were not what it refused
+                pass
+            raise
 
     def encode(self, text: str) -> list[int]:
         """Token ids of rendered text; the template already wrote any BOS it wants."""

@@ -48,18 +48,20 @@ def build_qwen_tools_tokenizer(out: Path) -> Path:
     return out
 
 
-# A chat template written for these tests in Llama 3.1-3.3's tool-calling format (one {"name", "parameters"} call).
+# Chat templates written for these tests in other models' tool-calling formats: Llama 3.1-3.3's (one {"name",
+# "parameters"} call) and Mistral's (calls after [TOOL_CALLS], ids of 9 letters and digits).
 LLAMA3_TOOLS_TEMPLATE = ROOT / "tests" / "tokenizers" / "llama3_tools" / "chat_template.jinja"
+MISTRAL_TOOLS_TEMPLATE = ROOT / "tests" / "tokenizers" / "mistral_tools" / "chat_template.jinja"
 
 
-def build_llama3_tools_tokenizer(out: Path) -> Path:
-    """The Qwen2 tokenizer with LLAMA3_TOOLS_TEMPLATE for its chat template, saved into `out` (the format is in the
+def build_template_tokenizer(out: Path, template: Path) -> Path:
+    """The Qwen2 tokenizer with `template` for its chat template, saved into `out` (these formats are in the
     template's text, not in the vocabulary)."""
     out.mkdir(parents=True, exist_ok=True)
     src = TOKENIZERS["qwen2"]
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (out / name).write_text((src / name).read_text())
-    (out / "chat_template.jinja").write_text(LLAMA3_TOOLS_TEMPLATE.read_text())
+    (out / "chat_template.jinja").write_text(template.read_text())
     return out
 
 

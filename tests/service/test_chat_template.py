@@ -96,9 +96,9 @@ def test_a_template_that_asks_for_name_and_parameters_sets_the_llama3_format(tmp
     """A template in Llama 3.1-3.3's format: one `{"name", "parameters"}` call, rendered by the template, which
     refuses an assistant message holding two calls (a 400 naming `messages`). `tool_format` overrides."""
     from service.errors import APIError
-    from tests.conftest import build_llama3_tools_tokenizer
+    from tests.conftest import LLAMA3_TOOLS_TEMPLATE, build_template_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(build_llama3_tools_tokenizer(tmp_path)))
+    tok = AutoTokenizer.from_pretrained(str(build_template_tokenizer(tmp_path, LLAMA3_TOOLS_TEMPLATE)))
     llama = ChatTemplate(tok)
     assert llama.tool_format == "llama3_json"
     assert ChatTemplate(tok, tool_format="json_array").tool_format == "json_array"
@@ -110,3 +110,30 @@ def test_a_template_that_asks_for_name_and_parameters_sets_the_llama3_format(tmp
     with pytest.raises(APIError) as exc:
         llama.render(two, tools=TOOLS)
     assert exc.value.status == 400 and exc.value.param == "messages"
+
+
+def test_tool_call_ids_a_template_refuses_are_shortened_the_same_way_in_calls_and_results(tmp_path):
+    """Mistral's templates take only ids of 9 letters and digits; OpenAI's (and ours) are longer. Such a template
+    gets each id as its `short_call_id`, so a result still pairs with its call; an error that is not about ids
+    is still a 400."""
+    from service.chat_template import short_call_id
+    from service.errors import APIError
+    from tests.conftest import MISTRAL_TOOLS_TEMPLATE, build_template_tokenizer
+
+    mistral = ChatTemplate(AutoTokenizer.from_pretrained(str(build_template_tokenizer(tmp_path,
+                                                                                      MISTRAL_TOOLS_TEMPLATE))))
+    assert mistral.renders_tool  # (its probe's id is shortened too)
+    text = mistral.render(CONVERSATION, tools=TOOLS)
+    short = short_call_id("call_1")
+    assert len(short) == 9 and short.isalnum() and short == short_call_id("call_1") != short_call_id("call_2")
+    assert f'"id": "{short}"' in text and f'{{"call_id": "{short}", "content": "TOOL-RESULT"}}' in text
+    assert "ARG-TEXT" in text and "call_1" not in text
+    already = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content=None, tool_calls=[
+        {"id": "abcDEF123", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}])]
+    assert '"id": "abcDEF123"' in mistral.render(already)  # ids it takes are kept
+    without_id = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content=None, tool_calls=[
+        {"type": "function", "function": {"name": "lookup", "arguments": "{}"}}]),
+        ChatMessage(role="tool", tool_call_id="call_1", content="x")]
+    with pytest.raises(APIError) as exc:
+        mistral.render(without_id)
+    assert exc.value.status == 400 and "length 9" in exc.value.message

@@ -10,7 +10,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.conftest import build_llama3_tools_tokenizer, build_tiny_model_dir
+from tests.conftest import LLAMA3_TOOLS_TEMPLATE, build_template_tokenizer, build_tiny_model_dir
 from tests.serverproc import ServerProcess
 
 MODEL = "llama3-tools-tiny"
@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def llama_model(tmp_path_factory):
     base = tmp_path_factory.mktemp("llama3-tools")
-    return build_tiny_model_dir(base / "model", build_llama3_tools_tokenizer(base / "tokenizer"))
+    return build_tiny_model_dir(base / "model", build_template_tokenizer(base / "tokenizer", LLAMA3_TOOLS_TEMPLATE))
 
 
 @pytest.fixture(scope="module")
