@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -43,3 +45,30 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+def assert_stream_matches_whole_answer(http: httpx.Client, body: dict) -> dict:
+    """The same seeded tools request, whole and streamed: the stream's content, tool calls (each id sent once,
+    arguments in pieces) and finish reason assemble to the whole answer's. Returns the whole answer's message."""
+    whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    lines = http.post("/v1/chat/completions", json={**body, "stream": True}).text.splitlines()
+    content, calls, finish = "", {}, None
+    for chunk in (json.loads(line[6:]) for line in lines if line.startswith("data: {")):
+        for choice in chunk.get("choices", ()):
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for d in delta.get("tool_calls") or ():
+                slot = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
+                if d.get("id"):
+                    assert slot["id"] is None
+                    slot["id"] = d["id"]
+                slot["name"] += d.get("function", {}).get("name") or ""
+                slot["arguments"] += d.get("function", {}).get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message = whole["message"]
+    assert finish == whole["finish_reason"]
+    assert (content or None) == message["content"]
+    # (the stream sends arguments as the model wrote them; the whole answer, re-serialised)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
+        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or ()]
+    return message

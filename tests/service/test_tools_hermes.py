@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer, build_tiny_model_dir
 from tests.serverproc import ServerProcess
+from tests.service.conftest import assert_stream_matches_whole_answer
 
 MODEL = "qwen-tools-tiny"
 OPEN_ID = min(QWEN_TOOL_TAGS)
@@ -94,40 +95,13 @@ def test_auto_returns_the_text_before_the_calls_as_content(client):
     assert r.choices[0].message.tool_calls is None and "<tool_call>" not in r.choices[0].message.content
 
 
-def _assemble(chunks: list[dict]) -> tuple[str, dict[int, dict], str]:
-    content, calls, finish = "", {}, None
-    for chunk in chunks:
-        for choice in chunk.get("choices", ()):
-            delta = choice["delta"]
-            content += delta.get("content") or ""
-            for d in delta.get("tool_calls") or ():
-                slot = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
-                if d.get("id"):
-                    assert slot["id"] is None
-                    slot["id"] = d["id"]
-                slot["name"] += d.get("function", {}).get("name") or ""
-                slot["arguments"] += d.get("function", {}).get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    return content, calls, finish
-
-
 @pytest.mark.parametrize("tool_choice, bias", [("required", 0), ("auto", 8)])
 def test_streamed_calls_match_the_whole_answer(qwen_server, tool_choice, bias):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 160,
             "logit_bias": {str(OPEN_ID): bias}}
     with httpx.Client(base_url=qwen_server.base_url, timeout=120) as http:
         for seed in (1, 3):
-            whole = http.post("/v1/chat/completions", json={**body, "seed": seed}).json()["choices"][0]
-            lines = http.post("/v1/chat/completions", json={**body, "seed": seed, "stream": True}).text.splitlines()
-            chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-            content, calls, finish = _assemble(chunks)
-            message = whole["message"]
-            assert finish == whole["finish_reason"]
-            assert (content or None) == message["content"]
-            # (the stream sends arguments as the model wrote them; the whole answer, re-serialised)
-            assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
-                [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                 for c in message.get("tool_calls") or ()]
+            assert_stream_matches_whole_answer(http, {**body, "seed": seed})
 
 
 def test_history_with_calls_and_results_goes_through_the_template(client):

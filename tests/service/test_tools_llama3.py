@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import LLAMA3_TOOLS_TEMPLATE, build_template_tokenizer, build_tiny_model_dir
 from tests.serverproc import ServerProcess
+from tests.service.conftest import assert_stream_matches_whole_answer
 
 MODEL = "llama3-tools-tiny"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -96,40 +97,15 @@ def test_auto_gives_the_call_or_text_that_is_not_one(client, brace_id):
     assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
 
 
-def _assemble(chunks: list[dict]) -> tuple[str, dict[int, dict], str]:
-    content, calls, finish = "", {}, None
-    for chunk in chunks:
-        for choice in chunk.get("choices", ()):
-            delta = choice["delta"]
-            content += delta.get("content") or ""
-            for d in delta.get("tool_calls") or ():
-                slot = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
-                if d.get("id"):
-                    assert slot["id"] is None
-                    slot["id"] = d["id"]
-                slot["name"] += d.get("function", {}).get("name") or ""
-                slot["arguments"] += d.get("function", {}).get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    return content, calls, finish
-
-
 @pytest.mark.parametrize("tool_choice, bias", [("required", 0), ("auto", 12), ("auto", -100)])
 def test_streamed_call_matches_the_whole_answer(llama_server, brace_id, tool_choice, bias):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 120,
             "logit_bias": {str(brace_id): bias}}
     with httpx.Client(base_url=llama_server.base_url, timeout=120) as http:
         for seed in (1, 3):
-            whole = http.post("/v1/chat/completions", json={**body, "seed": seed}).json()["choices"][0]
-            lines = http.post("/v1/chat/completions", json={**body, "seed": seed, "stream": True}).text.splitlines()
-            content, calls, finish = _assemble([json.loads(line[6:]) for line in lines if line.startswith("data: {")])
-            message = whole["message"]
-            assert finish == whole["finish_reason"]
-            assert (content or None) == message["content"]
-            assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
-                [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                 for c in message.get("tool_calls") or ()]
+            message = assert_stream_matches_whole_answer(http, {**body, "seed": seed})
             if bias == -100:
-                assert message["content"] and not calls
+                assert message["content"] and not message.get("tool_calls")
 
 
 def test_history_goes_through_the_template_which_takes_one_call_per_message(llama_server, client):
