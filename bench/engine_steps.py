@@ -59,6 +59,8 @@ def main() -> int:
                     help="the backend of the constrained workloads (outlines: bench.py's schema once compiled)")
     ap.add_argument("--regex", help="also a workload under this regex (the --backend serves it)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each workload and size")
+    ap.add_argument("--overlap-fill", default="auto", choices=["auto", "on", "off"],
+                    help="fill grammar rows on a second thread during the forward (auto: when a core is free)")
     args = ap.parse_args()
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -69,10 +71,11 @@ def main() -> int:
     if args.regex:
         workloads["regex"] = compiler.compile(ConstraintSpec(kind="regex", pattern=args.regex, backend=args.backend))
     prompt = loaded.tokenizer(PROMPT)["input_ids"]
-    engine = Engine(loaded, max_batch_size=max(args.concurrency))
+    overlap = {"auto": None, "on": True, "off": False}[args.overlap_fill]
+    engine = Engine(loaded, max_batch_size=max(args.concurrency), overlap_fill=overlap)
     engine.start()
     print(f"model: {args.model}  device: {loaded.device}  max_tokens: {args.max_tokens}  "
-          f"backend: {args.backend}", flush=True)
+          f"backend: {args.backend}  overlap fill: {args.overlap_fill}", flush=True)
     try:
         for grammar in workloads.values():  # warm-up: first steps, first masks
             run(engine, prompt, 2, grammar, 4)

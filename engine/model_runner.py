@@ -10,10 +10,18 @@ import inspect
 from typing import Callable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from engine.kv_batch import KVBatch
 from engine.model_loader import LoadedModel
+
+
+# Every SDPA backend but cuDNN's. cuDNN attention (PyTorch's first choice on an H100) builds an execution graph
+# for each new query/key length and caches it by shape; a decode step's key length is new at every step, so each
+# step paid a build: 60 ms per step against 5 ms once the lengths had been seen (built-in model, H100, bf16,
+# 2026-11-25; bench/README.md). Flash and memory-efficient attention take any length without a build.
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class ModelRunner:
@@ -39,8 +47,7 @@ class ModelRunner:
         ids, mask = ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                         logits_to_keep=1, **{self.cache_kwarg: cache})
+        out = self._forward(cache, input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=1)
         return KVBatch(cache, mask, mask.sum(-1)), out.logits[:, -1, :]
 
     @torch.inference_mode()
@@ -54,10 +61,10 @@ class ModelRunner:
         last = None
         for start in range(0, len(prompt), chunk_tokens):
             end = min(start + chunk_tokens, len(prompt))
-            out = self.model(input_ids=ids[:, start:end],
-                             attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
-                             position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
-                             use_cache=True, logits_to_keep=0, **{self.cache_kwarg: cache})
+            out = self._forward(cache, input_ids=ids[:, start:end],
+                                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                                position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
+                                logits_to_keep=0)
             on_logits(start, out.logits[0])
             last = out.logits[:, -1, :]
         mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
@@ -68,8 +75,12 @@ class ModelRunner:
     def decode(self, kv: KVBatch, tokens: torch.Tensor) -> torch.Tensor:
         """One token per row (tokens long [B] on the device) -> logits [B, V]; grows `kv` by one column."""
         kv.mask = torch.cat([kv.mask, kv.mask.new_ones(kv.rows, 1)], dim=1)
-        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=kv.mask,
-                         position_ids=kv.positions.unsqueeze(1), use_cache=True, logits_to_keep=1,
-                         **{self.cache_kwarg: kv.cache})
+        out = self._forward(kv.cache, input_ids=tokens.unsqueeze(1), attention_mask=kv.mask,
+                            position_ids=kv.positions.unsqueeze(1), logits_to_keep=1)
         kv.positions = kv.positions + 1
         return out.logits[:, -1, :]
+
+    def _forward(self, cache: DynamicCache, **inputs):
+        """The model call, with its KV cache and without cuDNN attention (ATTENTION_BACKENDS)."""
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            return self.model(use_cache=True, **inputs, **{self.cache_kwarg: cache})

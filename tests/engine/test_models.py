@@ -79,3 +79,23 @@ def test_incremental_detokenization_never_splits_a_utf8_character(name):
     assert all("\ufffd" not in d for d in deltas)
     assert "🙂" in deltas
     assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_forwards_run_without_cudnn_attention(tiny_model):
+    """cuDNN attention builds a graph for every new key length, i.e. at every decode step (60 ms a step on an
+    H100): the runner's forwards never use it, and leave the process's setting as they found it."""
+    import torch
+
+    from engine.model_runner import ModelRunner
+
+    runner = ModelRunner(tiny_model)
+    seen = []
+    hook = tiny_model.model.register_forward_pre_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    try:
+        kv, logits = runner.prefill([[1, 2, 3], [4, 5]])
+        runner.decode(kv, logits.argmax(dim=-1))
+        runner.prefill_scoring([1, 2, 3, 4], 2, lambda start, logits: None)
+    finally:
+        hook.remove()
+    assert seen == [False] * 4
+    assert torch.backends.cuda.cudnn_sdp_enabled()
