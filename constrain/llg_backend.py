@@ -143,7 +143,7 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
     specials = {int(i) for data in endings for i in _SPECIAL_MARK.findall(data)}  # (kept as they are)
     order = [byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens]
-    quote, letter = byte_tokens.get(ord('"')), byte_tokens.get(ord("q"))
+    quote, letter, null_byte = byte_tokens.get(ord('"')), byte_tokens.get(ord("q")), byte_tokens.get(ord("n"))
     closers = {byte_tokens[b] for b in b'}]",:' if b in byte_tokens}
     walk = matcher.deep_copy()
     keys = keys.copy() if keys is not None else None
@@ -218,6 +218,9 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                 avoid.clear()
             if pick is None:
                 return None
+            if pick == quote and null_byte is not None and walk.validate_tokens([null_byte]) == 1 \
+                    and walk.validate_tokens([quote, quote]) != 2:
+                pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
         walk.consume_token(pick)
         out.append(pick)
         if pick in closers and not in_string:
@@ -607,9 +610,10 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         return out
 
     # A closing walk ends a value, or the call once its required parameters are written, else writes the next
-    # required parameter (not the optional ones it would come to first).
+    # required parameter (not the optional ones it would come to first); a value that cannot be empty is `null`
+    # where it may be (its first byte that fits would begin `0001-01-01` under `format: date`: 10 tokens).
     endings = (forced(shape.after_value), forced(shape.before_close + HERMES_CLOSE),
-               *dict.fromkeys(forced(opening) for opening in required_keys))
+               *dict.fromkeys(forced(opening) for opening in required_keys), forced("null" + shape.after_value))
     return LlgGrammar(lltok, grammar, vocab, tuple(dict.fromkeys(unenforced)), tuple(dict.fromkeys(hints)),
                       endings=endings)
 

@@ -391,3 +391,24 @@ def test_llguidance_completions_skip_optional_keys_and_take_the_shorter_alternat
             toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
             assert ended and len(toks) <= max_tokens
             jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), EVENT)
+
+
+def test_llguidance_completions_write_null_where_a_value_may_be_null(gpt2_compiler, vocabs):
+    """A required date that may be null: the closing walk writes `null`, not `"0001-01-01"` (its first byte was a
+    quote, ahead of `n`), so it measures the shortest document and a budget below the date's still ends valid."""
+    from constrain.checked import backend_matcher
+    from constrain.llg_backend import closing_tokens
+
+    schema = {"type": "object", "properties": {"due": {"type": ["string", "null"], "format": "date"},
+                                               "title": {"type": "string"}},
+              "required": ["due", "title"], "additionalProperties": False}
+    g = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema},
+                                                backend="llguidance"))
+    m = backend_matcher(g.matcher())
+    closing = closing_tokens(m._m, vocabs["gpt2"], m._followed(), m._g.hints, key_names=m._g.key_names)
+    assert json.loads(decode(vocabs["gpt2"], closing)) == {"due": None, "title": ""}
+    rng = random.Random(5)
+    for _ in range(6):
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, len(closing) + 2, budget=True)
+        assert ended
+        jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)

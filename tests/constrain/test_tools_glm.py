@@ -144,3 +144,25 @@ def test_a_budget_completion_writes_the_tags_as_their_tokens(glm):
         m.fill_bitmask(bitmask, 0, tokens_left=tokens_left)
         assert allowed_ids(bitmask).tolist() == [expected]
         assert m.accept(expected)
+
+
+NOTE = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 16},
+                                         "due": {"type": ["string", "null"], "format": "date"}},
+        "required": ["title", "due"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("tool_format", ["glm45", "glm47"])
+def test_a_budget_completion_writes_null_where_a_value_cannot_be_empty(tool_format, glm):
+    """A required date that may be null: the closing walk writes `null` (one token), not a date (ten digits), so
+    a budget between the two still closes every call (none closed at 26 tokens before)."""
+    tok, vocab, compiler = glm
+    tools = [{"type": "function", "function": {"name": "add_note", "strict": True, "parameters": NOTE}}]
+    spec = spec_from_request(tools=tools, tool_choice="required", parallel_tool_calls=True, tool_format=tool_format)
+    g = compiler.compile(spec)
+    shortest = {"glm45": 20, "glm47": 15}[tool_format]
+    assert g.matcher().min_tokens_to_end() == shortest
+    rng = random.Random(3)
+    for _ in range(6):
+        toks, done = random_walk(g, vocab, rng, shortest + 6, budget=True, special_ok=TAG_IDS)
+        assert done
+        assert len(valid_calls(tok.decode(toks, skip_special_tokens=False), spec, {"add_note": NOTE})) == 1

@@ -32,9 +32,9 @@ def _check(message: dict) -> None:
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
 def test_calls_written_with_the_special_tags_come_back_as_tool_calls(http, skip_special_tokens):
-    for tool_choice, bias in [("required", 0), ("auto", 100)]:
+    for tool_choice in ("required", "auto"):  # (the tag's token made likely: its text may also be spelled out)
         body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 60,
-                "seed": 1, "logit_bias": {str(OPEN_ID): bias}, "skip_special_tokens": skip_special_tokens,
+                "seed": 1, "logit_bias": {str(OPEN_ID): 100}, "skip_special_tokens": skip_special_tokens,
                 "logprobs": True}
         whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]
         assert whole["finish_reason"] == "tool_calls"
