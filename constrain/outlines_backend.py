@@ -60,6 +60,7 @@ class OutlinesGrammar(Grammar):
         self._rows: dict[int, np.ndarray] = {}
         self._budget_rows: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._distances: dict[int, np.ndarray] = {}
+        self._slack: dict[int, int] = {}
         self._eos = vocab.eos_words()
         # room for the rows of the states decoding visits, and for the budget rows
         self.nbytes = dfa.nbytes + 4 * vocab.words * (64 + _BUDGET_ROWS)
@@ -104,19 +105,28 @@ class OutlinesGrammar(Grammar):
                 self._budget_rows.popitem(last=False)
         return r
 
+    def _successor_distances(self, state: int) -> np.ndarray:
+        d = self.dfa
+        return d.dist[d.nexts[d.offsets[state]:d.offsets[state + 1]]]
+
     def distances(self, state: int) -> np.ndarray:
-        """The distinct finite distances to acceptance of the state's successors, ascending."""
+        """The distinct finite distances to acceptance of the state's successors, ascending (small integers:
+        counted, ~3x faster than `np.unique` over a string state's 150k transitions)."""
         s = self._distances.get(state)
         if s is None:
-            d = self.dfa
-            dist = d.dist[d.nexts[d.offsets[state]:d.offsets[state + 1]]]
-            s = self._distances[state] = np.unique(dist[dist < _INF])
+            dist = self._successor_distances(state)
+            s = self._distances[state] = np.flatnonzero(np.bincount(dist[dist < _INF])).astype(np.int32)
         return s
 
     def slack(self, state: int) -> int:
-        """Largest finite distance among the state's successors: budgets above it need no filtering."""
-        distances = self.distances(state)
-        return int(distances[-1]) if len(distances) else 0
+        """Largest finite distance among the state's successors: budgets above it need no filtering. Asked at
+        every fill of a budgeted row, so kept apart from `distances`, which only tight budgets need (a first visit
+        costs ~0.1 ms here, ~0.9 ms through `np.unique`)."""
+        s = self._slack.get(state)
+        if s is None:
+            dist = self._successor_distances(state)
+            s = self._slack[state] = max(int(np.where(dist < _INF, dist, -1).max(initial=-1)), 0)
+        return s
 
 
 class OutlinesMatcher(Matcher):
