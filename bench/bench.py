@@ -1,7 +1,8 @@
 """Throughput and latency of the real server (`structgen serve`) on 127.0.0.1, from one run.
 
 Prints tokens/s at 1, 4 and 16 concurrent requests, unconstrained and with a JSON schema, the ratios
-16-way/1-way and constrained/unconstrained, time-to-first-token for a new and a repeated schema (right after the
+16-way/1-way and constrained/unconstrained (against unconstrained requests of the constrained answers' lengths,
+and of max_tokens each), time-to-first-token for a new and a repeated schema (right after the
 new one, and once its background compile is done), and the same unconstrained workload against `transformers
 serve` on the same model (when it starts offline here).
 
@@ -120,33 +121,36 @@ def chat_body(model: str, max_tokens: int, schema: dict | None, extra: dict) -> 
     return body
 
 
-async def throughput(base: str, model: str, clients: int, per_client: int, max_tokens: int,
-                     schema: dict | None, extra: dict) -> tuple[float, int, int, dict[str, int]]:
-    """(tokens/s, completion tokens, errors, {constraint backend: requests}) for `clients` concurrent loops of
-    `per_client` requests."""
+async def throughput(base: str, model: str, clients: int, per_client: int, max_tokens: int, schema: dict | None,
+                     extra: dict, lengths: list[list[int]] | None = None) -> tuple[float, int, int, dict, list]:
+    """(tokens/s, completion tokens, errors, {constraint backend: requests}, each client's completion lengths) for
+    `clients` concurrent loops of `per_client` requests; with `lengths`, client i's requests ask for
+    `max_tokens=lengths[i][j]` instead (with ignore_eos: the same outputs' lengths, in the same order)."""
     async with httpx.AsyncClient(base_url=base, timeout=600) as http:
         errors = 0
         backends: dict[str, int] = {}
 
-        async def loop() -> int:
+        async def loop(limits: list[int]) -> list[int]:
             nonlocal errors
-            total = 0
-            for _ in range(per_client):
-                r = await http.post("/v1/chat/completions", json=chat_body(model, max_tokens, schema, extra))
+            seen = []
+            for limit in limits:
+                r = await http.post("/v1/chat/completions", json=chat_body(model, limit, schema, extra))
                 if r.status_code != 200:
                     errors += 1
                     if errors == 1:
                         print(f"    first error: {r.status_code} {r.text[:300]}", flush=True)
                     continue
-                total += r.json()["usage"]["completion_tokens"]
+                seen.append(r.json()["usage"]["completion_tokens"])
                 backend = r.headers.get("x-structgen-constraint-backend")
                 if backend:
                     backends[backend] = backends.get(backend, 0) + 1
-            return total
+            return seen
 
         start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(loop() for _ in range(clients))))
-        return tokens / (time.perf_counter() - start), tokens, errors, backends
+        seen = await asyncio.gather(*(loop(lengths[i] if lengths else [max_tokens] * per_client)
+                                      for i in range(clients)))
+        tokens = sum(map(sum, seen))
+        return tokens / (time.perf_counter() - start), tokens, errors, backends, seen
 
 
 async def ttft(base: str, model: str, schema: dict | None) -> tuple[float, str | None]:
@@ -208,21 +212,23 @@ def step_phases_line(before: dict[str, float], after: dict[str, float]) -> str:
     return f"ms/step over {steps:.0f} steps: " + ", ".join(parts)
 
 
-def run_workloads(base: str, model: str, args, schema: dict | None, extra: dict,
-                  step_phases: bool = False) -> dict[int, float]:
-    """tokens/s by concurrency; with `step_phases` (structgen), also where its engine's steps spent the time."""
-    out = {}
+def run_workloads(base: str, model: str, args, schema: dict | None, extra: dict, step_phases: bool = False,
+                  lengths: dict[int, list[list[int]]] | None = None) -> tuple[dict[int, float], dict[int, list]]:
+    """tokens/s by concurrency, and each run's completion lengths by client; with `step_phases` (structgen), also
+    where its engine's steps spent the time; with `lengths` (by concurrency), requests of those lengths."""
+    out, seen = {}, {}
     for clients in args.concurrency:
         before = engine_counters(base) if step_phases else {}
-        tps, tokens, errors, backends = asyncio.run(throughput(base, model, clients, args.requests_per_client,
-                                                               args.max_tokens, schema, extra))
+        tps, tokens, errors, backends, seen[clients] = asyncio.run(throughput(
+            base, model, clients, args.requests_per_client, args.max_tokens, schema, extra,
+            lengths[clients] if lengths else None))
         out[clients] = tps
-        label = "schema" if schema else "plain"
+        label = "schema" if schema else "same" if lengths else "plain"
         served = "".join(f", {n} served by {b}" for b, n in sorted(backends.items()))
         print(f"  {label:6s} c={clients:2d}: {tps:8.1f} tok/s  ({tokens} tokens, {errors} errors{served})", flush=True)
         if step_phases:
             print(f"      {step_phases_line(before, engine_counters(base))}", flush=True)
-    return out
+    return out, seen
 
 
 def main() -> int:
@@ -260,8 +266,11 @@ def main() -> int:
         asyncio.run(throughput(base, model, 2, 1, 4, SCHEMA, {"ignore_eos": True}))  # warm-up, schema compiled
         time.sleep(args.settle)
         print("structgen:", flush=True)
-        plain = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True)
-        constrained = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True}, step_phases=True)
+        plain, _ = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True)
+        constrained, lengths = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True}, step_phases=True)
+        # The same requests unconstrained: each as long as its constrained answer was (a schema's answers end
+        # sooner and at different lengths than max_tokens, so fewer rows share a step: not the mask's cost).
+        same, _ = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True, lengths=lengths)
         base_ttft = statistics.median(asyncio.run(ttft(base, model, None))[0] for _ in range(args.ttft_samples))
         new, repeated, paired_plain, settled = [], [], [], []
         for _ in range(args.ttft_samples):
@@ -282,7 +291,7 @@ def main() -> int:
         try:
             with Server(argv, port, "/health", workdir / "transformers-serve.log"):
                 print("transformers serve:", flush=True)
-                theirs = run_workloads(f"http://127.0.0.1:{port}", model, args, None, {})
+                theirs, _ = run_workloads(f"http://127.0.0.1:{port}", model, args, None, {})
         except Exception as exc:  # report, do not hide: the figures below say it did not run
             print(f"transformers serve did not run: {exc}", flush=True)
 
@@ -290,7 +299,8 @@ def main() -> int:
     c_lo, c_hi = min(args.concurrency), max(args.concurrency)
     print(f"  {ours_label} {c_hi}-way / {c_lo}-way: {plain[c_hi] / plain[c_lo]:.2f}x  (goal >= 8x)")
     for c in args.concurrency:
-        print(f"  constrained / unconstrained at c={c}: {constrained[c] / plain[c]:.3f}  (goal >= 0.95)")
+        print(f"  constrained / unconstrained at c={c}: {constrained[c] / same[c]:.3f} against the same lengths "
+              f"(goal >= 0.95), {constrained[c] / plain[c]:.3f} against max_tokens each")
     print(f"  TTFT p50: unconstrained {base_ttft * 1000:.1f} ms, new schema {statistics.median(new) * 1000:.1f} ms, "
           f"repeated schema {statistics.median(repeated) * 1000:.1f} ms, repeated once its background compile "
           f"is done {statistics.median(settled) * 1000:.1f} ms")
