@@ -268,7 +268,11 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
         value = json.loads(body)
     except ValueError:
         return None
-    calls = _calls(value if isinstance(value, list) else [value], spec)
+    if not isinstance(value, list):
+        value, starts = [value], [0]
+    else:
+        starts = [start for _, start, _ in _members(body, 0)]
+    calls = _calls(value, spec, [_arguments_text(body, start, spec) for start in starts])
     return ParsedCalls(calls) if calls else None
 
 
@@ -281,20 +285,22 @@ def _parse_hermes(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     start = text.find(HERMES_OPEN)
     if start < 0:
         return None
-    values, pos = [], start
+    values, texts, pos = [], [], start
     while pos < len(text):
         if not text.startswith(HERMES_OPEN, pos):
             return None  # text after the calls
         try:
-            value, pos = _DECODER.raw_decode(text, _SPACE.match(text, pos + len(HERMES_OPEN)).end())
+            at = _SPACE.match(text, pos + len(HERMES_OPEN)).end()
+            value, pos = _DECODER.raw_decode(text, at)
         except ValueError:
             return None  # a call cut short
         pos = _SPACE.match(text, pos).end()
         if not text.startswith(HERMES_CLOSE, pos):
             return None
         values.append(value)
+        texts.append(_arguments_text(text, at, spec))
         pos = _SPACE.match(text, pos + len(HERMES_CLOSE)).end()
-    calls = _calls(values, spec)
+    calls = _calls(values, spec, texts)
     return ParsedCalls(calls, text[:start].rstrip() or None) if calls else None
 
 
@@ -303,7 +309,7 @@ def _parse_args_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     start = text.find(MISTRAL_CALLS)
     if start < 0:
         return None
-    values, pos = [], start
+    values, texts, pos = [], [], start
     while pos < len(text):
         if not text.startswith(MISTRAL_CALLS, pos):
             return None  # text after the calls
@@ -316,8 +322,9 @@ def _parse_args_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
         except ValueError:
             return None
         values.append({"name": name, "arguments": value})
+        texts.append(text[args + len(MISTRAL_ARGS):pos])
         pos = _SPACE.match(text, pos).end()
-    calls = _calls(values, spec)
+    calls = _calls(values, spec, texts)
     return ParsedCalls(calls, text[:start].rstrip() or None) if calls else None
 
 
@@ -329,18 +336,44 @@ def _parse_xml_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     found = parse_xml_calls(text, function_forms(spec), SHAPES[spec.tool_format])
     if found is None:
         return None
-    calls = _calls(found[0], spec)
+    calls = _calls(found[0], spec, [call.pop("arguments_text") for call in found[0]])
     return ParsedCalls(calls, found[1]) if calls else None
 
 
-def _calls(values: list, spec: ConstraintSpec) -> list[ToolCall] | None:
+def _calls(values: list, spec: ConstraintSpec, texts: list[str | None]) -> list[ToolCall] | None:
+    """`texts`: each call's arguments as the model wrote them (what a stream of the same answer sends), else None."""
     key = arguments_key(spec.tool_format)
     calls = []
-    for item in values:
+    for item, text in zip(values, texts):
         if not isinstance(item, dict) or item.get("name") not in spec.tool_names or not isinstance(item.get(key), dict):
             return None
-        calls.append(ToolCall(name=item["name"], arguments=json.dumps(item[key], ensure_ascii=False)))
+        calls.append(ToolCall(name=item["name"], arguments=text or json.dumps(item[key], ensure_ascii=False)))
     return calls or None
+
+
+def _members(text: str, pos: int) -> list[tuple[str | None, int, int]]:
+    """(key, or None in an array; start; end) of each member of the JSON object or array at `pos` (valid JSON)."""
+    out, close = [], "}" if text[pos] == "{" else "]"
+    pos = _SPACE.match(text, pos + 1).end()
+    while text[pos] != close:
+        key = None
+        if close == "}":
+            key, pos = _DECODER.raw_decode(text, pos)
+            pos = _SPACE.match(text, _SPACE.match(text, pos).end() + 1).end()  # (past the colon)
+        _, end = _DECODER.raw_decode(text, pos)
+        out.append((key, pos, end))
+        pos = _SPACE.match(text, end).end()
+        pos = _SPACE.match(text, pos + 1).end() if text[pos] == "," else pos
+    return out
+
+
+def _arguments_text(text: str, pos: int, spec: ConstraintSpec) -> str | None:
+    """The arguments of the call object at `pos` as the model wrote them, or None where it has none."""
+    if text[pos] != "{":
+        return None
+    spans = {key: (start, end) for key, start, end in _members(text, pos)}
+    key = arguments_key(spec.tool_format)
+    return text[slice(*spans[key])] if key in spans else None
 
 
 def call_token_id(tokenizer, token: str = MISTRAL_CALLS) -> int | None:

@@ -214,8 +214,8 @@ def unsupported_keywords(params: Any) -> list[str]:
 
 def parse_xml_calls(text: str, forms: dict[str, dict[str, ValueForm]],
                     shape: XmlShape) -> tuple[list[dict], str | None] | None:
-    """The calls (`{"name", "arguments"}`) in `text` and the text before them, or None when it holds no complete
-    calls in this shape. `forms`: function name -> `parameter_forms`."""
+    """The calls (`{"name", "arguments", "arguments_text"}`) in `text` and the text before them, or None when it
+    holds no complete calls in this shape. `forms`: function name -> `parameter_forms`."""
     start = text.find(HERMES_OPEN)
     if start < 0:
         return None
@@ -229,7 +229,7 @@ def parse_xml_calls(text: str, forms: dict[str, dict[str, ValueForm]],
         if not ends or text[pos:min(ends)] not in forms:
             return None
         name, pos = text[pos:min(ends)], min(ends) + len(shape.after_name)
-        arguments = {}
+        arguments, written = {}, []
         while text.startswith(shape.before_key, pos):
             end = text.find(shape.between, pos)
             form = forms[name].get(text[pos + len(shape.before_key):end]) if end >= 0 else None
@@ -237,13 +237,18 @@ def parse_xml_calls(text: str, forms: dict[str, dict[str, ValueForm]],
                 return None
             key, pos = text[pos + len(shape.before_key):end], end + len(shape.between)
             try:
-                arguments[key], pos = _value_at(text, pos, form, shape)
+                arguments[key], value_end = _value_at(text, pos, form, shape)
             except ValueError:
                 return None
+            value = json.dumps(arguments[key], ensure_ascii=False) if form.raw else \
+                text[pos:value_end - len(shape.after_value)]
+            written.append(f"{json.dumps(key, ensure_ascii=False)}: {value}")
+            pos = value_end
         if not text.startswith(shape.before_close + HERMES_CLOSE, pos):
             return None
         pos += len(shape.before_close + HERMES_CLOSE)
-        calls.append({"name": name, "arguments": arguments})
+        # arguments_text: the object as a stream of this answer sends it (a JSON value as written, a raw one quoted)
+        calls.append({"name": name, "arguments": arguments, "arguments_text": "{" + ", ".join(written) + "}"})
         if not text[pos:].strip():
             return calls, text[:start].rstrip() or None
         if not text.startswith(shape.separator + HERMES_OPEN, pos):

@@ -228,3 +228,32 @@ def test_a_refusal_names_the_entry_of_the_tools_array_not_the_call_schema(gpt2_c
         gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required"))
     assert exc.value.param == "tools" and "Unsatisfiable" in exc.value.message
     assert "/1/function/parameters" in exc.value.message and "$defs" not in exc.value.message
+
+
+ADD_ARGS = '{"y":-1,  "x": 1.50E1}'  # (spacing, key order and a number's spelling as a model may write them)
+
+
+@pytest.mark.parametrize("tool_format, text", [
+    ("json_array", f'[{{"name": "add", "arguments": {ADD_ARGS}}}, {{"arguments":{ADD_ARGS},"name":"add"}}]'),
+    ("hermes", f'Sure.\n<tool_call>\n{{"name": "add", "arguments": {ADD_ARGS}}}\n</tool_call>\n'
+               f'<tool_call>\n{{"name": "add", "arguments": {ADD_ARGS}}}\n</tool_call>'),
+    ("llama3_json", f'{{"name": "add", "parameters": {ADD_ARGS}}}'),
+    ("mistral", f'[TOOL_CALLS] [{{"name": "add", "arguments": {ADD_ARGS}}}, {{"name": "add", "arguments": {ADD_ARGS}}}]'),
+    ("mistral_args", f"[TOOL_CALLS]add[ARGS]{ADD_ARGS}[TOOL_CALLS]add[ARGS]{ADD_ARGS}"),
+])
+def test_whole_answers_give_the_arguments_as_written(tool_format, text):
+    """What a stream of the answer sends (service/tool_stream.py passes the arguments through): the same string,
+    not a re-serialisation that only parses the same."""
+    spec = spec_from_request(tools=TOOLS, tool_choice="required", tool_format=tool_format)
+    calls = parse_tool_calls(text, spec).calls
+    assert [c.arguments for c in calls] == [ADD_ARGS] * (1 if tool_format == "llama3_json" else 2)
+
+
+def test_xml_answers_give_the_arguments_as_a_stream_sends_them():
+    """JSON values as written, raw ones as JSON strings, `", "` and `": "` between (service/tool_stream.py)."""
+    spec = spec_from_request(tools=TOOLS, tool_choice="required", tool_format="qwen3_coder")
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSão \"P\"\n</parameter>\n<parameter=unit>\n"
+            "C\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=add>\n<parameter=x>\n1.50E1\n"
+            "</parameter>\n<parameter=y>\n-1\n</parameter>\n</function>\n</tool_call>")
+    calls = parse_tool_calls(text, spec).calls
+    assert [c.arguments for c in calls] == ['{"city": "São \\"P\\"", "unit": "C"}', '{"x": 1.50E1, "y": -1}']

@@ -216,14 +216,16 @@ QWEN = SHAPES["qwen3_coder"]
 def test_parser_reads_only_whole_calls():
     forms = {"f": {"a": value_form({"type": "string"}, {})}}
     call = _call("f", ("a", "x\n"))
-    assert parse_xml_calls(call, forms, QWEN) == ([{"name": "f", "arguments": {"a": "x\n"}}], None)
+    assert parse_xml_calls(call, forms, QWEN) == \
+        ([{"name": "f", "arguments": {"a": "x\n"}, "arguments_text": '{"a": "x\\n"}'}], None)
     assert parse_xml_calls("plain text", forms, QWEN) is None
     assert parse_xml_calls(call[:-3], forms, QWEN) is None  # (cut short by max_tokens: the whole text is content)
     assert parse_xml_calls(call + "\nmore text", forms, QWEN) is None
     assert parse_xml_calls(_call("g"), forms, QWEN) is None  # (an unknown function)
     assert parse_xml_calls(_call("f", ("b", "1")), forms, QWEN) is None  # (an unknown parameter)
     two = parse_xml_calls("  Text.\n\n" + call + "\n" + _call("f") + "\n", forms, QWEN)
-    assert two == ([{"name": "f", "arguments": {"a": "x\n"}}, {"name": "f", "arguments": {}}], "  Text.")
+    assert two == ([{"name": "f", "arguments": {"a": "x\n"}, "arguments_text": '{"a": "x\\n"}'},
+                    {"name": "f", "arguments": {}, "arguments_text": "{}"}], "  Text.")
 
 
 def test_a_repeated_spec_is_served_from_the_cache(coder):
