@@ -18,8 +18,8 @@ written, and the parser. One call, in each:
 A value is written as those templates render one: a string as its own text ("raw"), anything else as JSON. So the
 form of a value follows from its parameter's schema (`value_form`): raw where the schema takes strings only, or
 strings and null (then the text `null` is the null), and the keywords it holds can be said of raw text (`enum`,
-`const`, `minLength`, `maxLength`, `pattern`, the formats that constrain/formats.py writes as patterns, `uuid`
-and `email`); JSON otherwise (a `format: hostname` string is then written quoted). The grammar and the parser
+`const`, `minLength`, `maxLength`, `pattern`, the formats that constrain/formats.py writes as patterns, `uuid`,
+`email` and `ipv4`); JSON otherwise (a `format: hostname` string is then written quoted). The grammar and the parser
 both ask `value_form`, so they agree. A raw value never holds the tag that ends it.
 
 The whole output is one llguidance grammar (Lark), so a token may straddle a value and the tag after it (`.\n`):
@@ -87,11 +87,14 @@ _RAW_KEYWORDS = _ANNOTATIONS | {"type", "enum", "const", "minLength", "maxLength
 _ANY_TEXT = r"[\s\S]"
 # Formats llguidance checks only inside JSON strings, as patterns for raw text: a UUID's hex groups (RFC 4122, as
 # Python's `uuid.UUID` and jsonschema read one), and e-mail addresses of dot-separated atoms at a domain of labels
-# (a subset of RFC 5321's that email-validator, behind pydantic's EmailStr, also takes). Other such formats
-# (hostname, ipv4, ipv6, duration, uri) are written as JSON strings.
+# (a subset of RFC 5321's that email-validator, behind pydantic's EmailStr, also takes), IPv4 addresses as dotted
+# quads without leading zeros (Python's `ipaddress`, behind jsonschema's check, refuses those). Other such formats
+# (hostname, ipv6, duration, uri) are written as JSON strings.
+_IPV4_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _RAW_FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": r"[A-Za-z0-9_%+-]+(\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}",
+    "ipv4": rf"{_IPV4_OCTET}(\.{_IPV4_OCTET}){{3}}",
 }
 
 

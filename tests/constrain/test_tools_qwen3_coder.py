@@ -26,6 +26,7 @@ WEATHER = {"type": "object", "properties": {
     "mail": {"type": "string", "format": "email"},
     "id": {"type": "string", "format": "uuid"},
     "host": {"type": "string", "format": "hostname"},
+    "ip": {"type": "string", "format": "ipv4"},
     "days": {"type": "integer", "minimum": 1, "maximum": 7},
     "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "maxItems": 2},
     "opts": {"type": "object", "properties": {"hot": {"type": "boolean"}}, "required": ["hot"],
@@ -83,7 +84,7 @@ def test_forced_calls_parse_and_validate(tool_choice, parallel, coder):
 
 
 def test_values_are_written_in_the_form_their_schema_gives_them(coder):
-    """Strings raw, checked as raw text (length, enum, pattern, date, e-mail, UUID); null as `null` where the
+    """Strings raw, checked as raw text (length, enum, pattern, date, e-mail, UUID, IPv4); null as `null` where the
     string may be null; a format only llguidance's JSON strings check (hostname) and everything else as JSON."""
     tok, _, compiler = coder
     g = compiler.compile(_spec({"type": "function", "function": {"name": "get_weather"}}))
@@ -107,6 +108,10 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
         (base[:1] + [("mail", "ann@b")] + base[1:], False),
         (base[:1] + [("id", "123e4567-e89b-12d3-a456-426614174000")] + base[1:], True),
         (base[:1] + [("id", "123e4567e89b12d3a456426614174000")] + base[1:], False),
+        (base[:1] + [("ip", "192.168.0.255")] + base[1:], True),
+        (base[:1] + [("ip", "192.168.00.1")] + base[1:], False),  # (leading zeros: refused by ipaddress)
+        (base[:1] + [("ip", "192.168.0.256")] + base[1:], False),
+        (base[:1] + [("ip", '"10.0.0.1"')] + base[1:], False),
         (base[:1] + [("host", '"example.com"')] + base[1:], True),
         (base[:1] + [("host", "example.com")] + base[1:], False),
         (base + [("tags", '["rain", "sun"]'), ("opts", '{"hot": true}')], True),
@@ -133,7 +138,7 @@ def test_value_forms():
     assert value_form({"type": ["string", "null"]}, root).nullable
     assert not value_form({"type": ["string", "null"], "enum": ["a", "b"]}, root).nullable  # (null not in enum)
     for schema in ({"type": "integer"}, {"type": ["string", "integer"]}, {"enum": ["a", 1]}, {},
-                   {"type": "string", "format": "ipv4"}, {"type": "string", "pattern": "(a)\\1"},
+                   {"type": "string", "format": "ipv6"}, {"type": "string", "pattern": "(a)\\1"},
                    {"anyOf": [{"type": "string"}]}, True):
         assert value_form(schema, root) == JSON_FORM, schema
 
