@@ -71,6 +71,29 @@ def text_may_not_start(tool_format: str) -> str:
 
 
 @dataclass(frozen=True)
+class CallsOpening:
+    """Where an output's tool calls begin in its decoded text, so that stop strings, which cut text, never cut a
+    call (constrain/stops.py): the grammar ends calls, and a call cut short could not be read back."""
+
+    always: bool = False  # the whole output is calls (tool_choice "required" or a named function)
+    tags: tuple[str, ...] = ()  # calls begin where one of these appears in the text
+    first: str = ""  # calls begin at the start when the output's first character but whitespace is one of these,
+    first_tags: tuple[str, ...] = ()  # or when the output starts, after whitespace, with one of these
+
+
+def calls_opening(tool_format: str, tool_choice: str) -> CallsOpening:
+    """How `tool_format`'s calls announce themselves under `tool_choice` ("auto" | "required" | "named")."""
+    if tool_choice != "auto":
+        return CallsOpening(always=True)
+    if tool_format == "hermes" or tool_format in XML_FORMATS:
+        return CallsOpening(tags=(HERMES_OPEN,))
+    if tool_format == "mistral_args":
+        return CallsOpening(tags=(MISTRAL_CALLS,))
+    lead = LEAD_TAGS.get(tool_format)  # (in the text when the request keeps special tokens)
+    return CallsOpening(first=text_may_not_start(tool_format), first_tags=(lead,) if lead else ())
+
+
+@dataclass(frozen=True)
 class ToolCall:
     name: str
     arguments: str  # a JSON object, as text (the OpenAI wire shape)

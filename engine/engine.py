@@ -308,7 +308,7 @@ class Engine:
         return Sequence(
             state=state, index=index,
             detok=IncrementalDetokenizer(self.loaded.tokenizer, request.prompt_ids, params.skip_special_tokens),
-            stops=StopMatcher(params.stop, params.include_stop_str_in_output), eos_ids=eos,
+            stops=StopMatcher(params.stop, params.include_stop_str_in_output, request.calls), eos_ids=eos,
             max_new_tokens=min(params.max_tokens, room),
             matcher=request.grammar.matcher() if request.grammar is not None else None,
             generator=generator,

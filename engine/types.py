@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from constrain import Grammar
+    from constrain.tools import CallsOpening
 
 FinishReason = Literal["stop", "length", "tool_calls", "error"]
 # Why a choice ended with finish_reason "error"; the service maps each to an HTTP status.
@@ -67,13 +68,15 @@ class ReasoningTags:
 class GenerationRequest:
     """One prompt to continue `params.n` times. `grammar` is already compiled (or None). With `reasoning`, the
     text inside the block comes out as `TokenEvent.reasoning` and the rest as `text` (stop strings, logprobs
-    and the grammar's answer apply to the rest)."""
+    and the grammar's answer apply to the rest). With `calls`, the output may hold tool calls, which stop strings
+    never cut."""
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     grammar: "Grammar | None" = None
     reasoning: ReasoningTags | None = None
+    calls: "CallsOpening | None" = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import constrain
 from constrain.compiler import unenforced_in_client_terms
 from constrain.continued import ContinuedGrammar
 from constrain.reasoning import ReasoningGrammar, ReasoningTokens
+from constrain.tools import calls_opening
 from engine.types import GenerationRequest, ReasoningTags, TokenEvent
 from service.chat_template import ChatTemplate
 from service.errors import APIError, invalid
@@ -146,6 +147,8 @@ class Generation:
               reasoning: ReasoningTags | None = None) -> Plan:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         n = req.n or 1
+        calls = calls_opening(spec.tool_format, spec.tool_choice) if spec is not None and spec.kind == "tools" \
+            else None
         requests = []
         for i, prompt in enumerate(prompts):
             max_tokens = fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens, default_max,
@@ -158,7 +161,7 @@ class Generation:
                 params = dataclasses.replace(params, skip_special_tokens=False)  # (the calls' tags are special)
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
-                                              grammar=grammar, reasoning=reasoning))
+                                              grammar=grammar, reasoning=reasoning, calls=calls))
         if grammar is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None else ()

@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.service.conftest import MODEL
+from tests.service.conftest import MODEL, assert_stream_matches_whole_answer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "unit": {"enum": ["c", "f"]}},
@@ -81,6 +81,25 @@ def test_streamed_tool_calls_assemble_like_openai(client):
     for slot in calls.values():
         assert slot["id"].startswith("call_")
         jsonschema.validate(json.loads(slot["arguments"]), SCHEMAS[slot["name"]])
+
+
+def test_stop_strings_never_cut_a_call(client, http):
+    """Stop strings cut text, not calls: with stops that every call holds, required calls come back whole and
+    valid, streamed as they are answered whole; text under auto is still cut."""
+    stops = ['"', "}", ":"]
+    for seed in (1, 2):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=200, seed=seed, stop=stops)
+        assert r.choices[0].finish_reason == "tool_calls"
+        _check_calls(r.choices[0].message.tool_calls)
+        assert_stream_matches_whole_answer(http, {"model": MODEL, "messages": ASK, "tools": TOOLS, "seed": seed,
+                                                  "tool_choice": "required", "parallel_tool_calls": False,
+                                                  "max_tokens": 200, "stop": stops})
+    # auto: the random model answers in text here; a stop string in it ends the answer
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=40,
+                                       seed=3, logit_bias={"11": 30}, stop=[","])  # (token 11 is ",")
+    choice = r.choices[0]
+    assert choice.message.tool_calls is None and choice.finish_reason == "stop" and "," not in choice.message.content
 
 
 def test_allowed_tools_required_calls_only_an_allowed_function(client):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer, build_tiny_model_dir
 from tests.serverproc import ServerProcess
-from tests.service.conftest import assert_stream_matches_whole_answer
+from tests.service.conftest import assert_stream_matches_whole_answer, assert_tool_calls_valid
 
 MODEL = "qwen-tools-tiny"
 OPEN_ID = min(QWEN_TOOL_TAGS)
@@ -102,6 +102,27 @@ def test_streamed_calls_match_the_whole_answer(qwen_server, tool_choice, bias):
     with httpx.Client(base_url=qwen_server.base_url, timeout=120) as http:
         for seed in (1, 3):
             assert_stream_matches_whole_answer(http, {**body, "seed": seed})
+
+
+def test_stop_strings_cut_the_text_before_calls_but_never_a_call(qwen_server, client):
+    """A newline follows every `<tool_call>` tag: with "\n" as a stop string, calls still come back whole (forced,
+    or after text under auto, streamed as answered whole), while text with a newline before any call ends there."""
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 160, "stop": ["\n", '"']}
+    with httpx.Client(base_url=qwen_server.base_url, timeout=120) as http:
+        for seed in (1, 2):
+            message = assert_stream_matches_whole_answer(http, {**body, "tool_choice": "required", "seed": seed})
+            assert_tool_calls_valid(message["tool_calls"], SCHEMAS)
+        seen_calls = seen_cut = False
+        for seed in range(6):
+            request = {**body, "tool_choice": "auto", "seed": seed, "logit_bias": {str(OPEN_ID): 8, "198": 4}}
+            message = assert_stream_matches_whole_answer(http, request)
+            if message.get("tool_calls"):
+                seen_calls = True
+                assert_tool_calls_valid(message["tool_calls"], SCHEMAS)
+            else:
+                seen_cut = True
+            assert "\n" not in (message["content"] or "") and '"' not in (message["content"] or "")
+        assert seen_calls and seen_cut
 
 
 def test_streamed_text_under_auto_carries_the_logprobs_of_all_its_tokens(qwen_server):
