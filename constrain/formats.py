@@ -83,6 +83,13 @@ _MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?
 _DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 
+URI = _reference(iri=False, absolute=True)  # (llguidance checks `uri` in JSON strings itself)
+# RFC 3339's durations (its Appendix A): "P" and the date's parts in order, each with the ones below it, then the
+# time's, or weeks alone; every part a whole number.
+_DUR_TIME = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+DURATION = (f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DUR_TIME})?"
+            f"|{_DUR_TIME}|[0-9]+W)")
+
 # format name -> the regex its strings match in full
 FORMAT_PATTERNS = {
     "date": _DATE,

@@ -19,7 +19,8 @@ A value is written as those templates render one: a string as its own text ("raw
 form of a value follows from its parameter's schema (`value_form`): raw where the schema takes strings only, or
 strings and null (then the text `null` is the null), and the keywords it holds can be said of raw text (`enum`,
 `const`, `minLength`, `maxLength`, `pattern`, the formats that constrain/formats.py writes as patterns, `uuid`,
-`email` and `ipv4`); JSON otherwise (a `format: hostname` string is then written quoted). The grammar and the parser
+`email`, `ipv4`, `ipv6`, `uri` and `duration`); JSON otherwise (a `format: hostname` string is then written
+quoted). The grammar and the parser
 both ask `value_form`, so they agree. A raw value never holds the tag that ends it.
 
 The whole output is one llguidance grammar (Lark), so a token may straddle a value and the tag after it (`.\n`):
@@ -37,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from constrain.formats import format_pattern
+from constrain.formats import DURATION, IPV4, IPV6, URI, format_pattern
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.regex_sets import disjoint_regions
 from constrain.support import STANDARD_FORMATS, escape, resolve_ref
@@ -86,15 +87,14 @@ _ANNOTATIONS = {"title", "description", "examples", "default", "$comment", "depr
 _RAW_KEYWORDS = _ANNOTATIONS | {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}
 _ANY_TEXT = r"[\s\S]"
 # Formats llguidance checks only inside JSON strings, as patterns for raw text: a UUID's hex groups (RFC 4122, as
-# Python's `uuid.UUID` and jsonschema read one), and e-mail addresses of dot-separated atoms at a domain of labels
-# (a subset of RFC 5321's that email-validator, behind pydantic's EmailStr, also takes), IPv4 addresses as dotted
-# quads without leading zeros (Python's `ipaddress`, behind jsonschema's check, refuses those). Other such formats
-# (hostname, ipv6, duration, uri) are written as JSON strings.
-_IPV4_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+# Python's `uuid.UUID` and jsonschema read one), e-mail addresses of dot-separated atoms at a domain of labels (a
+# subset of RFC 5321's that email-validator, behind pydantic's EmailStr, also takes), and the RFC grammars of
+# constrain/formats.py: IP addresses (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind
+# jsonschema's check, refuses), URIs and durations. A `hostname` is written as a JSON string.
 _RAW_FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": r"[A-Za-z0-9_%+-]+(\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}",
-    "ipv4": rf"{_IPV4_OCTET}(\.{_IPV4_OCTET}){{3}}",
+    "ipv4": IPV4, "ipv6": IPV6, "uri": URI, "duration": DURATION,
 }
 
 

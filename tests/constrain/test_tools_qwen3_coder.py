@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
+import jsonschema
 import pytest
 import torch
 
 from constrain import ConstraintError, parse_tool_calls, spec_from_request
 from constrain.compiler import unenforced_in_client_terms
+from constrain.formats import DURATION, URI
 from constrain.xml_calls import JSON_FORM, SHAPES, parse_xml_calls, value_form
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen3_coder_tokenizer
 from tests.constrain.conftest import allowed_ids, compiling, decode, random_walk, takes_text, valid_calls
@@ -130,6 +133,39 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
     assert args == {"city": "Oslo\nNor  ", "unit": None, "mail": "a@b.co", "host": "x.org", "days": 3}
 
 
+def test_ip_uri_and_duration_values_are_raw_text_of_their_rfc_grammars(coder):
+    """IPv6 addresses, URIs and durations are written raw, as the template renders them, and only what their RFC's
+    grammar (constrain/formats.py) takes; random walks give values that jsonschema's format checks pass."""
+    link = {"type": "object", "properties": {"url": {"type": "string", "format": "uri"},
+                                             "ip": {"type": "string", "format": "ipv6"},
+                                             "every": {"type": "string", "format": "duration"}},
+            "required": ["url", "ip", "every"], "additionalProperties": False}
+    tok, vocab, compiler = coder
+    tools = [{"type": "function", "function": {"name": "fetch", "strict": True, "parameters": link}}]
+    spec = _spec("required", tools=tools)
+    g = compiler.compile(spec)
+    good = [("url", "https://example.com/a?b=c#d"), ("ip", "2001:db8::8a2e:370:7334"), ("every", "P1DT12H")]
+    assert takes_text(g, tok, _call("fetch", *good))
+    for i, bad in [(0, '"https://example.com"'), (0, "not a uri"), (1, "2001:db8:::1"), (1, "10.0.0.1"),
+                   (2, "P"), (2, "1D"), (2, "P1.5D")]:
+        params = list(good)
+        params[i] = (params[i][0], bad)
+        assert not takes_text(g, tok, _call("fetch", *params)), bad
+    assert json.loads(parse_tool_calls(_call("fetch", *good), spec).calls[0].arguments) == dict(good)
+    rng = random.Random(5)
+    checker = jsonschema.Draft202012Validator(link, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    ended = 0
+    for _ in range(6):
+        toks, done = random_walk(g, vocab, rng, 200, budget=True, prefer_end=0.5)
+        if done:
+            ended += 1
+            for call in parse_tool_calls(decode(vocab, toks), spec).calls:
+                args = json.loads(call.arguments)
+                checker.validate(args)  # (ipv6 by Python's ipaddress; uri and duration where their checkers are)
+                assert re.fullmatch(URI, args["url"]) and re.fullmatch(DURATION, args["every"])
+    assert ended
+
+
 def test_value_forms():
     root = {"$defs": {"s": {"type": "string"}}}
     assert value_form({"type": "string"}, root).raw
@@ -138,7 +174,7 @@ def test_value_forms():
     assert value_form({"type": ["string", "null"]}, root).nullable
     assert not value_form({"type": ["string", "null"], "enum": ["a", "b"]}, root).nullable  # (null not in enum)
     for schema in ({"type": "integer"}, {"type": ["string", "integer"]}, {"enum": ["a", 1]}, {},
-                   {"type": "string", "format": "ipv6"}, {"type": "string", "pattern": "(a)\\1"},
+                   {"type": "string", "format": "hostname"}, {"type": "string", "pattern": "(a)\\1"},
                    {"anyOf": [{"type": "string"}]}, True):
         assert value_form(schema, root) == JSON_FORM, schema
 
