@@ -37,6 +37,7 @@ from constrain.vocabulary import Vocabulary
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
 _UNKNOWN_FORMAT = "Unknown format: "
 _ONE_OF_AS_ANY_OF = "oneOf not fully supported, falling back to anyOf"
+_ONE_OF_UNSUPPORTED = "oneOf constraints are not supported"  # (the strict pass's word for the same oneOf)
 
 
 # Bytes the closing walk tries, best first: closers, then the shortest JSON values, letters (a letter ends a
@@ -380,8 +381,8 @@ def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
             keys.update(json.loads("[" + m.group(1) + "]"))
         elif msg.startswith(_UNKNOWN_FORMAT):
             formats.add(msg[len(_UNKNOWN_FORMAT):])
-        elif msg.startswith(_ONE_OF_AS_ANY_OF):
-            keys.add("oneOf")  # (lenient mode only) a oneOf enforced as anyOf: weaker, so unenforced
+        elif msg.startswith((_ONE_OF_AS_ANY_OF, _ONE_OF_UNSUPPORTED)):
+            keys.add("oneOf")  # a oneOf whose branches may overlap: the lenient pass enforces it as anyOf (weaker)
         else:
             other.append(msg)
     return keys, formats, other

@@ -242,6 +242,20 @@ def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_ot
     loose = {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"^x": {}}}
     spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": loose}}])
     assert unenforced_in_client_terms(spec, compiler.compile(spec)) == ("/0/function/parameters/patternProperties",)
+    # A oneOf whose branches overlap, in a JSON value: llguidance enforces it as anyOf only (before, a 400 that
+    # passed on llguidance's words about an option of its own, even where the function was not strict).
+    overlapping = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
+                   "required": ["v"], "additionalProperties": False}
+    for strict in (True, False):
+        spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": strict,
+                                                                          "parameters": overlapping}}])
+        if strict:
+            with pytest.raises(ConstraintError) as exc:
+                compiler.compile(spec)
+            assert exc.value.pointer == "/0/function/parameters/properties/v/oneOf" and "oneOf" in exc.value.message
+        else:
+            assert unenforced_in_client_terms(spec, compiler.compile(spec)) == \
+                ("/0/function/parameters/properties/v/oneOf",)
 
 
 def test_the_outlines_backend_is_refused(coder):
