@@ -84,6 +84,10 @@ _DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 
 URI = _reference(iri=False, absolute=True)  # (llguidance checks `uri` in JSON strings itself)
+# RFC 1123 host names as llguidance's own `hostname` check reads them: dot-separated labels of 1 to 63 letters, digits
+# and hyphens, neither first nor last a hyphen (no bound on the whole name's length, nor a trailing dot).
+_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = f"{_LABEL}(?:\\.{_LABEL})*"
 # RFC 3339's durations (its Appendix A): "P" and the date's parts in order, each with the ones below it, then the
 # time's, or weeks alone; every part a whole number.
 _DUR_TIME = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"

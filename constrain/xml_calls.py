@@ -19,8 +19,8 @@ A value is written as those templates render one: a string as its own text ("raw
 form of a value follows from its parameter's schema (`value_form`): raw where the schema takes strings only, or
 strings and null (then the text `null` is the null), and the keywords it holds can be said of raw text (`enum`,
 `const`, `minLength`, `maxLength`, `pattern`, the formats that constrain/formats.py writes as patterns, `uuid`,
-`email`, `ipv4`, `ipv6`, `uri` and `duration`); JSON otherwise (a `format: hostname` string is then written
-quoted). The grammar and the parser both ask `value_form`, so they agree. A raw value never holds the tag that ends
+`email`, `ipv4`, `ipv6`, `uri`, `duration` and `hostname`); JSON otherwise (a `format: idn-email` string is then
+written quoted). The grammar and the parser both ask `value_form`, so they agree. A raw value never holds the tag that ends
 it.
 
 The whole output is one llguidance grammar (Lark), so a token may straddle a value and the tag after it (`.\n`):
@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from constrain.formats import DURATION, IPV4, IPV6, URI, format_pattern
+from constrain.formats import DURATION, HOSTNAME, IPV4, IPV6, URI, format_pattern
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.regex_sets import disjoint_regions
 from constrain.support import STANDARD_FORMATS, escape, resolve_ref
@@ -90,11 +90,11 @@ _ANY_TEXT = r"[\s\S]"
 # Python's `uuid.UUID` and jsonschema read one), e-mail addresses of dot-separated atoms at a domain of labels (a
 # subset of RFC 5321's that email-validator, behind pydantic's EmailStr, also takes), and the RFC grammars of
 # constrain/formats.py: IP addresses (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind
-# jsonschema's check, refuses), URIs and durations. A `hostname` is written as a JSON string.
+# jsonschema's check, refuses), URIs, durations and host names.
 _RAW_FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "email": r"[A-Za-z0-9_%+-]+(\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}",
-    "ipv4": IPV4, "ipv6": IPV6, "uri": URI, "duration": DURATION,
+    "ipv4": IPV4, "ipv6": IPV6, "uri": URI, "duration": DURATION, "hostname": HOSTNAME,
 }
 
 

@@ -87,8 +87,8 @@ def test_forced_calls_parse_and_validate(tool_choice, parallel, coder):
 
 
 def test_values_are_written_in_the_form_their_schema_gives_them(coder):
-    """Strings raw, checked as raw text (length, enum, pattern, date, e-mail, UUID, IPv4); null as `null` where the
-    string may be null; a format only llguidance's JSON strings check (hostname) and everything else as JSON."""
+    """Strings raw, checked as raw text (length, enum, pattern, date, e-mail, UUID, IPv4, host name); null as `null`
+    where the string may be null; everything else as JSON."""
     tok, _, compiler = coder
     g = compiler.compile(_spec({"type": "function", "function": {"name": "get_weather"}}))
     base = [("city", "Paris"), ("days", "3")]
@@ -115,8 +115,10 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
         (base[:1] + [("ip", "192.168.00.1")] + base[1:], False),  # (leading zeros: refused by ipaddress)
         (base[:1] + [("ip", "192.168.0.256")] + base[1:], False),
         (base[:1] + [("ip", '"10.0.0.1"')] + base[1:], False),
-        (base[:1] + [("host", '"example.com"')] + base[1:], True),
-        (base[:1] + [("host", "example.com")] + base[1:], False),
+        (base[:1] + [("host", "api.example-1.com")] + base[1:], True),
+        (base[:1] + [("host", '"example.com"')] + base[1:], False),
+        (base[:1] + [("host", "-example.com")] + base[1:], False),
+        (base[:1] + [("host", "ex_ample.com")] + base[1:], False),
         (base + [("tags", '["rain", "sun"]'), ("opts", '{"hot": true}')], True),
         (base + [("tags", '["snow"]')], False),
         (base[:1] + [("days", "8")], False),
@@ -128,7 +130,7 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
         assert takes_text(g, tok, _call("get_weather", *params)) == ok, params
     spec = _spec("required")
     args = json.loads(parse_tool_calls(_call("get_weather", ("city", "Oslo\nNor  "), ("unit", "null"),
-                                             ("mail", "a@b.co"), ("host", '"x.org"'), base[1]),
+                                             ("mail", "a@b.co"), ("host", "x.org"), base[1]),
                                        spec).calls[0].arguments)
     assert args == {"city": "Oslo\nNor  ", "unit": None, "mail": "a@b.co", "host": "x.org", "days": 3}
 
@@ -174,7 +176,7 @@ def test_value_forms():
     assert value_form({"type": ["string", "null"]}, root).nullable
     assert not value_form({"type": ["string", "null"], "enum": ["a", "b"]}, root).nullable  # (null not in enum)
     for schema in ({"type": "integer"}, {"type": ["string", "integer"]}, {"enum": ["a", 1]}, {},
-                   {"type": "string", "format": "hostname"}, {"type": "string", "pattern": "(a)\\1"},
+                   {"type": "string", "format": "idn-email"}, {"type": "string", "pattern": "(a)\\1"},
                    {"anyOf": [{"type": "string"}]}, True):
         assert value_form(schema, root) == JSON_FORM, schema
 
