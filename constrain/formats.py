@@ -1,7 +1,8 @@
 """Regular expressions for the JSON-Schema formats llguidance 1.9.1 has no matcher for, each the exact language of
 its RFC's grammar (every one of these grammars is regular), and for the dates and times its matchers take too
 loosely. constrain/rewrite.py turns such a `format` into the equivalent `pattern`, so both backends enforce it
-instead of refusing the schema.
+instead of refusing the schema. `URI`, `HOSTNAME`, `DURATION` and the IP addresses also serve the tool formats
+whose string values are raw text (constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
 
 Written in the common subset of ECMA-262, Rust's regex and Python's re: classes, `(?:...)`, counted repeats, no
 look-around; non-ASCII ranges are literal characters. Not here: `idn-email` and `idn-hostname` (IDNA's rules
