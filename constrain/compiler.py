@@ -32,6 +32,7 @@ from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
+from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, counts_repeatable_keys, plan_late_keywords,
                                      token_sets)
 from constrain.limits import DEFAULT_LIMITS, Limits
@@ -135,6 +136,7 @@ class GrammarCompiler:
         self._no_stronger_plan: OrderedDict[str, None] = OrderedDict()  # non-strict specs the checks add nothing to
         self._lock = threading.Lock()
         self._lltok = None
+        self._harmony_tokens: HarmonyTokens | None = None
         self._tmp_dir: str | None = None
         self.named_schemas: dict[str, dict] = self._load_named()
         if self.cache_dir:
@@ -153,6 +155,8 @@ class GrammarCompiler:
             return self._after_call_token(spec)
         if spec.kind == "tools" and spec.tool_format == "mistral_args":
             return self._args_calls(spec)
+        if spec.kind == "tools" and spec.tool_format == "harmony":
+            return self._harmony_calls(spec)
         if spec.kind == "tools" and spec.tool_format in XML_FORMATS:
             return self._xml_calls(spec, backend)
         g = self._compile_one(spec, backend)
@@ -210,6 +214,17 @@ class GrammarCompiler:
             self.stats.errors += 1
             raise ConstraintError(f"the mistral_args tool-call format needs {MISTRAL_CALLS} and {MISTRAL_ARGS} to be "
                                   "tokens of the model's vocabulary, and they are not", param="tools")
+        arguments = self._function_grammars(spec)
+        names = self.compile(ConstraintSpec(kind="choice", choices=spec.tool_names, backend=spec.backend,
+                                            extra={"param": "tools"}))
+        text = self.compile(ConstraintSpec(kind="regex", pattern=ANY_TEXT, backend=spec.backend,
+                                           extra={"param": "tools"})) if spec.tool_choice == "auto" else None
+        return ArgsCallsGrammar(names, arguments, text, call_id, args_id, self.vocab,
+                                many=spec.schema.get("maxItems") != 1, unenforced=_function_unenforced(arguments))
+
+    def _function_grammars(self, spec: ConstraintSpec) -> dict[str, Grammar]:
+        """Function name -> its parameters compiled as a JSON schema (strict where the function is; errors name the
+        entry of `tools`), for the formats that write a call's name before its arguments."""
         arguments = {}
         for i, name in enumerate(spec.tool_names):
             one = ConstraintSpec(kind="json_schema", schema=function_schema(spec, i), strict=i in spec.strict_tools,
@@ -221,14 +236,26 @@ class GrammarCompiler:
                 message = exc.message.replace(exc.pointer, pointer, 1) if exc.pointer else exc.message
                 raise _in_client_terms(ConstraintError(message, param="tools", pointer=pointer, code=exc.code),
                                        spec) from None
-        names = self.compile(ConstraintSpec(kind="choice", choices=spec.tool_names, backend=spec.backend,
-                                            extra={"param": "tools"}))
-        text = self.compile(ConstraintSpec(kind="regex", pattern=ANY_TEXT, backend=spec.backend,
-                                           extra={"param": "tools"})) if spec.tool_choice == "auto" else None
-        return ArgsCallsGrammar(names, arguments, text, call_id, args_id, self.vocab,
-                                many=spec.schema.get("maxItems") != 1,
-                                unenforced=tuple(f"/$defs/tool{i}{p}" for i, g in enumerate(arguments.values())
-                                                 for p in g.unenforced))
+        return arguments
+
+    def harmony_tokens(self) -> HarmonyTokens:
+        """The harmony format's tokens (constrain/harmony.py), built on first use."""
+        with self._lock:
+            if self._harmony_tokens is None:
+                self._harmony_tokens = HarmonyTokens.for_tokenizer(self.tokenizer, self.vocab)
+            return self._harmony_tokens
+
+    def _harmony_calls(self, spec: ConstraintSpec) -> Grammar:
+        """Calls in gpt-oss's harmony format (constrain/harmony.py): one call, after any reasoning, its arguments
+        under its function's grammar; under tool_choice "auto" a final message of free text instead."""
+        try:
+            tokens = self.harmony_tokens()
+        except ConstraintError as exc:
+            self.stats.errors += 1
+            raise ConstraintError(exc.message, param="tools") from None
+        arguments = self._function_grammars(spec)
+        return HarmonyGrammar(None, arguments, final=spec.tool_choice == "auto", tokens=tokens, vocab=self.vocab,
+                              unenforced=_function_unenforced(arguments))
 
     def _xml_calls(self, spec: ConstraintSpec, backend: str) -> Grammar:
         """Calls in the "qwen3_coder", "glm45" or "glm47" format (constrain/xml_calls.py): one llguidance grammar,
@@ -645,6 +672,11 @@ def _call_tag(spec: ConstraintSpec) -> bytes | None:
 
 # llguidance names where an error arose as a URI into the schema it compiled (for tools: the call schema).
 _SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")
+
+
+def _function_unenforced(arguments: dict[str, Grammar]) -> tuple[str, ...]:
+    """The unenforced pointers of each function's arguments, told in terms of the call schema."""
+    return tuple(f"/$defs/tool{i}{p}" for i, g in enumerate(arguments.values()) for p in g.unenforced)
 
 
 def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintError:

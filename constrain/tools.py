@@ -31,6 +31,11 @@ call when `parallel_tool_calls` is false or a named function is forced. The call
   "auto", also free text, or text followed by calls. The text must keep the tags to be read back: such requests
   are decoded with special tokens. (So are hermes calls where the vocabulary has the tags as special tokens, as
   some fine-tunes' do: the vocabulary lets grammars write those, `Vocabulary.from_tokenizer(writable_special=...)`.)
+- "harmony" (gpt-oss's format, constrain/harmony.py): one call, after any reasoning messages, as
+  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{arguments}`, ended by `<|call|>`. Its
+  header's text is the answer's text (special tokens as they are written), so the call reads back as the
+  "mistral_args" calls do, with that header for their tags. With tool_choice "auto", a final message of free text
+  instead.
 Never imports HTTP.
 """
 
@@ -43,12 +48,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.harmony import ARGS_OPEN, CALL_OPEN
 
 
-TOOL_FORMATS = ("json_array", "hermes", "llama3_json", "mistral", "mistral_args", "qwen3_coder", "glm45", "glm47")
+TOOL_FORMATS = ("json_array", "hermes", "llama3_json", "mistral", "mistral_args", "qwen3_coder", "glm45", "glm47",
+                "harmony")
 XML_FORMATS = ("qwen3_coder", "glm45", "glm47")  # (constrain/xml_calls.py)
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+# The formats that write each call as a tag, the function's name, another tag, then the arguments' JSON object.
+NAME_THEN_ARGS = {"mistral_args": (MISTRAL_CALLS, MISTRAL_ARGS), "harmony": (CALL_OPEN, ARGS_OPEN)}
 LLAMA3_CALL_TAG = "<|python_tag|>"
 # The special token a format's calls may begin with (left out of the text unless the request keeps special tokens).
 LEAD_TAGS = {"mistral": MISTRAL_CALLS, "llama3_json": LLAMA3_CALL_TAG}
@@ -87,8 +96,8 @@ def calls_opening(tool_format: str, tool_choice: str) -> CallsOpening:
         return CallsOpening(always=True)
     if tool_format == "hermes" or tool_format in XML_FORMATS:
         return CallsOpening(tags=(HERMES_OPEN,))
-    if tool_format == "mistral_args":
-        return CallsOpening(tags=(MISTRAL_CALLS,))
+    if tool_format in NAME_THEN_ARGS:
+        return CallsOpening(tags=(NAME_THEN_ARGS[tool_format][0],))
     lead = LEAD_TAGS.get(tool_format)  # (in the text when the request keeps special tokens)
     return CallsOpening(first=text_may_not_start(tool_format), first_tags=(lead,) if lead else ())
 
@@ -278,7 +287,7 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     `max_tokens`: then the whole text is the answer's content)."""
     if spec.tool_format == "hermes":
         return _parse_hermes(text, spec)
-    if spec.tool_format == "mistral_args":
+    if spec.tool_format in NAME_THEN_ARGS:
         return _parse_args_calls(text, spec)
     if spec.tool_format in XML_FORMATS:
         return _parse_xml_calls(text, spec)
@@ -328,24 +337,26 @@ def _parse_hermes(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
 
 
 def _parse_args_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
-    """`[TOOL_CALLS]name[ARGS]{...}` per call, after any text; the arguments are read as JSON."""
-    start = text.find(MISTRAL_CALLS)
+    """`[TOOL_CALLS]name[ARGS]{...}` per call (or the tags of another NAME_THEN_ARGS format), after any text; the
+    arguments are read as JSON."""
+    call_tag, args_tag = NAME_THEN_ARGS[spec.tool_format]
+    start = text.find(call_tag)
     if start < 0:
         return None
     values, texts, pos = [], [], start
     while pos < len(text):
-        if not text.startswith(MISTRAL_CALLS, pos):
+        if not text.startswith(call_tag, pos):
             return None  # text after the calls
-        args = text.find(MISTRAL_ARGS, pos)
+        args = text.find(args_tag, pos)
         if args < 0:
             return None  # a call cut short
-        name = text[pos + len(MISTRAL_CALLS):args]
+        name = text[pos + len(call_tag):args]
         try:
-            value, pos = _DECODER.raw_decode(text, args + len(MISTRAL_ARGS))
+            value, pos = _DECODER.raw_decode(text, args + len(args_tag))
         except ValueError:
             return None
         values.append({"name": name, "arguments": value})
-        texts.append(text[args + len(MISTRAL_ARGS):pos])
+        texts.append(text[args + len(args_tag):pos])
         pos = _SPACE.match(text, pos).end()
     calls = _calls(values, spec, texts)
     return ParsedCalls(calls, text[:start].rstrip() or None) if calls else None

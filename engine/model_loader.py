@@ -64,7 +64,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def _eos_token_ids(model, tokenizer) -> frozenset[int]:
     """Every id that ends generation: the generation config's EOS list, the tokenizer's EOS, and the
-    chat-turn terminators the chat template writes (e.g. <|im_end|>, <|end|>, <|eot_id|>)."""
+    chat-turn terminators the chat template writes (e.g. <|im_end|>, <|end|>, <|eot_id|>). In gpt-oss's harmony
+    format `<|end|>` ends a message, not the output (a reasoning message ends with it): there it is left out."""
     ids: set[int] = set()
     gen_cfg = getattr(model, "generation_config", None)
     for source in (getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
@@ -74,8 +75,9 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
     vocab = tokenizer.get_vocab()
+    harmony = "<|channel|>" in vocab and "<|return|>" in vocab
     for name in ("<|im_end|>", "<|end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
-        if name in vocab:
+        if name in vocab and not (harmony and name == "<|end|>"):
             ids.add(vocab[name])
     return frozenset(ids)
 

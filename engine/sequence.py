@@ -89,6 +89,13 @@ class Sequence:
             self.error_code = "internal"
         elif (delta := self._reasoning_step(token)) is not None:
             reasoning, in_answer = delta, False
+        elif (tagged := self._tagged_step(token)) is not None:
+            reasoning, answer = tagged
+            in_answer = bool(answer)
+            if answer:
+                text, stopped = self.stops.push(answer)
+                if stopped:
+                    self.finished = "stop"
         else:
             raw = self.detok.push(token)
             answer = self._answer_text(raw)
@@ -101,7 +108,7 @@ class Sequence:
             # (The budget rule steers documents to close in time; "length" would make clients drop them.)
             complete = self.matcher is not None and self.matcher.can_end()
             self.finished = "stop" if complete else "length"
-        if self.finished in ("stop", "length") and self.reasoning_phase == "inside":
+        if self.finished in ("stop", "length") and (self.reasoning_phase == "inside" or self._role() == "reasoning"):
             reasoning += self.detok.flush()  # the output ended inside the block
         elif self.finished in ("stop", "length") and not self.stops.stopped:
             tail, _ = self.stops.push(self._answer_text(self.detok.flush()))
@@ -132,6 +139,26 @@ class Sequence:
         self.detok.push(token)
         self.reasoning_phase, self._strip_leading = "done", True
         return tail
+
+    def _role(self) -> str | None:
+        """The last token's role, where the grammar gives each token one (constrain/harmony.py); else None."""
+        return getattr(self.matcher, "token_role", None)
+
+    def _tagged_step(self, token: int) -> tuple[str, str] | None:
+        """(reasoning text, answer text) of `token` where the grammar gives it a role other than the answer's:
+        reasoning text, a header's tag (its text dropped; counted as reasoning inside reasoning messages), or the
+        end of a call's header (the call's text begins: the grammar spells it). None: the token is the answer's."""
+        role = self._role()
+        if role is None or role == "answer":
+            return None
+        if role == "reasoning":
+            self.reasoning_tokens += 1
+            return self.detok.push(token), ""
+        tail = self.detok.flush()  # (what a tag follows is reasoning text, or nothing)
+        self.detok.push(token)
+        if role == "reasoning_tag":
+            self.reasoning_tokens += 1
+        return tail, self.matcher.call_text if role == "call_header" else ""
 
     def _answer_text(self, delta: str) -> str:
         """The whitespace between a reasoning block and the answer is not part of the answer."""

@@ -13,6 +13,7 @@ import re
 import string
 from typing import Any, Callable
 
+from constrain.harmony import CHANNEL, harmony_token_ids
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALLS, call_token_id
 from constrain.xml_calls import ARG_KEY_CLOSE, ARG_KEY_OPEN, ARG_VALUE_OPEN, FUNCTION_OPEN, PARAMETER_OPEN, SHAPES
 from engine.model_loader import ModelLoadError
@@ -69,6 +70,16 @@ def _with_short_call_ids(dicts: list[dict]) -> list[dict] | None:
     return out if changed else None
 
 
+def _one_call_each(item: dict) -> list[dict]:
+    """An assistant message with several tool calls as one message per call, the first with its text: harmony
+    writes one call per message, and gpt-oss's template renders only the first call of each."""
+    calls = item.get("tool_calls") or []
+    if len(calls) < 2:
+        return [item]
+    return [{**item, "tool_calls": [calls[0]]}] + [{"role": "assistant", "content": "", "tool_calls": [c]}
+                                                   for c in calls[1:]]
+
+
 _PROBE = "structgen-role-probe-7f3a"
 # Llama 3.1-3.3's templates tell the model: 'Respond in the format {"name": function name, "parameters":
 # dictionary of argument name and its value}.'
@@ -87,6 +98,8 @@ class ChatTemplate:
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
         self.knows_tools = "tools" in self.template
         self.knows_tool_calls = "tool_calls" in self.template
+        # gpt-oss's harmony format (constrain/harmony.py): the template writes its channels, and its tags are tokens
+        self.harmony = CHANNEL in self.template and harmony_token_ids(tokenizer) is not None
         self.tool_format = self._tool_format() if tool_format == "auto" else tool_format
         # Tool-call tags the format writes as text that are special tokens (`<tool_call>` in some fine-tunes): the
         # vocabulary lets grammars write them, and tool requests keep special tokens in their text, as they must
@@ -98,6 +111,9 @@ class ChatTemplate:
             if call_token_id(tokenizer, tag) is None:
                 raise ModelLoadError(f"--tool-call-format {self.tool_format}: the model's tokenizer has no {tag} "
                                      "token")
+        if self.tool_format == "harmony" and harmony_token_ids(tokenizer) is None:
+            raise ModelLoadError("--tool-call-format harmony: the model's tokenizer does not have harmony's tags as "
+                                 "tokens")
         self.reasoning = self._reasoning_tags() if reasoning == "auto" else None
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
         # turns rather than lose the system prompt, the tools description or a tool's result.
@@ -112,10 +128,12 @@ class ChatTemplate:
         of Qwen2.5, Qwen3 and Hermes, around the `<function=...>` and `<parameter=...>` tags of Qwen3-Coder and
         Qwen3.5, or around GLM's `<arg_key>` and `<arg_value>` tags (on lines of their own up to GLM-4.6);
         Mistral's `[TOOL_CALLS]` token before a JSON array, or its later `[TOOL_CALLS]name[ARGS]{...}`, where those
-        are tokens of the vocabulary; Llama 3's `{"name": ..., "parameters": ...}`; else ours (the tools prompt
-        describes it to templates without tool support)."""
+        are tokens of the vocabulary; gpt-oss's harmony calls; Llama 3's `{"name": ..., "parameters": ...}`; else
+        ours (the tools prompt describes it to templates without tool support)."""
         if not self.knows_tools:
             return "json_array"
+        if self.harmony:
+            return "harmony"
         if HERMES_OPEN in self.template and FUNCTION_OPEN in self.template and PARAMETER_OPEN in self.template:
             return "qwen3_coder"
         if HERMES_OPEN in self.template and ARG_KEY_OPEN in self.template and ARG_VALUE_OPEN in self.template:
@@ -205,11 +223,13 @@ class ChatTemplate:
             reasoning = extra.get("reasoning_content", extra.get("reasoning"))  # (the names clients send it under)
             if m.role == "assistant" and isinstance(reasoning, str):
                 item["reasoning_content"] = reasoning  # (templates of reasoning models read it; others ignore it)
+                if self.harmony:
+                    item["thinking"] = reasoning  # (gpt-oss's name for it)
             if m.role == "tool":
                 item["tool_call_id"] = m.tool_call_id
                 if m.name:
                     item["name"] = m.name
-            out.append(item)
+            out.extend(_one_call_each(item) if self.harmony else [item])
         return out
 
     def render(self, messages: list[ChatMessage], tools: list[dict] | None = None,

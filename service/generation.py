@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 import constrain
 from constrain.compiler import unenforced_in_client_terms
 from constrain.continued import ContinuedGrammar
+from constrain.harmony import HarmonyGrammar
 from constrain.reasoning import ReasoningGrammar, ReasoningTokens
 from constrain.tools import calls_opening
 from engine.types import GenerationRequest, ReasoningTags, TokenEvent
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # seed 002; chat defaults to the room left in the context
 
 
+# OpenAI's `reasoning_effort` values -> gpt-oss's (its template writes "Reasoning: low|medium|high").
+HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+
+
 @dataclass
 class Plan:
     """Everything needed to run and answer one API request."""
@@ -45,6 +50,7 @@ class Plan:
     n: int
     spec: Any = None  # constrain.ConstraintSpec or None
     reasoning: ReasoningTags | None = None  # the answer may follow a reasoning block (chat only)
+    harmony: bool = False  # the output is in gpt-oss's harmony format, whose answer may follow reasoning messages
     headers: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))  # the `created` of the response
@@ -58,10 +64,16 @@ class Plan:
         return len(self.requests) * self.n
 
     @property
+    def thinks(self) -> bool:
+        """The answer may follow reasoning: the message has `reasoning_content` and usage `reasoning_tokens`."""
+        return self.reasoning is not None or self.harmony
+
+    @property
     def constraint_backend(self) -> str | None:
-        """The backend that serves the constraint (one grammar for every prompt), None when unconstrained."""
+        """The backend that serves the constraint (one grammar for every prompt), None when unconstrained (the
+        harmony format's grammar alone is no constraint of the client's)."""
         grammar = self.requests[0].grammar if self.requests else None
-        return grammar.backend if grammar is not None else None
+        return grammar.backend if grammar is not None and self.spec is not None else None
 
 
 def engine_error(message: str | None, code: str | None, spec: Any = None) -> APIError:
@@ -112,8 +124,13 @@ class Generation:
         if (req.n or 1) > self.config.max_batch_size:
             raise invalid(f"n={req.n} is more than this server's batch size ({self.config.max_batch_size}): "
                           f"all choices of a prompt decode together", "n")
+        effort = (req.model_extra or {}).get("reasoning_effort")
+        harmony_effort = self.template.harmony and isinstance(req, ChatCompletionRequest) and effort is not None
+        if harmony_effort and (not isinstance(effort, str) or effort not in HARMONY_EFFORT):
+            raise invalid(f"`reasoning_effort` must be one of {sorted(HARMONY_EFFORT)}", "reasoning_effort")
         ignored = [f for f in req.extra_fields
-                   if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS]
+                   if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS
+                   and not (f == "reasoning_effort" and harmony_effort)]
         return {"x-structgen-ignored-fields": ",".join(ignored)} if ignored else {}
 
     async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None,
@@ -144,7 +161,7 @@ class Generation:
 
     def _plan(self, req: _SamplingFields, prompts: list[Prompt], spec, grammar, headers, *, default_max, started,
               logprobs=False, top_logprobs=0, prompt_logprobs=None, prefix="chatcmpl",
-              reasoning: ReasoningTags | None = None) -> Plan:
+              reasoning: ReasoningTags | None = None, harmony: bool = False) -> Plan:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         n = req.n or 1
         calls = calls_opening(spec.tool_format, spec.tool_choice) if spec is not None and spec.kind == "tools" \
@@ -162,12 +179,12 @@ class Generation:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
                                               grammar=grammar, reasoning=reasoning, calls=calls))
-        if grammar is not None:
+        if grammar is not None and spec is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None else ()
         if unenforced:
             headers["x-structgen-unenforced"] = ",".join(unenforced)
-        return Plan(request_id, requests, prompts, n, spec, reasoning, headers, started)
+        return Plan(request_id, requests, prompts, n, spec, reasoning, harmony, headers, started)
 
     # ---- the two endpoints
     async def plan_chat(self, req: ChatCompletionRequest) -> Plan:
@@ -177,11 +194,14 @@ class Generation:
         if req.tool_choice is not None and not tools and req.tool_choice != "none":
             raise invalid("`tool_choice` needs `tools`", "tool_choice")
         reasoning = None
+        # gpt-oss's harmony format: the answer is a message after any reasoning messages (constrain/harmony.py)
+        harmony = (self.template.harmony and req.messages is not None and req.generation_prompt
+                   and not req.continue_final_message)
         if req.messages is not None:
             text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
                                         tools_prompt=self._tools_prompt, generation_prompt=req.generation_prompt,
                                         continue_final_message=bool(req.continue_final_message),
-                                        template_kwargs=req.chat_template_kwargs)
+                                        template_kwargs=self._template_kwargs(req))
             ids = self.template.encode(text)
             if req.generation_prompt and not req.continue_final_message:
                 reasoning = self.template.reasoning_for(text)
@@ -197,12 +217,27 @@ class Generation:
                                             self.template.tool_format)
         if grammar is not None and reasoning is not None:
             grammar = ReasoningGrammar(grammar, self._reasoning_masks(reasoning), opened=reasoning.opened)
+        if harmony and not isinstance(grammar, HarmonyGrammar):  # (tool calls compile as harmony's already)
+            try:
+                grammar = HarmonyGrammar(grammar, {}, final=True, tokens=self.compiler.harmony_tokens(),
+                                         vocab=self.compiler.vocab)
+            except constrain.ConstraintError as exc:
+                raise _constraint_error(exc) from None
         if grammar is not None and req.continue_final_message and spec.kind != "tools":
             # (tool calls are parsed from the generated text, so their constraint applies to it alone)
             grammar = self._continued(grammar, spec, text, req.messages[-1].text or "")
         return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
                           logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl",
-                          reasoning=reasoning)
+                          reasoning=reasoning, harmony=harmony)
+
+    def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
+        """The request's `chat_template_kwargs`, and for harmony templates its `reasoning_effort` (gpt-oss's levels
+        are low, medium and high: OpenAI's lower ones are low there, its higher ones high)."""
+        kwargs = dict(req.chat_template_kwargs or {})
+        effort = (req.model_extra or {}).get("reasoning_effort")
+        if self.template.harmony and effort is not None and "reasoning_effort" not in kwargs:
+            kwargs["reasoning_effort"] = HARMONY_EFFORT[effort]
+        return kwargs or None
 
     def _continued(self, grammar, spec, prompt: str, final: str):
         """The constraint applied to the assistant message left open and its continuation together: the message

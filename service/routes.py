@@ -79,7 +79,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                                   parsed_calls={k: v for k, v in calls.items() if v},
                                   prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
                                   as_ids=as_ids, uses_functions=body.uses_functions,
-                                  reasoning=plan.reasoning is not None), headers=plan.headers)
+                                  reasoning=plan.thinks), headers=plan.headers)
 
 
 def _first_tokens(gen: Generation, plan: Plan) -> list[str]:

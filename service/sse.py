@@ -102,7 +102,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
         yield DONE
         return
     if include_usage:
-        reasoning_tokens = sum(s.reasoning_tokens for s in states.values()) if plan.reasoning else None
+        reasoning_tokens = sum(s.reasoning_tokens for s in states.values()) if plan.thinks else None
         yield chunks.usage(plan.prompt_tokens, sum(s.completion_tokens for s in states.values()), reasoning_tokens)
     yield DONE
 

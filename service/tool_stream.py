@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import secrets
 
-from constrain.tools import (HERMES_CLOSE, HERMES_OPEN, LEAD_TAGS, MISTRAL_ARGS, MISTRAL_CALLS, arguments_key,
-                             text_may_not_start)
+from constrain.tools import HERMES_CLOSE, HERMES_OPEN, LEAD_TAGS, NAME_THEN_ARGS, arguments_key, text_may_not_start
 from constrain.xml_calls import SHAPES, ValueForm, XmlShape
 
 _WS = " \t\r\n"
@@ -112,7 +111,7 @@ class ToolCallStream:
         written (`constrain.xml_calls.function_forms`)."""
         self.hermes = tool_format == "hermes"
         self.xml = _XmlCalls(forms or {}, SHAPES[tool_format]) if tool_format in SHAPES else None
-        self.args_calls = tool_format == "mistral_args"
+        self.args_calls = NAME_THEN_ARGS.get(tool_format)  # (mistral_args, harmony: the tags around the name)
         self.between = ""  # mistral_args: what follows a call's arguments (the next call's tag, in pieces)
         # The special token the calls may begin with (mistral, llama3_json), in the text when the request keeps
         # special tokens: held while the text may still be its beginning, then dropped; None once decided.
@@ -137,7 +136,7 @@ class ToolCallStream:
             return self._feed_xml_calls(text)
         if self.hermes:
             return self._feed_hermes(text)
-        if self.args_calls:
+        if self.args_calls is not None:
             return self._feed_args_calls(text)
         if self.lead_tag is not None:
             text = self._past_lead_tag(text)
@@ -209,14 +208,15 @@ class ToolCallStream:
         return rest
 
     def _feed_args_calls(self, text: str) -> list[dict]:
-        """`[TOOL_CALLS]name[ARGS]{...}` per call: the name is announced at `[ARGS]`, then the arguments stream
-        as written until their object closes."""
+        """`[TOOL_CALLS]name[ARGS]{...}` per call (or the tags of harmony's calls): the name is announced at
+        `[ARGS]`, then the arguments stream as written until their object closes."""
+        call_tag, args_tag = self.args_calls
         deltas: list[dict] = []
         if self.mode != "calls":
-            text = self._content_until(MISTRAL_CALLS, text, deltas)
+            text = self._content_until(call_tag, text, deltas)
             if text is None:
                 return deltas
-            self.between = MISTRAL_CALLS
+            self.between = call_tag
         for ch in text:
             if self.call is not None:  # inside the arguments
                 piece = self.call._args(ch)
@@ -225,8 +225,8 @@ class ToolCallStream:
                     self.call, self.between = None, ""
                 continue
             self.between += ch
-            if self.between.startswith(MISTRAL_CALLS) and self.between.endswith(MISTRAL_ARGS):
-                name = self.between[len(MISTRAL_CALLS):-len(MISTRAL_ARGS)]
+            if self.between.startswith(call_tag) and self.between.endswith(args_tag):
+                name = self.between[len(call_tag):-len(args_tag)]
                 self._open_call()
                 self.call.state = "args"  # (entered before the object's opening brace: depth 0)
                 deltas.append({"tool_calls": [{"index": self.calls - 1, "id": _call_id(), "type": "function",

@@ -150,6 +150,27 @@ def build_magistral_tokenizer(out: Path) -> Path:
     return _build_tagged_tokenizer(out, "phi3", MAGISTRAL_TAGS, MAGISTRAL_TEMPLATE)
 
 
+# A chat template written for these tests in the shape of gpt-oss's harmony format (constrain/harmony.py), and its
+# tags as special tokens at Qwen2 placeholders; `<|return|>` and `<|call|>` end the output, as gpt-oss's EOS ids.
+HARMONY_TEMPLATE = ROOT / "tests" / "tokenizers" / "harmony" / "chat_template.jinja"
+HARMONY_TAGS = {151657: "<|start|>", 151658: "<|end|>", 151659: "<|message|>", 151660: "<|channel|>",
+                151661: "<|constrain|>", 151662: "<|return|>", 151663: "<|call|>"}
+
+
+def build_harmony_model_dir(out: Path) -> Path:
+    """A tiny random model with the Qwen2 tokenizer, HARMONY_TAGS as special tokens and the template of
+    HARMONY_TEMPLATE; its generation config ends the output at `<|return|>` and `<|call|>` too."""
+    import json
+
+    model = build_tiny_model_dir(out / "model", _build_tagged_tokenizer(out / "tokenizer", "qwen2", HARMONY_TAGS,
+                                                                        HARMONY_TEMPLATE, special=True))
+    config = json.loads((model / "generation_config.json").read_text())
+    ends = {tag: tid for tid, tag in HARMONY_TAGS.items()}
+    config["eos_token_id"] = [ends["<|return|>"], ends["<|call|>"], config["eos_token_id"]]
+    (model / "generation_config.json").write_text(json.dumps(config))
+    return model
+
+
 # Llama 3's `<|python_tag|>`, a special token its models sometimes write before a call, at a Qwen2 placeholder.
 LLAMA3_PYTHON_TAG = {151659: "<|python_tag|>"}
 
