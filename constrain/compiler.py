@@ -31,6 +31,7 @@ from pathlib import Path
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
+from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, counts_repeatable_keys, plan_late_keywords,
@@ -151,6 +152,8 @@ class GrammarCompiler:
             raise ConstraintError("cannot compile constraint: Unsatisfiable schema: it is `false`, or rewrites to "
                                   "`false` (such as {\"not\": {}}): no JSON document satisfies it",
                                   param=spec.param)
+        if spec.kind == "tools" and spec.answer is not None:
+            return self._calls_or_answer(spec)
         if spec.kind == "tools" and spec.tool_format == "mistral":
             return self._after_call_token(spec)
         if spec.kind == "tools" and spec.tool_format == "mistral_args":
@@ -245,16 +248,25 @@ class GrammarCompiler:
                 self._harmony_tokens = HarmonyTokens.for_tokenizer(self.tokenizer, self.vocab)
             return self._harmony_tokens
 
-    def _harmony_calls(self, spec: ConstraintSpec) -> Grammar:
+    def _calls_or_answer(self, spec: ConstraintSpec) -> Grammar:
+        """Tools and a response_format under tool_choice "auto": calls, or an answer under the response_format
+        (constrain/either.py; in harmony, the final message under it)."""
+        answer = self.compile(spec.answer)  # (its errors name `response_format`)
+        if spec.tool_format == "harmony":
+            return self._harmony_calls(dataclasses.replace(spec, answer=None), answer)
+        return EitherGrammar(self.compile(dataclasses.replace(spec, tool_choice="required", answer=None)), answer)
+
+    def _harmony_calls(self, spec: ConstraintSpec, answer: Grammar | None = None) -> Grammar:
         """Calls in gpt-oss's harmony format (constrain/harmony.py): one call, after any reasoning, its arguments
-        under its function's grammar; under tool_choice "auto" a final message of free text instead."""
+        under its function's grammar; under tool_choice "auto" a final message instead, of free text or under
+        `answer`."""
         try:
             tokens = self.harmony_tokens()
         except ConstraintError as exc:
             self.stats.errors += 1
             raise ConstraintError(exc.message, param="tools") from None
         arguments = self._function_grammars(spec)
-        return HarmonyGrammar(None, arguments, final=spec.tool_choice == "auto", tokens=tokens, vocab=self.vocab,
+        return HarmonyGrammar(answer, arguments, final=spec.tool_choice == "auto", tokens=tokens, vocab=self.vocab,
                               unenforced=_function_unenforced(arguments))
 
     def _xml_calls(self, spec: ConstraintSpec, backend: str) -> Grammar:
@@ -701,4 +713,8 @@ def unenforced_in_client_terms(spec: ConstraintSpec, grammar: Grammar) -> tuple[
     """The grammar's unenforced pointers, told in terms of what the client sent (grammars are shared by every
     schema that rewrites to the same one, so this is per request, not stored on the grammar)."""
     pointers = tuple(getattr(grammar, "unenforced", ()) or ())
-    return tuple(dict.fromkeys(_client_pointer(spec, p)[0] for p in pointers))
+    out = [_client_pointer(spec, p)[0] for p in pointers]
+    if spec.answer is not None:  # (tools and a response_format: the answer's pointers say whose they are)
+        out += ["response_format:" + _client_pointer(spec.answer, p)[0]
+                for p in getattr(grammar, "answer_unenforced", ())]
+    return tuple(dict.fromkeys(out))

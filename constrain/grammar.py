@@ -48,6 +48,9 @@ class ConstraintSpec:
     strict_tools: tuple[int, ...] = ()  # tools: the functions declared strict (their index in the call schema)
     tool_format: str = "json_array"  # tools: how calls are written, one of constrain.tools.TOOL_FORMATS
     backend: str | None = None  # per-request override: "outlines" | "llguidance" | None (server default)
+    # tools under tool_choice "auto" with a response_format too: the constraint on an answer that is not calls
+    # (else free text)
+    answer: "ConstraintSpec | None" = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -73,7 +76,8 @@ class ConstraintSpec:
 
         return json.dumps(
             [self.kind, self.schema, self.strict, self.pattern, list(self.choices), list(self.tool_names),
-             self.tool_choice, self.parallel_tool_calls, list(self.strict_tools), self.tool_format],
+             self.tool_choice, self.parallel_tool_calls, list(self.strict_tools), self.tool_format,
+             self.answer.key if self.answer is not None else None],
             sort_keys=True, separators=(",", ":"), default=str,
         )
 

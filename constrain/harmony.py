@@ -107,7 +107,11 @@ class HarmonyGrammar(Grammar):
         self.vocab = vocab
         inner = answer or next(iter(arguments.values()), None)
         self.backend = inner.backend if inner is not None else "harmony"
-        self.unenforced = unenforced or (answer.unenforced if answer is not None else ())
+        # with calls, `unenforced` names their arguments' keywords and `answer_unenforced` the answer's (as
+        # constrain/either.py); a final message alone has the answer's
+        answer_unenforced = answer.unenforced if answer is not None else ()
+        self.unenforced = unenforced if arguments else answer_unenforced
+        self.answer_unenforced = answer_unenforced if arguments else ()
         t = tokens.ids
         answers = [_Header((t[CHANNEL], b"final", t[MESSAGE]), _FINAL)] if final else []
         answers += [_Header((t[CHANNEL], (CALL_PREFIX + name + " ").encode(), t[CONSTRAIN], b"json", t[MESSAGE]),

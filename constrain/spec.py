@@ -290,13 +290,43 @@ def spec_from_request(*, response_format=None, regex=None, choice=None, tools=No
     specs += _compat_constraints(other_fields or {})
     if not specs:
         return None
+    specs = _with_answer(specs)
     if len(specs) > 1:
         names = " and ".join(n for n, _ in specs)
         raise ConstraintError(f"only one output constraint per request: got {names}", param=specs[1][0])
     spec = specs[0][1]
     if backend in ("outlines", "llguidance"):
-        spec = dataclasses.replace(spec, backend=backend)
+        answer = spec.answer and dataclasses.replace(spec.answer, backend=backend)
+        spec = dataclasses.replace(spec, backend=backend, answer=answer)
     return spec
+
+
+# Formats whose calls a JSON object answer cannot be told from as it streams: Llama 3's call is a bare object.
+_OBJECT_CALLS = ("llama3_json",)
+
+
+def _with_answer(specs: list[tuple[str, ConstraintSpec]]) -> list[tuple[str, ConstraintSpec]]:
+    """`tools` and `response_format` together, as OpenAI takes them: under tool_choice "auto" the output is calls or
+    an answer under the response_format (`ConstraintSpec.answer`); under "required" or a named function, calls
+    (there is no answer). Other pairs are left for the caller to refuse."""
+    names = [n for n, _ in specs]
+    if sorted(names) != ["response_format", "tools"]:
+        return specs
+    tools, answer = (dict(specs)[n] for n in ("tools", "response_format"))
+    if tools.tool_choice != "auto":
+        return [("tools", tools)]
+    if tools.tool_format in _OBJECT_CALLS:
+        raise ConstraintError(f"this model writes a tool call as a bare JSON object ({tools.tool_format}), which an "
+                              "answer under `response_format` could not be told from: send `tools` or "
+                              "`response_format`, or `tool_choice: \"required\"`", param="response_format")
+    if answer.kind == "json_schema" and not _objects_only(answer.schema):
+        raise ConstraintError("with `tools`, the `response_format` schema must describe a JSON object (`type: "
+                              "object`): the answer is told from tool calls by it", param="response_format")
+    return [("tools", dataclasses.replace(tools, answer=answer))]
+
+
+def _objects_only(schema: Any) -> bool:
+    return isinstance(schema, dict) and (schema.get("type") == "object" or schema.get("$ref") is not None)
 
 
 def canonical_json(value: Any) -> str:

@@ -90,8 +90,9 @@ class CallsOpening:
     first_tags: tuple[str, ...] = ()  # or when the output starts, after whitespace, with one of these
 
 
-def calls_opening(tool_format: str, tool_choice: str) -> CallsOpening:
-    """How `tool_format`'s calls announce themselves under `tool_choice` ("auto" | "required" | "named")."""
+def calls_opening(tool_format: str, tool_choice: str, object_answer: bool = False) -> CallsOpening:
+    """How `tool_format`'s calls announce themselves under `tool_choice` ("auto" | "required" | "named").
+    `object_answer`: a response_format's answer may come instead (then a `{` opens it, not a call)."""
     if tool_choice != "auto":
         return CallsOpening(always=True)
     if tool_format == "hermes" or tool_format in XML_FORMATS:
@@ -99,7 +100,8 @@ def calls_opening(tool_format: str, tool_choice: str) -> CallsOpening:
     if tool_format in NAME_THEN_ARGS:
         return CallsOpening(tags=(NAME_THEN_ARGS[tool_format][0],))
     lead = LEAD_TAGS.get(tool_format)  # (in the text when the request keeps special tokens)
-    return CallsOpening(first=text_may_not_start(tool_format), first_tags=(lead,) if lead else ())
+    return CallsOpening(first="[" if object_answer else text_may_not_start(tool_format),
+                        first_tags=(lead,) if lead else ())
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,7 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
         if params is False:
             raise ConstraintError(f"tools[{i}].function.parameters: Unsatisfiable schema: it rewrites to `false` "
                                   "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
+        params = _arguments_object_schema(params)
         defs[key] = _rebase_refs(params, "#", f"#/$defs/{key}")
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
                                                           args_key: {"$ref": f"#/$defs/{key}"}},
@@ -163,6 +166,18 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
     if single:
         schema["maxItems"] = 1
     return schema
+
+
+def _arguments_object_schema(params: Any) -> Any:
+    """`params` held to JSON objects: a call's arguments are an object (OpenAI reads `parameters: {}` as a function
+    without arguments), so a schema that leaves the type open (`{}`, `{"properties": ...}` without `type`, an
+    `anyOf` with other branches) takes objects only; anything else would be written as arguments no client can
+    read. (`_functions` refuses a `type` other than object; a root `$ref` keeps its target's type.)"""
+    if params is True:
+        return {"type": "object"}
+    if isinstance(params, dict) and "type" not in params and "$ref" not in params:
+        return {**params, "type": "object"}
+    return params
 
 
 def _functions(tools: Any) -> list[dict]:
@@ -294,7 +309,9 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     body = text.strip()
     if spec.tool_format in LEAD_TAGS:
         body = body.removeprefix(LEAD_TAGS[spec.tool_format]).lstrip()  # (decoded with skip_special_tokens: false)
-    if not body.startswith(tuple(text_may_not_start(spec.tool_format))):
+    # (with a response_format's answer beside them, calls are an array: an object is the answer)
+    openers = "[" if spec.answer is not None else text_may_not_start(spec.tool_format)
+    if not body.startswith(tuple(openers)):
         return None
     try:
         value = json.loads(body)

@@ -164,8 +164,8 @@ class Generation:
               reasoning: ReasoningTags | None = None, harmony: bool = False) -> Plan:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         n = req.n or 1
-        calls = calls_opening(spec.tool_format, spec.tool_choice) if spec is not None and spec.kind == "tools" \
-            else None
+        calls = calls_opening(spec.tool_format, spec.tool_choice, object_answer=spec.answer is not None) \
+            if spec is not None and spec.kind == "tools" else None
         requests = []
         for i, prompt in enumerate(prompts):
             max_tokens = fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens, default_max,
@@ -181,7 +181,7 @@ class Generation:
                                               grammar=grammar, reasoning=reasoning, calls=calls))
         if grammar is not None and spec is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
-        unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None else ()
+        unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None and spec is not None else ()
         if unenforced:
             headers["x-structgen-unenforced"] = ",".join(unenforced)
         return Plan(request_id, requests, prompts, n, spec, reasoning, harmony, headers, started)

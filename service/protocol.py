@@ -16,7 +16,6 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "suffix": "`suffix` (insertion / fill-in-the-middle) is not supported by this server",
     "images": "this model does not accept images",
     "audio": "audio output is not supported by this server",
-    "prediction": "predicted outputs are not supported by this server",
     "web_search_options": "web search is not supported by this server",
 }
 
@@ -71,6 +70,7 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+    refusal: str | None = None  # a `refusal` part, which OpenAI allows in an assistant's content
 
     @model_validator(mode="after")
     def _text_only(self) -> "ContentPart":
@@ -78,7 +78,7 @@ class ContentPart(BaseModel):
             raise ValueError("this model does not accept images")
         if self.type in ("input_audio", "audio", "file"):
             raise ValueError(f"content parts of type {self.type!r} are not supported: send text")
-        if self.type != "text" or self.text is None:
+        if not (self.type == "text" and self.text is not None or self.type == "refusal" and self.refusal is not None):
             raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {self.type!r}")
         return self
 
@@ -104,6 +104,8 @@ class ChatMessage(BaseModel):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("image_url", "input_image", "image"):
                 raise ValueError("this model does not accept images")
+            if kind == "refusal" and isinstance(part.get("refusal"), str):
+                continue  # (an assistant's; `_content_present` checks the role)
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {kind!r}")
         return value
@@ -114,6 +116,10 @@ class ChatMessage(BaseModel):
                 self.tool_calls or self.function_call or self.refusal is not None)):
             article = "an" if self.role[0] in "aeiou" else "a"
             raise ParamError("content", f"{article} {self.role!r} message needs `content`")
+        if self.role != "assistant" and isinstance(self.content, list) and any(
+                part.type == "refusal" for part in self.content):
+            raise ParamError("content", f"a 'refusal' content part belongs to an assistant's message, not a "
+                                        f"{self.role!r} one")
         if self.role == "tool" and not self.tool_call_id:
             raise ParamError("tool_call_id", "a 'tool' message needs `tool_call_id`")
         if self.role == "function" and not self.name:
@@ -122,12 +128,13 @@ class ChatMessage(BaseModel):
 
     @property
     def text(self) -> str:
-        """The content as one string (text parts joined); an assistant's refusal when it has no content."""
+        """The content as one string (text and refusal parts joined); an assistant's refusal when it has no
+        content."""
         if self.content is None:
             return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or "" for part in self.content)
+        return "".join(part.text or part.refusal or "" for part in self.content)
 
 
 StopField = str | list[str] | None

@@ -58,7 +58,9 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     states = {i: ChoiceState(i) for i in range(plan.choices)}
     tool_format = getattr(plan.spec, "tool_format", "json_array")
     forms = function_forms(plan.spec) if tools and tool_format in XML_FORMATS else None
-    streams = {i: ToolCallStream(tool_format, forms) for i in range(plan.choices)} if tools else {}
+    object_answer = getattr(plan.spec, "answer", None) is not None  # (a response_format beside the tools)
+    streams = {i: ToolCallStream(tool_format, forms, object_answer=object_answer)
+               for i in range(plan.choices)} if tools else {}
     unsent_logprobs: dict[int, list] = {i: [] for i in range(plan.choices)}  # (tools: of text not sent yet)
     for i in range(plan.choices):
         yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

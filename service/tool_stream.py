@@ -106,9 +106,11 @@ class ToolCallStream:
     """Feed text deltas of one choice; get OpenAI delta dicts back (`{"content": ...}` or `{"tool_calls": ...}`).
     """
 
-    def __init__(self, tool_format: str = "json_array", forms: dict[str, dict[str, ValueForm]] | None = None):
+    def __init__(self, tool_format: str = "json_array", forms: dict[str, dict[str, ValueForm]] | None = None,
+                 object_answer: bool = False):
         """`forms`: for the XML formats (qwen3_coder, glm45, glm47), how each function's parameter values are
-        written (`constrain.xml_calls.function_forms`)."""
+        written (`constrain.xml_calls.function_forms`). `object_answer`: a response_format's answer may come
+        instead of calls, so a `{` opens the answer (content), not a call (calls are then an array)."""
         self.hermes = tool_format == "hermes"
         self.xml = _XmlCalls(forms or {}, SHAPES[tool_format]) if tool_format in SHAPES else None
         self.args_calls = NAME_THEN_ARGS.get(tool_format)  # (mistral_args, harmony: the tags around the name)
@@ -117,7 +119,8 @@ class ToolCallStream:
         # special tokens: held while the text may still be its beginning, then dropped; None once decided.
         self.lead_tag = LEAD_TAGS.get(tool_format)
         self.lead_held = ""
-        self.openers = text_may_not_start(tool_format)  # what opens calls ("{" also opens the first call)
+        # what opens calls ("{" also opens the first call, but where it opens an answer)
+        self.openers = "[" if object_answer else text_may_not_start(tool_format)
         self.args_key = arguments_key(tool_format)
         self.mode: str | None = None  # None until the first visible character, then "content" or "calls"
         self.pending_ws = ""

@@ -75,6 +75,17 @@ def test_an_assistant_refusal_in_history_is_its_content():
                                                          ChatMessage(role="user", content="why?")])
 
 
+def test_a_refusal_part_in_an_assistants_content_is_its_text():
+    """OpenAI allows `{"type": "refusal", "refusal": ...}` parts in an assistant's content (and only there)."""
+    refused = ChatMessage.model_validate({"role": "assistant", "content": [
+        {"type": "refusal", "refusal": "I can't help with that."}, {"type": "text", "text": " Sorry."}]})
+    assert refused.text == "I can't help with that. Sorry."
+    with pytest.raises(ValueError, match="refusal"):
+        ChatMessage.model_validate({"role": "user", "content": [{"type": "refusal", "refusal": "no"}]})
+    with pytest.raises(ValueError, match="content parts"):
+        ChatMessage.model_validate({"role": "assistant", "content": [{"type": "refusal"}]})
+
+
 def test_a_template_that_writes_tool_call_tags_sets_the_hermes_format(tmp_path):
     """Qwen2.5's template tells the model to write `<tool_call>` tags: calls are constrained and parsed in that
     format, and the template renders the tools and earlier calls itself. The project's other templates know no

@@ -194,6 +194,10 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
                                                "my_sdk_extra": 1, "another": {"x": 1}, "user": "u1"})
     assert r.status_code == 200
     assert r.headers["x-structgen-ignored-fields"] == "another,my_sdk_extra"
+    # predicted outputs only make decoding faster, never change the answer: ignored, and said so
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
+                                               "prediction": {"type": "content", "content": "Hello there"}})
+    assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "prediction"
 
 
 def test_other_servers_grammar_fields_are_refused_not_ignored(http):

@@ -40,6 +40,88 @@ def test_required_tool_choice_returns_one_valid_tool_call(client):
     _check_calls(choice.message.tool_calls)
 
 
+@pytest.mark.parametrize("parameters", [{}, {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                                        {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                                                   {"type": "string"}]}])
+def test_parameters_that_leave_the_type_open_still_get_object_arguments(http, parameters):
+    """OpenAI reads `parameters: {}` as a function without arguments: a call's arguments are an object even where
+    the schema does not say so (before, `required` came back as content such as `[{"name": "now", "arguments":
+    -3e3}]`, which no client can read as a call)."""
+    tools = [{"type": "function", "function": {"name": "now", "parameters": parameters}}]
+    for seed in (1, 2, 3):
+        body = {"model": MODEL, "messages": ASK, "tools": tools, "tool_choice": "required", "max_tokens": 40,
+                "seed": seed}
+        message = assert_stream_matches_whole_answer(http, body)
+        assert message["content"] is None and message["tool_calls"]
+        for call in message["tool_calls"]:
+            arguments = json.loads(call["function"]["arguments"])
+            assert isinstance(arguments, dict)
+            jsonschema.validate(arguments, parameters)
+
+
+CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                         "population": {"type": "integer", "minimum": 0}},
+        "required": ["name", "population"], "additionalProperties": False}
+OPEN_ARRAY, OPEN_OBJECT = "58", "90"  # the Qwen2 tokens "[" and "{", to steer the random model
+
+
+def test_tools_with_a_response_format_answer_with_calls_or_a_valid_answer(http):
+    """OpenAI takes both: under "auto" the answer is calls or content under the response_format, never free
+    text; under "required", calls."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "response_format": response_format, "max_tokens": 60}
+    for seed, bias, calls in [(1, {OPEN_OBJECT: 100}, False), (2, {OPEN_ARRAY: 100}, True), (3, {}, None),
+                              (4, {}, None)]:
+        message = assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logit_bias": bias})
+        if message.get("tool_calls"):
+            assert calls in (True, None) and message["content"] is None
+            for call in message["tool_calls"]:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+        else:
+            assert calls in (False, None)
+            jsonschema.validate(json.loads(message["content"]), CITY)
+    forced = assert_stream_matches_whole_answer(http, {**body, "tool_choice": "required", "seed": 1,
+                                                       "logit_bias": {OPEN_OBJECT: 100}})
+    assert forced["tool_calls"] and forced["content"] is None
+
+
+def test_tools_with_a_response_format_through_the_sdk(client):
+    from pydantic import BaseModel
+
+    import openai
+
+    class City(BaseModel):
+        name: str
+        population: int
+
+    class GetTime(BaseModel):
+        zone: str
+
+    r = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(GetTime)],
+                                      response_format=City, max_tokens=60, seed=5,
+                                      logit_bias={OPEN_OBJECT: 100})
+    assert isinstance(r.choices[0].message.parsed, City) and not r.choices[0].message.tool_calls
+    r = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(GetTime)],
+                                      response_format=City, max_tokens=60, seed=5,
+                                      logit_bias={OPEN_ARRAY: 100})
+    [call] = r.choices[0].message.tool_calls[:1]
+    assert isinstance(call.function.parsed_arguments, GetTime)
+
+
+def test_tools_with_a_response_format_name_the_answers_unenforced_keywords_apart(http):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "not": {"pattern": "(a)\\1"}, "maxLength": 8}},
+              "required": ["a"], "additionalProperties": False}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 40,
+                                               "response_format": {"type": "json_schema", "json_schema": {
+                                                   "name": "x", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-unenforced"] == "response_format:/properties/a/not"
+    array = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
+                                                   "response_format": {"type": "json_schema", "json_schema": {
+                                                       "name": "x", "schema": {"type": "array"}}}})
+    assert array.status_code == 400 and array.json()["error"]["param"] == "response_format"
+
+
 def test_named_tool_choice_calls_exactly_that_function(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=200, seed=3,
                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
