@@ -85,6 +85,12 @@ class ConstraintSpec:
 class Matcher(abc.ABC):
     """Per-sequence automaton state. Not thread-safe; owned by the engine thread once decoding starts."""
 
+    # Where the last accepted token's text goes, for grammars that know (constrain/harmony.py): "reasoning",
+    # "answer", "tag" or "reasoning_tag" (dropped; the latter counted as reasoning), "call_header" (the answer's
+    # text then begins with `call_text`). None: the engine decides (the answer, or constrain/reasoning.py's tags).
+    token_role: str | None = None
+    call_text: str = ""
+
     @abc.abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         """Write the allowed-token bits into `bitmask[row]` (int32, CPU). EOS ids are allowed exactly when the

@@ -14,7 +14,7 @@ followed token by token; the answer's and the arguments' grammars are ordinary c
 and the budget rule apply to them as without harmony. Near the budget the reasoning ends (`<|end|>`) once only
 the shortest way to an answer still fits, and a header's tokens are allowed only while their answer fits.
 
-Each accepted token gets a role (`HarmonyMatcher.token_role`) that tells the engine where its text goes: the
+Each accepted token gets a role (`Matcher.token_role`) that tells the engine where its text goes: the
 reasoning ("reasoning"), the answer ("answer"), or nowhere (a header's tokens: "tag", or "reasoning_tag" where they
 count as reasoning). At a call's header's last token ("call_header") the answer's text begins with the header as
 `call_text` spells it, so the call can be read back (`parse_harmony_call`): the whole answer is then that text and

@@ -141,8 +141,8 @@ class Sequence:
         return tail
 
     def _role(self) -> str | None:
-        """The last token's role, where the grammar gives each token one (constrain/harmony.py); else None."""
-        return getattr(self.matcher, "token_role", None)
+        """The last token's role, where the grammar gives each token one (`Matcher.token_role`); else None."""
+        return self.matcher.token_role if self.matcher is not None else None
 
     def _tagged_step(self, token: int) -> tuple[str, str] | None:
         """(reasoning text, answer text) of `token` where the grammar gives it a role other than the answer's:

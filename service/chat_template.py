@@ -70,6 +70,15 @@ def _with_short_call_ids(dicts: list[dict]) -> list[dict] | None:
     return out if changed else None
 
 
+def _with_description(tool: dict) -> dict:
+    """A tool with a `description` ("" where it had none): gpt-oss's template adds it to a string, which fails where
+    it is missing (OpenAI's API does not require one)."""
+    function = tool.get("function")
+    if not isinstance(function, dict) or isinstance(function.get("description"), str):
+        return tool
+    return {**tool, "function": {**function, "description": ""}}
+
+
 def _one_call_each(item: dict) -> list[dict]:
     """An assistant message with several tool calls as one message per call, the first with its text: harmony
     writes one call per message, and gpt-oss's template renders only the first call of each."""
@@ -242,7 +251,7 @@ class ChatTemplate:
         kwargs: dict[str, Any] = dict(template_kwargs or {})
         if tools:
             if self.knows_tools:
-                kwargs["tools"] = tools
+                kwargs["tools"] = [_with_description(t) for t in tools] if self.harmony else tools
             elif tools_prompt is not None:
                 text = tools_prompt(tools)
                 if dicts and dicts[0]["role"] == "system":
