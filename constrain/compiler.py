@@ -42,8 +42,8 @@ from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, com
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
-from constrain.tools import (ANY_TEXT, HERMES_OPEN, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_FREE_TEXT,
-                             XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
+from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
+                             MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
                              hermes_regex, text_may_not_start)
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.vocabulary import Vocabulary
@@ -154,7 +154,7 @@ class GrammarCompiler:
                                   param=spec.param)
         if spec.kind == "tools" and spec.answer is not None:
             return self._calls_or_answer(spec)
-        if spec.kind == "tools" and spec.tool_format == "mistral":
+        if spec.kind == "tools" and spec.tool_format in TOKEN_THEN_ARRAY:
             return self._after_call_token(spec)
         if spec.kind == "tools" and spec.tool_format == "mistral_args":
             return self._args_calls(spec)
@@ -194,12 +194,14 @@ class GrammarCompiler:
         return CallTokenGrammar(calls, g, token, self.vocab)
 
     def _after_call_token(self, spec: ConstraintSpec) -> Grammar:
-        """Calls in the "mistral" format: the vocabulary's `[TOOL_CALLS]` token, then the calls as a JSON array
-        (compiled, and cached, as that format's); under tool_choice "auto", or free text instead."""
-        token = call_token_id(self.tokenizer)
+        """Calls in the "mistral" or "granite" format: the vocabulary's `[TOOL_CALLS]` (`<|tool_call|>`) token, then
+        the calls as a JSON array (compiled, and cached, as that format's); under tool_choice "auto", or free text
+        instead."""
+        tag = LEAD_TAGS[spec.tool_format]
+        token = call_token_id(self.tokenizer, tag)
         if token is None:
             self.stats.errors += 1
-            raise ConstraintError(f"the mistral tool-call format needs {MISTRAL_CALLS} to be one token of the "
+            raise ConstraintError(f"the {spec.tool_format} tool-call format needs {tag} to be one token of the "
                                   "model's vocabulary, and it is not", param="tools")
         auto = spec.tool_choice == "auto"
         calls = self.compile(dataclasses.replace(spec, tool_format="json_array",

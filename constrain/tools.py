@@ -26,6 +26,8 @@ call when `parallel_tool_calls` is false or a named function is forced. The call
   no grammar writes (constrain/vocabulary.py): `CallTokenGrammar` puts it before the calls' grammar. With
   tool_choice "auto", the token and calls, or free text as in "json_array". The token is special, so the decoded
   text usually leaves it out; the parsers take the calls either way.
+- "granite" (the format of IBM Granite 3's templates): the token `<|tool_call|>`, then the calls as in "json_array",
+  as in "mistral" with that token for `[TOOL_CALLS]` (a special token of Granite's vocabulary).
 - "mistral_args" (the format of Mistral's later templates: Mistral Small 3.2, Magistral, Devstral, Ministral 3):
   each call as `[TOOL_CALLS]name[ARGS]{arguments}`, both tags special tokens (`ArgsCallsGrammar`). With tool_choice
   "auto", also free text, or text followed by calls. The text must keep the tags to be read back: such requests
@@ -52,15 +54,18 @@ from constrain.harmony import ARGS_OPEN, CALL_OPEN
 
 
 TOOL_FORMATS = ("json_array", "hermes", "llama3_json", "mistral", "mistral_args", "qwen3_coder", "glm45", "glm47",
-                "harmony")
+                "harmony", "granite")
 XML_FORMATS = ("qwen3_coder", "glm45", "glm47")  # (constrain/xml_calls.py)
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
 # The formats that write each call as a tag, the function's name, another tag, then the arguments' JSON object.
 NAME_THEN_ARGS = {"mistral_args": (MISTRAL_CALLS, MISTRAL_ARGS), "harmony": (CALL_OPEN, ARGS_OPEN)}
 LLAMA3_CALL_TAG = "<|python_tag|>"
+GRANITE_CALLS = "<|tool_call|>"
 # The special token a format's calls may begin with (left out of the text unless the request keeps special tokens).
-LEAD_TAGS = {"mistral": MISTRAL_CALLS, "llama3_json": LLAMA3_CALL_TAG}
+LEAD_TAGS = {"mistral": MISTRAL_CALLS, "granite": GRANITE_CALLS, "llama3_json": LLAMA3_CALL_TAG}
+# The formats whose calls are that token, then a JSON array of calls (constrain/call_token.py)
+TOKEN_THEN_ARRAY = ("mistral", "granite")
 # Free text under tool_choice "auto" where calls are told apart by their token: it may not start as calls would
 # once that token is left out of the decoded text (see `parse_tool_calls`), after any whitespace.
 MISTRAL_FREE_TEXT = r"[ \t\r\n]*[^\[{ \t\r\n][\s\S]*"

@@ -14,7 +14,7 @@ import string
 from typing import Any, Callable
 
 from constrain.harmony import CHANNEL, harmony_token_ids
-from constrain.tools import HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALLS, call_token_id
+from constrain.tools import GRANITE_CALLS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALLS, call_token_id
 from constrain.xml_calls import ARG_KEY_CLOSE, ARG_KEY_OPEN, ARG_VALUE_OPEN, FUNCTION_OPEN, PARAMETER_OPEN, SHAPES
 from engine.model_loader import ModelLoadError
 from engine.types import ReasoningTags
@@ -115,7 +115,8 @@ class ChatTemplate:
         # where the tags themselves are special tokens (mistral_args).
         self.written_special_tags = self._written_special_tags()
         self.calls_in_special_tokens = self.tool_format == "mistral_args" or bool(self.written_special_tags)
-        tags = {"mistral": [MISTRAL_CALLS], "mistral_args": [MISTRAL_CALLS, MISTRAL_ARGS]}.get(self.tool_format, ())
+        tags = {"mistral": [MISTRAL_CALLS], "mistral_args": [MISTRAL_CALLS, MISTRAL_ARGS],
+                "granite": [GRANITE_CALLS]}.get(self.tool_format, ())
         for tag in tags:  # (a format forced on a vocabulary without its tags)
             if call_token_id(tokenizer, tag) is None:
                 raise ModelLoadError(f"--tool-call-format {self.tool_format}: the model's tokenizer has no {tag} "
@@ -137,8 +138,9 @@ class ChatTemplate:
         of Qwen2.5, Qwen3 and Hermes, around the `<function=...>` and `<parameter=...>` tags of Qwen3-Coder and
         Qwen3.5, or around GLM's `<arg_key>` and `<arg_value>` tags (on lines of their own up to GLM-4.6);
         Mistral's `[TOOL_CALLS]` token before a JSON array, or its later `[TOOL_CALLS]name[ARGS]{...}`, where those
-        are tokens of the vocabulary; gpt-oss's harmony calls; Llama 3's `{"name": ..., "parameters": ...}`; else
-        ours (the tools prompt describes it to templates without tool support)."""
+        are tokens of the vocabulary; Granite's `<|tool_call|>` special token before a JSON array; gpt-oss's harmony
+        calls; Llama 3's `{"name": ..., "parameters": ...}`; else ours (the tools prompt describes it to templates
+        without tool support)."""
         if not self.knows_tools:
             return "json_array"
         if self.harmony:
@@ -149,6 +151,8 @@ class ChatTemplate:
             return "glm47" if ARG_KEY_CLOSE + ARG_VALUE_OPEN in self.template else "glm45"
         if HERMES_OPEN in self.template:
             return "hermes"
+        if GRANITE_CALLS in self.template and self._special_token(GRANITE_CALLS):
+            return "granite"
         if MISTRAL_CALLS in self.template and call_token_id(self.tokenizer) is not None:
             if MISTRAL_ARGS not in self.template:
                 return "mistral"
@@ -157,6 +161,12 @@ class ChatTemplate:
         if LLAMA3_JSON_INSTRUCTION.search(self.template):
             return "llama3_json"
         return "json_array"
+
+    def _special_token(self, tag: str) -> bool:
+        """`tag` is one special token of the vocabulary (so no text but the tag itself writes it)."""
+        tid = call_token_id(self.tokenizer, tag)
+        added = self.tokenizer.added_tokens_decoder.get(tid) if tid is not None else None
+        return added is not None and added.special
 
     def _written_special_tags(self) -> tuple[str, ...]:
         if self.tool_format != "hermes" and self.tool_format not in SHAPES:

@@ -83,9 +83,10 @@ def _add_serve(subparsers) -> None:
                    choices=["auto", *TOOL_FORMATS],
                    help="how the model writes tool calls: 'hermes' between <tool_call> tags, 'llama3_json' as "
                         "Llama 3's one {\"name\", \"parameters\"} object, 'mistral' as a JSON array after the "
-                        "[TOOL_CALLS] token, 'mistral_args' as [TOOL_CALLS]name[ARGS]{...} per call, 'json_array' "
-                        "as a JSON array (default "
-                        "'auto': the format the chat template describes)")
+                        "[TOOL_CALLS] token, 'granite' after <|tool_call|>, 'mistral_args' as "
+                        "[TOOL_CALLS]name[ARGS]{...} per call, 'qwen3_coder', 'glm45' and 'glm47' as tags around "
+                        "each argument, 'harmony' as gpt-oss's commentary-channel call, 'json_array' as a JSON array "
+                        "(default 'auto': the format the chat template describes)")
     p.add_argument("--reasoning", default=_env("reasoning", "auto"), choices=["auto", "none"],
                    help="'auto': a model whose chat template writes <think> (or Magistral's [THINK]) blocks, and "
                         "whose tokenizer has both tags as single tokens, may think before answering; the block "

@@ -150,6 +150,17 @@ def build_magistral_tokenizer(out: Path) -> Path:
     return _build_tagged_tokenizer(out, "phi3", MAGISTRAL_TAGS, MAGISTRAL_TEMPLATE)
 
 
+# A chat template written for these tests in the shape of IBM Granite 3's: calls as `<|tool_call|>` and then a JSON
+# list, that token a special one (at a Qwen2 placeholder), as in Granite's vocabulary.
+GRANITE_TEMPLATE = ROOT / "tests" / "tokenizers" / "granite" / "chat_template.jinja"
+GRANITE_TAGS = {151659: "<|tool_call|>"}
+
+
+def build_granite_tokenizer(out: Path) -> Path:
+    """The Qwen2 tokenizer with GRANITE_TAGS as special tokens, and the template of GRANITE_TEMPLATE."""
+    return _build_tagged_tokenizer(out, "qwen2", GRANITE_TAGS, GRANITE_TEMPLATE, special=True)
+
+
 # A chat template written for these tests in the shape of gpt-oss's harmony format (constrain/harmony.py), and its
 # tags as special tokens at Qwen2 placeholders; `<|return|>` and `<|call|>` end the output, as gpt-oss's EOS ids.
 HARMONY_TEMPLATE = ROOT / "tests" / "tokenizers" / "harmony" / "chat_template.jinja"
