@@ -90,6 +90,7 @@ def _one_call_each(item: dict) -> list[dict]:
 
 
 _PROBE = "structgen-role-probe-7f3a"
+_PROBE_TOOL = "structgen_tool_probe_7f3a"
 # Llama 3.1-3.3's templates tell the model: 'Respond in the format {"name": function name, "parameters":
 # dictionary of argument name and its value}.'
 LLAMA3_JSON_INSTRUCTION = re.compile(r'"name": [^\n"]{0,80}"parameters": ')
@@ -105,7 +106,7 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
-        self.knows_tools = "tools" in self.template
+        self.knows_tools = "tools" in self.template and self._renders_tools()
         self.knows_tool_calls = "tool_calls" in self.template
         # gpt-oss's harmony format (constrain/harmony.py): the template writes its channels, and its tags are tokens
         self.harmony = CHANNEL in self.template and harmony_token_ids(tokenizer) is not None
@@ -198,6 +199,24 @@ class ChatTemplate:
         if end.endswith(close_tag):
             return None
         return ReasoningTags(open_id, close_id, opened=end.endswith(open_tag))
+
+    def _renders_tools(self) -> bool:
+        """The template writes the `tools` it is given into the prompt. Some name tools yet read them from elsewhere
+        (Phi-4-mini's, from the system message's own `tools` field), so the model would never see them: those get
+        the tools prompt instead, as templates without tool support do. A template that refuses the probe is
+        trusted to know tools."""
+        tool = {"type": "function", "function": {
+            "name": _PROBE_TOOL, "description": "A probe.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string", "description": "x"}},
+                           "required": ["x"]}}}
+        for conversation in ([{"role": "user", "content": "hi"}],
+                             [{"role": "system", "content": "hi"}, {"role": "user", "content": "hi"}]):
+            try:
+                if _PROBE_TOOL in self._apply(conversation, {"add_generation_prompt": True, "tools": [tool]}):
+                    return True
+            except Exception:  # noqa: BLE001 - a template that refuses the probe (it may want other fields)
+                return True
+        return False
 
     def _renders(self, conversation: list[dict]) -> bool:
         try:

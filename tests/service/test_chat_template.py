@@ -75,6 +75,28 @@ def test_an_assistant_refusal_in_history_is_its_content():
                                                          ChatMessage(role="user", content="why?")])
 
 
+def test_a_template_that_names_tools_but_never_writes_them_gets_the_tools_prompt():
+    """Phi-4-mini's template reads tools from the system message's own `tools` field, not from the `tools` it is
+    given: the model would never see them. Such a template gets the tools prompt, as one without tool support."""
+    from constrain import tools_system_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"]))
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' and 'tools' in m and m['tools'] is not none %}"
+        "{{ '<|system|>' + m['content'] + '<|tool|>' + m['tools'] + '<|/tool|><|end|>' }}"
+        "{% else %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+    template = ChatTemplate(tokenizer)
+    assert not template.knows_tools and template.tool_format == "json_array"
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    text = template.render([ChatMessage(role="user", content="hi")], tools=tools,
+                           tools_prompt=tools_system_prompt)
+    assert "get_time" in text
+    writes = AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"]))
+    writes.chat_template = "{{ tools | tojson }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert ChatTemplate(writes).knows_tools
+
+
 def test_a_refusal_part_in_an_assistants_content_is_its_text():
     """OpenAI allows `{"type": "refusal", "refusal": ...}` parts in an assistant's content (and only there)."""
     refused = ChatMessage.model_validate({"role": "assistant", "content": [
