@@ -717,6 +717,5 @@ def unenforced_in_client_terms(spec: ConstraintSpec, grammar: Grammar) -> tuple[
     pointers = tuple(getattr(grammar, "unenforced", ()) or ())
     out = [_client_pointer(spec, p)[0] for p in pointers]
     if spec.answer is not None:  # (tools and a response_format: the answer's pointers say whose they are)
-        out += ["response_format:" + _client_pointer(spec.answer, p)[0]
-                for p in getattr(grammar, "answer_unenforced", ())]
+        out += ["response_format:" + _client_pointer(spec.answer, p)[0] for p in grammar.answer_unenforced]
     return tuple(dict.fromkeys(out))

@@ -130,6 +130,8 @@ class Grammar(abc.ABC):
 
     backend: str  # "outlines" | "llguidance"
     unenforced: tuple[str, ...] = ()  # JSON Pointers of keywords accepted but not enforced (non-strict only)
+    # tools with a response_format (constrain/either.py): the answer's unenforced pointers, in its schema's terms
+    answer_unenforced: tuple[str, ...] = ()
     # Tool calls written between tags: the opening tag (the JSON followers of constrain/checked.py follow each
     # call as an item of the call schema's array); None: the output is one JSON document, or text.
     call_tag: bytes | None = None

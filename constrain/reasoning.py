@@ -62,6 +62,7 @@ class ReasoningGrammar(Grammar):
         self.opened = opened
         self.backend = inner.backend
         self.unenforced = inner.unenforced
+        self.answer_unenforced = inner.answer_unenforced
         self.call_tag = inner.call_tag
 
     def matcher(self) -> "ReasoningMatcher":

@@ -158,3 +158,21 @@ def test_reasoning_none_makes_the_whole_output_the_answer(model_dir):
         r = plain.post("/v1/chat/completions", json={**body, "max_tokens": 30, "response_format": RESPONSE_FORMAT,
                                                       "chat_template_kwargs": OPENED})
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), CITY)
+
+
+def test_tools_with_a_response_format_follow_the_block_and_name_the_answers_unenforced_keywords(http):
+    """Calls or an answer under the response_format after the block; the answer's keywords that nothing enforces
+    are still named (the block's grammar wraps the choice between the two)."""
+    schema = {**CITY, "properties": {**CITY["properties"], "motto": {"type": "string", "not": {"pattern": "(a)\\1"},
+                                                                     "maxLength": 8}}}
+    tools = [{"type": "function", "function": {"name": "get_city", "parameters": CITY}}]
+    r = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MESSAGES, "tools": tools, "max_tokens": 60, "seed": 1,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-unenforced"] == "response_format:/properties/motto/not"
+    message = r.json()["choices"][0]["message"]
+    if message.get("tool_calls"):
+        jsonschema.validate(json.loads(message["tool_calls"][0]["function"]["arguments"]), CITY)
+    else:
+        jsonschema.validate(json.loads(message["content"]), schema)
