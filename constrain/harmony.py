@@ -2,7 +2,8 @@
 and the answer is one of them.
 
 The prompt ends with `<|start|>assistant` (the template's generation prompt). The model then writes, in order:
-- any number of reasoning messages: `<|channel|>analysis<|message|>TEXT<|end|><|start|>assistant`;
+- any number of reasoning messages: `<|channel|>analysis<|message|>TEXT<|end|><|start|>assistant`, and where tools
+  are offered, preambles (`<|channel|>commentary<|message|>TEXT<|end|>...`), which come back as reasoning too;
 - then the answer: `<|channel|>final<|message|>ANSWER` ended by `<|return|>`, or one tool call,
   `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGUMENTS` ended by `<|call|>` (both EOS
   ids of gpt-oss).
@@ -116,7 +117,12 @@ class HarmonyGrammar(Grammar):
         answers = [_Header((t[CHANNEL], b"final", t[MESSAGE]), _FINAL)] if final else []
         answers += [_Header((t[CHANNEL], (CALL_PREFIX + name + " ").encode(), t[CONSTRAIN], b"json", t[MESSAGE]),
                             _CALL, name) for name in arguments]
-        self.first = (_Header((t[CHANNEL], b"analysis", t[MESSAGE]), _ANALYSIS), *answers)
+        # reasoning: analysis messages, and with tools the preambles gpt-oss may write before a call (a commentary
+        # message without a recipient), which come back as reasoning too
+        reasoning = [_Header((t[CHANNEL], b"analysis", t[MESSAGE]), _ANALYSIS)]
+        if arguments:
+            reasoning.append(_Header((t[CHANNEL], b"commentary", t[MESSAGE]), _ANALYSIS))
+        self.first = (*reasoning, *answers)
         # after a reasoning message: its end, the next message's start, then any first header
         self.after_reasoning = tuple(_Header((t[END], t[START], b"assistant", *h.items), h.kind, h.name)
                                      for h in self.first)
@@ -159,20 +165,20 @@ class HarmonyGrammar(Grammar):
         return min(self.rest_cost(h, 0, 0) for h in self.after_reasoning)
 
 
-@dataclass
-class _Place:
-    """Where a header stands: the headers still possible, the item reached, bytes into it (text items)."""
+# Where the headers still possible stand: each header, the item it reached, and bytes into it (a text item). Each
+# its own: one header's text may be another's prefix ("commentary" before `<|message|>`, or before " to=...").
+_Place = tuple[tuple[_Header, int, int], ...]
 
-    headers: tuple[_Header, ...]
-    item: int = 0
-    offset: int = 0
+
+def _start(headers: tuple[_Header, ...], item: int = 0) -> _Place:
+    return tuple((h, item, 0) for h in headers)
 
 
 class HarmonyMatcher(Matcher):
     def __init__(self, grammar: HarmonyGrammar):
         self.g = grammar
         self.phase = _HEADER
-        self.place = _Place(grammar.first)
+        self.place: _Place = _start(grammar.first)
         self.inner: Matcher | None = None  # the answer's or the arguments' matcher
         self.token_role = "tag"  # the last accepted token's (see the module's docstring)
         self.in_reasoning = False  # the header being written follows a reasoning message (its tags count there)
@@ -182,17 +188,16 @@ class HarmonyMatcher(Matcher):
     def _header_tokens(self, tokens_left: int | None) -> list[int]:
         """The tokens that may come next in the current header, less those after which no answer fits (or, where
         none fits, those that lead to the shortest)."""
-        g, p = self.g, self.place
+        g = self.g
         costs: dict[int, int] = {}
-        for h in p.headers:
-            item = h.items[p.item]
+        for h, at, offset in self.place:
+            item = h.items[at]
             if isinstance(item, int):
-                costs[item] = min(costs.get(item, 1 << 30), g.rest_cost(h, p.item + 1, 0))
+                costs[item] = min(costs.get(item, 1 << 30), g.rest_cost(h, at + 1, 0))
                 continue
-            rest = item[p.offset:]
+            rest = item[offset:]
             for end in range(1, len(rest) + 1):
-                cost = (g.rest_cost(h, p.item, p.offset + end) if end < len(rest)
-                        else g.rest_cost(h, p.item + 1, 0))
+                cost = g.rest_cost(h, at, offset + end) if end < len(rest) else g.rest_cost(h, at + 1, 0)
                 for tid in g.tokens.by_bytes.get(rest[:end], ()):
                     costs[tid] = min(costs.get(tid, 1 << 30), cost)
         if tokens_left is None:
@@ -203,43 +208,37 @@ class HarmonyMatcher(Matcher):
     def _header_row(self, tokens_left: int | None) -> np.ndarray:
         """The header's row; cached per place while the budget is far (a token's spelling may cost more than the
         rest of the header does spelled at once: hence the margin)."""
-        p = self.place
         near = tokens_left is not None and tokens_left <= self._header_max() + _BUDGET_MARGIN
-        key = (p.headers, p.item, p.offset)
-        row = None if near else self.g._rows.get(key)
+        row = None if near else self.g._rows.get(self.place)
         if row is None:
             ids = self._header_tokens(tokens_left if near else None)
             row = ids_to_words(np.array(ids, dtype=np.int64), self.g.vocab.words)
             if not near and len(self.g._rows) < 4096:
-                self.g._rows[key] = row
+                self.g._rows[self.place] = row
         return row
 
     def _header_min(self) -> int:
-        p = self.place
-        return min(self.g.rest_cost(h, p.item, p.offset) for h in p.headers)
+        return min(self.g.rest_cost(h, at, offset) for h, at, offset in self.place)
 
     def _header_max(self) -> int:
-        p = self.place
-        return max(self.g.rest_cost(h, p.item, p.offset) for h in p.headers)
+        return max(self.g.rest_cost(h, at, offset) for h, at, offset in self.place)
 
     def _advance_header(self, token_id: int) -> bool:
-        g, p = self.g, self.place
-        data = g.vocab.token_bytes[token_id] if self._ordinary(token_id) else None
+        data = self.g.vocab.token_bytes[token_id] if self._ordinary(token_id) else None
         moved = []
-        for h in p.headers:
-            item = h.items[p.item]
+        for h, at, offset in self.place:
+            item = h.items[at]
             if isinstance(item, int):
                 if item == token_id:
-                    moved.append((h, p.item + 1, 0))
-            elif data and item.startswith(data, p.offset):
-                end = p.offset + len(data)
-                moved.append((h, p.item + 1, 0) if end == len(item) else (h, p.item, end))
+                    moved.append((h, at + 1, 0))
+            elif data and item.startswith(data, offset):
+                end = offset + len(data)
+                moved.append((h, at + 1, 0) if end == len(item) else (h, at, end))
         if not moved:
             return False
-        _, item, offset = moved[0]
-        self.place = _Place(tuple(h for h, _, _ in moved), item, offset)
-        done = [h for h in self.place.headers if len(h.items) == item]
+        self.place = tuple(moved)
         self.token_role = "reasoning_tag" if self.in_reasoning else "tag"
+        done = [h for h, at, _ in moved if at == len(h.items)]
         if done:
             self._enter(done[0])
         return True
@@ -287,7 +286,7 @@ class HarmonyMatcher(Matcher):
             return self._advance_header(token_id)
         if self.phase == _REASONING:
             if token_id == self.g.tokens.ids[END]:
-                self.phase, self.place = _HEADER, _Place(self.g.after_reasoning, 1, 0)
+                self.phase, self.place = _HEADER, _start(self.g.after_reasoning, 1)
                 self.token_role = "reasoning_tag"
                 return True
             if not self._ordinary(token_id):

@@ -94,7 +94,7 @@ def test_required_calls_are_one_valid_call_read_back_from_the_answer(harmony):
     assert isinstance(grammar, HarmonyGrammar)
     shortest = grammar.matcher().min_tokens_to_end()
     rng, names = random.Random(5), set()
-    for max_tokens in (shortest, shortest + 2, 40, 40, 40, 40, 80, 80):
+    for max_tokens in (shortest, shortest + 2, 40, 40, 40, 40, 40, 40, 80, 80, 80, 80):
         toks, ended = random_walk(grammar, vocab, rng, max_tokens, budget=True, prefer_end=0.3,
                                   special_ok=frozenset(HARMONY_TAGS))
         assert ended
@@ -141,21 +141,27 @@ def test_auto_answers_in_text_or_a_call(harmony):
     vocab, compiler = harmony
     spec = spec_from_request(tools=TOOLS, tool_choice="auto", tool_format="harmony")
     grammar = compiler.compile(spec)
-    for pieces, names in [
-        (["<|channel|>", "final", "<|message|>", "It is noon."], None),
+    for pieces, names, reasoning in [
+        (["<|channel|>", "final", "<|message|>", "It is noon."], None, ""),
         (["<|channel|>", "analysis", "<|message|>", "Time?", "<|end|>", "<|start|>", "assistant", "<|channel|>",
-          "commentary to=functions.get_time <|constrain|>json<|message|>", '{"zone": "UTC"}'], ["get_time"]),
+          "commentary to=functions.get_time <|constrain|>json<|message|>", '{"zone": "UTC"}'], ["get_time"], "Time?"),
+        # a preamble (a commentary message to no one) before the call: reasoning, as the analysis is
+        (["<|channel|>commentary<|message|>I will check.<|end|><|start|>assistant<|channel|>",
+          "commentary to=functions.get_time <|constrain|>json<|message|>", '{"zone": "CET"}'], ["get_time"],
+         "I will check."),
     ]:
         m = grammar.matcher()
         toks = _tokens(vocab, *pieces)
         assert all(m.accept(t) for t in toks) and m.can_end(), pieces
-        _, answer = _split(grammar, vocab, toks)
+        written, answer = _split(grammar, vocab, toks)
         parsed = parse_tool_calls(answer, spec)
         assert (parsed is None) == (names is None) and (names is None or [c.name for c in parsed.calls] == names)
+        assert written == reasoning
     for pieces in (["<|channel|>", "commentary to=functions.launch <|constrain|>json<|message|>", "{}"],
                    ["<|channel|>", "commentary to=functions.get_time <|constrain|>json<|message|>",
                     '{"zone": "PST"}'],
                    ["<|channel|>", "final", "<|message|>", "Hi", "<|end|>"],
-                   ["<|channel|>", "analysis", "<|message|>", "Hmm", "<|channel|>"]):
+                   ["<|channel|>", "analysis", "<|message|>", "Hmm", "<|channel|>"],
+                   ["<|channel|>commentary<|message|>Done."]):  # (a preamble is no answer)
         m = grammar.matcher()
         assert not (all(m.accept(t) for t in _tokens(vocab, *pieces)) and m.can_end()), pieces

@@ -91,7 +91,7 @@ def test_calls_come_back_as_tool_calls_whole_and_streamed(http, ids):
         message = assert_stream_matches_whole_answer(http, request)
         assert_tool_calls_valid(message["tool_calls"], {"get_city": CITY, "get_time": TIME})
         assert message["content"] is None and len(message["tool_calls"]) == 1
-        assert (message["reasoning_content"] is not None) == (ids["analysis"] in bias)
+        assert message["reasoning_content"] or ids["analysis"] not in bias  # (with tools, a preamble is too)
         names.add(message["tool_calls"][0]["function"]["name"])
         whole = http.post("/v1/chat/completions", json=request).json()
         assert whole["choices"][0]["finish_reason"] == "tool_calls"
