@@ -2,13 +2,14 @@
 client sends it, and each answer judged. Where walkbench walks the grammar alone, this goes through everything a
 request meets: validation, the rewrites, strict and not strict, tools, the engine's budget rule, the HTTP answer.
 
-    python bench/schema_sweep.py ../shared/jsonschemabench --every 11                 # response_format
-    python bench/schema_sweep.py ../shared/jsonschemabench/Glaiveai2K --every 6 --tools
-    python bench/schema_sweep.py ../shared/jsonschemabench --every 11 --offset 5 --concurrency 8   # mixed batches
-    python bench/schema_sweep.py ../shared/jsonschemabench/Glaiveai2K --every 6 --tools --model DIR  # another model
+    python bench/schema_sweep.py CASES --every 11                 # response_format
+    python bench/schema_sweep.py CASES/Glaiveai2K --every 6 --tools
+    python bench/schema_sweep.py CASES --every 11 --offset 5 --concurrency 8   # mixed batches
+    python bench/schema_sweep.py CASES/Glaiveai2K --every 6 --tools --model DIR  # another model
 
-Each case goes out twice: `response_format` json_schema with `strict` true and false, or (`--tools`) as one
-function's `parameters` with `tool_choice` "required" and "auto". The last line counts the outcomes:
+CASES is a folder of JSONSchemaBench cases (`*.json` below it, as MaskBench reads them). Each case goes out
+twice: `response_format` json_schema with `strict` true and false, or (`--tools`) as one function's `parameters` with
+`tool_choice` "required" and "auto". The last line counts the outcomes:
 `sweep: requests=R ok=O stop=S tool_calls=T length=L refused=F invalid=I server_errors=E` (refused: a 4xx in the
 OpenAI error shape, such as a strict schema with a keyword nothing enforces; invalid: an answer that ended, or a
 call whose arguments, do not validate while no keyword was named in `x-structgen-unenforced`, no call under

@@ -18,13 +18,12 @@ the shortest way to an answer still fits, and a header's tokens are allowed only
 Each accepted token gets a role (`Matcher.token_role`) that tells the engine where its text goes: the
 reasoning ("reasoning"), the answer ("answer"), or nowhere (a header's tokens: "tag", or "reasoning_tag" where they
 count as reasoning). At a call's header's last token ("call_header") the answer's text begins with the header as
-`call_text` spells it, so the call can be read back (`parse_harmony_call`): the whole answer is then that text and
-the arguments.
+`call_text` spells it, so the call reads back as constrain/tools.py's "harmony" calls: the whole answer is then
+that text and the arguments.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -318,13 +317,3 @@ class HarmonyMatcher(Matcher):
         if self.inner is None:
             return 0
         return self.inner.min_tokens_to_end()
-
-
-_CALL_TEXT = re.compile(re.escape(CALL_OPEN) + r"([^\s<]+) " + re.escape(CONSTRAIN) + r"json"
-                        + re.escape(MESSAGE))
-
-
-def parse_harmony_call(text: str) -> tuple[str, str] | None:
-    """(name, arguments text) of the call in an answer's text (special tokens kept), or None: it is no call."""
-    m = _CALL_TEXT.match(text)
-    return (m.group(1), text[m.end():]) if m else None

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from constrain import GrammarCompiler, spec_from_request
-from constrain.harmony import CALL, END, RETURN, HarmonyGrammar, parse_harmony_call
+from constrain.harmony import CALL, END, RETURN, HarmonyGrammar
 from constrain.tools import parse_tool_calls
 from constrain.vocabulary import Vocabulary
 from tests.conftest import HARMONY_TAGS, HARMONY_TEMPLATE, _build_tagged_tokenizer
@@ -107,7 +107,8 @@ def test_required_calls_are_one_valid_call_read_back_from_the_answer(harmony):
 
 def test_headers_come_as_the_format_spells_them(harmony):
     vocab, compiler = harmony
-    auto = compiler.compile(spec_from_request(tools=TOOLS, tool_choice="auto", tool_format="harmony"))
+    auto_spec = spec_from_request(tools=TOOLS, tool_choice="auto", tool_format="harmony")
+    auto = compiler.compile(auto_spec)
     bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
     m = auto.matcher()
     m.fill_bitmask(bitmask, 0)
@@ -128,8 +129,8 @@ def test_headers_come_as_the_format_spells_them(harmony):
     assert allowed_ids(bitmask).tolist() == [TAG_IDS[END]]
     assert all(m.accept(t) for t in _tokens(vocab, "<|end|>", "<|start|>", "assistant", "<|channel|>",
                                              "commentary to=functions.get_time <|constrain|>json<|message|>"))
-    assert m.token_role == "call_header" and parse_harmony_call(m.call_text + '{"zone": "UTC"}') == (
-        "get_time", '{"zone": "UTC"}')
+    [call] = parse_tool_calls(m.call_text + '{"zone": "UTC"}', auto_spec).calls
+    assert m.token_role == "call_header" and (call.name, call.arguments) == ("get_time", '{"zone": "UTC"}')
     assert all(m.accept(t) for t in vocab.spell(b'{"zone": "CET"}')) and m.can_end() and m.is_terminated()
     # required: no final message
     required = compiler.compile(spec_from_request(tools=TOOLS, tool_choice="required", tool_format="harmony"))
