@@ -53,7 +53,9 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                       logprobs: bool, as_ids: bool, tools: bool, uses_functions: bool = False) -> AsyncIterator[bytes]:
     """With tools in play each choice's text goes through a `ToolCallStream`: tool calls stream as `tool_calls`
     deltas (id and name first, then argument pieces), anything else as content. A request that sent the
-    deprecated `functions` gets the call as `function_call` deltas (`function_call_delta`)."""
+    deprecated `functions` gets the call as `function_call` deltas (`function_call_delta`). Each answer token's
+    logprob is sent once, with the delta that spells its text (a call's tokens with the call's deltas) or, for
+    tokens that spell none, with the last chunk: the chunks' logprobs add up to the whole answer's."""
     chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
     tool_format = getattr(plan.spec, "tool_format", "json_array")
@@ -79,13 +81,9 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                     deltas = streams[index].feed(event.text)
                     if event.finish_reason is not None:
                         deltas += streams[index].finish()
-                    for delta in deltas:
-                        lp = None
-                        if "tool_calls" in delta:  # the call's tokens: no content logprobs
-                            unsent_logprobs[index].clear()
-                        elif logprobs:  # content, perhaps held back for a while: its tokens' logprobs go with it
-                            lp = chat_logprobs(unsent_logprobs[index], as_ids)
-                            unsent_logprobs[index].clear()
+                    for delta in deltas:  # text held back for a while: its tokens' logprobs go with it
+                        lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs else None
+                        unsent_logprobs[index].clear()
                         delta = function_call_delta(delta) if uses_functions else delta
                         yield chunks.chunk([{"index": index, "delta": delta, "logprobs": lp,
                                              "finish_reason": None}])
@@ -97,7 +95,9 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 if event.finish_reason == "error":
                     raise engine_error(event.error, event.error_code, plan.spec)
                 calls = gen.parse_tool_calls(state.text, plan.spec) if tools else None
-                yield chunks.chunk([{"index": index, "delta": {}, "logprobs": None,
+                # (the tokens no delta spelled, as a call's closing tag: their logprobs go with the last chunk)
+                lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs and unsent_logprobs[index] else None
+                yield chunks.chunk([{"index": index, "delta": {}, "logprobs": lp,
                                      "finish_reason": finish_for(state, calls, uses_functions)}])
     except APIError as exc:
         yield _error_chunk(exc)

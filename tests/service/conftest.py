@@ -68,13 +68,15 @@ def metric(text: str, name: str) -> float:
 
 def assert_stream_matches_whole_answer(http: httpx.Client, body: dict) -> dict:
     """The same seeded request, whole and streamed: the stream's content, reasoning, tool calls (each id sent once,
-    arguments in pieces) and finish reason assemble to the whole answer's. Returns the whole answer's message."""
+    arguments in pieces), finish reason and logprobs (where asked for) assemble to the whole answer's. Returns the
+    whole answer's message."""
     whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]
     lines = http.post("/v1/chat/completions", json={**body, "stream": True}).text.splitlines()
-    content, reasoning, calls, finish = "", "", {}, None
+    content, reasoning, calls, finish, logprobs = "", "", {}, None, []
     for chunk in (json.loads(line[6:]) for line in lines if line.startswith("data: {")):
         for choice in chunk.get("choices", ()):
             delta = choice["delta"]
+            logprobs += (choice.get("logprobs") or {}).get("content") or []
             content += delta.get("content") or ""
             assert delta.get("reasoning") == delta.get("reasoning_content")  # (the two names clients read)
             reasoning += delta.get("reasoning_content") or ""
@@ -88,6 +90,8 @@ def assert_stream_matches_whole_answer(http: httpx.Client, body: dict) -> dict:
             finish = choice.get("finish_reason") or finish
     message = whole["message"]
     assert finish == whole["finish_reason"]
+    if body.get("logprobs"):  # (each token's once, in order, calls' included)
+        assert logprobs == whole["logprobs"]["content"]
     assert (content or None) == (message["content"] or None)
     assert (reasoning or None) == message.get("reasoning_content") == message.get("reasoning")
     # (both send the arguments as the model wrote them, so the strings are equal, not just their JSON)

@@ -88,7 +88,7 @@ def test_calls_come_back_as_tool_calls_whole_and_streamed(http, ids):
         request = {**body, "seed": seed, "tool_choice": choice, "logit_bias": bias}
         if backend:  # (outlines enforces no `minimum`: the function it serves here is get_time)
             request.update(constraint_backend=backend, tools=TOOLS[1:])
-        message = assert_stream_matches_whole_answer(http, request)
+        message = assert_stream_matches_whole_answer(http, {**request, "logprobs": True})
         assert_tool_calls_valid(message["tool_calls"], {"get_city": CITY, "get_time": TIME})
         assert message["content"] is None and len(message["tool_calls"]) == 1
         assert message["reasoning_content"] or ids["analysis"] not in bias  # (with tools, a preamble is too)

@@ -128,7 +128,7 @@ def test_tool_calls_follow_the_block(http):
     body = {"model": MODEL, "messages": MESSAGES, "tools": tools, "tool_choice": "required", "max_tokens": 40,
             "chat_template_kwargs": OPENED}
     for seed in range(2):
-        message = assert_stream_matches_whole_answer(http, {**body, "seed": seed})
+        message = assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logprobs": True})
         assert message["reasoning_content"]
         [call] = message["tool_calls"]
         jsonschema.validate(json.loads(call["function"]["arguments"]), CITY)

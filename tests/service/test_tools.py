@@ -72,7 +72,7 @@ def test_tools_with_a_response_format_answer_with_calls_or_a_valid_answer(http):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "response_format": response_format, "max_tokens": 60}
     for seed, bias, calls in [(1, {OPEN_OBJECT: 100}, False), (2, {OPEN_ARRAY: 100}, True), (3, {}, None),
                               (4, {}, None)]:
-        message = assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logit_bias": bias})
+        message = assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logit_bias": bias, "logprobs": True})
         if message.get("tool_calls"):
             assert calls in (True, None) and message["content"] is None
             for call in message["tool_calls"]:

@@ -35,7 +35,7 @@ def glm_server(tmp_path_factory):
 def test_required_calls_come_back_and_stream_as_the_whole_answer(glm_server):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 80}
     for seed in (1, 2):
-        message = assert_stream_matches_whole_answer(glm_server, {**body, "seed": seed})
+        message = assert_stream_matches_whole_answer(glm_server, {**body, "seed": seed, "logprobs": True})
         assert message["tool_calls"] and message["content"] is None
         for call in message["tool_calls"]:
             assert call["function"]["name"] == "add_note"

@@ -52,7 +52,7 @@ def test_required_calls_follow_the_token_whole_and_streamed(http, skip_special_t
     for seed in (1, 2):
         body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 60,
                 "seed": seed, "skip_special_tokens": skip_special_tokens}
-        message = assert_stream_matches_whole_answer(http, body)
+        message = assert_stream_matches_whole_answer(http, {**body, "logprobs": True})
         assert_tool_calls_valid(message["tool_calls"], {"get_time": TIME})
         assert message["content"] is None
     written = [t["token"] for t in _chat(http, tool_choice="required", seed=1, logprobs=True)["logprobs"]["content"]]

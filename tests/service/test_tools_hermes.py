@@ -101,7 +101,7 @@ def test_streamed_calls_match_the_whole_answer(qwen_server, tool_choice, bias):
             "logit_bias": {str(OPEN_ID): bias}}
     with httpx.Client(base_url=qwen_server.base_url, timeout=120) as http:
         for seed in (1, 3):
-            assert_stream_matches_whole_answer(http, {**body, "seed": seed})
+            assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logprobs": True})
 
 
 def test_stop_strings_cut_the_text_before_calls_but_never_a_call(qwen_server, client):

@@ -103,7 +103,7 @@ def test_streamed_call_matches_the_whole_answer(llama_server, brace_id, tool_cho
             "logit_bias": {str(brace_id): bias}}
     with httpx.Client(base_url=llama_server.base_url, timeout=120) as http:
         for seed in (1, 3):
-            message = assert_stream_matches_whole_answer(http, {**body, "seed": seed})
+            message = assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logprobs": True})
             if bias == -100:
                 assert message["content"] and not message.get("tool_calls")
 
@@ -151,5 +151,5 @@ def test_a_call_opened_by_the_python_tag_comes_back_as_a_tool_call(tagged_http, 
         choice = whole["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
         assert choice["logprobs"]["content"][0]["token"] == "<|python_tag|>"
-        message = assert_stream_matches_whole_answer(tagged_http, {**body, "seed": seed})
+        message = assert_stream_matches_whole_answer(tagged_http, {**body, "seed": seed, "logprobs": True})
         assert_tool_calls_valid(message["tool_calls"], SCHEMAS)

@@ -87,7 +87,7 @@ def test_streamed_calls_match_the_whole_answer(served, tool_format, tool_choice,
             "constraint_backend": "llguidance"}
     called = 0
     for seed in (1, 2, 3):
-        message = assert_stream_matches_whole_answer(served(tool_format), {**body, "seed": seed})
+        message = assert_stream_matches_whole_answer(served(tool_format), {**body, "seed": seed, "logprobs": True})
         assert "[TOOL_CALLS]" not in (message["content"] or "")
         if message.get("tool_calls"):  # (under "auto" with a mild bias, text may come first, or alone)
             assert_tool_calls_valid(message["tool_calls"], SCHEMAS)

@@ -100,7 +100,7 @@ def test_streamed_calls_match_the_whole_answer(coder_server, tool_choice, bias):
             "logit_bias": {str(OPEN_ID): bias}}
     with httpx.Client(base_url=coder_server.base_url, timeout=120) as http:
         for seed in (1, 3):
-            assert_stream_matches_whole_answer(http, {**body, "seed": seed})
+            assert_stream_matches_whole_answer(http, {**body, "seed": seed, "logprobs": True})
 
 
 def test_history_with_calls_and_results_goes_through_the_template(client):
