@@ -25,13 +25,33 @@ def outlines_vocabulary_from_bytes(token_bytes: list[bytes | None], eos_ids) -> 
 
 
 class TokenDFA:
-    """States 0..n-1 (0 = start); per state sorted token ids and their next states; finals; distances."""
+    """States 0..n-1 (0 = start); per state sorted token ids and their next states; finals; distances; and per
+    state, the largest finite distance among its successors (`slack`) and whether any successor can never accept
+    (`dead`), so that a state's first mask row needs no pass over its successors' distances."""
 
     def __init__(self, offsets: np.ndarray, tokens: np.ndarray, nexts: np.ndarray, final: np.ndarray,
-                 dist: np.ndarray | None = None):
+                 dist: np.ndarray | None = None, slack: np.ndarray | None = None, dead: np.ndarray | None = None):
         self.offsets, self.tokens, self.nexts, self.final = offsets, tokens, nexts, final
         self.dist = self._distances() if dist is None else dist
-        self.nbytes = offsets.nbytes + tokens.nbytes + nexts.nbytes + final.nbytes + self.dist.nbytes
+        if slack is None or dead is None:
+            slack, dead = self._successor_summary()
+        self.slack, self.dead = slack, dead
+        self.nbytes = sum(a.nbytes for a in (offsets, tokens, nexts, final, self.dist, slack, dead))
+
+    def _successor_summary(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slack, dead) per state in one vectorised pass over the transitions (~20 ms for 5.6M)."""
+        n = len(self.final)
+        succ = self.dist[self.nexts]
+        finite = succ < INF
+        slack = np.zeros(n, dtype=np.int32)
+        dead = np.zeros(n, dtype=bool)
+        starts = self.offsets[:-1]
+        nonempty = np.flatnonzero(starts < self.offsets[1:])
+        if len(nonempty):
+            at = starts[nonempty]
+            slack[nonempty] = np.maximum(np.maximum.reduceat(np.where(finite, succ, -1), at), 0)
+            dead[nonempty] = np.logical_or.reduceat(~finite, at)
+        return slack, dead
 
     @classmethod
     def build(cls, regex: str, ov: outlines_core.Vocabulary, eos_ids) -> "TokenDFA":
@@ -86,11 +106,13 @@ class TokenDFA:
 
     def save(self, path: Path) -> None:
         with open(path, "wb") as f:
-            np.savez(f, offsets=self.offsets, tokens=self.tokens, nexts=self.nexts, final=self.final, dist=self.dist)
+            np.savez(f, offsets=self.offsets, tokens=self.tokens, nexts=self.nexts, final=self.final, dist=self.dist,
+                     slack=self.slack, dead=self.dead)
 
     @classmethod
     def load(cls, path: Path) -> "TokenDFA":
-        """Distances are stored too (the reverse BFS is Python work the loading process should not repeat)."""
+        """Distances and successor summaries are stored too (work the loading process should not repeat); a file
+        written before them gets them computed."""
         with np.load(path) as z:
-            dist = z["dist"] if "dist" in z.files else None
-            return cls(z["offsets"], z["tokens"], z["nexts"], z["final"], dist)
+            stored = {k: z[k] for k in ("dist", "slack", "dead") if k in z.files}
+            return cls(z["offsets"], z["tokens"], z["nexts"], z["final"], **stored)
