@@ -144,7 +144,8 @@ class OutlinesMatcher(Matcher):
     def accept(self, token_id: int) -> bool:
         d = self._g.dfa
         lo, hi = d.offsets[self._state], d.offsets[self._state + 1]
-        i = lo + np.searchsorted(d.tokens[lo:hi], token_id)
+        # (an int32 needle: a Python int makes numpy cast the state's whole int32 slice first, ~20x slower)
+        i = lo + np.searchsorted(d.tokens[lo:hi], np.int32(token_id))
         if i >= hi or d.tokens[i] != token_id or d.dist[d.nexts[i]] == _INF:
             return False
         self._state = int(d.nexts[i])
