@@ -1051,11 +1051,15 @@ def _open_object_counts(node: dict) -> dict:
     need = 0 if lo is None else lo - len(set(req))  # present keys needed beyond the required ones
     if missing < 0:
         return node  # unsatisfiable: the backend says so
-    exact = [c for j in range(min(missing, need - 1 if hi is None else missing, len(optional)) + 1)
-             for c in itertools.combinations(optional, j)]
-    some = list(itertools.combinations(optional, need)) if hi is None and 0 < need <= len(optional) else []
-    if not exact + some or len(exact) + len(some) > _MAX_COUNT_ANYOF:
+    sizes = range(min(missing, need - 1 if hi is None else missing, len(optional)) + 1)
+    some_size = need if hi is None and 0 < need <= len(optional) else None
+    # (counted before they are listed: 30 optional properties and a bound of 17 are ~10^8 alternatives)
+    alternatives = sum(math.comb(len(optional), j) for j in sizes) + \
+        (math.comb(len(optional), some_size) if some_size is not None else 0)
+    if not alternatives or alternatives > _MAX_COUNT_ANYOF:
         return node
+    exact = [c for j in sizes for c in itertools.combinations(optional, j)]
+    some = list(itertools.combinations(optional, some_size)) if some_size is not None else []
     bounds = {k: node[k] for k in ("minProperties", "maxProperties") if k in node}
     branches = [{"required": list(c)} for c in some]
     branches += [{"required": list(c), "properties": {x: False for x in optional if x not in c}, **bounds}

@@ -229,3 +229,36 @@ def test_lookahead_steers_away_from_a_token_past_which_the_lexer_gives_up(gpt2_c
         m.fill_bitmask(bm, 0, tokens_left=40)
         assert m.accept(byte[b])
     assert m.can_end()
+
+
+def test_property_counts_over_many_optional_properties_are_not_enumerated(gpt2_compiler, tokenizers, vocabs,
+                                                                        monkeypatch):
+    """30 optional properties under maxProperties 17 would be ~10^8 alternatives of which properties are present:
+    the rewrite counts them before listing any (before, one such request ran the server out of memory), leaves
+    the bounds to the backend, and documents are still held to them."""
+    import itertools
+
+    import constrain.rewrite
+    from tests.constrain.conftest import accepts_document
+
+    class Listing(BaseException):  # (not an Exception: no fallback may swallow it)
+        pass
+
+    listed, combinations = 0, itertools.combinations
+
+    def counted(items, size):
+        nonlocal listed
+        for combo in combinations(items, size):
+            listed += 1
+            if listed > 10_000:
+                raise Listing("the alternatives are being listed")
+            yield combo
+
+    monkeypatch.setattr(constrain.rewrite.itertools, "combinations", counted)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 2} for i in range(30)},
+              "minProperties": 15, "maxProperties": 17}
+    grammar = gpt2_compiler.compile(spec_from_request(
+        response_format={"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}))
+    for count in (14, 15, 17, 18):
+        document = {f"p{i}": "x" for i in range(count)}
+        assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], document) == (15 <= count <= 17)
