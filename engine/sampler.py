@@ -290,6 +290,10 @@ def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tenso
     else:
         if batch.any_temperature:
             logits = logits / batch.temperature.unsqueeze(1)
+        if batch.any_temperature or batch.any_penalty:
+            # A tiny temperature or repetition penalty can take a logit past float32's range: +inf, which softmax
+            # turns into NaN (and the draw into a token id past the vocabulary). The largest float is still first.
+            logits = logits.clamp(max=torch.finfo(logits.dtype).max)
         if batch.any_mirostat:
             truncated = apply_mirostat(logits, batch.mirostat_mu)
             logits = torch.where(batch.mirostat.unsqueeze(1), truncated, logits)

@@ -6,6 +6,8 @@ from engine.types import SamplingParams
 from service.errors import invalid
 from service.protocol import _SamplingFields
 
+GREEDY_BELOW = 1e-5  # a temperature below this is served as 0 (greedy)
+
 
 def logit_bias(req: _SamplingFields, logits_width: int) -> dict[int, float]:
     out = {}
@@ -25,7 +27,11 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int,
     if top_p == 0.0:  # nucleus of zero mass: only the most likely token
         temperature = 0.0
         top_p = 1.0
+    if temperature < GREEDY_BELOW:  # (as vLLM does: dividing by less can take logits past float32's range)
+        temperature = 0.0
     top_k = req.top_k if req.top_k not in (None, -1) else 0
+    if top_k >= logits_width:  # (keeps every token, as 0 does; and stays within a tensor's int64)
+        top_k = 0
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,

@@ -277,6 +277,23 @@ def test_empty_allowed_set_flags_only_that_row_and_produces_no_nan():
     assert out.top_logprobs[2][1] == NEG  # disallowed alternatives carry -inf (the engine drops them)
 
 
+def test_a_logit_past_float32s_range_is_drawn_as_a_token_of_the_vocabulary_not_as_nan():
+    """A repetition penalty of 1e-45 divides a seen positive logit into +inf (a temperature of 1e-45 every positive
+    one): the row still draws a token of the vocabulary (the seen one, which that penalty favours), beside an
+    ordinary row. (The service serves temperatures that small as greedy: service/sampling.py.)"""
+    logits = random_logits(rows=2, width=40)
+    seen = torch.zeros(2, 40, dtype=torch.bool)
+    seen[0, 7] = True
+    logits[0, 7] = 1.0
+    for over in ({"repetition": torch.tensor([1e-45, 1.0]), "any_penalty": True},
+                 {"temperature": torch.tensor([1e-45, 1.0]), "any_temperature": True}):
+        out = sample_step(logits.clone(), make_batch(2, **over), None, torch.zeros(2, 40), seen,
+                          torch.Generator().manual_seed(0))
+        assert all(0 <= t < 40 for t in out.tokens) and all(math.isfinite(x) for x in out.chosen_prob)
+        assert out.tokens[0] == 7 or "temperature" in over
+        assert logits[0, out.tokens[0]] > 0  # (every positive logit overflows alike under that temperature)
+
+
 def test_raw_logprobs_come_from_the_masked_distribution_before_bias_and_temperature():
     logits = random_logits(rows=1, width=8)
     batch = make_batch(1, want_logprobs=True, top_logprobs=3, temperature=torch.tensor([0.3]), any_temperature=True,

@@ -246,3 +246,25 @@ def test_malformed_text_and_deep_nesting_are_400_not_500(http):
     _assert_error(lone, 400, "messages.0.content")
     lone = http.post("/v1/completions", content=bodies[1], headers={"content-type": "application/json"})
     _assert_error(lone, 400, "prompt.1")
+
+
+def test_extreme_sampling_values_are_served_and_never_fail_the_batch(http):
+    """Values at the edge of what the fields allow (found failing every row of the step with a 500: a top_k past
+    int64, a repetition penalty that overflows a logit) are served, and a request decoding beside them is not
+    disturbed. A temperature too small to divide by is served as greedy."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = {"model": MODEL, "messages": HELLO, "max_tokens": 6}
+    extremes = [{"top_k": 2 ** 63}, {"top_k": 10 ** 30}, {"repetition_penalty": 1e-45}, {"temperature": 1e-45},
+                {"repetition_penalty": 1e-39, "temperature": 1e-30}]
+    with ThreadPoolExecutor(len(extremes) + 1) as pool:
+        beside = pool.submit(http.post, "/v1/chat/completions",
+                             json={**base, "max_tokens": 40, "ignore_eos": True, "seed": 1})
+        replies = list(pool.map(lambda extra: http.post("/v1/chat/completions", json={**base, **extra}), extremes))
+        assert beside.result().status_code == 200, beside.result().text
+    assert beside.result().json()["usage"]["completion_tokens"] == 40
+    for extra, r in zip(extremes, replies):
+        assert r.status_code == 200, (extra, r.text)
+    greedy = http.post("/v1/chat/completions", json={**base, "temperature": 0}).json()
+    tiny = http.post("/v1/chat/completions", json={**base, "temperature": 1e-9, "seed": 3}).json()
+    assert tiny["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
