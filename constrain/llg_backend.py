@@ -875,6 +875,8 @@ class LlgMatcher(Matcher):
         if self._keys is not None:
             self._unfed += tb[token_id]
         if not self._m.consume_token(token_id):
+            # (a token the check passed that the lexer cannot take: its limit, e.g. `a{1000000}`, gives up here)
+            self._raise_if_gave_up()
             return False
         self._consumed.append(token_id)
         return True

@@ -179,6 +179,16 @@ def test_a_tool_constraint_that_gives_up_mid_output_names_tools(http):
     assert _assert_error(r, 400, "tools")["code"] == "constraint_too_complex"
 
 
+def test_a_regex_whose_count_the_lexer_cannot_build_is_a_400_naming_regex(http):
+    """llguidance takes `a{1000000}` and its mask offers `aaaaaaaa`, which its lexer then cannot take (too many
+    expressions): the answer is a 400 saying the constraint is too complex, not a 500 saying a token was sampled
+    that the grammar rejected."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 8,
+                                                "regex": "a{1000000}"})
+    assert _assert_error(r, 400, "regex")["code"] == "constraint_too_complex"
+    assert http.get("/health").status_code == 200
+
+
 def _sse_events(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
