@@ -69,6 +69,7 @@ import copy
 import functools
 import itertools
 import math
+import re
 from typing import Any
 
 import jsonschema
@@ -488,12 +489,42 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains, _dependencies,
+    for step in (_impossible_keys, _lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains, _dependencies,
                  _properties_count, _property_names, _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
     return node
+
+
+def _impossible_keys(node: dict, ctx: _Ctx) -> Any:
+    """An object that `required` gives a key it may not have (declared `false`, or admitted by none of its
+    properties and patterns where `additionalProperties` is false) cannot exist: the node keeps its other types,
+    or is `false` (backends drop such a key silently: llguidance wrote `{}` for `required: ["a"]` with no
+    properties and `additionalProperties: false`)."""
+    req = node.get("required")
+    props, patterns = node.get("properties", {}), node.get("patternProperties", {})
+    if not isinstance(req, list) or not isinstance(props, dict) or not isinstance(patterns, dict):
+        return node
+
+    def admitted(key: str) -> bool:
+        if key in props:
+            return props[key] is not False
+        if node.get("additionalProperties") is not False:
+            return True
+        try:
+            return any(re.search(p, key) for p in patterns)
+        except (re.error, TypeError):  # (a pattern Python reads otherwise: assume it admits the key)
+            return True
+
+    if all(admitted(k) for k in req if isinstance(k, str)):
+        return node
+    types = _types_of(node["type"]) if "type" in node else _ALL_TYPES
+    if types is None:
+        return node
+    ctx.changed = True
+    names = _type_value(types - {"object"})
+    return False if not names else {**node, "type": names}
 
 
 def _add_all_of(node: dict, sub: Any) -> None:

@@ -11,7 +11,7 @@ import pytest
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import rewrite_schema, validator_class
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_value, ended_walks_valid
+from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
 D7 = "http://json-schema.org/draft-07/schema#"
 
@@ -301,6 +301,46 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
 def test_unsatisfiable_finite_node_becomes_an_empty_enum():
     out = rewrite_schema({"allOf": [{"enum": [1, 2]}, {"type": "string"}]})
     assert out == {"enum": []}
+
+
+CLOSED_WITHOUT_A = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["a"],
+                    "additionalProperties": False}
+
+
+@pytest.mark.parametrize("schema, expected", [
+    (CLOSED_WITHOUT_A, False),
+    ({"type": "object", "properties": {"a": False}, "required": ["a"]}, False),
+    ({**CLOSED_WITHOUT_A, "type": ["object", "string"]}, {**CLOSED_WITHOUT_A, "type": ["string"]}),
+    ({k: v for k, v in CLOSED_WITHOUT_A.items() if k != "type"},
+     {**CLOSED_WITHOUT_A, "type": ["array", "boolean", "null", "string", "number"]}),
+    ({"type": "object", "properties": {"x": CLOSED_WITHOUT_A}, "required": ["x"]}, False),  # (through a child)
+])
+def test_an_object_required_to_have_a_key_it_may_not_have_is_unsatisfiable(schema, expected):
+    """Backends drop such a key silently (llguidance wrote `{}` for `required: ["a"]`, closed, no properties)."""
+    out = rewrite_schema(schema)
+    assert out == expected
+    _same(schema, out)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^a": {}}, "required": ["ab"], "additionalProperties": False},
+    {"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
+])
+def test_a_required_key_some_property_admits_is_left_alone(schema):
+    assert rewrite_schema(schema) == schema
+
+
+def test_an_impossible_object_is_a_400_or_leaves_only_the_other_branches(gpt2_compiler, tokenizers, vocabs):
+    for strict in (True, False):
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(CLOSED_WITHOUT_A),
+                                                 strict=strict))
+        assert "nsatisfiable" in exc.value.message
+    either = {"anyOf": [CLOSED_WITHOUT_A, {"type": "integer"}]}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(either), strict=True))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], 5)
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"b": 1})
 
 
 def test_rewritten_schemas_compile_strictly_and_still_refuse_what_they_cannot_enforce(gpt2_compiler):
