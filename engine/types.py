@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length", "tool_calls", "error"]
 # Why a choice ended with finish_reason "error"; the service maps each to an HTTP status.
 ErrorCode = Literal["invalid_request",  # the request cannot run (prompt, n): the client's fault
-                    "empty_allowed_set",  # grammar and logit_bias together allow no token
+                    "empty_allowed_set",  # the grammar allows no token (logit_bias never removes one)
                     "constraint_too_complex",  # the grammar gave up mid-output (a backend's work limit)
                     "cancelled",  # the client went away or cancel() was called
                     "unavailable",  # the server is shutting down

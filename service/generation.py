@@ -76,12 +76,13 @@ class Plan:
         return grammar.backend if grammar is not None and self.spec is not None else None
 
 
-def engine_error(message: str | None, code: str | None, spec: Any = None) -> APIError:
-    """An engine-ended choice as an HTTP error, by the engine's error code (engine/types.py ErrorCode); `spec` is
-    the request's constraint (the field a constraint's error names)."""
+def engine_error(message: str | None, code: str | None, plan: Plan) -> APIError:
+    """An engine-ended choice as an HTTP error, by the engine's error code (engine/types.py ErrorCode); the plan's
+    constraint names the field a constraint's error is about."""
     message = message or "engine error"
-    if code == "empty_allowed_set":  # grammar and logit_bias together leave nothing to sample
-        return APIError(400, message, param="logit_bias", code="empty_allowed_set")
+    spec = plan.spec
+    if code == "empty_allowed_set":  # (the grammar's doing: logit_bias adds to logits, never removes a token)
+        return APIError(400, message, param=spec.param if spec is not None else None, code="empty_allowed_set")
     if code == "constraint_too_complex":  # the grammar gave up mid-output: the client's constraint is the cause
         return APIError(400, message, param=spec.param if spec is not None else None, code="constraint_too_complex")
     if code == "invalid_request":

@@ -52,7 +52,7 @@ def _states(events: dict, plan: Plan) -> list[ChoiceState]:
         for event in events.get(i, ()):
             state.add(event)
         if state.finish_reason == "error":
-            raise engine_error(state.error, state.error_code, plan.spec)
+            raise engine_error(state.error, state.error_code, plan)
         states.append(state)
     return states
 

@@ -93,7 +93,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 if event.finish_reason is None:
                     continue
                 if event.finish_reason == "error":
-                    raise engine_error(event.error, event.error_code, plan.spec)
+                    raise engine_error(event.error, event.error_code, plan)
                 calls = gen.parse_tool_calls(state.text, plan.spec) if tools else None
                 # (the tokens no delta spelled, as a call's closing tag: their logprobs go with the last chunk)
                 lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs and unsent_logprobs[index] else None
@@ -141,7 +141,7 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                     yield chunks.chunk([{"index": index, "text": event.text, "logprobs": lp,
                                          "finish_reason": None}])
                 if event.finish_reason == "error":
-                    raise engine_error(event.error, event.error_code, plan.spec)
+                    raise engine_error(event.error, event.error_code, plan)
                 if event.finish_reason is not None:
                     yield chunks.chunk([{"index": index, "text": "", "logprobs": None,
                                          "finish_reason": event.finish_reason}])

@@ -152,7 +152,7 @@ def test_empty_allowed_set_ends_that_choice_with_an_error_and_the_batch_continue
     (alone,) = run_all(engine, request("a", PROMPT, max_tokens=6, **VARIED))
     broken, ok = run_all(engine, request("b", PROMPT, grammar=_NothingAllowed(), max_tokens=6, temperature=1.0),
                          request("a", PROMPT, max_tokens=6, **VARIED))
-    assert broken[0].last.finish_reason == "error" and "empty" in broken[0].last.error
+    assert broken[0].last.finish_reason == "error" and "no token is allowed" in broken[0].last.error
     assert broken[0].last.error_code == "empty_allowed_set"
 
 

@@ -189,6 +189,16 @@ def test_a_regex_whose_count_the_lexer_cannot_build_is_a_400_naming_regex(http):
     assert http.get("/health").status_code == 200
 
 
+@pytest.mark.parametrize("constraint, param", [({"choice": ["<|im_end|>"]}, "choice"),
+                                               ({"regex": "<\\|im_end\\|>"}, "regex")])
+def test_a_constraint_that_allows_no_token_is_a_400_naming_it(http, constraint, param):
+    """The text of a special token (the model's end-of-turn tag) is what this constraint demands, and outputs never
+    hold special tokens: the error names the constraint's field, not `logit_bias` (which no request sent)."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 8, **constraint})
+    error = _assert_error(r, 400, param)
+    assert error["code"] == "empty_allowed_set" and "special tokens" in error["message"]
+
+
 def _sse_events(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
