@@ -62,8 +62,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     msg = msg.removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
-    if not param and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
-        return "the request body must be a JSON object", None
+    if not param and first.get("type") in ("model_attributes_type", "dict_type", "model_type", "missing"):
+        return "the request body must be a JSON object", None  # ("missing": no body at all)
     if first.get("type") == "missing" and param:
         return f"missing required parameter: '{param}'", param
     if named:

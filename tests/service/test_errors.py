@@ -61,10 +61,12 @@ def test_checks_across_fields_name_their_parameter(http, body, param):
     assert not error["message"].startswith("invalid value for"), error  # the check's own sentence
 
 
-def test_invalid_json_and_non_object_bodies_are_400(http):
-    for content in (b"{not json", b"[1, 2]", b""):
-        _assert_error(http.post("/v1/chat/completions", content=content,
-                                headers={"content-type": "application/json"}), 400)
+def test_invalid_json_and_non_object_bodies_are_400_saying_so(http):
+    for content, says in ((b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"),
+                          (b"", "must be a JSON object")):
+        error = _assert_error(http.post("/v1/chat/completions", content=content,
+                                        headers={"content-type": "application/json"}), 400)
+        assert says in error["message"], (content, error)
 
 
 def test_missing_messages_and_prompt_is_400(http):
