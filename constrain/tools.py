@@ -124,6 +124,9 @@ class ParsedCalls:
     # Text the model wrote before its calls (tagged formats under tool_choice "auto"), less the whitespace that ends
     # it: as a stream sends it (service/tool_stream.py), which cannot know at the first characters that calls follow.
     content: str | None = None
+    # False: read as a stream reads an output max_tokens cut (service/tool_stream.py `as_streamed`), the last call's
+    # arguments as far as they were written
+    complete: bool = True
 
 
 def _rebase_refs(node: Any, old: str, new: str) -> Any:

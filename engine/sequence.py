@@ -105,8 +105,9 @@ class Sequence:
                 self.finished = "stop"
         if self.finished is None and self.tokens_left <= 0:
             # A constrained output that is complete when the budget runs out ended with its grammar: "stop".
-            # (The budget rule steers documents to close in time; "length" would make clients drop them.)
-            complete = self.matcher is not None and self.matcher.can_end()
+            # (The budget rule steers documents to close in time; "length" would make clients drop them.) Free text
+            # is cut there, whatever the grammar says: "length" (the service reports complete calls as tool calls).
+            complete = self.matcher is not None and not self.state.request.text_answer and self.matcher.can_end()
             self.finished = "stop" if complete else "length"
         if self.finished in ("stop", "length") and (self.reasoning_phase == "inside" or self._role() == "reasoning"):
             reasoning += self.detok.flush()  # the output ended inside the block

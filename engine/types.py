@@ -69,7 +69,9 @@ class GenerationRequest:
     """One prompt to continue `params.n` times. `grammar` is already compiled (or None). With `reasoning`, the
     text inside the block comes out as `TokenEvent.reasoning` and the rest as `text` (stop strings, logprobs
     and the grammar's answer apply to the rest). With `calls`, the output may hold tool calls, which stop strings
-    never cut."""
+    never cut. `text_answer`: the grammar leaves the answer free text (tools' content under "auto", harmony's
+    unconstrained final message), so an output `max_tokens` ends is `length` even where the grammar could end
+    (a document or a call the budget rule closed ends `stop`)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -77,6 +79,7 @@ class GenerationRequest:
     grammar: "Grammar | None" = None
     reasoning: ReasoningTags | None = None
     calls: "CallsOpening | None" = None
+    text_answer: bool = False
 
 
 @dataclass(frozen=True)

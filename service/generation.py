@@ -167,6 +167,9 @@ class Generation:
         n = req.n or 1
         calls = calls_opening(spec.tool_format, spec.tool_choice, object_answer=spec.answer is not None) \
             if spec is not None and spec.kind == "tools" else None
+        # (the answer is free text where no constraint of the client's shapes it: harmony's format alone, or
+        # tools under "auto" without a response_format)
+        text_answer = grammar is not None and (spec is None or (spec.kind == "tools" and spec.answer is None))
         requests = []
         for i, prompt in enumerate(prompts):
             max_tokens = fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens, default_max,
@@ -179,7 +182,8 @@ class Generation:
                 params = dataclasses.replace(params, skip_special_tokens=False)  # (the calls' tags are special)
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
-                                              grammar=grammar, reasoning=reasoning, calls=calls))
+                                              grammar=grammar, reasoning=reasoning, calls=calls,
+                                              text_answer=text_answer))
         if grammar is not None and spec is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None and spec is not None else ()

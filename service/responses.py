@@ -128,8 +128,9 @@ def tool_calls_json(calls) -> list[dict]:
 
 
 def finish_for(choice: ChoiceState, calls, uses_functions: bool = False) -> str:
-    """`calls`: the choice's `ParsedCalls`, or None."""
-    if calls and choice.finish_reason == "stop":
+    """`calls`: the choice's `ParsedCalls`, or None. (Calls the budget rule closed as `max_tokens` ran out are
+    whole calls: the engine says `length` for tools' output, since text there would be cut.)"""
+    if calls and calls.complete and choice.finish_reason in ("stop", "length"):
         return "function_call" if uses_functions else "tool_calls"
     return choice.finish_reason or "stop"
 
@@ -158,9 +159,9 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
         message: dict = {"role": "assistant", "content": calls.content if calls else c.text, "refusal": None}
         if reasoning:
             message.update(reasoning_fields(c.reasoning or None))
-        if calls and uses_functions:
+        if calls and calls.calls and uses_functions:
             message["function_call"] = {"name": calls.calls[0].name, "arguments": calls.calls[0].arguments}
-        elif calls:
+        elif calls and calls.calls:
             message["tool_calls"] = tool_calls_json(calls.calls)
         out.append({"index": c.index, "message": message,
                     "logprobs": chat_logprobs(c.logprobs, as_ids) if logprobs else None,

@@ -11,13 +11,11 @@ import contextlib
 import json
 from typing import AsyncIterator
 
-from constrain.tools import XML_FORMATS
-from constrain.xml_calls import function_forms
 from service.errors import APIError, error_body
 from service.generation import Generation, Plan, engine_error
 from service.responses import (ChoiceState, chat_logprobs, finish_for, function_call_delta, legacy_logprobs,
                                reasoning_fields, system_fingerprint, usage_dict)
-from service.tool_stream import ToolCallStream
+from service.tool_stream import tool_stream_for
 
 DONE = b"data: [DONE]\n\n"
 
@@ -58,11 +56,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     tokens that spell none, with the last chunk: the chunks' logprobs add up to the whole answer's."""
     chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
-    tool_format = getattr(plan.spec, "tool_format", "json_array")
-    forms = function_forms(plan.spec) if tools and tool_format in XML_FORMATS else None
-    object_answer = getattr(plan.spec, "answer", None) is not None  # (a response_format beside the tools)
-    streams = {i: ToolCallStream(tool_format, forms, object_answer=object_answer)
-               for i in range(plan.choices)} if tools else {}
+    streams = {i: tool_stream_for(plan.spec) for i in range(plan.choices)} if tools else {}
     unsent_logprobs: dict[int, list] = {i: [] for i in range(plan.choices)}  # (tools: of text not sent yet)
     for i in range(plan.choices):
         yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

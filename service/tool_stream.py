@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import secrets
 
-from constrain.tools import HERMES_CLOSE, HERMES_OPEN, LEAD_TAGS, NAME_THEN_ARGS, arguments_key, text_may_not_start
-from constrain.xml_calls import SHAPES, ValueForm, XmlShape
+from constrain.tools import (HERMES_CLOSE, HERMES_OPEN, LEAD_TAGS, NAME_THEN_ARGS, XML_FORMATS, ParsedCalls, ToolCall,
+                             arguments_key, text_may_not_start)
+from constrain.xml_calls import SHAPES, ValueForm, XmlShape, function_forms
 
 _WS = " \t\r\n"
 
@@ -393,3 +394,28 @@ class _XmlCalls:
                 self.in_string = ch == '"'
             self.scanned += 1
         return -1
+
+
+def tool_stream_for(spec) -> ToolCallStream:
+    """The stream of one choice's output under the tools constraint `spec` (its format, XML value forms, and
+    whether a response_format's answer may come instead of calls)."""
+    tool_format = getattr(spec, "tool_format", "json_array")
+    forms = function_forms(spec) if tool_format in XML_FORMATS else None
+    return ToolCallStream(tool_format, forms, object_answer=getattr(spec, "answer", None) is not None)
+
+
+def as_streamed(text: str, spec) -> ParsedCalls:
+    """The answer a stream of `text` assembles to: its content, and its calls as far as they were written (for an
+    output max_tokens cut, which the parser cannot read: the whole answer then says what the stream said, as
+    OpenAI's cut calls keep the arguments written so far). `complete` is False."""
+    stream = tool_stream_for(spec)
+    content, calls = "", {}
+    for delta in stream.feed(text) + stream.finish():
+        content += delta.get("content") or ""
+        for d in delta.get("tool_calls") or ():
+            slot = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
+            slot["id"] = slot["id"] or d.get("id")
+            slot["name"] += (d.get("function") or {}).get("name") or ""
+            slot["arguments"] += (d.get("function") or {}).get("arguments") or ""
+    return ParsedCalls([ToolCall(c["name"], c["arguments"], c["id"] or _call_id()) for c in calls.values()],
+                       content or None, complete=False)

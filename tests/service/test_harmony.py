@@ -77,6 +77,14 @@ def test_unconstrained_answers_keep_the_format_out_of_the_text(http, ids):
         assert (message["reasoning_content"] is not None) == (ids["analysis"] in bias)
 
 
+def test_a_free_final_message_that_max_tokens_cuts_ends_length(http, ids):
+    for tools in ({}, {"tools": TOOLS, "tool_choice": "auto"}):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 16,
+                                                    "seed": 2, "ignore_eos": True, "logit_bias": {ids["final"]: 100},
+                                                    **tools}).json()
+        assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["message"]["content"], r
+
+
 def test_calls_come_back_as_tool_calls_whole_and_streamed(http, ids):
     body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 48}
     names = set()

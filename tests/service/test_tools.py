@@ -143,6 +143,39 @@ def test_auto_tool_choice_answers_with_text_or_valid_calls(client):
         assert choice.finish_reason in ("stop", "length")
 
 
+def test_text_under_auto_that_max_tokens_cuts_ends_length_and_whole_calls_end_tool_calls(http):
+    """The grammar could end anywhere in free text, but text that max_tokens cut was cut: `length`, as with no
+    tools (it said `stop`). Calls the budget rule closes at max_tokens are whole: `tool_calls`."""
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 12, "ignore_eos": True}
+    for seed in (1, 2):
+        text = http.post("/v1/chat/completions", json={**body, "seed": seed, "tool_choice": "auto",
+                                                       "logit_bias": {OPEN_ARRAY: -100}}).json()
+        assert text["choices"][0]["finish_reason"] == "length" and text["usage"]["completion_tokens"] == 12
+        assert not text["choices"][0]["message"].get("tool_calls")
+    for seed in (1, 2, 3):
+        calls = http.post("/v1/chat/completions", json={**body, "max_tokens": 40, "seed": seed,
+                                                        "tool_choice": {"type": "function",
+                                                                        "function": {"name": "get_time"}}}).json()
+        choice = calls["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"], choice
+
+
+def test_calls_max_tokens_cuts_short_come_back_as_their_stream_said(http):
+    """Below the shortest call the budget rule cannot help: the output is cut. The whole answer says what the
+    stream said (nothing yet, or the call's name and the arguments written so far), with `length`; before, it gave
+    the raw text of the call as content."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    seen_call = False
+    for max_tokens in (4, 6, 8, 10, 12):
+        body = {"model": MODEL, "messages": ASK, "tools": tools, "tool_choice": "required", "seed": 2,
+                "max_tokens": max_tokens}
+        message = assert_stream_matches_whole_answer(http, body)
+        assert "name" not in (message["content"] or "")
+        seen_call = seen_call or bool(message.get("tool_calls"))
+    assert seen_call
+
+
 def test_streamed_tool_calls_assemble_like_openai(client):
     chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
                                                  parallel_tool_calls=False, max_tokens=200, seed=5, stream=True))
