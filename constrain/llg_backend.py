@@ -416,9 +416,10 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them, and
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
     are annotations every validator ignores: ignoring them loses nothing, and they are never named."""
+    imprecise = _imprecise_integers(schema, base_pointer, param, strict_under) if kind == "json" else []
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
-    unenforced: tuple[str, ...] = ()
+    unenforced: tuple[str, ...] = tuple(imprecise)
     if is_error:
         keys, formats, other = _warnings(msgs)
         if other or kind == "regex" or not (keys or formats):
@@ -442,8 +443,43 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
                                   param=param, pointer=refused[0], code="unsupported_schema")
         if lenient_error:
             raise ConstraintError(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", param=param)
-        unenforced = tuple(pointers)
+        unenforced = tuple(sorted(set(pointers) | set(imprecise)))
     return text, unenforced
+
+
+_EXACT_FLOAT_INT = 2 ** 53  # llguidance reads a schema's numbers as 64-bit floats: integers above this round
+_NUMERIC_KEYWORDS = ("const", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def _imprecise_integers(schema, base_pointer: str, param: str, strict_under: tuple[str, ...]) -> list[str]:
+    """Pointers of the keywords whose values hold an integer llguidance would round (`const: 9007199254740993`
+    enforced 9007199254740992): unenforced, or under `strict` a 400 naming the keyword; beyond 64 bits, which
+    llguidance cannot read at all, always a 400."""
+    def integers(value):
+        if isinstance(value, bool):
+            return
+        if isinstance(value, int):
+            yield value
+        elif isinstance(value, list):
+            for v in value:
+                yield from integers(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from integers(v)
+
+    found = []
+    for ptr, key, node in walk(schema, base_pointer):
+        if key not in _NUMERIC_KEYWORDS:
+            continue
+        largest = max((abs(i) for i in integers(node[key])), default=0)
+        if largest >= 2 ** 63 or (largest > _EXACT_FLOAT_INT
+                                  and any(ptr == s or ptr.startswith(s + "/") for s in strict_under)):
+            raise ConstraintError(f"the integer {largest} at {ptr} cannot be enforced exactly (llguidance reads "
+                                  f"numbers as 64-bit floats, exact up to 2**53)", param=param, pointer=ptr,
+                                  code="unsupported_schema")
+        if largest > _EXACT_FLOAT_INT:
+            found.append(ptr)
+    return found
 
 
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],

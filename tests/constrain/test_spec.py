@@ -231,3 +231,31 @@ def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(
         with pytest.raises(ConstraintError):
             spec_module.validate_schema(bad, "response_format")
     assert len(checks) == 3
+
+
+def test_integers_llguidance_would_round_are_refused_strict_named_otherwise_or_served_exactly(gpt2_compiler,
+                                                                                               tokenizers, vocabs):
+    """llguidance reads a schema's numbers as 64-bit floats: `const: 9007199254740993` (2**53 + 1) enforced
+    9007199254740992, silently. Such a keyword is now refused under strict (with its pointer) or named
+    unenforced; outlines, exact there, serves an object it can compile; past 64 bits, always a 400."""
+    def compiled(schema, strict, backend="auto"):
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": strict}}, backend=backend))
+
+    big = {"const": 2 ** 53 + 1}
+    with pytest.raises(ConstraintError) as exc:
+        compiled(big, True)
+    assert exc.value.pointer == "/const" and exc.value.code == "unsupported_schema" and "2**53" in exc.value.message
+    assert compiled(big, False).unenforced == ("/const",)
+    ranged = {"type": "integer", "minimum": 5, "maximum": 2 ** 60}
+    assert set(compiled(ranged, False, "llguidance").unenforced) == {"/maximum"}
+    assert compiled({"type": "integer", "minimum": 5, "maximum": 2 ** 53}, True).unenforced == ()
+    with pytest.raises(ConstraintError) as exc:
+        compiled({"type": "integer", "minimum": 10 ** 30}, False)
+    assert exc.value.pointer == "/minimum"
+    record = {"type": "object", "properties": {"id": {"const": 12345678901234567890}}, "required": ["id"],
+              "additionalProperties": False}
+    exact = compiled(record, True)
+    assert exact.backend == "outlines"
+    assert accepts_document(exact, tokenizers["gpt2"], vocabs["gpt2"], {"id": 12345678901234567890})
+    assert not accepts_document(exact, tokenizers["gpt2"], vocabs["gpt2"], {"id": 12345678901234567168})
