@@ -69,7 +69,6 @@ import copy
 import functools
 import itertools
 import math
-import re
 from typing import Any
 
 import jsonschema
@@ -489,8 +488,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_impossible_keys, _lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains, _dependencies,
-                 _properties_count, _property_names, _pattern_properties, _declared_out_of_patterns):
+    for step in (_impossible_keys, _lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains,
+                 _dependencies, _properties_count, _property_names, _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -498,24 +497,20 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
 
 
 def _impossible_keys(node: dict, ctx: _Ctx) -> Any:
-    """An object that `required` gives a key it may not have (declared `false`, or admitted by none of its
-    properties and patterns where `additionalProperties` is false) cannot exist: the node keeps its other types,
-    or is `false` (backends drop such a key silently: llguidance wrote `{}` for `required: ["a"]` with no
-    properties and `additionalProperties: false`)."""
+    """An object that `required` gives a key it may not have (declared `false`, or undeclared where
+    `additionalProperties` is false and no `patternProperties` may admit it) cannot exist: the node keeps its other
+    types, or is `false` (backends drop such a key silently: llguidance wrote `{}` for `required: ["a"]` with no
+    properties and `additionalProperties: false`). Patterns are not run on the key (a client's regex may
+    backtrack for ever): with any, an undeclared key counts as admitted."""
     req = node.get("required")
-    props, patterns = node.get("properties", {}), node.get("patternProperties", {})
-    if not isinstance(req, list) or not isinstance(props, dict) or not isinstance(patterns, dict):
+    props = node.get("properties", {})
+    if not isinstance(req, list) or not isinstance(props, dict):
         return node
 
     def admitted(key: str) -> bool:
         if key in props:
             return props[key] is not False
-        if node.get("additionalProperties") is not False:
-            return True
-        try:
-            return any(re.search(p, key) for p in patterns)
-        except (re.error, TypeError):  # (a pattern Python reads otherwise: assume it admits the key)
-            return True
+        return node.get("additionalProperties") is not False or bool(node.get("patternProperties"))
 
     if all(admitted(k) for k in req if isinstance(k, str)):
         return node

@@ -167,8 +167,8 @@ class Generation:
         n = req.n or 1
         calls = calls_opening(spec.tool_format, spec.tool_choice, object_answer=spec.answer is not None) \
             if spec is not None and spec.kind == "tools" else None
-        # (the answer is free text where no constraint of the client's shapes it: harmony's format alone, or
-        # tools under "auto" without a response_format)
+        # (the answer may be free text where no constraint of the client's shapes it: harmony's format alone, or
+        # tools without a response_format; calls the budget rule closed still end as tool calls)
         text_answer = grammar is not None and (spec is None or (spec.kind == "tools" and spec.answer is None))
         requests = []
         for i, prompt in enumerate(prompts):

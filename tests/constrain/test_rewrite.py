@@ -324,6 +324,8 @@ def test_an_object_required_to_have_a_key_it_may_not_have_is_unsatisfiable(schem
 
 @pytest.mark.parametrize("schema", [
     {"type": "object", "patternProperties": {"^a": {}}, "required": ["ab"], "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^(a+)+$": {}}, "required": ["aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab"],
+     "additionalProperties": False},  # (patterns are never run on the key: this one would backtrack for minutes)
     {"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}},
     {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
 ])

@@ -152,6 +152,8 @@ def test_text_under_auto_that_max_tokens_cuts_ends_length_and_whole_calls_end_to
                                                        "logit_bias": {OPEN_ARRAY: -100}}).json()
         assert text["choices"][0]["finish_reason"] == "length" and text["usage"]["completion_tokens"] == 12
         assert not text["choices"][0]["message"].get("tool_calls")
+        assert assert_stream_matches_whole_answer(http, {**body, "seed": seed, "tool_choice": "auto",
+                                                         "logit_bias": {OPEN_ARRAY: -100}})["content"]
     for seed in (1, 2, 3):
         calls = http.post("/v1/chat/completions", json={**body, "max_tokens": 40, "seed": seed,
                                                         "tool_choice": {"type": "function",
