@@ -9,6 +9,7 @@ serve` on the same model (when it starts offline here).
     python bench/bench.py                       # saves the built-in Qwen2-vocabulary model to a temp dir
     python bench/bench.py --model DIR --max-tokens 64 --requests-per-client 2
     python bench/bench.py --random-qwen2-0.5b    # a model of a served size (random weights, Qwen2-0.5B shape)
+    python bench/bench.py --rounds 5 --skip-transformers-serve   # each ratio's median and range over 5 rounds
 
 Not a test: it measures, it asserts nothing. Every request asks for `max_tokens` with `ignore_eos`; the schema
 (an array of at least 8 short strings) keeps constrained outputs close to that length (they may end earlier).
@@ -246,6 +247,10 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=15.0,
                     help="seconds to wait after the warm-up (auto: the background outlines compile finishes)")
     ap.add_argument("--skip-transformers-serve", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the three structgen workloads (unconstrained, schema, the same requests unconstrained) "
+                         "this many times in turn; the summary gives each ratio's median and range over the rounds "
+                         "(on a shared machine whose speed drifts, a 5%% difference needs several)")
     args = ap.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="structgen-bench-"))
@@ -266,11 +271,17 @@ def main() -> int:
         asyncio.run(throughput(base, model, 2, 1, 4, SCHEMA, {"ignore_eos": True}))  # warm-up, schema compiled
         time.sleep(args.settle)
         print("structgen:", flush=True)
-        plain, _ = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True)
-        constrained, lengths = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True}, step_phases=True)
-        # The same requests unconstrained: each as long as its constrained answer was (a schema's answers end
-        # sooner and at different lengths than max_tokens, so fewer rows share a step: not the mask's cost).
-        same, _ = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True, lengths=lengths)
+        rounds = []  # (plain, constrained, same) tok/s by concurrency, one triple per round
+        for r in range(args.rounds):
+            if args.rounds > 1:
+                print(f" round {r + 1} of {args.rounds}", flush=True)
+            plain, _ = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True)
+            constrained, lengths = run_workloads(base, model, args, SCHEMA, {"ignore_eos": True}, step_phases=True)
+            # The same requests unconstrained: each as long as its constrained answer was (a schema's answers end
+            # sooner and at different lengths than max_tokens, so fewer rows share a step: not the mask's cost).
+            same, _ = run_workloads(base, model, args, None, {"ignore_eos": True}, step_phases=True, lengths=lengths)
+            rounds.append((plain, constrained, same))
+        plain = {c: statistics.median(p[c] for p, _, _ in rounds) for c in args.concurrency}
         base_ttft = statistics.median(asyncio.run(ttft(base, model, None))[0] for _ in range(args.ttft_samples))
         new, repeated, paired_plain, settled = [], [], [], []
         for _ in range(args.ttft_samples):
@@ -297,10 +308,17 @@ def main() -> int:
 
     print("\nsummary")
     c_lo, c_hi = min(args.concurrency), max(args.concurrency)
-    print(f"  {ours_label} {c_hi}-way / {c_lo}-way: {plain[c_hi] / plain[c_lo]:.2f}x  (goal >= 8x)")
+    def over_rounds(ratio, unit: str = "") -> str:
+        """A ratio's median over the rounds, with its range when there are several."""
+        values = [ratio(*triple) for triple in rounds]
+        spread = f" (range {min(values):.3f}-{max(values):.3f} over {len(values)} rounds)" if len(values) > 1 else ""
+        return f"{statistics.median(values):.3f}{unit}{spread}"
+
+    print(f"  {ours_label} {c_hi}-way / {c_lo}-way: {over_rounds(lambda p, k, s: p[c_hi] / p[c_lo], 'x')}  "
+          f"(goal >= 8x)")
     for c in args.concurrency:
-        print(f"  constrained / unconstrained at c={c}: {constrained[c] / same[c]:.3f} against the same lengths "
-              f"(goal >= 0.95), {constrained[c] / plain[c]:.3f} against max_tokens each")
+        print(f"  constrained / unconstrained at c={c}: {over_rounds(lambda p, k, s: k[c] / s[c])} against the same "
+              f"lengths (goal >= 0.95), {over_rounds(lambda p, k, s: k[c] / p[c])} against max_tokens each")
     print(f"  TTFT p50: unconstrained {base_ttft * 1000:.1f} ms, new schema {statistics.median(new) * 1000:.1f} ms, "
           f"repeated schema {statistics.median(repeated) * 1000:.1f} ms, repeated once its background compile "
           f"is done {statistics.median(settled) * 1000:.1f} ms")
