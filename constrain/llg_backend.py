@@ -31,7 +31,7 @@ import torch
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
 from constrain.regex_sets import Work, pattern_examples
-from constrain.support import STANDARD_FORMATS, escape, pointers_of, walk
+from constrain.support import STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
 from constrain.vocabulary import Vocabulary
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
@@ -416,7 +416,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them, and
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
     are annotations every validator ignores: ignoring them loses nothing, and they are never named."""
-    imprecise = _imprecise_integers(schema, base_pointer, param, strict_under) if kind == "json" else []
+    imprecise = _inexact_keywords(schema, base_pointer, param, strict_under) if kind == "json" else []
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     unenforced: tuple[str, ...] = tuple(imprecise)
@@ -451,10 +451,11 @@ _EXACT_FLOAT_INT = 2 ** 53  # llguidance reads a schema's numbers as 64-bit floa
 _NUMERIC_KEYWORDS = ("const", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
-def _imprecise_integers(schema, base_pointer: str, param: str, strict_under: tuple[str, ...]) -> list[str]:
-    """Pointers of the keywords whose values hold an integer llguidance would round (`const: 9007199254740993`
-    enforced 9007199254740992): unenforced, or under `strict` a 400 naming the keyword; beyond 64 bits, which
-    llguidance cannot read at all, always a 400."""
+def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple[str, ...]) -> list[str]:
+    """Pointers of keywords llguidance compiles without a warning but not exactly: unenforced, or under `strict` a
+    400 naming the keyword. An integer past 2**53 (`const: 9007199254740993` was enforced 9007199254740992; past
+    64 bits llguidance cannot read it at all: always a 400), and a `pattern` whose class holds every control
+    character but not both '"' and '\\' (`support.llguidance_escape_gap`)."""
     def integers(value):
         if isinstance(value, bool):
             return
@@ -469,11 +470,18 @@ def _imprecise_integers(schema, base_pointer: str, param: str, strict_under: tup
 
     found = []
     for ptr, key, node in walk(schema, base_pointer):
+        strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
+        if key == "pattern" and isinstance(node[key], str) and llguidance_escape_gap(node[key]):
+            if strict:
+                raise ConstraintError(f"the pattern at {ptr} cannot be enforced exactly: a class holding every "
+                                      "control character but not both '\"' and '\\' lets llguidance take the "
+                                      "escapes \\\" and \\\\ for such characters", param=param, pointer=ptr,
+                                      code="unsupported_schema")
+            found.append(ptr)
         if key not in _NUMERIC_KEYWORDS:
             continue
         largest = max((abs(i) for i in integers(node[key])), default=0)
-        if largest >= 2 ** 63 or (largest > _EXACT_FLOAT_INT
-                                  and any(ptr == s or ptr.startswith(s + "/") for s in strict_under)):
+        if largest >= 2 ** 63 or (largest > _EXACT_FLOAT_INT and strict):
             raise ConstraintError(f"the integer {largest} at {ptr} cannot be enforced exactly (llguidance reads "
                                   f"numbers as 64-bit floats, exact up to 2**53)", param=param, pointer=ptr,
                                   code="unsupported_schema")

@@ -293,6 +293,61 @@ def json_safe_pattern(pattern: str) -> bool:
     return True
 
 
+def llguidance_escape_gap(pattern: str) -> bool:
+    """True when a positive character class of `pattern` holds every control character (U+0000..U+001F) but not
+    both '"' and '\\': llguidance (1.x) then lets the escapes \\" and \\\\ through inside the JSON string, as if
+    they were such characters (`^[\\x00-\\x1f]{3}$` answered `"\\"\\\\"`). Negated classes and classes missing a
+    control character are not affected. A class with a shorthand this cannot read (`\\p{..}`) counts as
+    unaffected."""
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == "\\":
+            i += 2
+            continue
+        if pattern[i] != "[" or pattern.startswith("^", i + 1):
+            i += 1
+            continue
+        i += 1
+        covered: set[int] = set()
+        quote = backslash = False
+        known = True
+        first = True
+        while i < n and (pattern[i] != "]" or first):
+            first = False
+            if pattern[i] == "\\":
+                e = pattern[i + 1] if i + 1 < n else ""
+                if e in ("S", "W", "D"):  # (each holds '"' and '\\')
+                    quote = backslash = True
+                    i += 2
+                    continue
+                if e == "s":
+                    covered.update((0x09, 0x0A, 0x0B, 0x0C, 0x0D))
+                    i += 2
+                    continue
+                low, i, ok = _escaped_code(pattern, i, in_class=True)
+                if not ok:
+                    known = False
+                    continue
+            else:
+                low, i = ord(pattern[i]), i + 1
+            high = low
+            if low is not None and pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
+                if pattern[i + 1] == "\\":
+                    high, i, ok = _escaped_code(pattern, i + 1, in_class=True)
+                    if not ok or high is None:
+                        known, high = False, low
+                else:
+                    high, i = ord(pattern[i + 1]), i + 2
+            if low is not None:
+                covered.update(range(low, min(high, 0x1F) + 1))
+                quote = quote or low <= 0x22 <= high
+                backslash = backslash or low <= 0x5C <= high
+        i += 1
+        if known and covered >= set(range(0x20)) and not (quote and backslash):
+            return True
+    return False
+
+
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:

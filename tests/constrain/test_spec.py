@@ -259,3 +259,31 @@ def test_integers_llguidance_would_round_are_refused_strict_named_otherwise_or_s
     assert exact.backend == "outlines"
     assert accepts_document(exact, tokenizers["gpt2"], vocabs["gpt2"], {"id": 12345678901234567890})
     assert not accepts_document(exact, tokenizers["gpt2"], vocabs["gpt2"], {"id": 12345678901234567168})
+
+
+@pytest.mark.parametrize("pattern, gap", [
+    ("^[\\x00-\\x1f]{3}$", True), ("[\\x00-\\x1fa]", True), ("[\\u0000-\\u001F\"]", True), ("[\\x00-\\x20]", True),
+    ("[\\x00-\\x08\\x0e-\\x1f\\s]", True),
+    ("[\\x00-\\x1e]", False), ("[^\"]", False), ("[\\s\\S]", False), ("[\\x00-\\x7f]", False),
+    ("[\\x00-\\x1f\"\\\\]", False), ("\\[\\x00-\\x1f]", False), ("[\\x00-\\x1f\\W]", False),
+])
+def test_the_classes_llguidance_would_let_escapes_through_are_told_apart(pattern, gap):
+    from constrain.support import llguidance_escape_gap
+
+    assert llguidance_escape_gap(pattern) == gap
+
+
+def test_a_pattern_llguidance_would_let_escapes_through_is_refused_strict_and_named_otherwise(gpt2_compiler):
+    """llguidance 1.x takes `\\"` and `\\\\` for control characters in a class holding all of them but not both
+    '"' and '\\' (`^[\\x00-\\x1f]{3}$` answered `"\\"\\\\"` 9 times in 10): never silently."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[\\x00-\\x1f]{3}$"}},
+              "required": ["s"], "additionalProperties": False}
+
+    def compiled(strict):
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": strict}}))
+
+    with pytest.raises(ConstraintError) as exc:
+        compiled(True)
+    assert exc.value.pointer == "/properties/s/pattern" and exc.value.code == "unsupported_schema"
+    assert compiled(False).unenforced == ("/properties/s/pattern",)
