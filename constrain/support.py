@@ -247,6 +247,17 @@ def _escaped_code(pattern: str, i: int, in_class: bool) -> tuple[int | None, int
     return ord(e), i + 2, True
 
 
+def _range_end(pattern: str, i: int, low: int | None) -> tuple[int | None, int, bool]:
+    """In a character class, after its member `low` (read up to `i`): (the last code point of the range it opens,
+    next index, readable); `low` itself where no range follows."""
+    if low is None or not (pattern.startswith("-", i) and i + 1 < len(pattern) and pattern[i + 1] != "]"):
+        return low, i, True
+    if pattern[i + 1] == "\\":
+        high, i, ok = _escaped_code(pattern, i + 1, in_class=True)
+        return high, i, ok and high is not None
+    return ord(pattern[i + 1]), i + 2, True
+
+
 def json_safe_pattern(pattern: str) -> bool:
     """True when no string the regex matches holds a character JSON must escape ('"', '\\', U+0000..U+001F).
     outlines-core puts a `pattern` between the quotes as it is: a regex that can match such a character would let
@@ -275,14 +286,9 @@ def json_safe_pattern(pattern: str) -> bool:
                         return False
                 else:
                     low, i = ord(pattern[i]), i + 1
-                high = low
-                if low is not None and pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
-                    if pattern[i + 1] == "\\":
-                        high, i, ok = _escaped_code(pattern, i + 1, in_class=True)
-                        if not ok or high is None:
-                            return False
-                    else:
-                        high, i = ord(pattern[i + 1]), i + 2
+                high, i, ok = _range_end(pattern, i, low)
+                if not ok:
+                    return False
                 if low is not None and any(low <= x <= high for x in _JSON_ESCAPED):
                     return False
             i += 1
@@ -330,14 +336,9 @@ def llguidance_escape_gap(pattern: str) -> bool:
                     continue
             else:
                 low, i = ord(pattern[i]), i + 1
-            high = low
-            if low is not None and pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
-                if pattern[i + 1] == "\\":
-                    high, i, ok = _escaped_code(pattern, i + 1, in_class=True)
-                    if not ok or high is None:
-                        known, high = False, low
-                else:
-                    high, i = ord(pattern[i + 1]), i + 2
+            high, i, ok = _range_end(pattern, i, low)
+            if not ok:
+                known, high = False, low
             if low is not None:
                 covered.update(range(low, min(high, 0x1F) + 1))
                 quote = quote or low <= 0x22 <= high
