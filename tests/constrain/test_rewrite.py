@@ -513,3 +513,74 @@ def test_walks_end_where_contains_on_a_short_array_became_positions(gpt2_compile
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=4, walks=12, max_tokens=60, prefer_end=0.05) == 12
+
+
+_BIT_OBJECT = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 1}},
+               "required": ["a"], "additionalProperties": False}
+SMALL_DOMAINS = [
+    # (items schema, the number of values it has: the maxItems a unique array of them gets)
+    (_BIT_OBJECT, 2),
+    ({"type": "boolean"}, 2),
+    ({"enum": [1, 1.0, 2, "x"]}, 3),  # (1 == 1.0 in JSON)
+    ({"type": ["boolean", "null"]}, 3),
+    ({"anyOf": [{"type": "boolean"}, {"const": "n"}]}, 3),
+    ({"type": "integer", "exclusiveMinimum": 0.5, "maximum": 4}, 4),
+    ({"type": "object", "properties": {"x": {"type": "boolean"}, "y": {"enum": ["a", "b"]}},
+      "additionalProperties": False}, 9),  # (each optional: absent, or one of its values)
+    ({"$ref": "#/$defs/bit"}, 2),
+]
+UNBOUNDED = [
+    {"type": "string"},
+    {"type": "number", "minimum": 0, "maximum": 1},  # (fractions)
+    {"type": "integer", "minimum": 0},
+    {"type": "object", "properties": {"a": {"type": "boolean"}}},  # (open to other keys)
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a"],
+     "additionalProperties": False},  # (100 values: past the small domains maxItems is written for)
+]
+
+
+@pytest.mark.parametrize("items,size", SMALL_DOMAINS, ids=[str(i) for i in range(len(SMALL_DOMAINS))])
+def test_unique_items_over_a_small_domain_hold_at_most_that_many_items(items, size):
+    """Unique items over n values: at most n of them, which `maxItems` says to the grammar. Without it the array
+    could open an item that can only repeat one (a dead end). Exact: checked on arrays up to n + 1 items long."""
+    schema = {"$defs": {"bit": {"type": "boolean"}}, "type": "array", "items": items, "uniqueItems": True}
+    out = rewrite_schema(schema)
+    assert out["maxItems"] == size and out["uniqueItems"] is True
+    pool = [None, True, False, 0, 1, 2, 3, 4, 5, "x", "n", {}, {"a": 0}, {"a": 1}, {"x": True}, {"y": "a"},
+            {"x": False, "y": "b"}]
+    docs = [list(c) for k in range(size + 2) for c in itertools.combinations(pool, k)]
+    accepted, refused = _same(schema, out, docs)
+    assert accepted and refused
+    assert rewrite_schema({**schema, "maxItems": size - 1})["maxItems"] == size - 1  # (a lower bound stays)
+
+
+@pytest.mark.parametrize("items", UNBOUNDED, ids=[str(i) for i in range(len(UNBOUNDED))])
+def test_unique_items_over_many_values_keep_their_length_unbounded(items):
+    schema = {"type": "array", "items": items, "uniqueItems": True}
+    assert "maxItems" not in rewrite_schema(schema)
+
+
+def test_walks_close_a_unique_array_of_objects_once_every_value_is_used(gpt2_compiler, vocabs):
+    """Objects `{"a": 0|1}`, unique, at least 2: the walks wrote both, then a comma, and the third object could
+    only repeat one (every walk gave up with constraint_too_complex). Now the array closes after two."""
+    schema = {"type": "array", "items": _BIT_OBJECT, "uniqueItems": True, "minItems": 2}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=3, walks=12, max_tokens=60, prefer_end=0.05) == 12
+
+
+@pytest.mark.parametrize("schema,expected", [
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, False),
+    ({"type": ["array", "null"], "items": _BIT_OBJECT, "uniqueItems": True, "minItems": 3}, {"type": ["null"]}),
+    ({"type": "object", "properties": {"x": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True,
+                                             "minItems": 3}}, "required": ["x"]}, False),
+])
+def test_unique_items_fewer_values_than_min_items_is_unsatisfiable(schema, expected):
+    """Before, the array compiled and every answer reached a dead end at its third item; now it is a 400
+    (`false`) or the node's other types."""
+    out = rewrite_schema(schema)
+    if expected is False:
+        assert out is False
+    else:
+        assert {k: out[k] for k in expected} == expected
+        _same(schema, out, [None, [], [{"a": 0}, {"a": 1}], [{"a": 0}, {"a": 1}, {"a": 0}]])
