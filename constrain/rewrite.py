@@ -33,7 +33,7 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 - `if A then B else C` becomes `anyOf: [A and B, (not A) and C]` (without `then`: A or C; without `else`: B or
   not A), when `not A` has a `not`-free form as above; `then`/`else` without `if` are dropped;
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
-  `maxItems: 1` when every item must equal one constant; over items of at most 64 values (`Ctx.domain_size`)
+  `maxItems: 1` when every item must equal one constant; over items of at most 64 values (constrain/finite_values.py)
   it bounds `maxItems` by their number;
 - `contains: C` on arrays of at most 8 items (2020-12): an `anyOf` over the position of an item valid against C
   (`prefixItems` of `true`s then C, with the `minItems` that puts an item there);
@@ -74,6 +74,7 @@ from typing import Any
 
 import jsonschema
 
+from constrain.finite_values import finite_values
 from constrain.formats import format_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, regex_char, search_region,
                                   without_lookaheads)
@@ -89,7 +90,6 @@ _MAX_ONEOF_NEGATED = 8  # oneOf branches rewritten through their negations
 _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _MAX_UNIQUE_DOMAIN = 64  # uniqueItems: items with at most this many values bound maxItems (outlines unrolls it)
-_MAX_COUNTED_DOMAIN = 10**6  # values counted for a closed object before it counts as unbounded
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
 _MAX_DEP_ANYOF = 5  # dependency triggers turned into anyOf (2^n alternatives; at 7, llguidance ran out of parser items)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
@@ -236,67 +236,6 @@ class _Ctx:
                 v = _Ctx.values(m)
                 if v is not None:
                     return v
-        return None
-
-    def domain_size(self, s: Any, depth: int = 0) -> int | None:
-        """At least as many as the distinct values `s` accepts (None: not known to be finite). Values of null and
-        boolean, bounded integers, finite value lists and closed objects of such properties are counted; `allOf`
-        members and `$ref` targets each bound it, `anyOf`/`oneOf` branches add up."""
-        if s is False:
-            return 0
-        if not isinstance(s, dict) or depth > 8:
-            return None
-        bounds = []
-        vals = self.values(s)
-        if vals is not None:
-            distinct: list = []
-            for v in vals:
-                if not any(_equal(v, d) for d in distinct):
-                    distinct.append(v)
-            bounds.append(len(distinct))
-        by_type = [self._type_domain(s, t, depth) for t in self.types(s)]
-        if None not in by_type:
-            bounds.append(sum(by_type))
-        if "$ref" in s:
-            target = self.resolve(s["$ref"])
-            bounds.append(self.domain_size(target, depth + 1) if target is not None else None)
-        for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
-            bounds.append(self.domain_size(m, depth + 1))
-        for key in ("anyOf", "oneOf"):
-            if isinstance(s.get(key), list):
-                branches = [self.domain_size(m, depth + 1) for m in s[key]]
-                bounds.append(None if None in branches else sum(branches))
-        known = [b for b in bounds if b is not None]
-        return min(known) if known else None
-
-    def _type_domain(self, s: dict, t: str, depth: int) -> int | None:
-        """At least as many as the values of type `t` that `s` accepts, from `s`'s own keywords."""
-        if t == "null":
-            return 1
-        if t == "boolean":
-            return 2
-        if t == "integer":
-            low = [x for x in (s.get("minimum"), s.get("exclusiveMinimum")) if _number(x)]
-            high = [x for x in (s.get("maximum"), s.get("exclusiveMaximum")) if _number(x)]
-            if not low or not high or not all(math.isfinite(x) for x in low + high):
-                return None
-            return max(0, math.floor(min(high)) - math.ceil(max(low)) + 1)
-        if t == "object":
-            props = s.get("properties", {})
-            if s.get("additionalProperties") is not False or s.get("patternProperties") or not isinstance(props, dict):
-                return None
-            required = self.required(s)
-            if any(name not in props for name in required):
-                return 0
-            total = 1
-            for name, sub in props.items():
-                size = self.domain_size(sub, depth + 1)
-                if size is None:
-                    return None
-                total *= size + (name not in required)
-                if total > _MAX_COUNTED_DOMAIN:
-                    return None
-            return total
         return None
 
     def required(self, s: dict) -> set:
@@ -997,9 +936,10 @@ def _unique_items(node: dict, ctx: _Ctx) -> dict:
         ctx.changed = True
         return node
     if u is True and isinstance(items, dict) and prefix is None:
-        size = ctx.domain_size(items)
-        if size is None or size > _MAX_UNIQUE_DOMAIN:
+        values = finite_values(items, ctx.root, _MAX_UNIQUE_DOMAIN, ctx.validator)
+        if values is None:
             return node
+        size = len(values)
         least = node.get("minItems", 0)
         if _number(least) and least > size:  # (no array can hold that many: the node keeps its other types)
             types = _types_of(node["type"]) if "type" in node else _ALL_TYPES

@@ -1,0 +1,143 @@
+"""Every value a schema accepts, when there are few of them. `uniqueItems` over such items can be held to their
+number (constrain/rewrite.py bounds the array's `maxItems`) and each item steered to a value not yet used
+(constrain/unique_items.py), where otherwise an array of `{"a": 0|1}` objects could open an item that can only
+repeat one.
+
+Candidates come from the keywords that make a set finite: `const`, `enum`, booleans, null, bounded integers,
+closed objects of such properties, `anyOf`/`oneOf` branches, `allOf` members and `$ref` targets. jsonschema then
+keeps those the whole schema accepts, so the list is exact. A schema that reaches a `format` or a regex is left
+alone: jsonschema does not assert formats, and a client's regex is never run here. Never imports HTTP or model
+code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from constrain.support import resolve_ref
+
+MAX_CANDIDATES = 4096  # values listed before the schema's keywords are checked on them
+_UNDECIDABLE = ("format", "pattern", "patternProperties")
+
+
+def finite_values(schema: Any, root: Any, limit: int, validator) -> list | None:
+    """The values `schema` accepts (in `root`'s $ref context), when there are at most `limit` of them; None when
+    they are more, or not known to be finite. `validator`: a jsonschema validator of `root` (its `evolve` checks
+    `schema` with `root`'s references)."""
+    if not _decidable(schema, root):
+        return None
+    candidates = _candidates(schema, root, 0)
+    if candidates is None:
+        return None
+    check = validator.evolve(schema=schema)
+    out = [v for v in _distinct(candidates) if check.is_valid(v)]
+    return out if len(out) <= limit else None
+
+
+def json_key(value: Any) -> tuple:
+    """A hashable key under which JSON-equal values (1 and 1.0; objects whatever their key order) are equal."""
+    if isinstance(value, bool) or value is None:
+        return ("l", value)
+    if isinstance(value, (int, float)):
+        return ("n", value)  # (Python: 1 == 1.0, same hash)
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, list):
+        return ("a", tuple(json_key(v) for v in value))
+    return ("o", frozenset((k, json_key(v)) for k, v in value.items()))
+
+
+def _distinct(values: list) -> list:
+    seen: dict[tuple, Any] = {}
+    for v in values:
+        seen.setdefault(json_key(v), v)
+    return list(seen.values())
+
+
+def _decidable(schema: Any, root: Any) -> bool:
+    """No `format` or regex in `schema`, nor in what its $refs reach."""
+    stack, visited = [schema], set()
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict) or id(node) in visited:
+            continue
+        visited.add(id(node))
+        if any(k in node for k in _UNDECIDABLE):
+            return False
+        if isinstance(node.get("$ref"), str):
+            stack.append(resolve_ref(root, node["$ref"]))
+        stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default", "examples", "$ref"))
+    return True
+
+
+def _candidates(s: Any, root: Any, depth: int) -> list | None:
+    """A list holding every value `s` accepts (and maybe more), or None. Each keyword that bounds the values
+    gives such a list; the shortest is taken."""
+    if s is False:
+        return []
+    if not isinstance(s, dict) or depth > 16:
+        return None
+    options: list[list | None] = []
+    if "const" in s:
+        options.append([s["const"]])
+    elif isinstance(s.get("enum"), list):
+        options.append(list(s["enum"]))
+    types = [s["type"]] if isinstance(s.get("type"), str) else s.get("type")
+    if isinstance(types, list):
+        typed = [_typed(s, t, root, depth) for t in types]
+        options.append(None if None in typed else [v for vs in typed for v in vs])
+    if isinstance(s.get("$ref"), str):
+        options.append(_candidates(resolve_ref(root, s["$ref"]), root, depth + 1))
+    for member in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+        options.append(_candidates(member, root, depth + 1))
+    for key in ("anyOf", "oneOf"):
+        if isinstance(s.get(key), list):
+            branches = [_candidates(b, root, depth + 1) for b in s[key]]
+            options.append(None if None in branches else [v for vs in branches for v in vs])
+    known = [o for o in options if o is not None and len(o) <= MAX_CANDIDATES]
+    return min(known, key=len) if known else None
+
+
+def _typed(s: dict, t: Any, root: Any, depth: int) -> list | None:
+    """Candidates of type `t` from `s`'s own keywords."""
+    if t == "null":
+        return [None]
+    if t == "boolean":
+        return [True, False]
+    if t == "integer":
+        low = [x for x in (s.get("minimum"), s.get("exclusiveMinimum")) if _finite_number(x)]
+        high = [x for x in (s.get("maximum"), s.get("exclusiveMaximum")) if _finite_number(x)]
+        if not low or not high:
+            return None
+        first, last = math.ceil(max(low)), math.floor(min(high))
+        return list(range(first, last + 1)) if last - first < MAX_CANDIDATES else None
+    if t == "object":
+        props = s.get("properties", {})
+        if s.get("additionalProperties") is not False or not isinstance(props, dict):
+            return None
+        required = s.get("required", [])
+        required = set(required) if isinstance(required, list) else set()
+        if required - set(props):
+            return []
+        choices: list[list] = []  # per property: its values, and absence (a marker) where it is optional
+        total = 1
+        for name, sub in props.items():
+            values = _candidates(sub, root, depth + 1)
+            if values is None:
+                return None
+            choices.append([(name, v) for v in values] + ([] if name in required else [None]))
+            total *= len(choices[-1])
+            if total > MAX_CANDIDATES:
+                return None
+        return [{name: v for pair in combo if pair is not None for name, v in (pair,)}
+                for combo in itertools.product(*choices)]
+    return None
+
+
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
