@@ -6,9 +6,11 @@ route can name them in a response header; fields the API defines but we cannot h
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, field_validator,
+                      model_validator)
 
 # Fields OpenAI (or the seed pages) define that this server cannot honour: sending them is a 400, not a silent
 # drop. The value is the reason, which becomes the error message.
@@ -19,6 +21,8 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "web_search_options": "web search is not supported by this server",
 }
 
+
+_TOKEN_ID = re.compile(r"[0-9]+")  # logit_bias keys: ASCII digits (str.isdigit also takes "²" and "١٢")
 
 # Variables of the chat template that the server derives from the request (chat_template_kwargs may not set them).
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
@@ -173,34 +177,34 @@ class _SamplingFields(BaseModel):
         return data
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    n: int | None = Field(default=None, ge=1, le=128)
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0, strict=True)
+    top_k: int | None = Field(default=None, ge=-1, strict=True)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0, strict=True)
+    n: int | None = Field(default=None, ge=1, le=128, strict=True)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1, strict=True)
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StopField = None
     include_stop_str_in_output: StrictBool | None = False
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, strict=True)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0, strict=True)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0, strict=True)
+    logit_bias: dict[str, StrictFloat] | None = None
     ignore_eos: StrictBool | None = False
     response_format: dict[str, Any] | None = None
     regex: str | None = None
     choice: list[str] | None = None
     constraint_backend: Literal["auto", "outlines", "llguidance"] | None = None  # extension: per request
     context_length_exceeded_behavior: Literal["truncate", "error"] | None = "truncate"
-    mirostat_target: float | None = Field(default=None, gt=0.0)
-    mirostat_lr: float | None = Field(default=None, gt=0.0, le=1.0)
+    mirostat_target: float | None = Field(default=None, gt=0.0, strict=True)
+    mirostat_lr: float | None = Field(default=None, gt=0.0, le=1.0, strict=True)
     return_tokens_as_token_ids: StrictBool | None = False
     skip_special_tokens: StrictBool | None = True
     user: str | None = None
-    best_of: int | None = Field(default=None, ge=1, le=128)
+    best_of: int | None = Field(default=None, ge=1, le=128, strict=True)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -226,7 +230,7 @@ class _SamplingFields(BaseModel):
     @classmethod
     def _bias_keys_are_token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not str(key).lstrip("-").isdigit() or int(key) < 0:
+            if not _TOKEN_ID.fullmatch(key):
                 raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias} for token {key}")
@@ -265,7 +269,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] | None = None
     prompt: str | None = None  # raw prompt, bypassing the chat template (seed 001)
     logprobs: StrictBool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -362,7 +366,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: StrictBool | None = False
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    logprobs: int | None = Field(default=None, ge=0, le=5, strict=True)
 
     @field_validator("prompt", mode="before")
     @classmethod

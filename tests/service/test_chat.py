@@ -199,6 +199,20 @@ def test_n_2_returns_two_choices_in_index_order(client):
     assert 2 <= r.usage.completion_tokens <= 12
 
 
+def test_the_choices_of_a_seeded_request_are_not_the_next_seeds_choices(client):
+    """Choice i of a seeded request was sampled with seed + i: choice 1 of seed 100 was choice 0 of seed 101, so
+    runs seeded by run number shared most of their samples. Choice 0 is still the seed's own sample."""
+    def texts(seed, n):
+        r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0, seed=seed,
+                                           n=n)
+        return [c.message.content for c in r.choices]
+
+    for seed in (100, 7):
+        two = texts(seed, 2)
+        assert two[0] == texts(seed, 1)[0]
+        assert two[1] != texts(seed + 1, 1)[0] and two[1] != two[0]
+
+
 def test_same_seed_gives_the_same_sample(client):
     def sample(seed):
         return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0,

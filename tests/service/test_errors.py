@@ -28,16 +28,24 @@ def _assert_error(r, status, param=None):
     ("stop", ["a", "b", "c", "d", "e"]), ("logit_bias", {"5": 101}), ("logit_bias", {"x": 1}),
     ("context_length_exceeded_behavior", "explode"), ("stream", "maybe"), ("mirostat_lr", 0),
     ("constraint_backend", "xgrammar"),
+    # the wrong JSON type is refused, never converted (true was 1 token, "3" was 3, {"12": true} a bias of 1)
+    ("max_tokens", True), ("max_tokens", "3"), ("max_tokens", 2.5), ("n", True), ("seed", True), ("top_k", 1.5),
+    ("temperature", "0"), ("temperature", True), ("top_logprobs", True), ("logit_bias", {"9707": "100"}),
+    ("logit_bias", {"12": True}),
+    # keys are ASCII digits (str.isdigit() took "²", and "١٢" as token 12)
+    ("logit_bias", {"²": 1}), ("logit_bias", {"١٢": 1}),
 ])
 def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "messages": HELLO, field: value}
     if field == "top_logprobs":
         body["logprobs"] = True
-    _assert_error(http.post("/v1/chat/completions", json=body), 400, field)
+    param = _assert_error(http.post("/v1/chat/completions", json=body), 400)["param"]
+    assert param == field or param.startswith(field + "."), param  # (`logit_bias.12`: the entry)
 
 
 @pytest.mark.parametrize("field, value", [("logprobs", 6), ("logprobs", -1), ("echo", "yes"), ("prompt", []),
-                                          ("prompt", [1, "a"]), ("prompt", [[]])])
+                                          ("prompt", [1, "a"]), ("prompt", [[]]),
+                                          ("logprobs", False), ("logprobs", True)])  # (false was 0: logprobs)
 def test_completions_field_out_of_range_is_a_400_naming_it(http, field, value):
     _assert_error(http.post("/v1/completions", json={"model": MODEL, "prompt": "x", field: value}), 400, field)
 
