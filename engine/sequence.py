@@ -54,6 +54,12 @@ class Sequence:
     reasoning_phase: str = "done"
     reasoning_tokens: int = 0
     _strip_leading: bool = False  # the answer has not started after a reasoning block: leading whitespace goes
+    # Logprobs go out with the text of their tokens: the stop matcher holds back text that may begin a stop string,
+    # and the tokens it holds keep theirs (start: where the token's text begins in the answer) until that text is
+    # emitted; those a stop string cuts off are dropped, so the tokens listed spell the text returned.
+    _answer_in: int = 0  # characters of answer text pushed to the stop matcher
+    _answer_out: int = 0  # characters it emitted
+    _held_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         tags = self.state.request.reasoning
@@ -77,6 +83,7 @@ class Sequence:
         params = self.params
         self.output_ids.append(token)
         text = reasoning = ""
+        start = self._answer_in  # (where this token's answer text begins)
         is_stop_token = token in self.eos_ids
         in_answer = True  # the token belongs to the answer (not to a reasoning block, nor stripped after one)
         if params.mirostat_target is not None:
@@ -93,14 +100,14 @@ class Sequence:
             reasoning, answer = tagged
             in_answer = bool(answer)
             if answer:
-                text, stopped = self.stops.push(answer)
+                text, stopped = self._push_answer(answer)
                 if stopped:
                     self.finished = "stop"
         else:
             raw = self.detok.push(token)
             answer = self._answer_text(raw)
             in_answer = bool(answer) or not raw  # (not whitespace dropped after a reasoning block)
-            text, stopped = self.stops.push(answer)
+            text, stopped = self._push_answer(answer)
             if stopped or (self.matcher is not None and self.matcher.is_terminated()):
                 self.finished = "stop"
         if self.finished is None and self.tokens_left <= 0:
@@ -112,12 +119,35 @@ class Sequence:
         if self.finished in ("stop", "length") and (self.reasoning_phase == "inside" or self._role() == "reasoning"):
             reasoning += self.detok.flush()  # the output ended inside the block
         elif self.finished in ("stop", "length") and not self.stops.stopped:
-            tail, _ = self.stops.push(self._answer_text(self.detok.flush()))
-            text += tail + self.stops.flush()
+            tail, _ = self._push_answer(self._answer_text(self.detok.flush()))
+            rest = self.stops.flush()
+            self._answer_out += len(rest)
+            text += tail + rest
             if self.stops.stopped:
                 self.finished = "stop"
-        logprobs = (logprob,) if logprob is not None and in_answer else ()
-        return self._event(text, (token,), logprobs, reasoning)
+        return self._event(text, (token,), self._logprobs_out(logprob if in_answer else None, start), reasoning)
+
+    def _push_answer(self, answer: str) -> tuple[str, bool]:
+        """Answer text through the stop matcher: (text to emit now, stopped?), counted for `_logprobs_out`."""
+        text, stopped = self.stops.push(answer)
+        self._answer_in += len(answer)
+        self._answer_out += len(text)
+        return text, stopped
+
+    def _logprobs_out(self, logprob: TokenLogprob | None, start: int) -> tuple[TokenLogprob, ...]:
+        """The logprobs this step's event carries: this token's (its text beginning at `start`) and held ones,
+        once their text is emitted (all of them when nothing is held back, or the output ended otherwise than
+        by a stop string); at a stop string, those whose text it cut off are dropped."""
+        if logprob is not None:
+            self._held_logprobs.append((start, logprob))
+        if not self._held_logprobs:
+            return ()
+        if self.finished is not None and not self.stops.stopped or self._answer_in == self._answer_out:
+            out, self._held_logprobs = self._held_logprobs, []
+        else:
+            out = [h for h in self._held_logprobs if h[0] < self._answer_out]
+            self._held_logprobs = [] if self.finished is not None else self._held_logprobs[len(out):]
+        return tuple(lp for _, lp in out)
 
     def _reasoning_step(self, token: int) -> str | None:
         """The reasoning text delta of `token` when it belongs to the block (its tags included; their own text is

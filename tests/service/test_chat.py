@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.service.conftest import MODEL
+from tests.service.conftest import MODEL, assert_stream_matches_whole_answer
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
@@ -236,6 +236,34 @@ def test_stop_string_ends_the_answer_before_it(client):
     kept = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0, stop=stop,
                                           extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
     assert kept.choices[0].message.content == text[:text.index(stop) + len(stop)]
+
+
+def _stop_across_tokens(tokens: list[str], within: int) -> tuple[int, str]:
+    """(k, a stop string that begins `within` characters into token k and ends inside token k + 1), found
+    nowhere earlier in the text."""
+    text = "".join(tokens)
+    for k in range(2, len(tokens) - 1):
+        start = len("".join(tokens[:k])) + within
+        stop = text[start: len("".join(tokens[:k + 1])) + 1]
+        if len(tokens[k]) > within and tokens[k + 1] and text.find(stop) == start:
+            return k, stop
+    raise AssertionError(f"no stop string fits {tokens}")
+
+
+@pytest.mark.parametrize("within", [0, 1], ids=["at-a-token", "inside-a-token"])
+def test_logprobs_list_the_tokens_that_spell_the_text_a_stop_string_leaves(http, within):
+    """A stop string cut the text but not the logprobs (content "" listed [" phi", "/chart"]). The tokens listed
+    now spell the text returned (the last one may go on past the cut), whole and streamed."""
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 16, "temperature": 1, "seed": 11, "ignore_eos": True,
+            "logprobs": True}
+    base = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    tokens = [t["token"] for t in base["logprobs"]["content"]]
+    assert "".join(tokens) == base["message"]["content"]
+    k, stop = _stop_across_tokens(tokens, within)
+    cut = assert_stream_matches_whole_answer(http, {**body, "stop": [stop]})
+    whole = http.post("/v1/chat/completions", json={**body, "stop": [stop]}).json()["choices"][0]
+    assert cut["content"] == "".join(tokens)[: len("".join(tokens[:k])) + within]
+    assert [t["token"] for t in whole["logprobs"]["content"]] == tokens[: k + (within > 0)]
 
 
 def test_include_usage_adds_a_final_usage_chunk(client):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.service.conftest import MODEL
+from tests.service.test_chat import _stop_across_tokens
 
 
 def test_string_prompt(client):
@@ -56,6 +57,17 @@ def test_legacy_logprobs_shape(client):
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert logprob <= 0
         assert token in top and 1 <= len(top) <= 4  # the chosen token plus up to `logprobs` alternatives
+
+
+def test_logprobs_end_with_the_text_a_stop_string_leaves(http):
+    """Tokens after a stop string's cut were listed, with a text_offset past the end of the text."""
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 16, "temperature": 1, "seed": 11, "ignore_eos": True,
+            "logprobs": 0}
+    tokens = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["tokens"]
+    k, stop = _stop_across_tokens(tokens, 1)
+    choice = http.post("/v1/completions", json={**body, "stop": stop}).json()["choices"][0]
+    assert choice["logprobs"]["tokens"] == tokens[: k + 1]
+    assert all(offset < len(choice["text"]) for offset in choice["logprobs"]["text_offset"])
 
 
 @pytest.mark.parametrize("logprobs", [0, 2])
