@@ -34,7 +34,7 @@ from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
-from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, counts_repeatable_keys, plan_late_keywords,
+from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_the_start, plan_late_keywords,
                                      token_sets)
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
@@ -320,7 +320,7 @@ class GrammarCompiler:
         that is remembered, so repeats compile once."""
         with self._lock:
             plan = self._late_plans.get(spec.key)
-        if plan is None and spec.kind in ("json_schema", "tools") and counts_repeatable_keys(spec.schema):
+        if plan is None and spec.kind in ("json_schema", "tools") and late_from_the_start(spec.schema):
             plan = plan_late_keywords(spec.schema, one_of=False)  # (None: not checkable; the backend counts)
         if plan is not None:
             try:

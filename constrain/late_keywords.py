@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -261,7 +262,9 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
         for key in late_keys(node, one_of):
             if key == "minProperties" and _backend_counts_pairs(node):
                 continue  # (checked late, and left to the backend, whose completions then write enough keys)
-            if key != "oneOf":
+            if key in ("exclusiveMinimum", "exclusiveMaximum"):
+                _widen(node, key)
+            elif key != "oneOf":
                 del node[key]
             elif "anyOf" not in node:
                 node["anyOf"] = node.pop("oneOf")
@@ -277,6 +280,7 @@ def late_keys(node: dict, one_of: bool) -> list[str]:
     properties (llguidance counts keys only when all are required), minProperties where keys may repeat, and
     `oneOf` when `one_of`."""
     out = [k for k in node if k in DROPPED and (k != "uniqueItems" or node[k] is True)]
+    out += misread_bounds(node)
     if node.get("format") in LATE_FORMATS:
         out.append("format")
     props, required = node.get("properties"), node.get("required")
@@ -312,10 +316,52 @@ def _backend_counts_pairs(node: dict) -> bool:
     return not optional and _counts_repeatable_keys(node)
 
 
-def counts_repeatable_keys(schema: Any) -> bool:
-    """Some object of `schema` counts keys that may repeat (`_counts_repeatable_keys`): its compile takes the late
-    path from the start, not only when the backend refuses a keyword."""
-    return any(_counts_repeatable_keys(node) for _, key, node in walk(schema) if key == "minProperties")
+def late_from_the_start(schema: Any) -> bool:
+    """Some object of `schema` counts keys that may repeat (`_counts_repeatable_keys`), or some number has an
+    interval the backend misreads (`misread_bounds`): its compile takes the late path from the start, not only
+    when the backend refuses a keyword."""
+    return any(_counts_repeatable_keys(node) if key == "minProperties" else bool(misread_bounds(node))
+               for _, key, node in walk(schema) if key in ("minProperties", "exclusiveMinimum", "exclusiveMaximum"))
+
+
+def misread_bounds(node: dict) -> list[str]:
+    """The exclusive end of a number interval that llguidance 1.x misreads: an integer k with the other end less
+    than 1 away, as `(0, 0.5]` or `(-1.5, -1)`. Its grammar then takes `k` itself (`0`, `-0`, `-1`): 9 of 10
+    answers under `exclusiveMinimum: 0, maximum: 0.5` were `0`. Such an end is made inclusive for the backend
+    (`_widen`, which llguidance reads right) and the client's interval checked on the finished number."""
+    types = node.get("type", "number")
+    if "number" not in (types if isinstance(types, list) else [types]):
+        return []
+    low, low_key = _interval_end(node, "minimum", "exclusiveMinimum", max)
+    high, high_key = _interval_end(node, "maximum", "exclusiveMaximum", min)
+    if low is None or high is None or not 0 < high - low < 1:
+        return []
+    return [key for end, key in ((low, low_key), (high, high_key)) if key is not None and float(end).is_integer()]
+
+
+def _interval_end(node: dict, inclusive: str, exclusive: str, tighter) -> tuple[float | None, str | None]:
+    """(the interval's end on one side, the exclusive keyword that makes it, or None where it is inclusive).
+    Draft 4 writes `exclusiveMinimum: true` beside `minimum`."""
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    inc, exc = node.get(inclusive), node.get(exclusive)
+    if exc is True and number(inc):
+        return inc, exclusive
+    ends = [(v, k) for v, k in ((inc, None), (exc, exclusive)) if number(v)]
+    if not ends:
+        return None, None
+    end = tighter(v for v, _ in ends)
+    return end, next(k for v, k in reversed(ends) if v == end)  # (at a tie, the exclusive keyword: it excludes)
+
+
+def _widen(node: dict, key: str) -> None:
+    """`misread_bounds`: the exclusive end `key` becomes inclusive (a superset the backend reads right)."""
+    value = node.pop(key)
+    if value is True:  # (draft 4: `minimum` stays, now inclusive)
+        return
+    inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
+    node[inclusive] = value
 
 
 def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:

@@ -81,7 +81,7 @@ def ended_walks_valid(grammar, vocab, schema: dict, seed: int, walks: int = 25, 
     against `schema` (jsonschema); returns how many ended."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
     rng = random.Random(seed)
     ended = 0
     for _ in range(walks):

@@ -473,3 +473,42 @@ def test_walks_under_late_checks_never_reach_a_dead_end(schema, ended, tokenizer
     fourth member, and could never close the object (a number then runs to the limit)."""
     compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance", background_outlines=False)
     assert ended_walks_valid(_compile(compiler, schema), vocabs["qwen2"], schema, seed=0, walks=200) >= ended
+
+
+MISREAD = [  # (number keywords, the excluded end as written, a value inside)
+    ({"exclusiveMinimum": 0, "maximum": 0.5}, "0", "0.25"),
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 0.99}, "0", "0.5"),
+    ({"exclusiveMinimum": -0.5, "exclusiveMaximum": 0}, "-0", "-0.25"),
+    ({"exclusiveMinimum": 2, "maximum": 2.5}, "2", "2.1"),
+    ({"minimum": -1.5, "exclusiveMaximum": -1}, "-1", "-1.25"),
+    ({"minimum": 0, "exclusiveMinimum": True, "maximum": 0.5}, "0", "0.25"),  # (draft 4's form)
+]
+
+
+@pytest.mark.parametrize("bounds, end, inside", MISREAD, ids=[m[1] + str(i) for i, m in enumerate(MISREAD)])
+def test_a_number_interval_llguidance_misreads_never_takes_its_excluded_end(gpt2_compiler, tokenizers, vocabs,
+                                                                            bounds, end, inside):
+    """llguidance 1.x takes an interval's excluded integer end when the other end is less than 1 away: 9 of 10
+    answers under `exclusiveMinimum: 0, maximum: 0.5` were `{"x": 0}`. The end is made inclusive for it and the
+    interval checked on the finished number."""
+    schema = {"type": "object", "properties": {"x": {"type": "number", **bounds}}, "required": ["x"],
+              "additionalProperties": False}
+    if bounds.get("exclusiveMinimum") is True:
+        schema["$schema"] = "http://json-schema.org/draft-04/schema#"
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    for backend in ("llguidance", "auto"):
+        g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                                 backend=backend))
+        assert not _accepts(g, tok, vocab, '{"x": %s}' % end)
+        assert _accepts(g, tok, vocab, '{"x": %s}' % inside) and _accepts(g, tok, vocab, '{"x": %s.1}' % end)
+    assert ended_walks_valid(g, vocab, schema, seed=5, walks=12, max_tokens=40, prefer_end=0.3) == 12
+
+
+def test_intervals_llguidance_reads_right_keep_to_the_backend():
+    """Only the misread intervals take the late path: `gt=0, le=100` (pydantic's everyday bounds) does not."""
+    from constrain.late_keywords import late_from_the_start
+    assert late_from_the_start({"type": "number", "exclusiveMinimum": 0, "maximum": 0.5})
+    for bounds in ({"exclusiveMinimum": 0, "maximum": 100}, {"exclusiveMinimum": 0.5, "maximum": 0.75},
+                   {"exclusiveMinimum": 0, "maximum": 1}, {"exclusiveMinimum": 0}):
+        assert not late_from_the_start({"type": "number", **bounds})
+    assert not late_from_the_start({"type": "integer", "exclusiveMinimum": 0, "maximum": 5})
