@@ -17,6 +17,7 @@ except a long one (~15 µs a byte): one far out of reach is re-measured ever les
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import threading
@@ -356,18 +357,33 @@ def _quote_safe(pattern: str) -> str:
 
 
 def quote_safe_patterns(schema):
-    """`schema` with every `pattern` and `patternProperties` regex made safe from the quoting bug above (a copy
-    where one changes; the input is never modified)."""
-    if "[^" not in json.dumps(schema):
+    """`schema` as llguidance compiles it: every `pattern` and `patternProperties` regex made safe from the
+    quoting bug above, and each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
+    `checked_grammar_text` names (a copy where one changes; the input is never modified)."""
+    text = json.dumps(schema)
+    if "[^" not in text and '"pattern"' not in text:
         return schema
     schema = copy.deepcopy(schema)
     for _, key, node in list(walk(schema)):
         value = node.get(key)
         if key == "pattern" and isinstance(value, str):
-            node[key] = _quote_safe(value)
+            if unreadable_pattern(value):
+                del node[key]
+            else:
+                node[key] = _quote_safe(value)
         elif key == "patternProperties" and isinstance(value, dict):
             node[key] = {_quote_safe(k): v for k, v in value.items()}
     return schema
+
+
+@functools.lru_cache(maxsize=4096)
+def unreadable_pattern(pattern: str) -> str | None:
+    """llguidance's reason for refusing a `pattern` that JSON Schema allows (a backreference, a lookbehind, a
+    lookahead past the start, `\\b`), or None where it reads it. (An invalid regex never gets here: the schema
+    check refuses it first.)"""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "string", "pattern": pattern})
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    return " ".join(messages[-1].split()) if is_error and messages else None
 
 
 def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
@@ -454,8 +470,9 @@ _NUMERIC_KEYWORDS = ("const", "enum", "minimum", "maximum", "exclusiveMinimum", 
 def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple[str, ...]) -> list[str]:
     """Pointers of keywords llguidance compiles without a warning but not exactly: unenforced, or under `strict` a
     400 naming the keyword. An integer past 2**53 (`const: 9007199254740993` was enforced 9007199254740992; past
-    64 bits llguidance cannot read it at all: always a 400), and a `pattern` whose class holds every control
-    character but not both '"' and '\\' (`support.llguidance_escape_gap`)."""
+    64 bits llguidance cannot read it at all: always a 400), a `pattern` whose class holds every control
+    character but not both '"' and '\\' (`support.llguidance_escape_gap`), and a `pattern` llguidance cannot
+    read at all (`unreadable_pattern`)."""
     def integers(value):
         if isinstance(value, bool):
             return
@@ -471,6 +488,12 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
     found = []
     for ptr, key, node in walk(schema, base_pointer):
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
+        reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) else None
+        if reason is not None:  # (left out of what llguidance compiles: `quote_safe_patterns`)
+            if strict:
+                raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
+                                      pointer=ptr, code="unsupported_schema")
+            found.append(ptr)
         if key == "pattern" and isinstance(node[key], str) and llguidance_escape_gap(node[key]):
             if strict:
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced exactly: a class holding every "

@@ -104,3 +104,23 @@ def test_a_matcher_past_llguidance_work_limit_raises_a_constraint_error_not_an_e
     grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema))
     bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
     assert walk_instance(grammar, tok.encode('"a b"'), min(vocab.eos_token_ids), bitmask, []) is False
+
+
+@pytest.mark.parametrize("pattern", [r"^(\w+) \1$", r"^a(?<!b)c$", r"\bfoo\b", r"^a(?=b)b$"],
+                         ids=["backreference", "lookbehind", "word-boundary", "inner-lookahead"])
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_a_pattern_llguidance_cannot_read_is_named_unenforced_or_refused_with_its_pointer(gpt2_compiler, tokenizers,
+                                                                                          vocabs, pattern, backend):
+    """Such a pattern was a 400 whatever `strict` said, with llguidance's regex error and no pointer (under auto,
+    outlines' "Failed to build DFA"). Now, as the README says: without strict the rest is enforced and the pattern
+    named in `unenforced`; with strict, a 400 naming it."""
+    schema = _object({"type": "string", "pattern": pattern, "maxLength": 4})
+    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False, backend=backend)
+    g = gpt2_compiler.compile(spec)
+    assert g.unenforced == ("/properties/v/pattern",)
+    assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], "zz")
+    assert not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], "zzzzz")  # (maxLength still holds)
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend=backend))
+    assert refused.value.pointer == "/properties/v/pattern" and refused.value.code == "unsupported_schema"
