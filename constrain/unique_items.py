@@ -435,7 +435,8 @@ class TokenIndex:
     - `quote_other`: tokens holding a '"' after a backslash (checked one by one);
     - `start`: tokens that, from before an item, finish one, by its value;
     - `number_tails`: tokens that end a number (number characters, then a delimiter), by those characters;
-    - `multi`: tokens that may finish a second item after a comma (checked one by one);
+    - `multi`: tokens that may finish or begin a second item after a comma (checked one by one: `","+` after
+      `"4` leaves a string at its maxLength that may repeat an earlier one);
     - `partial`: tokens that leave an item unfinished where few values can follow (a literal begun, an integer
       at "0", which cannot grow: checked one by one);
     - `spelled`: tokens by their bytes (one that writes the rest of an earlier string at its maximum length
@@ -473,8 +474,10 @@ class TokenIndex:
                 elif not events and (end.mode == "literal" or end.buf in (b"0", b"-0")):
                     partial.append(tid)
             c = data.find(b",")
-            if c >= 0 and any(isinstance(e, tuple) for e in item_events(before_item, data[c + 1:])[0]):
-                multi.append(tid)
+            if c >= 0:
+                events, end = item_events(before_item, data[c + 1:])
+                if any(isinstance(e, tuple) for e in events) or end.mode in ("string", "number", "literal"):
+                    multi.append(tid)
             if data == b"0":
                 partial.append(tid)
         self.quote_pre = {k: np.array(v, dtype=np.int64) for k, v in quote_pre.items()}

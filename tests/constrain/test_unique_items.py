@@ -239,6 +239,27 @@ def test_a_string_at_its_longest_that_repeats_is_refused_before_it_is_written(na
         compiler.close()
 
 
+def test_a_token_that_closes_an_item_and_begins_a_repeat_at_its_longest_is_refused(tokenizers, vocabs):
+    """Qwen2's `","+` after `["+","4`: it closes "4" and leaves "+" (maxLength 1) unclosed, which can only repeat
+    the first item. Only tokens that finish an item after the comma were looked at, so it was taken and the answer
+    ended with constraint_too_complex (4 of 12 seeds in a sweep)."""
+    from constrain import GrammarCompiler
+    from tests.constrain.conftest import allowed_ids
+
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    try:
+        m = _compile(compiler, _array({"type": "string", "maxLength": 1}, minItems=3, maxItems=5)).matcher()
+        for piece in (b'["+', b'","', b"4"):
+            assert m.accept(vocab.ids_by_bytes()[piece])
+        bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+        m.fill_bitmask(bitmask, 0)
+        allowed = {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
+        assert b'","+' not in allowed and b'","' in allowed and b'","#' in allowed
+    finally:
+        compiler.close()
+
+
 def test_an_item_that_can_only_repeat_ends_the_output_with_a_constraint_error(gpt2_compiler, tokenizers, vocabs):
     """Such arrays are not handed to the engine (`_items_rule`); were one reached, the output ends with an error
     saying why rather than an empty mask. Made here by forcing the item on a plan built by hand."""
