@@ -364,16 +364,36 @@ def quote_safe_patterns(schema):
     if "[^" not in text and '"pattern"' not in text:
         return schema
     schema = copy.deepcopy(schema)
+    uncompiled = _uncompiled_nodes(schema)
     for _, key, node in list(walk(schema)):
         value = node.get(key)
         if key == "pattern" and isinstance(value, str):
-            if unreadable_pattern(value):
+            if id(node) not in uncompiled and unreadable_pattern(value):
                 del node[key]
             else:
                 node[key] = _quote_safe(value)
         elif key == "patternProperties" and isinstance(value, dict):
             node[key] = {_quote_safe(k): v for k, v in value.items()}
     return schema
+
+
+# Keywords llguidance does not implement: it never reads the subschemas under them (the late checks, rewrites, or
+# the unenforced list deal with the keyword itself).
+_NOT_COMPILED = frozenset({"not", "if", "then", "else", "contains", "dependentSchemas", "dependencies",
+                           "propertyNames", "unevaluatedProperties", "unevaluatedItems"})
+
+
+def _uncompiled_nodes(schema) -> set[int]:
+    """id() of every schema object under a keyword of `_NOT_COMPILED`."""
+    hidden: set[int] = set()
+    for _, key, node in walk(schema):
+        if key in _NOT_COMPILED:
+            value = node[key]
+            parts = value.values() if key in ("dependentSchemas", "dependencies") and isinstance(value, dict) \
+                else [value]
+            for part in parts:
+                hidden.update(id(n) for _, _, n in walk(part))
+    return hidden
 
 
 @functools.lru_cache(maxsize=4096)
@@ -486,9 +506,11 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                 yield from integers(v)
 
     found = []
+    uncompiled = _uncompiled_nodes(schema)
     for ptr, key, node in walk(schema, base_pointer):
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
-        reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) else None
+        reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) \
+            and id(node) not in uncompiled else None
         if reason is not None:  # (left out of what llguidance compiles: `quote_safe_patterns`)
             if strict:
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
