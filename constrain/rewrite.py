@@ -44,7 +44,9 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 - `minProperties` implied by `required`, `maxProperties` implied by a closed `properties` list: dropped; other
   min/maxProperties become an anyOf of few alternatives of which optional properties are present (each requires
   or forbids them: llguidance counts keys only then);
-- `propertyNames` that only constrains strings (`pattern`, lengths, an enum): the keys other than the declared ones
+- `propertyNames` with finitely many names (an enum): each becomes a declared property (its declared schema, else
+  `additionalProperties`) with `additionalProperties: false`; other `propertyNames` that only constrains strings
+  (`pattern`, lengths): the keys other than the declared ones
   become `patternProperties: {those names: additionalProperties}` with `additionalProperties: false`, and a
   declared property whose name it refuses is forbidden (decided on automata, never by running the regex); any
   other `propertyNames` on a closed object: dropped, after the same forbidding (decided by jsonschema);
@@ -492,7 +494,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     for step in (_impossible_keys, _lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains,
-                 _dependencies, _properties_count, _property_names, _pattern_properties, _declared_out_of_patterns):
+                 _property_names, _dependencies, _properties_count, _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -1125,9 +1127,12 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
     if pn is True or _name_patterns(ctx._deref(pn)) == []:
         ctx.changed = True
         return {k: v for k, v in node.items() if k != "propertyNames"}
-    if isinstance(props, dict) and not node.get("patternProperties") \
-            and _name_patterns(ctx._deref(pn)) is not None:
-        return _names_as_patterns(node, ctx)
+    if isinstance(props, dict) and not node.get("patternProperties"):
+        declared = _names_as_properties(node, ctx)
+        if declared is not node:
+            return declared
+        if _name_patterns(ctx._deref(pn)) is not None:
+            return _names_as_patterns(node, ctx)
     if not (isinstance(props, dict) and node.get("additionalProperties") is False
             and not node.get("patternProperties") and isinstance(pn, (dict, bool)) and ctx.decidable(pn)):
         return node
@@ -1136,6 +1141,33 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
     req = out.get("required")
     if isinstance(req, list) and any(out["properties"].get(r, True) is False for r in req):
         return node  # a required name refused: the node accepts no object; leave it to the backend
+    ctx.changed = True
+    return out
+
+
+def _names_as_properties(node: dict, ctx: _Ctx) -> dict:
+    """`propertyNames` with finitely many names (an enum, pydantic's `dict[Literal["math", "art"], int]`) on an object
+    without patternProperties: every name becomes a declared property (its schema the declared one, else
+    `additionalProperties`) and `additionalProperties: false`; a declared property it does not name is left out.
+    As patternProperties the names could repeat (4 of 16 answers wrote `{"art": -8, "art": -21, ...}`, which
+    parses with values lost) and a comma could follow the last name left (a dead end); a declared property is
+    written once."""
+    pn = ctx._deref(node["propertyNames"])
+    values = ctx.values(pn)
+    if values is None or not ctx.decidable(pn):
+        return node
+    names = list(dict.fromkeys(v for v in values if isinstance(v, str) and ctx.is_valid(pn, v)))
+    if len(names) > _MAX_NAMED_PROPERTIES:
+        return node
+    props = node.get("properties", {})
+    req = node.get("required")
+    if isinstance(req, list) and any(r not in names for r in req if isinstance(r, str)):
+        return node  # a required name refused: the node accepts no object; leave it to the backend
+    extra = node.get("additionalProperties", True)
+    out = {k: v for k, v in node.items() if k not in ("propertyNames", "additionalProperties", "properties")}
+    ordered = [k for k in props if k in names] + [k for k in names if k not in props]
+    out["properties"] = {k: props[k] if k in props else extra for k in ordered}
+    out["additionalProperties"] = False
     ctx.changed = True
     return out
 
@@ -1204,6 +1236,7 @@ def _name_patterns(pn: Any) -> list[str] | None:
     return out
 
 
+_MAX_NAMED_PROPERTIES = 64  # propertyNames enums declared as properties (llguidance lays out each optional one)
 _MAX_PATTERN_PROPERTIES = 16  # overlapping patternProperties cut into disjoint regions (at most 2^n - 1 of them)
 
 
