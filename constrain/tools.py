@@ -214,6 +214,9 @@ def _functions(tools: Any) -> list[dict]:
 
 
 def _named(functions: list[dict], name: Any, where: str) -> dict:
+    if not isinstance(name, str):
+        raise ConstraintError(f"{where} must be the name of a function, as tool_choice {{\"type\": \"function\", "
+                              f"\"function\": {{\"name\": ...}}}} writes it", param="tool_choice")
     for fn in functions:
         if fn["name"] == name:
             return fn

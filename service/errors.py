@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",  # (OpenAI's)
           405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
           503: "server_error"}
 

@@ -172,9 +172,7 @@ class Generation:
         text_answer = grammar is not None and (spec is None or (spec.kind == "tools" and spec.answer is None))
         requests = []
         for i, prompt in enumerate(prompts):
-            max_tokens = fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens, default_max,
-                                        self.loaded.context_length, req.context_length_exceeded_behavior
-                                        or "truncate")
+            max_tokens = self._fit(req, len(prompt.ids), default_max)
             params = sampling_params(req, max_tokens=max_tokens, logits_width=self.loaded.logits_width,
                                      logprobs=logprobs, top_logprobs=top_logprobs,
                                      prompt_logprobs=prompt_logprobs)
@@ -214,10 +212,9 @@ class Generation:
             text = req.prompt or ""
             ids = list(self.loaded.tokenizer.encode(text, add_special_tokens=True))
         if not ids:
-            raise invalid("the prompt is empty", "messages")
+            raise invalid("the prompt is empty", "messages" if req.messages is not None else "prompt")
         prompt = Prompt(ids, text)
-        fit_max_tokens(len(ids), req.max_completion_tokens or req.max_tokens, None, self.loaded.context_length,
-                       req.context_length_exceeded_behavior or "truncate")  # refuse before compiling
+        self._fit(req, len(ids), None)  # refuse before compiling
         spec, grammar = await self._compile(req, tools, req.tool_choice, req.parallel_tool_calls,
                                             self.template.tool_format)
         if grammar is not None and reasoning is not None:
@@ -266,9 +263,7 @@ class Generation:
         headers = self._check_common(req)
         prompts = completion_prompts(req.prompt, self.loaded.tokenizer, self.vocab_limit)
         for prompt in prompts:
-            fit_max_tokens(len(prompt.ids), req.max_completion_tokens or req.max_tokens,
-                           COMPLETIONS_DEFAULT_MAX_TOKENS, self.loaded.context_length,
-                           req.context_length_exceeded_behavior or "truncate")
+            self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
         spec, grammar = await self._compile(req)
         want_logprobs = req.logprobs is not None
         return self._plan(req, prompts, spec, grammar, headers, default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -276,6 +271,14 @@ class Generation:
                           logprobs=want_logprobs, top_logprobs=req.logprobs or 0,
                           prompt_logprobs=(req.logprobs or 0) if (want_logprobs and req.echo) else None,
                           prefix="cmpl")
+
+    def _fit(self, req: _SamplingFields, prompt_len: int, default_max: int | None) -> int:
+        """`fit_max_tokens` for this request, its errors naming the fields it sent."""
+        chat_messages = isinstance(req, ChatCompletionRequest) and req.messages is not None
+        return fit_max_tokens(prompt_len, req.max_completion_tokens or req.max_tokens, default_max,
+                              self.loaded.context_length, req.context_length_exceeded_behavior or "truncate",
+                              prompt_param="messages" if chat_messages else "prompt",
+                              tokens_param="max_completion_tokens" if req.max_completion_tokens else "max_tokens")
 
     def _tools_prompt(self, tools: list[dict]) -> str:
         return constrain.tools_system_prompt(tools)

@@ -42,18 +42,20 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int) -> list[Prompt]:
 
 
 def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, context_length: int,
-                   behavior: str) -> int:
-    """The `max_tokens` to run with. `truncate` lowers it to fit the context; `error` refuses (OpenAI's way)."""
+                   behavior: str, prompt_param: str = "messages", tokens_param: str = "max_tokens") -> int:
+    """The `max_tokens` to run with. `truncate` lowers it to fit the context; `error` refuses (OpenAI's way). The
+    errors name the request's fields: `prompt_param` (`messages` or `prompt`) and `tokens_param` (`max_tokens` or
+    `max_completion_tokens`)."""
     room = context_length - prompt_len
     if room <= 0:
         raise APIError(400, f"the prompt has {prompt_len} tokens, but this model's context length is "
-                            f"{context_length} tokens", param="messages", code="context_length_exceeded")
+                            f"{context_length} tokens", param=prompt_param, code="context_length_exceeded")
     wanted = requested if requested is not None else (default if default is not None else room)
     if wanted <= room:
         return wanted
     if behavior == "error":
         raise APIError(400, f"this model's context length is {context_length} tokens, but the prompt has "
-                            f"{prompt_len} tokens and max_tokens is {wanted}: lower max_tokens or send "
-                            f"context_length_exceeded_behavior='truncate'", param="max_tokens",
+                            f"{prompt_len} tokens and {tokens_param} is {wanted}: lower {tokens_param} or send "
+                            f"context_length_exceeded_behavior='truncate'", param=tokens_param,
                        code="context_length_exceeded")
     return room

@@ -249,6 +249,12 @@ class _SamplingFields(BaseModel):
             raise ParamError("best_of", "`best_of` other than `n` is not supported by this server")
         return self
 
+    @model_validator(mode="after")
+    def _stream_options_with_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ParamError("stream_options", "`stream_options` is only allowed when `stream` is true")
+        return self
+
     @property
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -56,6 +56,8 @@ def test_top_logprobs_without_logprobs_is_refused(http):
 
 
 @pytest.mark.parametrize("body, param", [
+    ({"messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options"),  # (OpenAI's and vLLM's 400)
+    ({"prompt": ""}, "prompt"),  # (an empty raw prompt named `messages`)
     ({"messages": HELLO, "prompt": "x"}, "prompt"),
     ({"messages": HELLO, "modalities": ["text", "audio"]}, "modalities"),
     ({"messages": HELLO, "n": 2, "best_of": 3}, "best_of"),
@@ -94,10 +96,20 @@ def test_image_content_is_refused_for_a_text_model(http):
     assert "this model does not accept images" in _assert_error(r, 400)["message"]
 
 
+@pytest.mark.parametrize("tool_choice", [{"type": "function"}, {"type": "function", "function": "f"},
+                                         {"type": "function", "name": "f"}])
+def test_a_named_tool_choice_without_a_name_says_so(http, tool_choice):
+    """It said "tool_choice.function.name names an unknown function None"."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "tool_choice": tool_choice,
+                                               "tools": [{"type": "function", "function": {"name": "f"}}]})
+    error = _assert_error(r, 400, "tool_choice")
+    assert "unknown function" not in error["message"] and "name" in error["message"]
+
+
 def test_unknown_model_is_404(http):
     error = _assert_error(http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": HELLO}), 404,
                           "model")
-    assert error["code"] == "model_not_found"
+    assert error["code"] == "model_not_found" and error["type"] == "invalid_request_error"  # (OpenAI's type)
     _assert_error(http.get("/v1/models/gpt-9"), 404)
 
 
@@ -113,13 +125,18 @@ def test_body_over_the_limit_is_413(http):
 
 def test_prompt_longer_than_the_context_is_400(http):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": [16] * 5000})
-    assert _assert_error(r, 400)["code"] == "context_length_exceeded"
+    assert _assert_error(r, 400, "prompt")["code"] == "context_length_exceeded"  # (named `messages` before)
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "a " * 5000}]})
+    assert _assert_error(r, 400, "messages")["code"] == "context_length_exceeded"
 
 
-def test_context_length_exceeded_error_behaviour_refuses(http):
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 5000,
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_context_length_exceeded_error_behaviour_refuses(http, field):
+    """The error names the field the request sent (it said max_tokens for max_completion_tokens)."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, field: 5000,
                                                "context_length_exceeded_behavior": "error"})
-    assert _assert_error(r, 400, "max_tokens")["code"] == "context_length_exceeded"
+    error = _assert_error(r, 400, field)
+    assert error["code"] == "context_length_exceeded" and f"{field} is 5000" in error["message"]
 
 
 def test_unsupported_schema_keyword_in_strict_mode_is_400(http):
