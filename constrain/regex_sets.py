@@ -133,6 +133,48 @@ def pattern_search(pattern: str, work: Work | None = None):
     return search
 
 
+def finite_language(pattern: str, limit: int, work: Work | None = None) -> list[str] | None:
+    """Every string in which `pattern` finds a match, when they are at most `limit` (`^(math|art)$`, `^[a-e]$`);
+    None when they are more, unbounded (a pattern not anchored at both ends finds matches in endlessly many), or
+    the pattern is out of reach. Paths of the search automaton from its start to a matching state, which must
+    not pass a cycle."""
+    dfa = _search_dfa([pattern], work or Work.for_search())
+    if dfa is None:
+        return None
+    matched = [0 in sig for sig in dfa.sigs]
+    live = set(i for i, m in enumerate(matched) if m)  # states from which a match can still be reached
+    grew = True
+    while grew:
+        grew = False
+        for state, row in enumerate(dfa.trans):
+            if state not in live and any(t in live for t in row):
+                live.add(state)
+                grew = True
+    found: list[str] = []
+
+    def visit(state: int, prefix: list[str], path: set[int]) -> bool:
+        if matched[state]:
+            found.append("".join(prefix))
+            if len(found) > limit:
+                return False
+        for c, target in enumerate(dfa.trans[state]):
+            if target not in live:
+                continue
+            if target in path:
+                return False  # a cycle on the way to a match: unboundedly many
+            codes = [code for lo, hi in dfa.classes[c] for code in range(lo, min(hi, lo + limit) + 1)]
+            if len(codes) > limit:
+                return False
+            for code in codes:
+                if not visit(target, prefix + [chr(code)], path | {target}):
+                    return False
+        return True
+
+    if 0 not in live:
+        return []
+    return found if visit(0, [], {0}) else None
+
+
 def pattern_examples(pattern: str, work: Work | None = None) -> list[str]:
     """For each top-level alternative of `pattern` (`^all|tags$`: `^all` and `tags$`), a shortest string in which
     it finds a match, shortest first, without repeats: a completion that wrote what rules one alternative out can

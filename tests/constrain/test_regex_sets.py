@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from constrain.regex_sets import complement_pattern, disjoint_regions, pattern_examples, search_region
+from constrain.regex_sets import (complement_pattern, disjoint_regions, finite_language, pattern_examples,
+                                  search_region)
 
 # Patterns found under `not` or `oneOf` in real-world schemas (JSONSchemaBench), and the edge cases of
 # the construction: anchors on one side, hoisted by Python's parser, inside a group; lazy repeats; classes with
@@ -221,3 +222,13 @@ def test_search_region_names_the_same_strings_without_a_long_count_at_an_unancho
         bank = _bank(pattern, random.Random(pattern))
         wrong = [s for s in bank if bool(re.search(out, s)) != bool(re.search(pattern, s))]
         assert wrong == []
+
+
+@pytest.mark.parametrize("pattern, names", [
+    ("^(math|art)$", ["art", "math"]), ("^[a-c]$", ["a", "b", "c"]), ("^x(y|z)?$", ["x", "xy", "xz"]),
+    ("^(a|b)$|^c$", ["a", "b", "c"]), ("^$", [""]),
+    ("a", None), ("^a+$", None), ("^[a-z]{3}$", None),  # (unanchored, a cycle, past the limit)
+])
+def test_the_finitely_many_names_a_pattern_matches(pattern, names):
+    found = finite_language(pattern, 64)
+    assert (sorted(found) if found is not None else None) == names
