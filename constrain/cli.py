@@ -62,14 +62,8 @@ def load_tokenizer(path: Path):
     return tok, Vocabulary.from_tokenizer(tok, len(tok), eos)
 
 
-def _wrapper(grammar, cls):
-    """The grammar of class `cls` among `grammar` and the grammars it wraps (checks applied while decoding)."""
-    while grammar is not None and not isinstance(grammar, cls):
-        grammar = getattr(grammar, "inner", None)
-    return grammar
-
-
 def _check_schema(args: argparse.Namespace) -> int:
+    from constrain.checked import wrapped
     from constrain.compiler import GrammarCompiler
     from constrain.grammar import ConstraintError, ConstraintSpec
     from constrain.late_keywords import LateGrammar
@@ -101,10 +95,10 @@ def _check_schema(args: argparse.Namespace) -> int:
         print(f"{args.file}: not supported ({args.backend}): {exc.message}")
         return 1
     ms = 1000 * (time.perf_counter() - t0)
-    late = _wrapper(grammar, LateGrammar)
+    late = wrapped(grammar, LateGrammar)
     if late is not None:
         print(f"checked as each value is finished: {', '.join(p or '/' for p in late.plan.pointers)}")
-    if _wrapper(grammar, PlainKeysGrammar) is not None:
+    if wrapped(grammar, PlainKeysGrammar) is not None:
         print("keys are written without \\u escapes (an open object names keys: constrain/plain_keys.py)")
     unenforced = ", ".join(grammar.unenforced) or "none"
     print(f"{args.file}: supported by {grammar.backend}; unenforced: {unenforced}; compile {ms:.1f} ms")

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -33,6 +34,7 @@ from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
+from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_the_start, plan_late_keywords,
                                      token_sets)
@@ -51,6 +53,7 @@ from constrain.vocabulary import Vocabulary
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "outlines", "llguidance")
+_JSON_KINDS = ("json_schema", "json_object", "tools")  # (JSON output: `_on_backend` keeps its keys distinct)
 
 
 @dataclass
@@ -135,6 +138,7 @@ class GrammarCompiler:
         self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
         self._late_plans: OrderedDict[str, LatePlan] = OrderedDict()  # specs whose backend refused a keyword
         self._no_stronger_plan: OrderedDict[str, None] = OrderedDict()  # non-strict specs the checks add nothing to
+        self._distinct_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend grammar -> wrapper
         self._lock = threading.Lock()
         self._lltok = None
         self._harmony_tokens: HarmonyTokens | None = None
@@ -298,7 +302,7 @@ class GrammarCompiler:
         out = {}
         self.lltokenizer()  # ~1 s on a 152k vocabulary: paid at start-up, not by the first request
         # (~0.9 s: the tables of the checks applied while decoding)
-        token_index(self.vocab), token_sets(self.vocab), key_escape_tokens(self.vocab)
+        token_index(self.vocab), token_sets(self.vocab), key_escape_tokens(self.vocab), comma_key_index(self.vocab)
         for name, schema in self.named_schemas.items():
             spec = ConstraintSpec(kind="json_schema", schema=schema, extra={"name": name})
             try:
@@ -381,11 +385,21 @@ class GrammarCompiler:
                 self._late_plans.popitem(last=False)
 
     def _on_backend(self, spec: ConstraintSpec, backend: str) -> Grammar:
+        """The backend's grammar; JSON output keeps no key twice in one object (constrain/distinct_keys.py), the
+        innermost check, under those of late keywords and uniqueItems."""
         if backend == "llguidance":
-            return self._llg(spec)
-        if backend == "outlines":
-            return self._outlines(spec, wait=True)
-        return self._auto(spec)
+            g = self._llg(spec)
+        elif backend == "outlines":
+            g = self._outlines(spec, wait=True)
+        else:
+            g = self._auto(spec)
+        if spec.kind not in _JSON_KINDS or spec.tool_format in XML_FORMATS:
+            return g
+        with self._lock:  # (one wrapper per backend grammar, so a cached grammar comes back as the same object)
+            checked = self._distinct_keys.get(g)
+            if checked is None:
+                checked = self._distinct_keys[g] = DistinctKeysGrammar(g, self.vocab)
+        return checked
 
     def _unique_plan(self, spec: ConstraintSpec) -> UniquePlan | None:
         """The uniqueItems this schema holds that the engine enforces (constrain/unique_items.py), cached."""

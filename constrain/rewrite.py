@@ -78,8 +78,8 @@ import jsonschema
 
 from constrain.finite_values import finite_values
 from constrain.formats import format_pattern
-from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, regex_char, search_region,
-                                  without_lookaheads)
+from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
+                                  search_region, without_lookaheads)
 from constrain.support import (ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, references_followable,
                                resolve_ref, walk)
 
@@ -494,7 +494,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     for step in (_impossible_keys, _lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains,
-                 _property_names, _dependencies, _properties_count, _pattern_properties, _declared_out_of_patterns):
+                 _property_names, _patterns_as_properties, _dependencies, _properties_count, _pattern_properties,
+                 _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -1170,6 +1171,37 @@ def _names_as_properties(node: dict, ctx: _Ctx) -> dict:
     out["additionalProperties"] = False
     ctx.changed = True
     return out
+
+
+def _patterns_as_properties(node: dict, ctx: _Ctx) -> dict:
+    """`patternProperties` on a closed object whose patterns match finitely many names (`^(math|art)$`, `^[a-e]$`;
+    at most 64 in all): each name becomes a declared property, its schema the allOf of the declared one and those
+    of the patterns that match it, as `_names_as_properties` does for `propertyNames` and for the same reasons
+    (a name written at most once; no comma after the last one left). Names found on the patterns' automata
+    (constrain/regex_sets.py), never by running a client's regex."""
+    patterns = node.get("patternProperties")
+    props = node.get("properties", {})
+    if not isinstance(patterns, dict) or not patterns or node.get("additionalProperties") is not False \
+            or not isinstance(props, dict):
+        return node
+    matched: dict[str, list] = {}
+    for pattern, schema in patterns.items():
+        names = finite_language(pattern, _MAX_NAMED_PROPERTIES, ctx.regex_work)
+        if names is None:
+            return node
+        for name in names:
+            matched.setdefault(name, []).append(schema)
+    if len(set(matched) | set(props)) > _MAX_NAMED_PROPERTIES:
+        return node
+    out = {k: v for k, v in node.items() if k not in ("patternProperties", "properties")}
+    out["properties"] = {k: _all_of([v, *matched.get(k, [])]) for k, v in props.items()}
+    out["properties"].update({k: _all_of(v) for k, v in matched.items() if k not in props})
+    ctx.changed = True
+    return out
+
+
+def _all_of(schemas: list) -> Any:
+    return schemas[0] if len(schemas) == 1 else {"allOf": schemas}
 
 
 def _names_as_patterns(node: dict, ctx: _Ctx) -> dict:

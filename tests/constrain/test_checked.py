@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from constrain import ConstraintSpec
-from constrain.checked import CheckedMatcher
+from constrain.checked import CheckedMatcher, backend_matcher
 from tests.constrain.conftest import allowed_ids
 
 # (schema, prefix the backend and the check allow, next text the backend allows and the check refuses, a way on)
@@ -47,7 +47,7 @@ def test_accept_refuses_the_tokens_the_check_clears_from_the_mask(name, fill, gp
     _feed(matcher, vocab, prefix, fill)
     token = _token(vocab, refused)
     bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    matcher.inner.fill_bitmask(bitmask, 0)
+    backend_matcher(matcher).fill_bitmask(bitmask, 0)
     assert token in allowed_ids(bitmask)  # the backend alone takes it
     if fill:
         matcher.fill_bitmask(bitmask, 0)

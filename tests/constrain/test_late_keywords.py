@@ -186,7 +186,8 @@ def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_writt
 
     names = {"type": "object", "propertyNames": {"anyOf": [{"maxLength": 2}, {"const": "long"}]},
              "additionalProperties": {"type": "integer"}}
-    letters = {"type": "object", "patternProperties": {"^[ab]$": True}, "additionalProperties": False,
+    # (one-character keys, too many names to declare them: constrain/rewrite.py declares up to 64)
+    letters = {"type": "object", "patternProperties": {"^\\w$": True}, "additionalProperties": False,
                "minProperties": 2}
     compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance")
     try:
@@ -210,10 +211,10 @@ def test_a_member_that_breaks_its_container_for_good_is_refused_when_it_is_writt
             (_object(EIGHT_KEYS), '{"v": {"a": 1, "b": 2, "c": 3', ",", False),
             (_object(EIGHT_KEYS), '{"v": {"a": 1, "b": 2, "c": 3', "}", True),
             (_object(EIGHT_KEYS), '{"v": {"a": 1, "b": 2', ",", True),
-            # maxProperties counts key/value pairs as written: a repeated key counts again (the parsed object
-            # would hold one), so at the limit no comma follows it either
+            # maxProperties counts key/value pairs as written: at the limit no comma follows (a repeated key, which
+            # counted again, is not written at all now: constrain/distinct_keys.py)
             (_object({"type": "object", "maxProperties": 2, "propertyNames": {"not": {"const": "z"}}}),
-             '{"v": {"a": 1, "a": 2', ",", False),
+             '{"v": {"a": 1, "b": 2', ",", False),
             (_object({"type": "object", "maxProperties": 2, "propertyNames": {"not": {"const": "z"}}}),
              '{"v": {"a": 1', ",", True),
         ]:

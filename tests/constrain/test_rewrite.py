@@ -611,3 +611,32 @@ def test_property_names_of_an_enum_become_declared_properties_each_written_once(
             pairs = json.loads(decode(vocabs["gpt2"], tokens), object_pairs_hook=lambda p: p)
             assert len({k for k, _ in pairs}) == len(pairs)
             assert jsonschema.Draft202012Validator(schema).is_valid(dict(pairs))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^(math|art)$": {"type": "integer"}}, "additionalProperties": False},
+    {"type": "object", "propertyNames": {"pattern": "^[a-c]$"}, "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {"maximum": 5}}, "patternProperties": {"^[ab]$": {"type": "integer"}},
+     "additionalProperties": False},
+], ids=["pattern-alternatives", "property-names-pattern", "declared-and-matched"])
+def test_patterns_naming_finitely_many_keys_become_declared_properties(schema, gpt2_compiler, vocabs):
+    """As patterns, such names could repeat and a comma could follow the last one left (`{"a": 1, "b": 2, "c": 3,`
+    then only a repeat). Declared (a name a pattern and `properties` both hold takes both schemas), each is
+    written at most once, and the walks end without a repeated key."""
+    import json
+    import random
+
+    from constrain.walkbench import decode, random_walk
+
+    out = rewrite_schema(schema)
+    assert "patternProperties" not in out and "propertyNames" not in out and out["additionalProperties"] is False
+    _same(schema, out, DOCS + [{"math": 1, "art": 2}, {"art": "x"}, {"a": 6}, {"a": 1, "b": 2, "c": 3}, {"d": 1}])
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    rng = random.Random(4)
+    for _ in range(12):
+        tokens, ended = random_walk(g, vocabs["gpt2"], rng, 40, budget=True, prefer_end=0.02)
+        assert ended
+        pairs = json.loads(decode(vocabs["gpt2"], tokens), object_pairs_hook=lambda p: p)
+        assert len({k for k, _ in pairs}) == len(pairs)
+        assert jsonschema.Draft202012Validator(schema).is_valid(dict(pairs))

@@ -1,0 +1,164 @@
+"""No key twice in one JSON object, enforced while decoding.
+
+JSON Schema says nothing of repeated keys, and neither backend stops them where an object is open to undeclared
+keys (`additionalProperties`, `patternProperties`, JSON mode): in a sweep, 4 of 16 answers under
+`dict[str, int]`-like schemas wrote `{"art": -8, "art": -21, ...}`, which parses (the last value wins), so a
+value is lost without a word, and strict parsers refuse it. A matcher wrapper follows the output, remembers each
+open object's keys and clears the mask bits of the tokens that would close a key the object already has. Where
+nothing else is left (every name a pattern admits is used and a comma was written), the repeat is allowed rather
+than the answer failing: a repeated key is legal JSON. Never imports HTTP or model code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, clear_ids, per_vocabulary
+from constrain.grammar import Grammar, Matcher
+from constrain.json_follower import BACKSLASH, COMMA_BYTE, QUOTE, WS, Frame, JsonFollower, decode_key
+from constrain.unique_items import ItemState, TokenIndex, item_events, token_index
+from constrain.vocabulary import Vocabulary
+
+
+@dataclass
+class _Object(Frame):
+    keys: set[str] = field(default_factory=set)  # (objects only)
+
+
+class KeyTracker(JsonFollower):
+    """Follows the JSON output with the keys written so far in each open object."""
+
+    def _frame(self, is_array: bool) -> _Object:
+        return _Object(is_array)
+
+    def _key_ends(self) -> None:
+        self.stack[-1].keys.add(self.stack[-1].key)
+
+    def object_keys(self) -> set[str] | None:
+        """The keys of the object being written, when the output stands where a key of it may close next."""
+        if self.mode not in ("key", "member", "after") or not self.stack or not self.in_json:
+            return None
+        top = self.stack[-1]
+        return None if top.is_array or not top.keys else top.keys
+
+
+def closes_a_repeated_key(tracker: KeyTracker, data: bytes) -> bool:
+    """Writing `data` next closes a key its object already has (looked at up to the first key it closes)."""
+    keys = tracker.object_keys()
+    if keys is None:
+        return False
+    mode, buf, escaped = tracker.mode, bytearray(tracker.buf), tracker.escaped
+    for c in data:
+        if mode == "key":
+            if escaped:
+                escaped = False
+            elif c == BACKSLASH:
+                escaped = True
+            elif c == QUOTE:
+                return decode_key(bytes(buf)) in keys
+            buf.append(c)
+        elif c in WS:
+            continue
+        elif mode == "after" and c == COMMA_BYTE:
+            mode = "member"
+        elif mode == "member" and c == QUOTE:
+            mode, buf, escaped = "key", bytearray(), False
+        else:
+            return False
+    return False
+
+
+class _CommaKeys(dict):
+    """Per vocabulary: the tokens that write a comma, then a whole key (`,"a"`, `, "a":`), by the key (as
+    `unique_items.item_events` reads a string: ("s", its characters in UTF-8))."""
+
+    def __init__(self, vocab: Vocabulary):
+        super().__init__()
+        found: dict[tuple, list[int]] = {}
+        for tid, data in enumerate(vocab.token_bytes):
+            rest = (data or b"").lstrip(b" \t\n\r")
+            if not rest.startswith(b","):
+                continue
+            events, _ = item_events(ItemState(), rest[1:])
+            if events and isinstance(events[0], tuple):
+                found.setdefault(events[0], []).append(tid)
+        self.update({k: np.array(v, dtype=np.int64) for k, v in found.items()})
+
+
+def comma_key_index(vocab: Vocabulary) -> _CommaKeys:
+    return per_vocabulary(_CommaKeys, vocab)
+
+
+class DistinctKeysGrammar(CheckedGrammar):
+    """A JSON grammar whose matchers write no key twice in one object."""
+
+    def __init__(self, inner: Grammar, vocab: Vocabulary):
+        super().__init__(inner)
+        self.vocab = vocab
+        self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
+        comma_key_index(vocab)
+
+    def matcher(self) -> "DistinctKeysMatcher":
+        return DistinctKeysMatcher(self.inner.matcher(), KeyTracker(self.call_tag), self.index, self.vocab)
+
+
+class DistinctKeysMatcher(CheckedMatcher):
+    dead_end = "no key may follow here but one the object already has"  # (not raised: see fill_bitmask)
+
+    def __init__(self, inner: Matcher, tracker: KeyTracker, index: TokenIndex, vocab: Vocabulary):
+        super().__init__(inner, index.token_bytes)
+        self.tracker = tracker
+        self.index = index
+        self.vocab = vocab
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
+        """The inner mask less the tokens that close a repeated key; unless that leaves nothing, where the
+        repeat is allowed (legal JSON) rather than the output failing."""
+        self.inner.fill_bitmask(bitmask, row, tokens_left)
+        self._refused_here = NO_IDS
+        if not self._active():
+            return
+        words = bitmask[row].numpy().view(np.uint32)
+        refused = self._refused(words)
+        kept = words.copy()
+        clear_ids(kept, refused)
+        if kept.any():
+            words[:] = kept
+            self._refused_here = refused
+
+    def _active(self) -> bool:
+        return self.tracker.object_keys() is not None
+
+    def _refused(self, words: np.ndarray) -> np.ndarray:
+        """Tokens are looked up by the key they would close (`TokenIndex`, `_CommaKeys`); only those that hold
+        an escaped quote are run through `closes_a_repeated_key`."""
+        t, ix = self.tracker, self.index
+        keys = [k.encode("utf-8", "surrogatepass") for k in t.object_keys()]
+        fast: list[np.ndarray] = []
+        if t.mode == "key":
+            written = bytes(t.buf)
+            if t.escaped or b"\\" in written:
+                suspects = ix.quote_all
+            else:
+                fast = [ix.quote_pre[k[len(written):]] for k in keys
+                        if k.startswith(written) and k[len(written):] in ix.quote_pre]
+                suspects = ix.quote_other
+        elif t.mode == "member":
+            fast = [ix.start[("s", k)] for k in keys if ("s", k) in ix.start]
+            suspects = ix.quote_other
+        else:  # after a value: a comma, then a key
+            comma_keys = comma_key_index(self.vocab)
+            fast = [comma_keys[("s", k)] for k in keys if ("s", k) in comma_keys]
+            suspects = NO_IDS
+        slow = [tid for tid in allowed_among(words, suspects).tolist() if self._refuses(ix.token_bytes[tid])]
+        fast = [allowed_among(words, ids) for ids in fast]
+        return np.concatenate([*fast, np.array(slow, dtype=np.int64)])
+
+    def _refuses(self, data: bytes) -> bool:
+        return closes_a_repeated_key(self.tracker, data)
+
+    def _feed(self, data: bytes) -> None:
+        self.tracker.feed(data)

@@ -1,0 +1,93 @@
+"""No key twice in one JSON object (constrain/distinct_keys.py): the tokens that would close a key the object
+already has are refused, through the real tokenizers' masks, whatever spells the key (in pieces, in one token,
+after a comma, escaped); walks under open objects and JSON mode end without a repeated key."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from constrain import ConstraintSpec, GrammarCompiler
+from constrain.spec import normalise_schema
+from constrain.walkbench import decode, random_walk
+from tests.constrain.conftest import allowed_ids
+
+SCORES = {"type": "object", "additionalProperties": {"type": "integer"}}  # (pydantic's dict[str, int])
+
+
+@pytest.fixture(scope="module")
+def qwen(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    yield c, tokenizers["qwen2"], vocabs["qwen2"]
+    c.close()
+
+
+def _pairs(text: str) -> list:
+    found = []
+    json.loads(text, object_pairs_hook=lambda p: found.append([k for k, _ in p]) or dict(p))
+    return found
+
+
+@pytest.mark.parametrize("spec", [
+    ConstraintSpec(kind="json_schema", schema=SCORES, strict=True),
+    ConstraintSpec(kind="json_schema", schema={"type": "object", "properties": {"tags": SCORES}}),
+    ConstraintSpec(kind="json_object"),
+], ids=["dict", "nested-dict", "json_object"])
+def test_walks_write_no_key_twice_in_one_object(qwen, spec):
+    """Before, 4 of 16 answers of a sweep under such schemas repeated a key (`{"art": -8, "art": -21}`)."""
+    compiler, _, vocab = qwen
+    g = compiler.compile(ConstraintSpec(kind=spec.kind, schema=normalise_schema(spec.schema) if spec.schema else None,
+                                        strict=spec.strict))
+    rng = random.Random(3)
+    ended = 0
+    for _ in range(16):
+        tokens, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.02)
+        if done:
+            ended += 1
+            assert all(len(set(keys)) == len(keys) for keys in _pairs(decode(vocab, tokens))), decode(vocab, tokens)
+    assert ended >= 12
+
+
+def _allowed_after(compiler, vocab, text: bytes) -> set[bytes]:
+    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=SCORES)).matcher()
+    for piece in _pieces(vocab, text):
+        assert m.accept(piece), text
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    m.fill_bitmask(bitmask, 0)
+    return {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
+
+
+def _pieces(vocab, text: bytes) -> list[int]:
+    """`text` one byte-token at a time (every byte is a token of a byte-level vocabulary)."""
+    ids = vocab.ids_by_bytes()
+    return [ids[bytes([c])] for c in text]
+
+
+@pytest.mark.parametrize("written, refused, kept", [
+    (b'{"ab": 1, "ab', [b'"', b'":'], [b'c', b'x']),  # the key written in pieces, closing
+    (b'{"ab": 1, "\\u0061b', [b'"', b'":'], [b'c']),  # escaped
+    (b'{"": 1,', [b' ""', b'""'], [b' "']),  # opened and closed in one token
+    (b'{"": 1, ', [b'""'], [b'"']),
+])
+def test_tokens_that_close_a_key_the_object_has_are_refused(qwen, written, refused, kept):
+    compiler, _, vocab = qwen
+    allowed = _allowed_after(compiler, vocab, written)
+    present = set(vocab.ids_by_bytes())
+    assert all(r not in allowed for r in refused)
+    assert any(r in present for r in refused)  # (the vocabulary has such a token: the check is not vacuous)
+    assert all(k in allowed for k in kept if k in present)
+
+
+def test_a_repeat_is_allowed_where_nothing_else_may_follow(qwen):
+    """Every name a pattern admits used, and a comma written: the repeat (legal JSON) rather than a failed answer."""
+    compiler, _, vocab = qwen
+    schema = {"type": "object", "patternProperties": {"^[ab]$": {"type": "integer"}}, "additionalProperties": False}
+    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema)).matcher()
+    for piece in _pieces(vocab, b'{"a": 1, "b": 2, "'):
+        assert m.accept(piece)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    m.fill_bitmask(bitmask, 0)
+    assert vocab.ids_by_bytes()[b"a"] in allowed_ids(bitmask).tolist()
