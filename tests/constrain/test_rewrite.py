@@ -4,6 +4,8 @@ on documents the original accepts and refuses), and leaves alone what it cannot 
 from __future__ import annotations
 
 import itertools
+import json
+import random
 
 import jsonschema
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import rewrite_schema, validator_class
 from constrain.spec import normalise_schema
+from constrain.walkbench import decode, random_walk
 from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
 D7 = "http://json-schema.org/draft-07/schema#"
@@ -591,26 +594,15 @@ def test_property_names_of_an_enum_become_declared_properties_each_written_once(
     in a sweep wrote `{"art": -8, "art": -21, ...}`, which parses with values lost), and beside dependentRequired
     and minProperties a comma could follow the last name left: a dead end (llguidance's NoExtensionBias, 6 of 16).
     Declared, each is written at most once."""
-    import json
-    import random
-
-    from constrain.walkbench import decode, random_walk
-
     scores = {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"enum": ["math", "art"]}}
     out = rewrite_schema(scores)
     assert out == {"type": "object", "properties": {"math": {"type": "integer"}, "art": {"type": "integer"}},
                    "additionalProperties": False}
     _same(scores, out, DOCS + [{"math": 1, "art": 2}, {"art": "x"}, {"math": 1, "x": 2}])
-    rng = random.Random(2)
     for schema in (scores, {**scores, "dependentRequired": {"math": ["art"]}, "minProperties": 1}):
         g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                                  backend="llguidance"))
-        for _ in range(12):
-            tokens, ended = random_walk(g, vocabs["gpt2"], rng, 40, budget=True, prefer_end=0.1)
-            assert ended
-            pairs = json.loads(decode(vocabs["gpt2"], tokens), object_pairs_hook=lambda p: p)
-            assert len({k for k, _ in pairs}) == len(pairs)
-            assert jsonschema.Draft202012Validator(schema).is_valid(dict(pairs))
+        _walks_end_with_distinct_keys(g, vocabs["gpt2"], schema, seed=2, prefer_end=0.1)
 
 
 @pytest.mark.parametrize("schema", [
@@ -623,20 +615,20 @@ def test_patterns_naming_finitely_many_keys_become_declared_properties(schema, g
     """As patterns, such names could repeat and a comma could follow the last one left (`{"a": 1, "b": 2, "c": 3,`
     then only a repeat). Declared (a name a pattern and `properties` both hold takes both schemas), each is
     written at most once, and the walks end without a repeated key."""
-    import json
-    import random
-
-    from constrain.walkbench import decode, random_walk
-
     out = rewrite_schema(schema)
     assert "patternProperties" not in out and "propertyNames" not in out and out["additionalProperties"] is False
     _same(schema, out, DOCS + [{"math": 1, "art": 2}, {"art": "x"}, {"a": 6}, {"a": 1, "b": 2, "c": 3}, {"d": 1}])
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
-    rng = random.Random(4)
+    _walks_end_with_distinct_keys(g, vocabs["gpt2"], schema, seed=4, prefer_end=0.02)
+
+
+def _walks_end_with_distinct_keys(grammar, vocab, schema: dict, seed: int, prefer_end: float) -> None:
+    """12 budgeted walks through the mask all end, in documents valid against `schema` with no key twice."""
+    rng = random.Random(seed)
     for _ in range(12):
-        tokens, ended = random_walk(g, vocabs["gpt2"], rng, 40, budget=True, prefer_end=0.02)
+        tokens, ended = random_walk(grammar, vocab, rng, 40, budget=True, prefer_end=prefer_end)
         assert ended
-        pairs = json.loads(decode(vocabs["gpt2"], tokens), object_pairs_hook=lambda p: p)
+        pairs = json.loads(decode(vocab, tokens), object_pairs_hook=lambda p: p)
         assert len({k for k, _ in pairs}) == len(pairs)
         assert jsonschema.Draft202012Validator(schema).is_valid(dict(pairs))
