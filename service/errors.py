@@ -47,6 +47,9 @@ def error_response(exc: APIError) -> JSONResponse:
                         headers=exc.headers)
 
 
+_NOT_AN_OBJECT = "the request body must be a JSON object"
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """The first validation error as one sentence naming the parameter (e.g. `temperature`)."""
     errors = exc.errors()
@@ -63,7 +66,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     if not param and first.get("type") in ("model_attributes_type", "dict_type", "model_type", "missing"):
-        return "the request body must be a JSON object", None  # ("missing": no body at all)
+        return _NOT_AN_OBJECT, None  # ("missing": no body at all)
     if first.get("type") == "missing" and param:
         return f"missing required parameter: '{param}'", param
     if named:
@@ -81,6 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
+        content_type = request.headers.get("content-type", "")
+        if message == _NOT_AN_OBJECT and content_type and "json" not in content_type.lower():
+            # (curl -d without -H sends application/x-www-form-urlencoded: the body is not read as JSON at all)
+            message += f", sent with Content-Type: application/json (this request's is {content_type!r})"
         return JSONResponse(error_body(400, message, param, "invalid_request"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

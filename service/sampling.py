@@ -7,6 +7,7 @@ from service.errors import invalid
 from service.protocol import _SamplingFields
 
 GREEDY_BELOW = 1e-5  # a temperature below this is served as 0 (greedy)
+MIROSTAT_TARGET = 1.5  # seed 002: the target perplexity when a request sets only `mirostat_lr`
 
 
 def logit_bias(req: _SamplingFields, logits_width: int) -> dict[int, float]:
@@ -50,7 +51,9 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int,
         stop=req.stop_list,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
-        mirostat_target=req.mirostat_target,
+        # (seed 002's defaults: target 1.5, rate 0.1; a rate alone asks for mirostat at the default target)
+        mirostat_target=MIROSTAT_TARGET if req.mirostat_target is None and req.mirostat_lr is not None
+        else req.mirostat_target,
         mirostat_lr=0.1 if req.mirostat_lr is None else req.mirostat_lr,
         n=req.n or 1,
     )

@@ -213,6 +213,16 @@ def test_the_choices_of_a_seeded_request_are_not_the_next_seeds_choices(client):
         assert two[1] != texts(seed + 1, 1)[0] and two[1] != two[0]
 
 
+def test_a_mirostat_rate_alone_asks_for_mirostat_at_the_default_target(http):
+    """`mirostat_lr` without `mirostat_target` did nothing; seed 002 gives the target a default, 1.5."""
+    def text(**extra):
+        body = {"model": MODEL, "messages": HELLO, "max_tokens": 12, "temperature": 1.0, "seed": 5,
+                "ignore_eos": True, **extra}
+        return http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+
+    assert text(mirostat_lr=0.5) == text(mirostat_lr=0.5, mirostat_target=1.5) != text()
+
+
 def test_same_seed_gives_the_same_sample(client):
     def sample(seed):
         return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0,

@@ -79,6 +79,15 @@ def test_invalid_json_and_non_object_bodies_are_400_saying_so(http):
         assert says in error["message"], (content, error)
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+def test_a_json_body_sent_as_another_content_type_is_told_which_one_to_use(http, content_type):
+    """`curl -d` without `-H` sends a form: it said only "must be a JSON object" of a body that is one."""
+    body = json.dumps({"model": MODEL, "messages": HELLO}).encode()
+    error = _assert_error(http.post("/v1/chat/completions", content=body, headers={"content-type": content_type}),
+                          400)
+    assert "Content-Type: application/json" in error["message"] and content_type in error["message"]
+
+
 def test_missing_messages_and_prompt_is_400(http):
     _assert_error(http.post("/v1/chat/completions", json={"model": MODEL}), 400, "messages")
     _assert_error(http.post("/v1/chat/completions", json={"messages": HELLO}), 400, "model")
