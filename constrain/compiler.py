@@ -32,9 +32,9 @@ from pathlib import Path
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
+from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
-from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_the_start, plan_late_keywords,
                                      token_sets)
@@ -138,7 +138,9 @@ class GrammarCompiler:
         self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
         self._late_plans: OrderedDict[str, LatePlan] = OrderedDict()  # specs whose backend refused a keyword
         self._no_stronger_plan: OrderedDict[str, None] = OrderedDict()  # non-strict specs the checks add nothing to
-        self._distinct_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend grammar -> wrapper
+        # id() of a backend grammar -> its distinct-keys wrapper, while that lives (it holds the grammar, so the id
+        # stays that grammar's; a dict keyed by the grammar itself would hold both for ever)
+        self._distinct_keys: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self._lltok = None
         self._harmony_tokens: HarmonyTokens | None = None
@@ -396,9 +398,9 @@ class GrammarCompiler:
         if spec.kind not in _JSON_KINDS or spec.tool_format in XML_FORMATS:
             return g
         with self._lock:  # (one wrapper per backend grammar, so a cached grammar comes back as the same object)
-            checked = self._distinct_keys.get(g)
+            checked = self._distinct_keys.get(id(g))
             if checked is None:
-                checked = self._distinct_keys[g] = DistinctKeysGrammar(g, self.vocab)
+                checked = self._distinct_keys[id(g)] = DistinctKeysGrammar(g, self.vocab)
         return checked
 
     def _unique_plan(self, spec: ConstraintSpec) -> UniquePlan | None:

@@ -1,7 +1,6 @@
-"""Every value a schema accepts, when there are few of them. `uniqueItems` over such items can be held to their
-number (constrain/rewrite.py bounds the array's `maxItems`) and each item steered to a value not yet used
-(constrain/unique_items.py), where otherwise an array of `{"a": 0|1}` objects could open an item that can only
-repeat one.
+"""Every value a schema accepts, when there are few of them. `uniqueItems` over such items is held to their number
+(constrain/rewrite.py bounds the array's `maxItems`), where otherwise an array of `{"a": 0|1}` objects could open
+an item that can only repeat one.
 
 Candidates come from the keywords that make a set finite: `const`, `enum`, booleans, null, bounded integers,
 closed objects of such properties, `anyOf`/`oneOf` branches, `allOf` members and `$ref` targets. jsonschema then
@@ -36,7 +35,7 @@ def finite_values(schema: Any, root: Any, limit: int, validator) -> list | None:
     return out if len(out) <= limit else None
 
 
-def json_key(value: Any) -> tuple:
+def _json_key(value: Any) -> tuple:
     """A hashable key under which JSON-equal values (1 and 1.0; objects whatever their key order) are equal."""
     if isinstance(value, bool) or value is None:
         return ("l", value)
@@ -45,14 +44,14 @@ def json_key(value: Any) -> tuple:
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, list):
-        return ("a", tuple(json_key(v) for v in value))
-    return ("o", frozenset((k, json_key(v)) for k, v in value.items()))
+        return ("a", tuple(_json_key(v) for v in value))
+    return ("o", frozenset((k, _json_key(v)) for k, v in value.items()))
 
 
 def _distinct(values: list) -> list:
     seen: dict[tuple, Any] = {}
     for v in values:
-        seen.setdefault(json_key(v), v)
+        seen.setdefault(_json_key(v), v)
     return list(seen.values())
 
 
@@ -134,8 +133,7 @@ def _typed(s: dict, t: Any, root: Any, depth: int) -> list | None:
             total *= len(choices[-1])
             if total > MAX_CANDIDATES:
                 return None
-        return [{name: v for pair in combo if pair is not None for name, v in (pair,)}
-                for combo in itertools.product(*choices)]
+        return [dict(pair for pair in combo if pair is not None) for combo in itertools.product(*choices)]
     return None
 
 
