@@ -82,6 +82,28 @@ def test_echo_with_logprobs_includes_the_prompt_tokens(client, logprobs):
     assert all(1 <= len(top) <= logprobs + 1 for top in lp.top_logprobs[1:])
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(http):
+    """lm-evaluation-harness's loglikelihood requests (seed 002 allows `max_tokens: 0` with echo): batched prompts
+    of text and of token ids, the logprob of each prompt token given those before it. They were a 400."""
+    body = {"model": MODEL, "prompt": ["The sky is", "Grass is green"], "max_tokens": 0, "echo": True,
+            "logprobs": 1, "temperature": 0, "seed": 1234}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["usage"]["completion_tokens"] == 0
+    scored = http.post("/v1/completions", json={**body, "max_tokens": 2}).json()["choices"]
+    for choice, prompt, longer in zip(out["choices"], body["prompt"], scored):
+        assert choice["text"] == prompt and choice["finish_reason"] == "length"
+        lp = choice["logprobs"]
+        assert "".join(lp["tokens"]) == prompt and lp["token_logprobs"][0] is None
+        n = len(lp["tokens"])
+        assert lp["token_logprobs"][1:] == pytest.approx(longer["logprobs"]["token_logprobs"][1:n], abs=1e-4)
+    ids = http.post("/v1/completions", json={**body, "prompt": [[785, 12884, 374]]}).json()["choices"][0]
+    assert len(ids["logprobs"]["tokens"]) == 3 and ids["logprobs"]["token_logprobs"][0] is None
+    refused = http.post("/v1/completions", json={**body, "echo": False})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
 def test_return_tokens_as_token_ids(http):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3, "logprobs": 0,
                                           "return_tokens_as_token_ids": True})
