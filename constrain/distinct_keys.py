@@ -123,6 +123,8 @@ class DistinctKeysMatcher(CheckedMatcher):
             return
         words = bitmask[row].numpy().view(np.uint32)
         refused = self._refused(words)
+        if not len(refused):
+            return
         kept = words.copy()
         clear_ids(kept, refused)
         if kept.any():
