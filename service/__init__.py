@@ -10,7 +10,8 @@ Beyond OpenAI, documented for clients:
   also takes `{"type": "json_object", "schema": {...}}`; chat also takes a raw `prompt` instead of `messages`.
 - Request field `constraint_backend` (`auto`, `outlines`, `llguidance`) overrides the server's choice for one
   request; response header `x-structgen-constraint-backend` names the backend that served the constraint.
-- Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored).
+- Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored; a
+  message's as `messages.N.field`).
 - Response header `x-structgen-unenforced`: JSON Pointers of schema keywords accepted but not enforced
   (non-strict schemas only; strict ones with such keywords are a 400).
 - Streamed errors after the first byte arrive as `data: {"error": {...}}` followed by `data: [DONE]`.

@@ -104,6 +104,8 @@ class ChatMessage(BaseModel):
             return value
         if not isinstance(value, list):
             raise ValueError("`content` must be a string or a list of text parts")
+        if not value:
+            return value  # (an empty list: `_content_present` decides, knowing the role)
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("image_url", "input_image", "image"):
@@ -116,6 +118,13 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
+        calls = self.tool_calls or self.function_call
+        if self.content == [] and not (self.role == "assistant" and calls):
+            raise ParamError("content", "`content` is an empty list: send at least one text part (as OpenAI "
+                                        "requires), or a string")
+        if self.role != "assistant" and calls:
+            field = "tool_calls" if self.tool_calls else "function_call"
+            raise ParamError(field, f"only an 'assistant' message holds `{field}`, not a {self.role!r} one")
         if self.content is None and not (self.role == "assistant" and (
                 self.tool_calls or self.function_call or self.refusal is not None)):
             article = "an" if self.role[0] in "aeiou" else "a"
@@ -268,7 +277,10 @@ class _SamplingFields(BaseModel):
     @property
     def extra_fields(self) -> list[str]:
         """Fields we do not know: accepted, ignored, named in the `x-structgen-ignored-fields` header."""
-        return sorted(self.model_extra or {})
+        return sorted(self.model_extra or {}) + self._nested_extra_fields()
+
+    def _nested_extra_fields(self) -> list[str]:
+        return []
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -314,6 +326,12 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("chat_template_kwargs", f"`chat_template_kwargs` may not set {sorted(reserved)}: "
                              "the server sets them from the request's own fields")
         return self
+
+    def _nested_extra_fields(self) -> list[str]:
+        """Unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may carry
+        fields such as `annotations` or `audio`: accepted, named)."""
+        return [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
+                for name in sorted(m.model_extra or {})]
 
     @property
     def generation_prompt(self) -> bool:

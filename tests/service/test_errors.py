@@ -99,6 +99,31 @@ def test_bad_messages_are_400(http):
         _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages}), 400)
 
 
+def test_an_empty_content_list_is_a_400_naming_content(http):
+    # OpenAI refuses an empty array ("expected an array with minimum length 1"); it was read as an empty string
+    for role in ("user", "system", "assistant"):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+            {"role": "user", "content": "hi"}, {"role": role, "content": []}], "max_tokens": 1})
+        assert "empty list" in _assert_error(r, 400, "messages.1.content")["message"]
+    # an assistant's calls carry the turn: an empty content beside them is no content
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [], "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]})
+    assert r.status_code == 200, r.text
+
+
+def test_tool_calls_on_a_message_other_than_an_assistants_are_a_400(http):
+    # they were dropped from the prompt without a word
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi", "tool_calls": [call]}]})
+    assert "'assistant'" in _assert_error(r, 400, "messages.0.tool_calls")["message"]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi", "function_call": {"name": "f", "arguments": "{}"}}]})
+    _assert_error(r, 400, "messages.0.function_call")
+
+
 def test_image_content_is_refused_for_a_text_model(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
@@ -254,6 +279,15 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
                                                "prediction": {"type": "content", "content": "Hello there"}})
     assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "prediction"
+
+
+def test_unknown_message_fields_are_named_in_the_header_too(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "my_extra": 1, "messages": [
+        {"role": "system", "content": "be brief", "cache_control": {"type": "ephemeral"}},
+        {"role": "user", "content": "hi", "weight": 2, "annotations": []}]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-ignored-fields"] == \
+        "my_extra,messages.0.cache_control,messages.1.annotations,messages.1.weight"
 
 
 def test_other_servers_grammar_fields_are_refused_not_ignored(http):
