@@ -321,7 +321,7 @@ def grammar_text(kind: str, *, schema=None, regex: str | None = None, whitespace
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(regex)
     return llguidance.LLMatcher.grammar_from_json_schema(
-        quote_safe_patterns(schema) if schema is not None else {"type": "object"},
+        llguidance_schema(schema) if schema is not None else {"type": "object"},
         overrides=_json_options(whitespace_pattern, lenient))
 
 
@@ -356,18 +356,22 @@ def _quote_safe(pattern: str) -> str:
     return "".join(out)
 
 
-def quote_safe_patterns(schema):
+def llguidance_schema(schema):
     """`schema` as llguidance compiles it: every `pattern` and `patternProperties` regex made safe from the
-    quoting bug above, and each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
-    `checked_grammar_text` names (a copy where one changes; the input is never modified)."""
+    quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
+    `checked_grammar_text` names, and numeric bounds past 2**53 narrowed (`_narrowed_bounds`). A copy where one
+    changes; the input is never modified."""
     text = json.dumps(schema)
-    if "[^" not in text and '"pattern"' not in text:
+    narrowed = _narrowed_bounds(schema)
+    if "[^" not in text and '"pattern"' not in text and not narrowed:
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
-    for _, key, node in list(walk(schema)):
+    for ptr, key, node in list(walk(schema)):
         value = node.get(key)
-        if key == "pattern" and isinstance(value, str):
+        if ptr in narrowed:
+            node[key] = narrowed[ptr]
+        elif key == "pattern" and isinstance(value, str):
             if id(node) not in uncompiled and unreadable_pattern(value):
                 del node[key]
             else:
@@ -375,6 +379,40 @@ def quote_safe_patterns(schema):
         elif key == "patternProperties" and isinstance(value, dict):
             node[key] = {_quote_safe(k): v for k, v in value.items()}
     return schema
+
+
+_NARROW_TO = 2 ** 53  # numeric bounds past ±this are narrowed to it (`_narrowed_bounds`)
+_UPPER_BOUNDS, _LOWER_BOUNDS = ("maximum", "exclusiveMaximum"), ("minimum", "exclusiveMinimum")
+
+
+def _narrowed_bounds(schema, base_pointer: str = "") -> dict[str, int]:
+    """Pointer -> the bound llguidance compiles in its place, for each `maximum`/`exclusiveMaximum` above 2**53
+    and each `minimum`/`exclusiveMinimum` below -2**53 (int64 and uint64 limits, as schemas generated from typed
+    code write them). llguidance reads a schema's numbers as doubles (exact to 2**53) and builds no range past
+    about 1e18, so such a schema was refused (`maximum: 18446744073709551615`) or compiled inexactly. Narrowed,
+    it is enforced: every answer is within the client's bounds; the numbers past ±2**53 are never written.
+    Nothing is narrowed where the node's other end lies past 2**53 too (the range would be empty), where llguidance
+    compiles a `oneOf` (narrowing one branch may make an overlap look disjoint) or under keywords it never reads."""
+    if not isinstance(schema, dict):
+        return {}
+    uncompiled = _uncompiled_nodes(schema)
+    if any(key == "oneOf" and id(node) not in uncompiled for _, key, node in walk(schema)):
+        return {}
+    out: dict[str, int] = {}
+    for ptr, key, node in walk(schema, base_pointer):
+        value = node[key]
+        if id(node) in uncompiled or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if key in _UPPER_BOUNDS and value > _NARROW_TO and all(v < _NARROW_TO for v in _bounds(node, _LOWER_BOUNDS)):
+            out[ptr] = _NARROW_TO
+        elif key in _LOWER_BOUNDS and value < -_NARROW_TO \
+                and all(v > -_NARROW_TO for v in _bounds(node, _UPPER_BOUNDS)):
+            out[ptr] = -_NARROW_TO
+    return out
+
+
+def _bounds(node: dict, keys: tuple[str, ...]) -> list:
+    return [node[k] for k in keys if isinstance(node.get(k), (int, float)) and not isinstance(node[k], bool)]
 
 
 # Keywords llguidance does not implement: it never reads the subschemas under them (the late checks, rewrites, or
@@ -484,15 +522,16 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
 
 
 _EXACT_FLOAT_INT = 2 ** 53  # llguidance reads a schema's numbers as 64-bit floats: integers above this round
+_NO_RANGE_PAST = 10 ** 18  # nor builds a number range whose end (not narrowed: `_narrowed_bounds`) is past this
 _NUMERIC_KEYWORDS = ("const", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
 def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple[str, ...]) -> list[str]:
     """Pointers of keywords llguidance compiles without a warning but not exactly: unenforced, or under `strict` a
     400 naming the keyword. An integer past 2**53 (`const: 9007199254740993` was enforced 9007199254740992; past
-    64 bits llguidance cannot read it at all: always a 400), a `pattern` whose class holds every control
-    character but not both '"' and '\\' (`support.llguidance_escape_gap`), and a `pattern` llguidance cannot
-    read at all (`unreadable_pattern`)."""
+    64 bits llguidance cannot read it at all, nor a bound past 1e18 that is not narrowed: always a 400), a
+    `pattern` whose class holds every control character but not both '"' and '\\'
+    (`support.llguidance_escape_gap`), and a `pattern` llguidance cannot read at all (`unreadable_pattern`)."""
     def integers(value):
         if isinstance(value, bool):
             return
@@ -507,6 +546,7 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
 
     found = []
     uncompiled = _uncompiled_nodes(schema)
+    narrowed = _narrowed_bounds(schema, base_pointer)
     for ptr, key, node in walk(schema, base_pointer):
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
         reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) \
@@ -523,10 +563,17 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                                       "escapes \\\" and \\\\ for such characters", param=param, pointer=ptr,
                                       code="unsupported_schema")
             found.append(ptr)
-        if key not in _NUMERIC_KEYWORDS:
+        if key not in _NUMERIC_KEYWORDS or ptr in narrowed:
             continue
-        largest = max((abs(i) for i in integers(node[key])), default=0)
-        if largest >= 2 ** 63 or (largest > _EXACT_FLOAT_INT and strict):
+        value = node[key]
+        bound = key in _UPPER_BOUNDS + _LOWER_BOUNDS
+        if bound and isinstance(value, float) and abs(value) >= _NO_RANGE_PAST and id(node) not in uncompiled:
+            raise ConstraintError(f"the bound {value!r} at {ptr} cannot be enforced (llguidance builds no number "
+                                  f"range with an end past ±1e18 on that side)", param=param, pointer=ptr,
+                                  code="unsupported_schema")
+        largest = max((abs(i) for i in integers(value)), default=0)
+        unreadable = _NO_RANGE_PAST if bound and id(node) not in uncompiled else 2 ** 63
+        if largest >= unreadable or (largest > _EXACT_FLOAT_INT and strict):
             raise ConstraintError(f"the integer {largest} at {ptr} cannot be enforced exactly (llguidance reads "
                                   f"numbers as 64-bit floats, exact up to 2**53)", param=param, pointer=ptr,
                                   code="unsupported_schema")
@@ -547,7 +594,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
     first = "".join("\\" + c for c in not_first)
     lark = ("start: calls | text\n"
-            f"calls: %json {json.dumps({**quote_safe_patterns(schema), 'x-guidance': options})}\n"
+            f"calls: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
             f"text: /[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
@@ -569,7 +616,7 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
                                          whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
-    item = quote_safe_patterns(call_item_schema(schema))
+    item = llguidance_schema(call_item_schema(schema))
     open_token = _tag_token(lltok, HERMES_OPEN)
     calls = "call" if schema.get("maxItems") == 1 else 'call ("\\n" call)*'
     starts = ["calls"]
@@ -663,7 +710,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 unenforced += bad
                 options = _json_options(whitespace_pattern, lenient=bool(bad))
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"
-                             f"v{i}_{j}: %json {json.dumps({**quote_safe_patterns(value), 'x-guidance': options})}")
+                             f"v{i}_{j}: %json {json.dumps({**llguidance_schema(value), 'x-guidance': options})}")
                 hints += string_hints(value)
             body.append(f"p{i}_{j}" if key in required else f"p{i}_{j}?")
             if key in required:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, spec_from_request
-from tests.constrain.conftest import accepts_document, ended_walks_valid
+from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
 S = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
 
@@ -247,8 +247,8 @@ def test_integers_llguidance_would_round_are_refused_strict_named_otherwise_or_s
         compiled(big, True)
     assert exc.value.pointer == "/const" and exc.value.code == "unsupported_schema" and "2**53" in exc.value.message
     assert compiled(big, False).unenforced == ("/const",)
-    ranged = {"type": "integer", "minimum": 5, "maximum": 2 ** 60}
-    assert set(compiled(ranged, False, "llguidance").unenforced) == {"/maximum"}
+    ranged = {"type": "integer", "minimum": 2 ** 53 + 2, "maximum": 2 ** 58}  # (no end to narrow: all past 2**53)
+    assert set(compiled(ranged, False, "llguidance").unenforced) == {"/minimum", "/maximum"}
     assert compiled({"type": "integer", "minimum": 5, "maximum": 2 ** 53}, True).unenforced == ()
     with pytest.raises(ConstraintError) as exc:
         compiled({"type": "integer", "minimum": 10 ** 30}, False)
@@ -259,6 +259,43 @@ def test_integers_llguidance_would_round_are_refused_strict_named_otherwise_or_s
     assert exact.backend == "outlines"
     assert accepts_document(exact, tokenizers["gpt2"], vocabs["gpt2"], {"id": 12345678901234567890})
     assert not accepts_document(exact, tokenizers["gpt2"], vocabs["gpt2"], {"id": 12345678901234567168})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},  # int64, as protobuf/Go schemas bound it
+    {"type": "integer", "minimum": 0, "maximum": 2 ** 64 - 1},  # uint64
+    {"type": "number", "exclusiveMinimum": -1e300, "maximum": 1.7e308},
+    {"type": "integer", "maximum": 10 ** 19, "minimum": -5},
+])
+def test_bounds_past_2_53_are_narrowed_for_llguidance_and_enforced(gpt2_compiler, tokenizers, vocabs, schema):
+    """llguidance reads a schema's numbers as doubles and builds no range past ~1e18: an int64 or uint64 bound
+    was a 400 (strict, or past 64 bits), `maximum: 1e300` a 400 without a pointer. A bound past 2**53 on the side
+    that only excludes numbers beyond it is narrowed to ±2**53: enforced, every answer within the client's
+    range; the numbers past 2**53 are never written."""
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    for strict in (True, False):
+        grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": document, "strict": strict}}, backend="llguidance"))
+        assert grammar.unenforced == ()
+        for value, taken in ((0, True), (2 ** 53, True), (-(2 ** 53), schema.get("minimum", 0) <= -(2 ** 53)),
+                             (2 ** 53 + 1, False), (-(2 ** 53) - 1, False)):
+            assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], value) == taken, value
+        assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=3, walks=10) >= 5
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"type": "number", "minimum": 1e308}, "/properties/v/minimum"),
+    ({"type": "number", "exclusiveMaximum": -1e19}, "/properties/v/exclusiveMaximum"),
+    ({"type": "integer", "minimum": 10 ** 18}, "/properties/v/minimum"),
+])
+def test_a_bound_past_1e18_that_leaves_only_larger_numbers_is_a_400_naming_it(gpt2_compiler, schema, pointer):
+    """(It was a 400 with llguidance's "Failed to generate regex for float range" and no pointer.)"""
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"]}
+    for strict in (True, False):
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": document, "strict": strict}}, backend="llguidance"))
+        assert exc.value.pointer == pointer and exc.value.code == "unsupported_schema"
 
 
 @pytest.mark.parametrize("pattern, gap", [
