@@ -17,6 +17,7 @@ except a long one (~15 µs a byte): one far out of reach is re-measured ever les
 from __future__ import annotations
 
 import copy
+import decimal
 import functools
 import json
 import re
@@ -32,7 +33,7 @@ import torch
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
 from constrain.regex_sets import Work, pattern_examples
-from constrain.support import STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
+from constrain.support import ANNOTATIONS, STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
 from constrain.vocabulary import Vocabulary
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
@@ -359,14 +360,16 @@ def _quote_safe(pattern: str) -> str:
 def llguidance_schema(schema):
     """`schema` as llguidance compiles it: every `pattern` and `patternProperties` regex made safe from the
     quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
-    `checked_grammar_text` names, and numeric bounds past 2**53 narrowed (`_narrowed_bounds`). A copy where one
-    changes; the input is never modified."""
+    `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), and the numbers
+    llguidance's ranges refuse added back (`_add_bound_prefixes`). A copy where one changes; the input is never
+    modified."""
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
-    if "[^" not in text and '"pattern"' not in text and not narrowed:
+    if "[^" not in text and '"pattern"' not in text and not narrowed and "imum" not in text:
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
+    _add_bound_prefixes(schema, uncompiled)
     for ptr, key, node in list(walk(schema)):
         value = node.get(key)
         if ptr in narrowed:
@@ -413,6 +416,53 @@ def _narrowed_bounds(schema, base_pointer: str = "") -> dict[str, int]:
 
 def _bounds(node: dict, keys: tuple[str, ...]) -> list:
     return [node[k] for k in keys if isinstance(node.get(k), (int, float)) and not isinstance(node[k], bool)]
+
+
+_PLAIN_NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
+    """llguidance 1.9's number ranges refuse the numbers that are a shorter decimal prefix of the bound on the
+    side that caps their magnitude: under `maximum: 0.99` it refuses 0.9, under `maximum: 2.635` 2.6 and 2.63,
+    under `minimum: -1.97` -1.9 (characterised on random bounds: those, and forms with trailing zeros or -0,
+    which no answer needs, are all it refuses, and it accepts nothing out of range). A node holding only a type and
+    bounds becomes `anyOf: [itself, {enum: those of the prefixes it accepts}]` (decided in decimal), in place."""
+    targets = [node for _, key, node in walk(schema) if key == "type" or key in _PLAIN_NUMBER_KEYWORDS]
+    done: set[int] = set()
+    for node in targets:
+        if id(node) in done or id(node) in uncompiled:
+            continue
+        done.add(id(node))
+        if set(node) - _PLAIN_NUMBER_KEYWORDS - ANNOTATIONS or not ({"number"} & _types(node)):
+            continue
+        bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
+        if not bounds or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bounds.values()):
+            continue
+        prefixes = [p for v in bounds.values() for p in _decimal_prefixes(v) if _within(p, bounds)]
+        if prefixes:
+            inner = dict(node)
+            node.clear()
+            node["anyOf"] = [inner, {"enum": sorted({float(p) for p in prefixes})}]
+
+
+def _types(node: dict) -> set[str]:
+    t = node.get("type", ["number"])
+    return {"number", "integer"} & set([t] if isinstance(t, str) else t if isinstance(t, list) else [])
+
+
+def _decimal_prefixes(bound: int | float) -> list[decimal.Decimal]:
+    """The shorter decimals the bound's digits begin with, each ending in a digit other than 0 (2.635: 2.6, 2.63)."""
+    text = format(decimal.Decimal(repr(bound)), "f")
+    if "." not in text:
+        return []
+    whole, fraction = text.split(".")
+    return [decimal.Decimal(f"{whole}.{fraction[:j]}") for j in range(1, len(fraction)) if fraction[j - 1] != "0"]
+
+
+def _within(value: decimal.Decimal, bounds: dict) -> bool:
+    checks = {"minimum": lambda b: value >= b, "maximum": lambda b: value <= b,
+              "exclusiveMinimum": lambda b: value > b, "exclusiveMaximum": lambda b: value < b}
+    return all(checks[k](decimal.Decimal(repr(v))) for k, v in bounds.items())
 
 
 # Keywords llguidance does not implement: it never reads the subschemas under them (the late checks, rewrites, or
