@@ -7,8 +7,7 @@ import math
 import torch
 
 from engine.sampler import (SamplingBatch, apply_bitmask, apply_logit_bias, apply_min_p, apply_mirostat,
-                            apply_penalties, apply_top_k, apply_top_p, race, sample_from, sample_step,
-                            uniform_draws)
+                            apply_penalties, apply_top_k, apply_top_p, draw_tokens, sample_step)
 
 NEG = float("-inf")
 
@@ -142,88 +141,68 @@ def test_mirostat_drops_tokens_more_surprising_than_mu_but_keeps_the_best():
     assert (~torch.isneginf(out[0])).tolist() == [True, True, False, False]
 
 
-def test_seeded_row_draws_do_not_depend_on_its_neighbours():
-    def draw_for(rows, seeded_row):
-        gens = [None] * rows
-        gens[seeded_row] = torch.Generator().manual_seed(42)
-        shared = torch.Generator().manual_seed(rows)
-        return [float(uniform_draws(rows, torch.device("cpu"), gens, shared)[seeded_row]) for _ in range(3)]
-
-    assert draw_for(1, 0) == draw_for(5, 3)
-
-
-def test_inverse_cdf_sampling_picks_the_token_whose_interval_holds_the_draw_and_never_a_zero():
-    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
-    draws = torch.tensor([[0.0], [0.49], [0.5], [0.999999]])
-    assert sample_from(probs, draws).tolist() == [1, 1, 3, 3]
-
-
-def ref_inverse_cdf(probs: torch.Tensor, draws: torch.Tensor) -> list[int]:
-    out = []
-    for row, u in zip(probs.double().tolist(), draws.squeeze(1).tolist()):
-        target, mass = u * sum(row), 0.0
-        last = max(i for i, p in enumerate(row) if p > 0)
-        chosen = last
-        for i, p in enumerate(row):
-            mass += p
-            if mass > target and p > 0:
-                chosen = i
-                break
-        out.append(chosen)
-    return out
-
-
-def test_two_level_sampling_matches_a_plain_inverse_cdf_across_blocks_and_a_partial_last_block():
-    g = torch.Generator().manual_seed(7)
-    width, block = 1000, 64  # 15 full blocks and a partial one of 40 tokens
-    probs = torch.rand(6, width, generator=g) ** 4
-    probs[0, 500:] = 0.0  # mass only in the first half
-    probs[1, :-3] = 0.0  # mass only in the partial last block
-    probs[2, ::2] = 0.0  # zeros interleaved
-    probs[3] = 0.0
-    probs[3, 123] = 1.0  # one token
-    draws = torch.rand(6, 1, generator=g)
-    assert sample_from(probs, draws, block=block).tolist() == ref_inverse_cdf(probs, draws)
-    for u in (0.0, 0.5, 1.0 - 2 ** -24):  # the ends of [0, 1): never a zero-probability token
-        edge = torch.full((6, 1), u)
-        tokens = sample_from(probs, edge, block=block)
-        assert all(probs[r, t] > 0 for r, t in enumerate(tokens.tolist()))
-
-
 def test_the_race_samples_the_distribution_and_never_a_zero_probability_token():
     probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
-    tokens = race(probs.repeat(8000, 1), [None] * 8000, torch.Generator().manual_seed(5))
-    freq = torch.bincount(tokens, minlength=6).float() / 8000
-    assert freq[1] == 0 and freq[5] == 0
-    assert torch.allclose(freq, probs, atol=0.02), freq
-    unnormalised = race(probs.repeat(8000, 1) * 7.0, [None] * 8000, torch.Generator().manual_seed(5))
-    assert torch.equal(unnormalised, tokens)  # only ratios matter
+    for block in (1024, 4, 2):  # one block; two, the last partial; three
+        tokens = draw_tokens(probs.repeat(8000, 1), [None] * 8000, torch.Generator().manual_seed(5), block=block)
+        freq = torch.bincount(tokens, minlength=6).float() / 8000
+        assert freq[1] == 0 and freq[5] == 0
+        assert torch.allclose(freq, probs, atol=0.02), (block, freq)
+        unnormalised = draw_tokens(probs.repeat(8000, 1) * 7.0, [None] * 8000, torch.Generator().manual_seed(5),
+                                   block=block)
+        assert torch.equal(unnormalised, tokens)  # only ratios matter
+
+
+def test_the_two_level_race_samples_across_blocks_and_a_partial_last_block():
+    g = torch.Generator().manual_seed(7)
+    width, block, draws = 70, 16, 20000  # 4 full blocks and a partial one of 6 tokens
+    probs = torch.rand(width, generator=g) ** 4
+    probs[::3] = 0.0  # zeros interleaved
+    probs[20:36] = 0.0  # a whole block without mass
+    tokens = draw_tokens(probs.repeat(draws, 1), [None] * draws, torch.Generator().manual_seed(1), block=block)
+    freq = torch.bincount(tokens, minlength=width).float() / draws
+    assert bool((freq[probs == 0] == 0).all())
+    assert torch.allclose(freq, probs / probs.sum(), atol=0.01)
+    only_last = torch.zeros(3, width)
+    only_last[:, -2] = 1.0  # mass only in the partial last block
+    assert draw_tokens(only_last, [None] * 3, torch.Generator().manual_seed(2), block=block).tolist() == [68] * 3
 
 
 def test_a_seeded_row_races_the_same_alone_and_beside_other_rows():
     g = torch.Generator().manual_seed(9)
-    probs = torch.rand(5, 300, generator=g)
+    probs = torch.rand(5, 3000, generator=g)
 
     def draws(rows):
         gens = [None] * len(rows)
         gens[rows.index(2)] = torch.Generator().manual_seed(42)
         shared = torch.Generator().manual_seed(len(rows))
-        return [int(race(probs[rows], gens, shared)[rows.index(2)]) for _ in range(4)]
+        return [int(draw_tokens(probs[rows], gens, shared)[rows.index(2)]) for _ in range(4)]
 
     assert draws([2]) == draws([0, 1, 2, 3, 4]) == draws([4, 2])
 
 
 def test_a_race_keeps_its_tokens_when_the_logits_move_by_a_rounding_error():
-    """What a GPU needs: its kernels round differently at other batch sizes, and a seeded draw must not follow.
-    (Seeded the same way, an inverse CDF moves 11 of these 64 tokens: its prefix sums shift.)"""
+    """Forwards round differently at other batch sizes and paddings (a GPU's kernels, a CPU's too), and a
+    seeded draw must not follow. Seeded the same way, an inverse CDF moves many of these 64 tokens (a flat
+    distribution over 152k tokens, as a random model's: its prefix sums shift with every rounding error)."""
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(64, 151936, generator=g)
     moved = logits + 1e-3 * torch.randn(logits.shape, generator=g)
 
+    def generators():
+        return [torch.Generator().manual_seed(i) for i in range(64)]
+
     def tokens(x):
-        return race(torch.softmax(x, dim=-1), [torch.Generator().manual_seed(i) for i in range(64)], None)
+        return draw_tokens(torch.softmax(x, dim=-1), generators(), None)
 
     assert torch.equal(tokens(logits), tokens(moved))
+
+    def inverse_cdf(x):
+        probs = torch.softmax(x, dim=-1)
+        u = torch.stack([torch.rand(1, generator=gen) for gen in generators()])
+        return torch.searchsorted(probs.cumsum(dim=-1), u * probs.sum(dim=-1, keepdim=True)).squeeze(1)
+
+    assert int((inverse_cdf(logits) != inverse_cdf(moved)).sum()) > 8  # what the race is kept from
 
 
 def test_temperature_scales_the_sampling_distribution():
