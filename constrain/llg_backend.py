@@ -60,6 +60,7 @@ _OPENERS = frozenset(b"{[,:")
 _CLOSING_GROWTH = 32
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 _MAX_HINTS = 32
+_MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
@@ -178,7 +179,7 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
             run = 0
             continue
         if run >= try_at:
-            tail = _hint_tail(walk, hints, byte_tokens, quote) if hints and quote is not None else None
+            tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None) if hints else None
             try_at *= 2
             if tail:
                 run, last, try_at = 0, None, _STUCK_RUN
@@ -293,18 +294,31 @@ def _required_name_tail(walk: "llguidance.LLMatcher", names: tuple[bytes, ...], 
 
 
 def _hint_tail(walk: "llguidance.LLMatcher", hints: tuple[bytes, ...], byte_tokens: dict[int, int],
-               quote: int) -> list[int] | None:
+               quote: int | None, ends: bool = False) -> list[int] | None:
     """The byte tokens of a hint, or else of its longest tail, after which `walk` takes a closing quote (every
-    hint whole first, then every hint less its first byte...), or None."""
+    hint whole first, then every hint less its first byte...), or, with `ends` (output that is not JSON: a
+    top-level regex), after which it may end; or None."""
     for start_at in range(max(map(len, hints))):
         for hint in hints:
             tail = hint[start_at:]
             if not tail or any(b not in byte_tokens for b in tail):
                 continue
             ids = [byte_tokens[b] for b in tail]
-            if walk.validate_tokens(ids + [quote]) == len(ids) + 1:
+            if quote is not None and walk.validate_tokens(ids + [quote]) == len(ids) + 1:
                 return ids
+            if ends and walk.validate_tokens(ids) == len(ids):
+                probe = walk.deep_copy()
+                if probe.consume_tokens(ids) and probe.is_accepting():
+                    return ids
     return None
+
+
+def regex_hints(regex: str) -> tuple[bytes, ...]:
+    """Shortest strings the whole of a top-level `regex` matches (one per top-level alternative), for closing walks
+    stuck in one of its loops: `[a-z]+!` ends with the `!` of its example `a!`, where the walk's preferred bytes
+    (letters) would write the alphabet first."""
+    examples = pattern_examples(f"^(?:{regex})$", Work.for_example())
+    return tuple(e.encode() for e in examples if 0 < len(e.encode()) <= _MAX_HINT_BYTES)[:_MAX_HINTS]
 
 
 def build_lltokenizer(tokenizer, vocab: Vocabulary) -> llguidance.LLTokenizer:
@@ -527,8 +541,9 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
     text, unenforced = checked_grammar_text(lltok, kind, schema=schema, regex=regex, strict_under=strict_under,
                                             whitespace_pattern=whitespace_pattern, param=param,
                                             base_pointer=base_pointer)
-    return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema) if kind == "json" else (),
-                      json_output=kind == "json", key_names=required_names(schema) if kind == "json" else ())
+    hints = string_hints(schema) if kind == "json" else regex_hints(regex) if kind == "regex" else ()
+    return LlgGrammar(lltok, text, vocab, unenforced, hints, json_output=kind == "json",
+                      key_names=required_names(schema) if kind == "json" else ())
 
 
 def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = None, strict_under: tuple[str, ...] = (),

@@ -84,6 +84,25 @@ def test_llguidance_closes_open_json_objects_and_regexes_within_max_tokens(gpt2_
                     json.loads(text)
 
 
+@pytest.mark.parametrize("pattern", [r"[a-z]+!", r"[a-z]+-[0-9]{2}", r"[a-z]+ ok", r"[a-z]{3,}@x\.com",
+                                     r"[A-Z][a-z]+ [A-Z][a-z]+\.", r"(cat|dog)s? [a-z]+;"])
+def test_a_regex_loop_left_by_a_byte_the_walk_does_not_prefer_closes_within_max_tokens(gpt2_compiler, vocabs,
+                                                                                     pattern):
+    """A top-level regex whose loop is left by punctuation or a space: the closing walk preferred letters, wrote
+    the alphabet (each letter 4 times) before trying `!`, and so found no completion under ~50 tokens: answers
+    ran to max_tokens unmatched. Stuck in a loop, it now finishes with a tail of the pattern's shortest example."""
+    from constrain import llg_backend
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern=pattern, backend="llguidance"))
+    rng = random.Random(4)
+    for max_tokens in (8, 12, 20):
+        for _ in range(3):
+            toks, _ = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+            text = decode(vocabs["gpt2"], toks)
+            assert re.fullmatch(pattern, text), (max_tokens, text)
+    assert len(llg_backend.closing_tokens(g.matcher()._m, vocabs["gpt2"], hints=g.hints)) <= 8
+
+
 def test_following_the_completion_walks_once(gpt2_compiler, vocabs, monkeypatch):
     """With no slack the mask holds only the completion's next token; vetting that token takes the rest of the
     completion as the completion after it, instead of walking again (before: one walk per row per step)."""
@@ -95,7 +114,7 @@ def test_following_the_completion_walks_once(gpt2_compiler, vocabs, monkeypatch)
     vocab = vocabs["gpt2"]
     g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern=r"[a-z]{3,9}@example\.com", backend="llguidance"))
     m = g.matcher()
-    budget = len(llg_backend.closing_tokens(m._m, vocab))
+    budget = len(llg_backend.closing_tokens(m._m, vocab, hints=g.hints))
     walks = []
     real = llg_backend.closing_tokens
     monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real(*args))
