@@ -63,19 +63,20 @@ def chat_logprobs(lps: list[TokenLogprob], as_ids: bool = False) -> dict:
 
 
 def legacy_logprobs(lps: list[TokenLogprob | None], start_offset: int = 0, as_ids: bool = False,
-                   missing_token: str = "", top_n: int = 5) -> dict:
+                   first_token: tuple[int, str] = (0, ""), top_n: int = 5) -> dict:
     """The completions shape: tokens, token_logprobs, top_logprobs (token -> logprob, the chosen token plus up
     to `logprobs` alternatives), text_offset. A None entry (the first prompt token, which has no logprob) gives
-    `missing_token` with a null logprob and null top."""
+    `first_token` (its id and text) with a null logprob and null top. Offsets count the text's characters, also
+    where tokens are shown as `token_id:N`."""
     tokens, token_logprobs, top, offsets = [], [], [], []
     offset = start_offset
     for lp in lps:
         offsets.append(offset)
         if lp is None:
-            tokens.append(missing_token)
+            tokens.append(token_text(*first_token, as_ids))
             token_logprobs.append(None)
             top.append(None)
-            offset += len(missing_token)
+            offset += len(first_token[1])
             continue
         text = token_text(lp.token_id, lp.token, as_ids)
         tokens.append(text)
@@ -86,6 +87,11 @@ def legacy_logprobs(lps: list[TokenLogprob | None], start_offset: int = 0, as_id
         top.append(alternatives)
         offset += len(lp.token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def logprobs_text_length(lps: list[TokenLogprob | None], first_token: tuple[int, str] = (0, "")) -> int:
+    """The characters the tokens of `lps` spell (`legacy_logprobs`' next offset)."""
+    return sum(len(first_token[1]) if lp is None else len(lp.token) for lp in lps)
 
 
 # ---- one choice, accumulated
@@ -175,7 +181,7 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
 
 def completion_body(*, request_id: str, model: str, constraint_backend: str | None, created: int,
                     choices: list[ChoiceState],
-                    prompt_texts: list[str], first_tokens: list[str], n: int, prompt_tokens: int, echo: bool,
+                    prompt_texts: list[str], first_tokens: list[tuple[int, str]], n: int, prompt_tokens: int, echo: bool,
                     logprobs: int | None, as_ids: bool) -> dict:
     out = []
     for c in choices:

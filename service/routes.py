@@ -86,9 +86,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                                   reasoning=plan.thinks), headers=plan.headers)
 
 
-def _first_tokens(gen: Generation, plan: Plan) -> list[str]:
+def _first_tokens(gen: Generation, plan: Plan) -> list[tuple[int, str]]:
+    """Each prompt's first token (id and text): echoed logprobs list it, with no logprob."""
     tok = gen.loaded.tokenizer
-    return [tok.decode(p.ids[:1], skip_special_tokens=False) for p in plan.prompts]
+    return [(p.ids[0], tok.decode(p.ids[:1], skip_special_tokens=False)) if p.ids else (0, "")
+            for p in plan.prompts]
 
 
 @router.post("/v1/completions")

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from service.errors import APIError, error_body
 from service.generation import Generation, Plan, engine_error
 from service.responses import (ChoiceState, chat_logprobs, finish_for, function_call_delta, legacy_logprobs,
-                               reasoning_fields, system_fingerprint, usage_dict)
+                               logprobs_text_length, reasoning_fields, system_fingerprint, usage_dict)
 from service.tool_stream import tool_stream_for
 
 DONE = b"data: [DONE]\n\n"
@@ -104,7 +104,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
 
 
 async def completion_stream(gen: Generation, plan: Plan, *, model: str, created: int, include_usage: bool,
-                            echo: bool, logprobs: int | None, as_ids: bool, first_tokens: list[str]
+                            echo: bool, logprobs: int | None, as_ids: bool, first_tokens: list[tuple[int, str]]
                             ) -> AsyncIterator[bytes]:
     chunks = _Chunks(plan, model, created, "text_completion", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
@@ -120,9 +120,9 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                     prompt_text = plan.prompts[index // plan.n].text
                     lp = None
                     if logprobs is not None and event.prompt_logprobs is not None:
-                        lp = legacy_logprobs(list(event.prompt_logprobs), 0, as_ids, first_tokens[index // plan.n],
-                                             top_n=logprobs)
-                        offsets[index] = sum(len(t) for t in lp["tokens"])
+                        first = first_tokens[index // plan.n]
+                        lp = legacy_logprobs(list(event.prompt_logprobs), 0, as_ids, first, top_n=logprobs)
+                        offsets[index] = logprobs_text_length(list(event.prompt_logprobs), first)
                     else:
                         offsets[index] = len(prompt_text)
                     yield chunks.chunk([{"index": index, "text": prompt_text, "logprobs": lp,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.service.conftest import MODEL
@@ -109,6 +111,25 @@ def test_return_tokens_as_token_ids(http):
                                           "return_tokens_as_token_ids": True})
     tokens = r.json()["choices"][0]["logprobs"]["tokens"]
     assert tokens and all(t.startswith("token_id:") and t[9:].isdigit() for t in tokens)
+
+
+@pytest.mark.parametrize("prompt", ["hello world", [[14990, 1879]]])
+def test_token_ids_with_echo_name_every_token_and_offsets_count_text_streamed_or_not(http, prompt):
+    """The first echoed prompt token was its text ("hello"), and streamed offsets summed the lengths of the
+    `token_id:N` strings (18 for the first generated token of "hello world", 11 unstreamed)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 3, "echo": True, "logprobs": 0, "temperature": 0,
+            "return_tokens_as_token_ids": True}
+    whole = http.post("/v1/completions", json=body).json()["choices"][0]
+    lp = whole["logprobs"]
+    assert lp["tokens"][0] == "token_id:14990" and all(t.startswith("token_id:") for t in lp["tokens"])
+    assert lp["text_offset"][:3] == [0, 5, 11]  # "hello", " world", then the first generated token
+    plain = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": False}).json()["choices"][0]
+    assert plain["logprobs"]["text_offset"] == lp["text_offset"]
+    r = http.post("/v1/completions", json={**body, "stream": True})
+    chunks = [json.loads(e[len(b"data: "):]) for e in r.content.split(b"\n\n") if e and e != b"data: [DONE]"]
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    assert [t for s in streamed for t in s["tokens"]] == lp["tokens"]
+    assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
 
 
 def test_streamed_completion_matches_the_whole_one(client):
