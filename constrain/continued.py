@@ -27,9 +27,10 @@ class ContinuedGrammar(Grammar):
         for i, token in enumerate(self.tokens):
             if probe.is_terminated() or not probe.accept(token):
                 written = b"".join(vocab.token_bytes[t] for t in self.tokens[:i]).decode("utf-8", "replace")
+                where = f"after {written!r}" if written else "at its start"
                 raise ConstraintError(
-                    f"the assistant message to continue (continue_final_message) does not fit the `{param}` "
-                    f"constraint after {written!r}: no continuation of it could be valid", param="messages")
+                    f"the assistant message to continue (continue_final_message), {prefill!r}, does not fit the "
+                    f"`{param}` constraint {where}: no continuation of it could be valid", param="messages")
 
     def matcher(self) -> Matcher:
         m = self.inner.matcher()

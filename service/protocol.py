@@ -127,7 +127,7 @@ class ChatMessage(BaseModel):
             raise ParamError(field, f"only an 'assistant' message holds `{field}`, not a {self.role!r} one")
         if self.content is None and not (self.role == "assistant" and (
                 self.tool_calls or self.function_call or self.refusal is not None)):
-            article = "an" if self.role[0] in "aeiou" else "a"
+            article = "an" if self.role == "assistant" else "a"
             raise ParamError("content", f"{article} {self.role!r} message needs `content`")
         if self.role != "assistant" and isinstance(self.content, list) and any(
                 part.type == "refusal" for part in self.content):
@@ -148,6 +148,14 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text or part.refusal or "" for part in self.content)
+
+
+def _answers_tool_calls(messages: list[ChatMessage], i: int) -> bool:
+    """The message before tool message `i` and the tool results right before it is an assistant's with calls."""
+    j = i - 1
+    while j >= 0 and messages[j].role == "tool":
+        j -= 1
+    return j >= 0 and messages[j].role == "assistant" and bool(messages[j].tool_calls)
 
 
 StopField = str | list[str] | None
@@ -310,6 +318,10 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("prompt", "send either `messages` or `prompt`, not both")
         if self.messages is not None and not self.messages:
             raise ParamError("messages", "`messages` must not be empty")
+        for i, message in enumerate(self.messages or ()):
+            if message.role == "tool" and not _answers_tool_calls(self.messages, i):
+                raise ParamError(f"messages.{i}", "a 'tool' message must answer a preceding assistant message's "
+                                                  "`tool_calls` (as OpenAI requires)")
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "`top_logprobs` requires `logprobs: true`")
         if self.modalities and any(m != "text" for m in self.modalities):

@@ -38,3 +38,6 @@ def test_a_prefill_the_constraint_cannot_continue_is_refused_naming_messages(pre
     with pytest.raises(ConstraintError) as exc:
         ContinuedGrammar(g, vocabs["gpt2"], prefill, "response_format")
     assert exc.value.param == "messages" and "response_format" in exc.value.message
+    assert repr(prefill) in exc.value.message  # (it quoted only what fit: '' where the first token did not)
+    where = "at its start" if prefill == "[" else "after '{"
+    assert where in exc.value.message

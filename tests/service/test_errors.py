@@ -281,6 +281,25 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "prediction"
 
 
+def test_a_tool_message_must_answer_an_assistants_tool_calls(http):
+    # OpenAI: "messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
+    for messages in ([{"role": "user", "content": "hi"}, result],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no call"}, result]):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": messages})
+        assert "'tool' message must answer" in _assert_error(r, 400, f"messages.{len(messages) - 1}")["message"]
+    answered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        call, {**call, "id": "call_2"}]}, result, {**result, "tool_call_id": "call_2"}]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": answered})
+    assert r.status_code == 200, r.text
+
+
+def test_a_message_without_content_is_named_with_the_right_article(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": None}]})
+    assert "a 'user' message needs `content`" in _assert_error(r, 400)["message"]
+
+
 def test_unknown_message_fields_are_named_in_the_header_too(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "my_extra": 1, "messages": [
         {"role": "system", "content": "be brief", "cache_control": {"type": "ephemeral"}},
