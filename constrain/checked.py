@@ -101,10 +101,16 @@ class CheckedMatcher(Matcher):
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
         """The budget rule's replacement token is not taken when the check refuses it (the sampled token was
-        allowed under this step's mask)."""
+        allowed under this step's mask), nor an EOS id that would end the output where the check says it cannot
+        end (the backend's grammar is complete there, the client's schema not: `{"not": {"multipleOf": 8}}`
+        ended at 8)."""
         vetted = self.inner.vet(token_id, tokens_left)
+        if vetted == token_id:
+            return vetted
         data = self.token_bytes[vetted]
-        if vetted != token_id and data is not None and self._active() and self._refuses(data):
+        if data is None and not self.can_end():
+            return token_id
+        if data is not None and self._active() and self._refuses(data):
             return token_id
         return vetted
 

@@ -513,3 +513,27 @@ def test_intervals_llguidance_reads_right_keep_to_the_backend():
                    {"exclusiveMinimum": 0, "maximum": 1}, {"exclusiveMinimum": 0}):
         assert not late_from_the_start({"type": "number", **bounds})
     assert not late_from_the_start({"type": "integer", "exclusiveMinimum": 0, "maximum": 5})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "number", "not": {"multipleOf": 8}},
+    {"type": "number", "allOf": [{"anyOf": [{"multipleOf": 33}, {"multipleOf": 12}]},
+                                 {"not": {"multipleOf": 8}}]},
+])
+def test_the_budget_rule_never_ends_an_output_a_late_check_holds_open(gpt2_compiler, vocabs, schema):
+    """Near max_tokens the backend's vet returns an EOS id where its own grammar is complete and the sampled
+    token would leave it incomplete; the late check's wrapper passed it on even where the client's schema
+    refused the value written (an 8 under `not: {multipleOf: 8}`): the answer ended invalid. Such an EOS is not
+    taken now (the walk's check: an EOS only where the matcher can end)."""
+    import random
+
+    from constrain.walkbench import random_walk
+
+    grammar = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                                   strict=True, backend="llguidance"))
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(0)
+    for max_tokens in [3, 4, 5, 6, 8, 10] * 6:
+        tokens, ended = random_walk(grammar, vocabs["gpt2"], rng, max_tokens, budget=True)
+        if ended:
+            assert validator.is_valid(json.loads(b"".join(vocabs["gpt2"].token_bytes[t] for t in tokens)))
