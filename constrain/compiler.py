@@ -48,6 +48,7 @@ from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, 
                              MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
                              hermes_regex, text_may_not_start)
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
+from constrain.unique_objects import UniqueObjectsGrammar, plan_unique_objects
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class GrammarCompiler:
         self._pending: dict[str, Future] = {}
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
-        self._unique_plans: OrderedDict[str, UniquePlan | None] = OrderedDict()  # by spec key, bounded
+        self._unique_plans: OrderedDict[str, tuple] = OrderedDict()  # by spec key, bounded (`_unique_plan`)
         self._late_plans: OrderedDict[str, LatePlan] = OrderedDict()  # specs whose backend refused a keyword
         self._no_stronger_plan: OrderedDict[str, None] = OrderedDict()  # non-strict specs the checks add nothing to
         # id() of a backend grammar -> its distinct-keys wrapper, while that lives (it holds the grammar, so the id
@@ -177,11 +178,12 @@ class GrammarCompiler:
         """The spec's grammar on `backend` (or by the auto policy), with the checks applied while decoding."""
         t0 = time.perf_counter()
         try:
-            plan = self._unique_plan(spec)
+            plan, objects = self._unique_plan(spec)
             if plan is not None:  # the backend compiles the schema without the uniqueItems the engine enforces
                 spec = dataclasses.replace(spec, schema=plan.schema)
             g = self._with_late_keywords(spec, backend)
-            return UniqueItemsGrammar(g, plan, self.vocab) if plan is not None else g
+            g = UniqueItemsGrammar(g, plan, self.vocab) if plan is not None else g
+            return UniqueObjectsGrammar(g, objects, self.vocab.token_bytes) if objects is not None else g
         except ConstraintError as exc:
             self.stats.errors += 1
             raise _in_client_terms(exc, spec) from None
@@ -403,15 +405,16 @@ class GrammarCompiler:
                 checked = self._distinct_keys[id(g)] = DistinctKeysGrammar(g, self.vocab)
         return checked
 
-    def _unique_plan(self, spec: ConstraintSpec) -> UniquePlan | None:
-        """The uniqueItems this schema holds that the engine enforces (constrain/unique_items.py), cached."""
+    def _unique_plan(self, spec: ConstraintSpec) -> tuple[UniquePlan | None, UniquePlan | None]:
+        """The uniqueItems this schema holds that the engine enforces (constrain/unique_items.py) and those over
+        objects it steers (constrain/unique_objects.py), cached."""
         if spec.kind not in ("json_schema", "tools") or spec.schema is None:
-            return None
+            return None, None
         with self._lock:
             if spec.key in self._unique_plans:
                 self._unique_plans.move_to_end(spec.key)
                 return self._unique_plans[spec.key]
-        plan = plan_unique_items(spec.schema)
+        plan = plan_unique_items(spec.schema), plan_unique_objects(spec.schema)
         with self._lock:
             self._unique_plans[spec.key] = plan
             while len(self._unique_plans) > 256:  # (a plan holds a copy of its schema)
