@@ -322,8 +322,34 @@ def regex_hints(regex: str) -> tuple[bytes, ...]:
 
 
 def build_lltokenizer(tokenizer, vocab: Vocabulary) -> llguidance.LLTokenizer:
-    """~0.5-1 s for a 152k vocabulary: build once per tokenizer."""
-    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab.logits_width, eos_token=sorted(vocab.eos_token_ids))
+    """~0.5-1 s for a 152k vocabulary: build once per tokenizer. As `llguidance.hf.from_tokenizer` builds it, less
+    any Unicode normalisation (`_without_unicode_normalisation`)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # (a slow tokenizer: llguidance's own message)
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab.logits_width,
+                                            eos_token=sorted(vocab.eos_token_ids))
+    backend = copy.copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    spec = json.loads(backend.to_str())
+    spec["normalizer"] = _without_unicode_normalisation(spec.get("normalizer"))
+    return llguidance.LLTokenizer(json.dumps(spec), n_vocab=vocab.logits_width, eos_token=sorted(vocab.eos_token_ids))
+
+
+_UNICODE_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})
+
+
+def _without_unicode_normalisation(normalizer: dict | None) -> dict | None:
+    """llguidance tokenizes the bytes a grammar forces with the tokenizer: under Qwen2's NFC normaliser (which
+    transformers adds at load) a const "e\u0301" (e and a combining accent) became the token "é", which the mask
+    then allowed alone and the grammar refused: the answer failed mid-output. Forced bytes are the client's exact
+    text, so the Unicode forms are taken out; other normalisers (SentencePiece's space to '▁') stay."""
+    if not isinstance(normalizer, dict) or normalizer.get("type") in _UNICODE_FORMS:
+        return None
+    if normalizer.get("type") == "Sequence":
+        kept = [n for n in normalizer.get("normalizers", []) if _without_unicode_normalisation(n) is not None]
+        return {**normalizer, "normalizers": kept} if kept else None
+    return normalizer
 
 
 def _json_options(whitespace_pattern: str, lenient: bool) -> dict:

@@ -349,3 +349,24 @@ def test_a_pattern_llguidance_would_let_escapes_through_is_refused_strict_and_na
         compiled(True)
     assert exc.value.pointer == "/properties/s/pattern" and exc.value.code == "unsupported_schema"
     assert compiled(False).unenforced == ("/properties/s/pattern",)
+
+
+@pytest.mark.parametrize("schema", [
+    {"const": "e\u0301"},  # e and a combining accent
+    {"type": "string", "enum": ["\u2126", "k\u2126"]},  # the Ohm sign, as unit lists spell it
+    {"type": "object", "properties": {"cafe\u0301": {"type": "integer"}}, "required": ["cafe\u0301"],
+     "additionalProperties": False},
+])
+def test_text_a_grammar_forces_is_written_as_it_is_not_as_its_normal_form(tokenizers, vocabs, schema):
+    """transformers loads Qwen2's tokenizer with an NFC normaliser, and llguidance tokenized the bytes a grammar
+    forces with it: "e\\u0301" became the token "é", the mask allowed it alone, and the grammar refused it (the
+    answer failed mid-output with finish_reason "error")."""
+    from constrain import GrammarCompiler
+
+    compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance", background_outlines=False)
+    try:
+        grammar = compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": True}}))
+        assert ended_walks_valid(grammar, vocabs["qwen2"], schema, seed=1, walks=8, max_tokens=24) == 8
+    finally:
+        compiler.close()
