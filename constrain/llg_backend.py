@@ -400,12 +400,13 @@ def _quote_safe(pattern: str) -> str:
 def llguidance_schema(schema):
     """`schema` as llguidance compiles it: every `pattern` and `patternProperties` regex made safe from the
     quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
-    `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), and the numbers
-    llguidance's ranges refuse added back (`_add_bound_prefixes`). A copy where one changes; the input is never
+    `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), the numbers
+    llguidance's ranges refuse added back (`_add_bound_prefixes`), and hostnames held to 253 characters. A copy where one changes; the input is never
     modified."""
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
-    if "[^" not in text and '"pattern"' not in text and not narrowed and "imum" not in text:
+    if "[^" not in text and '"pattern"' not in text and not narrowed and "imum" not in text \
+            and '"hostname"' not in text:
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
@@ -414,6 +415,12 @@ def llguidance_schema(schema):
         value = node.get(key)
         if ptr in narrowed:
             node[key] = narrowed[ptr]
+        elif key == "format" and value == "hostname" and id(node) not in uncompiled:
+            # llguidance's hostname holds labels of at most 63 characters but no limit on the whole: RFC 1034's
+            # 253 (a 300-character name passed).
+            most = node.get("maxLength")
+            node["maxLength"] = min(most, _HOSTNAME_MOST) if isinstance(most, int) and not isinstance(most, bool) \
+                else _HOSTNAME_MOST
         elif key == "pattern" and isinstance(value, str):
             if id(node) not in uncompiled and unreadable_pattern(value):
                 del node[key]
@@ -424,6 +431,7 @@ def llguidance_schema(schema):
     return schema
 
 
+_HOSTNAME_MOST = 253  # characters of a hostname (RFC 1034)
 _NARROW_TO = 2 ** 53  # numeric bounds past ±this are narrowed to it (`_narrowed_bounds`)
 _UPPER_BOUNDS, _LOWER_BOUNDS = ("maximum", "exclusiveMaximum"), ("minimum", "exclusiveMinimum")
 

@@ -370,3 +370,16 @@ def test_text_a_grammar_forces_is_written_as_it_is_not_as_its_normal_form(tokeni
         assert ended_walks_valid(grammar, vocabs["qwen2"], schema, seed=1, walks=8, max_tokens=24) == 8
     finally:
         compiler.close()
+
+
+def test_a_hostname_is_held_to_253_characters(gpt2_compiler, tokenizers, vocabs):
+    """llguidance's `hostname` limits each label to 63 characters but not the name: 300 characters passed."""
+    for schema in ({"type": "string", "format": "hostname"}, {"type": "string", "format": "hostname", "maxLength": 9}):
+        grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "properties": {"v": schema}, "required": ["v"],
+                                    "additionalProperties": False}, "strict": True}}, backend="llguidance"))
+        most = schema.get("maxLength", 253)
+        for length in (5, 9, 10, 253, 254, 300):
+            name = ".".join(["h" * 50] * 10)[:length]  # (labels of 50 characters: each one valid)
+            name = name[:-1] + "h" if name.endswith(".") else name
+            assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], name) == (length <= most), length
