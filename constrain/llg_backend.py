@@ -406,7 +406,7 @@ def llguidance_schema(schema):
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
     if "[^" not in text and '"pattern"' not in text and not narrowed and "imum" not in text \
-            and '"hostname"' not in text:
+            and '"hostname"' not in text and '"multipleOf"' not in text:
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
@@ -421,6 +421,8 @@ def llguidance_schema(schema):
             most = node.get("maxLength")
             node["maxLength"] = min(most, _HOSTNAME_MOST) if isinstance(most, int) and not isinstance(most, bool) \
                 else _HOSTNAME_MOST
+        elif key == "multipleOf" and id(node) not in uncompiled and _unreadable_multiple_at(node, key):
+            del node[key]  # (named by `_inexact_keywords`, or refused under strict)
         elif key == "pattern" and isinstance(value, str):
             if id(node) not in uncompiled and unreadable_pattern(value):
                 del node[key]
@@ -542,6 +544,22 @@ def unreadable_pattern(pattern: str) -> str | None:
     return " ".join(messages[-1].split()) if is_error and messages else None
 
 
+@functools.lru_cache(maxsize=4096)
+def unreadable_multiple(divisor: float) -> str | None:
+    """llguidance's reason for refusing a `multipleOf` (0.07: "too many digits", as it reads the double), or None
+    where it reads it."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "number", "multipleOf": divisor})
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    return " ".join(messages[-1].split()) if is_error and messages else None
+
+
+def _unreadable_multiple_at(node: dict, key: str) -> str | None:
+    value = node.get(key)
+    if key != "multipleOf" or isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return unreadable_multiple(value)
+
+
 def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
     """(unimplemented keywords, unknown format names, anything else) from llguidance's messages."""
     keys: set[str] = set()
@@ -630,7 +648,8 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
     400 naming the keyword. An integer past 2**53 (`const: 9007199254740993` was enforced 9007199254740992; past
     64 bits llguidance cannot read it at all, nor a bound past 1e18 that is not narrowed: always a 400), a
     `pattern` whose class holds every control character but not both '"' and '\\'
-    (`support.llguidance_escape_gap`), and a `pattern` llguidance cannot read at all (`unreadable_pattern`)."""
+    (`support.llguidance_escape_gap`), and a `pattern` or `multipleOf` llguidance cannot read at all
+    (`unreadable_pattern`, `unreadable_multiple`)."""
     def integers(value):
         if isinstance(value, bool):
             return
@@ -655,6 +674,13 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
                                       pointer=ptr, code="unsupported_schema")
             found.append(ptr)
+        multiple = _unreadable_multiple_at(node, key) if id(node) not in uncompiled else None
+        if multiple is not None:  # (left out of what llguidance compiles: `llguidance_schema`)
+            if strict:
+                raise ConstraintError(f"the multipleOf at {ptr} cannot be enforced: {multiple}", param=param,
+                                      pointer=ptr, code="unsupported_schema")
+            found.append(ptr)
+            continue
         if key == "pattern" and isinstance(node[key], str) and llguidance_escape_gap(node[key]):
             if strict:
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced exactly: a class holding every "

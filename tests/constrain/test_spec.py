@@ -383,3 +383,22 @@ def test_a_hostname_is_held_to_253_characters(gpt2_compiler, tokenizers, vocabs)
             name = ".".join(["h" * 50] * 10)[:length]  # (labels of 50 characters: each one valid)
             name = name[:-1] + "h" if name.endswith(".") else name
             assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], name) == (length <= most), length
+
+
+def test_a_multiple_of_llguidance_cannot_read_is_refused_strict_and_named_otherwise(gpt2_compiler):
+    """`multipleOf: 0.07` (also 0.14, 0.007, ...) was a 400 with llguidance's "too many digits" and no pointer,
+    strict or not."""
+    schema = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.07, "minimum": 0}},
+              "required": ["p"]}
+
+    def compiled(strict):
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": strict}}, backend="llguidance"))
+
+    with pytest.raises(ConstraintError) as exc:
+        compiled(True)
+    assert exc.value.pointer == "/properties/p/multipleOf" and exc.value.code == "unsupported_schema"
+    assert compiled(False).unenforced == ("/properties/p/multipleOf",)
+    readable = {"type": "number", "multipleOf": 0.25}
+    assert gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "y", "schema": readable, "strict": True}})).unenforced == ()
