@@ -475,20 +475,25 @@ def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
     """llguidance 1.9's number ranges refuse the numbers that are a shorter decimal prefix of the bound on the
     side that caps their magnitude: under `maximum: 0.99` it refuses 0.9, under `maximum: 2.635` 2.6 and 2.63,
     under `minimum: -1.97` -1.9 (characterised on random bounds: those, and forms with trailing zeros or -0,
-    which no answer needs, are all it refuses, and it accepts nothing out of range). A node holding only a type and
-    bounds becomes `anyOf: [itself, {enum: those of the prefixes it accepts}]` (decided in decimal), in place."""
+    which no answer needs, are all it refuses, and it accepts nothing out of range); with a `multipleOf`, the same
+    (0.1 under `maximum: 0.15, multipleOf: 0.1`, which left only numbers up to 0). A node holding only a type,
+    bounds and a `multipleOf` becomes `anyOf: [itself, {enum: those of the prefixes it accepts}]` (decided in
+    decimal), in place."""
     targets = [node for _, key, node in walk(schema) if key == "type" or key in _PLAIN_NUMBER_KEYWORDS]
     done: set[int] = set()
     for node in targets:
         if id(node) in done or id(node) in uncompiled:
             continue
         done.add(id(node))
-        if set(node) - _PLAIN_NUMBER_KEYWORDS - ANNOTATIONS or not ({"number"} & _types(node)):
+        if set(node) - _PLAIN_NUMBER_KEYWORDS - {"multipleOf"} - ANNOTATIONS or not ({"number"} & _types(node)):
             continue
         bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
-        if not bounds or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bounds.values()):
+        step = node.get("multipleOf")
+        if not bounds or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bounds.values()) \
+                or (step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0)):
             continue
-        prefixes = [p for v in bounds.values() for p in _decimal_prefixes(v) if _within(p, bounds)]
+        prefixes = [p for v in bounds.values() for p in _decimal_prefixes(v) if _within(p, bounds)
+                    and (step is None or p % decimal.Decimal(repr(step)) == 0)]
         if prefixes:
             inner = dict(node)
             node.clear()

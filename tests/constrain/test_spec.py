@@ -290,17 +290,20 @@ def test_bounds_past_2_53_are_narrowed_for_llguidance_and_enforced(gpt2_compiler
     ({"type": ["number", "null"], "minimum": -1.971}, [-1.9, -1.97]),
     ({"minimum": -2.218, "exclusiveMaximum": -0.5}, [-2.2, -2.21]),
     ({"type": "number", "minimum": 2.95, "maximum": 3.05}, []),  # (3.0 is 3, which llguidance takes)
+    ({"type": "number", "maximum": 0.15, "multipleOf": 0.1}, [0.1]),  # (only numbers up to 0 could be written)
+    ({"type": "number", "minimum": -1.891, "multipleOf": 0.01}, [-1.8, -1.89]),
+    ({"type": "number", "maximum": 2.635, "multipleOf": 0.5}, []),  # (2.6 and 2.63 are no multiples)
 ])
 def test_numbers_that_begin_a_bounds_digits_are_taken(gpt2_compiler, tokenizers, vocabs, schema, prefixes):
     """llguidance 1.9 refuses a decimal the bound on the magnitude side begins with: 0.9 under `maximum: 0.99`,
     2.6 and 2.63 under `maximum: 2.635`, -1.9 under `minimum: -1.971` (a model writing 0.9 was pushed to 0.90
     or another number). Those numbers are added back as an `enum` beside the range; nothing out of range is."""
-    import jsonschema
+    from constrain.walkbench import validator_for  # (multipleOf decided in decimal: -2.3 is a multiple of 0.1)
 
     document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
     grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": document, "strict": True}}, backend="llguidance"))
-    check = jsonschema.Draft202012Validator(schema)
+    check = validator_for(schema)
     probes = prefixes + [-3, -2.3, -2.22, -2.21, -2, -1.98, -1.97, -0.6, -0.5, 0, 0.17, 0.18, 0.5, 0.99, 1, 1.5,
                          2.6, 2.63, 2.64, 2.8, 2.84, 3, 3.05, 3.1]
     for value in probes:
