@@ -400,9 +400,9 @@ def _quote_safe(pattern: str) -> str:
 def llguidance_schema(schema):
     """`schema` as llguidance compiles it: every `pattern` and `patternProperties` regex made safe from the
     quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
-    `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), the numbers
-    llguidance's ranges refuse added back (`_add_bound_prefixes`), and hostnames held to 253 characters. A copy where one changes; the input is never
-    modified."""
+    `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), hostnames held to 253
+    characters, and then the numbers llguidance's ranges refuse added back (`_add_bound_prefixes`). A copy where
+    one changes; the input is never modified."""
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
     if "[^" not in text and '"pattern"' not in text and not narrowed and "imum" not in text \
@@ -410,7 +410,6 @@ def llguidance_schema(schema):
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
-    _add_bound_prefixes(schema, uncompiled)
     for ptr, key, node in list(walk(schema)):
         value = node.get(key)
         if ptr in narrowed:
@@ -430,6 +429,7 @@ def llguidance_schema(schema):
                 node[key] = _quote_safe(value)
         elif key == "patternProperties" and isinstance(value, dict):
             node[key] = {_quote_safe(k): v for k, v in value.items()}
+    _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
 
 
