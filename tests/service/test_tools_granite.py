@@ -56,7 +56,7 @@ def test_required_calls_follow_the_token_whole_and_streamed(http, skip_special_t
         assert_tool_calls_valid(message["tool_calls"], {"get_time": TIME})
         assert message["content"] is None
     written = [t["token"] for t in _chat(http, tool_choice="required", seed=1, logprobs=True)["logprobs"]["content"]]
-    assert written[0] == "<|tool_call|>" and written[1].strip() == "["
+    assert written[0] == "<|tool_call|>" and written[1].strip().startswith("[")  # (the array right after it)
 
 
 def test_auto_calls_after_the_token_or_answers_in_text(http):
