@@ -285,10 +285,7 @@ class _SamplingFields(BaseModel):
     @property
     def extra_fields(self) -> list[str]:
         """Fields we do not know: accepted, ignored, named in the `x-structgen-ignored-fields` header."""
-        return sorted(self.model_extra or {}) + self._nested_extra_fields()
-
-    def _nested_extra_fields(self) -> list[str]:
-        return []
+        return sorted(self.model_extra or {})
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -339,11 +336,12 @@ class ChatCompletionRequest(_SamplingFields):
                              "the server sets them from the request's own fields")
         return self
 
-    def _nested_extra_fields(self) -> list[str]:
-        """Unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may carry
-        fields such as `annotations` or `audio`: accepted, named)."""
-        return [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
-                for name in sorted(m.model_extra or {})]
+    @property
+    def extra_fields(self) -> list[str]:
+        """Also the unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may
+        carry fields such as `annotations` or `audio`: accepted, named)."""
+        return super().extra_fields + [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
+                                       for name in sorted(m.model_extra or {})]
 
     @property
     def generation_prompt(self) -> bool:

@@ -180,9 +180,8 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
 
 
 def completion_body(*, request_id: str, model: str, constraint_backend: str | None, created: int,
-                    choices: list[ChoiceState],
-                    prompt_texts: list[str], first_tokens: list[tuple[int, str]], n: int, prompt_tokens: int, echo: bool,
-                    logprobs: int | None, as_ids: bool) -> dict:
+                    choices: list[ChoiceState], prompt_texts: list[str], first_tokens: list[tuple[int, str]],
+                    n: int, prompt_tokens: int, echo: bool, logprobs: int | None, as_ids: bool) -> dict:
     out = []
     for c in choices:
         prompt_text = prompt_texts[c.index // n]
