@@ -12,6 +12,7 @@ late check. Never imports HTTP or model code.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,11 @@ class ObjectsRule:
     @property
     def domain(self) -> int:
         return len(self.objects)
+
+    @functools.cached_property
+    def identities(self) -> tuple[frozenset, ...]:
+        """Each value as the set of its (key, canonical value) pairs, as `ObjectTracker` records finished items."""
+        return tuple(frozenset((k, m[0]) for k, m in v.items()) for v in self.objects)
 
 
 def plan_unique_objects(schema: Any) -> UniquePlan | None:
@@ -149,9 +155,9 @@ def item_viable(f: _ItemFollower, rule: ObjectsRule, seen: set) -> bool:
     if f.nested:
         return True
     if f.closed is not None:
-        return frozenset(f.closed.items()) in {frozenset((k, m[0]) for k, m in v.items()) for v in rule.objects} \
-            and frozenset(f.closed.items()) not in seen
-    unused = [v for v in rule.objects if frozenset((k, m[0]) for k, m in v.items()) not in seen
+        closed = frozenset(f.closed.items())
+        return closed in rule.identities and closed not in seen
+    unused = [v for v, identity in zip(rule.objects, rule.identities) if identity not in seen
               and all(k in v and v[k][0] == c for k, c in f.members.items())]
     key = f.stack[-1].key if f.stack else ""
     if f.mode == "member":  # (after a comma: a member must follow)
