@@ -42,6 +42,7 @@ from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
+from constrain.pattern_dialects import portable_pattern
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
 from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
@@ -307,6 +308,7 @@ class GrammarCompiler:
         self.lltokenizer()  # ~1 s on a 152k vocabulary: paid at start-up, not by the first request
         # (~0.9 s: the tables of the checks applied while decoding)
         token_index(self.vocab), token_sets(self.vocab), key_escape_tokens(self.vocab), comma_key_index(self.vocab)
+        portable_pattern("\\w")  # (~0.2 s: each regex dialect's classes, read once)
         for name, schema in self.named_schemas.items():
             spec = ConstraintSpec(kind="json_schema", schema=schema, extra={"name": name})
             try:

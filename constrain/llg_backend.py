@@ -32,6 +32,7 @@ import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
+from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import ANNOTATIONS, STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
 from constrain.vocabulary import Vocabulary
@@ -426,7 +427,7 @@ def llguidance_schema(schema):
             if id(node) not in uncompiled and unreadable_pattern(value):
                 del node[key]
             else:
-                node[key] = _quote_safe(value)
+                node[key] = _quote_safe(portable_pattern(value))
         elif key == "patternProperties" and isinstance(value, dict):
             node[key] = {_quote_safe(k): v for k, v in value.items()}
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)

@@ -18,6 +18,7 @@ import outlines_core
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
+from constrain.pattern_dialects import with_portable_patterns
 from constrain.token_dfa import INF as _INF
 from constrain.token_dfa import TokenDFA, outlines_vocabulary_from_bytes
 from constrain.vocabulary import Vocabulary, ids_to_words
@@ -31,7 +32,8 @@ _BUDGET_ROWS = 512  # cached budget rows per grammar: ~10 MB on a 152k vocabular
 
 
 def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
-    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern)
+    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(with_portable_patterns(schema)),
+                                                              whitespace_pattern)
     return regex.replace(_CHAR_OLD, _CHAR_NEW).replace(_ESC_OLD, _ESC_NEW)
 
 

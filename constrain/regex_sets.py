@@ -12,9 +12,9 @@ Only true regular expressions are taken: literals, classes, `.`, groups, alterna
 `^`/`$` where they anchor a whole alternative. Lookarounds, backreferences, word boundaries, inline flags and
 possessive repeats give None, as do automata past the `_MAX_*` limits (which also bound the work on hostile
 patterns). Classes follow Python's `re` (`\d`: Unicode decimal digits; `\w`: alphanumerics and `_`; `\s`:
-`str.isspace`); a class holding one of these whole is written with its shorthand, so the engine reads it with its
-own definition, as it reads the client's pattern. `$` anchors at the very end, as in ECMA-262 (Python's `$` also
-matches before a final newline).
+`str.isspace`); a class holding one of these whole is written with its shorthand, which the backends then get
+spelled as every regex dialect reads it (`constrain/pattern_dialects.py`), as the client's patterns. `$` anchors
+at the very end, as in ECMA-262 (Python's `$` also matches before a final newline).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import re
 import re._constants as sre
 import re._parser as sre_parse
 from typing import Iterable
+
+import numpy as np
 
 _MAX_PATTERN_CHARS = 1000
 _MAX_NFA_STATES = 4000
@@ -359,7 +361,7 @@ def _region(dfa: "_Dfa", sig: frozenset) -> str | None:
 
 # ---- character sets --------------------------------------------------------------------------------------------
 
-def _ranges(codes: Iterable[int]) -> Ranges:
+def ranges_of(codes: Iterable[int]) -> Ranges:
     out: list[list[int]] = []
     for c in sorted(set(codes)):
         if out and out[-1][1] == c - 1:
@@ -369,7 +371,7 @@ def _ranges(codes: Iterable[int]) -> Ranges:
     return tuple((a, b) for a, b in out)
 
 
-def _union(*sets: Ranges) -> Ranges:
+def union_ranges(*sets: Ranges) -> Ranges:
     spans = sorted(r for s in sets for r in s)
     out: list[list[int]] = []
     for a, b in spans:
@@ -380,7 +382,7 @@ def _union(*sets: Ranges) -> Ranges:
     return tuple((a, b) for a, b in out)
 
 
-def _negate(s: Ranges) -> Ranges:
+def negate_ranges(s: Ranges) -> Ranges:
     out, nxt = [], 0
     for a, b in s:
         if a > nxt:
@@ -392,15 +394,20 @@ def _negate(s: Ranges) -> Ranges:
 
 
 def _contains(s: Ranges, sub: Ranges) -> bool:
-    return _union(s, sub) == s
+    return union_ranges(s, sub) == s
 
 
-@functools.lru_cache(maxsize=None)
-def _category(name: str) -> Ranges:
-    """Python `re`'s (str pattern) definition of \\d, \\w, \\s, computed once over all code points."""
-    test = {"digit": str.isdecimal, "space": str.isspace,
-            "word": lambda ch: ch.isalnum() or ch == "_"}[name]
-    return _ranges(c for c in range(_TOP + 1) if test(chr(c)))
+def python_class(name: str) -> Ranges:
+    """Python `re`'s (str pattern) definition of \\d ("digit"), \\w ("word") or \\s ("space")."""
+    return _python_classes()[name]
+
+
+@functools.cache
+def _python_classes() -> dict[str, Ranges]:
+    """\\d, \\w and \\s read off `re` itself, once, over all code points (~0.1 s)."""
+    every = np.arange(_TOP + 1, dtype="<u4").tobytes().decode("utf-32-le", "surrogatepass")
+    return {name: tuple((m.start(), m.end() - 1) for m in re.finditer(shorthand, every))
+            for name, shorthand in (("digit", r"\d+"), ("word", r"\w+"), ("space", r"\s+"))}
 
 
 _CATEGORIES = {
@@ -422,11 +429,11 @@ def _class_ranges(items) -> Ranges:
             parts.append(((arg[0], arg[1]),))
         elif op is sre.CATEGORY and arg in _CATEGORIES:
             name, negated = _CATEGORIES[arg]
-            parts.append(_negate(_category(name)) if negated else _category(name))
+            parts.append(negate_ranges(python_class(name)) if negated else python_class(name))
         else:
             raise _Unsupported(op)
-    s = _union(*parts)
-    return _negate(s) if negate else s
+    s = union_ranges(*parts)
+    return negate_ranges(s) if negate else s
 
 
 # ---- NFA (Thompson) from Python's parse tree ----------------------------------------------------------------------
@@ -472,9 +479,9 @@ class _Nfa:
         if op is sre.LITERAL:
             return self.chars(((arg, arg),))
         if op is sre.NOT_LITERAL:
-            return self.chars(_negate(((arg, arg),)))
+            return self.chars(negate_ranges(((arg, arg),)))
         if op is sre.ANY:
-            return self.chars(_negate(((10, 10),)))  # `.` is any character but a line feed
+            return self.chars(negate_ranges(((10, 10),)))  # `.` is any character but a line feed
         if op is sre.IN:
             return self.chars(_class_ranges(arg))
         if op is sre.BRANCH:
@@ -601,7 +608,7 @@ class _Dfa:
                 if t in live:
                     by_target.setdefault(t, []).append(self.classes[c])
             for t, sets in by_target.items():
-                edges[i][t] = _set(_union(*sets))
+                edges[i][t] = _set(union_ranges(*sets))
             if i in self.finals:
                 edges[i][final] = _EPS
         todo = set(live)
@@ -653,7 +660,7 @@ def _partition(labels: list[Ranges]) -> tuple[list[Ranges], list[set[int]]]:
         sig = tuple(i for i, lab in enumerate(labels)
                     if (k := bisect.bisect_right(starts[i], lo) - 1) >= 0 and lab[k][1] >= lo)
         by_signature.setdefault(sig, []).append((lo, nxt - 1))
-    classes = [_union(tuple(spans)) for spans in by_signature.values()]
+    classes = [union_ranges(tuple(spans)) for spans in by_signature.values()]
     members: list[set[int]] = [set() for _ in labels]
     for c, sig in enumerate(by_signature):
         for i in sig:
@@ -701,7 +708,7 @@ def _alt(a: _Node | None, b: _Node) -> _Node:
     if a.kind == "opt" or b.kind == "opt":
         return _opt(_alt(a[2] if a.kind == "opt" else a, b[2] if b.kind == "opt" else b))
     if a.kind == "set" and b.kind == "set":
-        return _set(_union(a[2], b[2]))
+        return _set(union_ranges(a[2], b[2]))
     parts = tuple(dict.fromkeys((a[2] if a.kind == "alt" else (a,)) + (b[2] if b.kind == "alt" else (b,))))
     return _Node(("alt", sum(p.size for p in parts) + 4 + len(parts), parts))
 
@@ -767,21 +774,21 @@ def _write_class(s: Ranges) -> str:
         return "[\\s\\S]"
     if len(s) == 1 and s[0][0] == s[0][1]:
         return _char(s[0][0])
-    comp = _negate(s)
+    comp = negate_ranges(s)
     candidates = [f"[{_items(s)}]"]
     # A negated class naming '"' or '\\' is rewritten by constrain/llg_backend.py: never written here.
     if not _holds_quote_or_backslash(comp):
         candidates.append(f"[^{_items(comp)}]")
     for name, short, negated_short in _SHORTHANDS:
-        for cat, written in ((_category(name), short), (_negate(_category(name)), negated_short)):
+        for cat, written in ((python_class(name), short), (negate_ranges(python_class(name)), negated_short)):
             if _contains(s, cat):
                 rest = _minus(s, cat)
                 candidates.append(f"[{written}{_items(rest)}]" if rest else written)
             if _contains(comp, cat) and not _holds_quote_or_backslash(rest := _minus(comp, cat)):
                 candidates.append(f"[^{written}{_items(rest)}]")
-        inside, outside = _minus(s, _negate(_category(name))), _minus(s, _category(name))
+        inside, outside = _minus(s, negate_ranges(python_class(name))), _minus(s, python_class(name))
         if inside and outside:  # part of a shorthand's set, and more: (?:[^\W<excluded>]|[<the rest>])
-            excluded = _minus(_category(name), s)
+            excluded = _minus(python_class(name), s)
             if not _holds_quote_or_backslash(excluded):
                 single = len(outside) == 1 and outside[0][0] == outside[0][1]
                 other = _char(outside[0][0]) if single else f"[{_items(outside)}]"
@@ -790,7 +797,7 @@ def _write_class(s: Ranges) -> str:
 
 
 def _minus(s: Ranges, t: Ranges) -> Ranges:
-    return _negate(_union(_negate(s), t))
+    return negate_ranges(union_ranges(negate_ranges(s), t))
 
 
 def _holds_quote_or_backslash(s: Ranges) -> bool:

@@ -222,7 +222,7 @@ def _fully_anchored(pattern) -> bool:
 _JSON_ESCAPED = frozenset(range(0x20)) | {0x22, 0x5C}  # characters a JSON string must escape
 
 
-def _escaped_code(pattern: str, i: int, in_class: bool) -> tuple[int | None, int, bool]:
+def escaped_code(pattern: str, i: int, in_class: bool) -> tuple[int | None, int, bool]:
     """(code point or None for a zero-width or safe shorthand, next index, safe) for the escape at pattern[i]."""
     e = pattern[i + 1] if i + 1 < len(pattern) else ""
     if e in ("d", "w") or (e in ("b", "B") and not in_class):
@@ -253,7 +253,7 @@ def _range_end(pattern: str, i: int, low: int | None) -> tuple[int | None, int, 
     if low is None or not (pattern.startswith("-", i) and i + 1 < len(pattern) and pattern[i + 1] != "]"):
         return low, i, True
     if pattern[i + 1] == "\\":
-        high, i, ok = _escaped_code(pattern, i + 1, in_class=True)
+        high, i, ok = escaped_code(pattern, i + 1, in_class=True)
         return high, i, ok and high is not None
     return ord(pattern[i + 1]), i + 2, True
 
@@ -267,7 +267,7 @@ def json_safe_pattern(pattern: str) -> bool:
     while i < n:
         c = pattern[i]
         if c == "\\":
-            code, i, ok = _escaped_code(pattern, i, in_class=False)
+            code, i, ok = escaped_code(pattern, i, in_class=False)
             if not ok or code in _JSON_ESCAPED:
                 return False
             continue
@@ -281,7 +281,7 @@ def json_safe_pattern(pattern: str) -> bool:
             while i < n and (pattern[i] != "]" or first):
                 first = False
                 if pattern[i] == "\\":
-                    low, i, ok = _escaped_code(pattern, i, in_class=True)
+                    low, i, ok = escaped_code(pattern, i, in_class=True)
                     if not ok:
                         return False
                 else:
@@ -330,7 +330,7 @@ def llguidance_escape_gap(pattern: str) -> bool:
                     covered.update((0x09, 0x0A, 0x0B, 0x0C, 0x0D))
                     i += 2
                     continue
-                low, i, ok = _escaped_code(pattern, i, in_class=True)
+                low, i, ok = escaped_code(pattern, i, in_class=True)
                 if not ok:
                     known = False
                     continue

@@ -1,0 +1,177 @@
+r"""A JSON-schema `pattern` spelled so that every regex dialect a client may validate with accepts what it accepts.
+
+JSON Schema names ECMA-262's regexes, but the validators people use read a pattern's shorthands and `.` in their
+own dialect, and so do the backends:
+
+- `\d`, `\w`: ASCII in ECMA-262 (ajv, browsers) and llguidance; Unicode in Python's `re` (jsonschema) and Rust's
+  `regex` (pydantic-core, outlines-core). outlines-core wrote `"٣"` under `^\d$`, which ajv refuses.
+- `\D`, `\W`: llguidance's ASCII reading lets `"٣"` or `"é"` through, which jsonschema refuses.
+- `\s`, `\S`: Python and Rust count U+0085 as a space, ECMA-262 does not; ECMA-262 counts U+FEFF, they do not.
+- `.`: ECMA-262 excludes \n, \r, U+2028 and U+2029; the others only \n.
+
+`portable_pattern` spells each of these, and each class holding one, as an explicit class of the characters it
+takes in every dialect, so an answer validates whichever dialect checks it (`[\s\S]` still takes anything). It is
+only ever narrower than each reading, which is right for a `pattern` a value must match, not for a pattern that
+sorts keys (`patternProperties`), where narrowing would move a key to another schema. Nothing here runs a
+client's regex.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import unicodedata
+
+from constrain.regex_sets import Ranges, negate_ranges, python_class, ranges_of, regex_char, union_ranges
+from constrain.support import escaped_code, walk
+
+_SURROGATES: Ranges = ((0xD800, 0xDFFF),)  # not characters: no Rust regex may name them
+_CONTROLS: Ranges = ((0x00, 0x1F),)
+_QUOTE_AND_BACKSLASH: Ranges = ((0x22, 0x22), (0x5C, 0x5C))
+
+_ASCII_DIGIT: Ranges = ((0x30, 0x39),)
+_ASCII_WORD: Ranges = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+# Rust's \s: the Unicode White_Space property.
+_RUST_SPACE: Ranges = ((0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+                       (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000))
+# The symbols Rust's \w counts as Alphabetic: circled and squared letters.
+_ALPHABETIC_SYMBOLS: Ranges = ((0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189))
+
+
+# ECMA-262's \s: WhiteSpace (tab, VT, FF, U+FEFF and the space separators, Zs) and LineTerminator (LF, CR,
+# U+2028, U+2029).
+_ECMA_SPACE: Ranges = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+                       (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))
+# Where Unicode assigns letters, marks and numbers (planes 0-3, and plane 14's variation selectors).
+_ASSIGNED = (range(0x32400), range(0xE0000, 0xE1000))
+_WORD_CATEGORIES = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc"})
+
+
+@functools.cache
+def _dialects() -> tuple[dict[str, Ranges], ...]:
+    """Each dialect's \\d, \\w, \\s and their negations (computed on first use, in ~0.15 s)."""
+    # Rust's \w: Alphabetic, marks, Nd, Pc and the joiners (here all letters, marks and numbers: a little wider).
+    rust_word = union_ranges(_ALPHABETIC_SYMBOLS, ((0x200C, 0x200D),), ranges_of(
+        c for part in _ASSIGNED for c in part if unicodedata.category(chr(c)) in _WORD_CATEGORIES))
+    readings = (
+        {"d": _ASCII_DIGIT, "w": _ASCII_WORD, "s": _ECMA_SPACE},  # ECMA-262; llguidance's \\d and \\w
+        {"d": python_class("digit"), "w": python_class("word"), "s": python_class("space")},  # Python's `re`
+        {"d": python_class("digit"), "w": rust_word, "s": _RUST_SPACE},  # Rust's `regex`; llguidance's \\s
+    )
+    return tuple({**r, **{k.upper(): negate_ranges(v) for k, v in r.items()}} for r in readings)
+
+
+def _intersection(*sets: Ranges) -> Ranges:
+    return negate_ranges(union_ranges(*(negate_ranges(s) for s in sets)))
+
+
+def _holds(chars: Ranges, part: Ranges) -> bool:
+    return union_ranges(chars, part) == chars
+
+
+_SHORTHANDS = frozenset("dDwWsS")
+_CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D}
+_DOT = "[^\\n\\r\\u2028\\u2029]"  # ECMA-262's `.`, which the other dialects' also take
+
+
+@functools.lru_cache(maxsize=4096)
+def portable_pattern(pattern: str) -> str:
+    """`pattern` with `.` and every shorthand (alone or in a class) spelled as explicit characters. A pattern this
+    cannot read with certainty (a class holding `[` or `\\p{..}`, a class opening with `]`) is returned as it is."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            e = pattern[i + 1:i + 2]
+            if e in _SHORTHANDS:
+                out.append(_write_class(_intersection(*(reading[e] for reading in _dialects()))))
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+        elif ch == ".":
+            out.append(_DOT)
+            i += 1
+        elif ch == "[":
+            end, written = _rewrite_class(pattern, i)
+            if end is None:
+                return pattern
+            out.append(written)
+            i = end
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
+    """(index after the class opening at `start`, its spelling): the class as written where it names no
+    shorthand, else the characters it takes in every dialect, as one positive class. (None, "") where unreadable."""
+    i, n = start + 1, len(pattern)
+    negated = pattern.startswith("^", i)
+    i += negated
+    if pattern.startswith("]", i):
+        return None, ""
+    literal: list[Ranges] = []
+    shorthands: list[str] = []
+    while i < n and pattern[i] != "]":
+        if pattern[i] == "[":
+            return None, ""
+        if pattern[i] == "\\" and pattern[i + 1:i + 2] in _SHORTHANDS:
+            shorthands.append(pattern[i + 1])
+            i += 2
+            continue
+        low, i = _class_char(pattern, i)
+        if low is None:
+            return None, ""
+        high = low
+        if pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
+            high, i = _class_char(pattern, i + 1)
+            if high is None or high < low:
+                return None, ""
+        literal.append(((low, high),))
+    if i >= n:
+        return None, ""
+    end = i + 1
+    if not shorthands:
+        return end, pattern[start:end]
+    # What each dialect reads the class's members as; the class takes what every dialect's reading takes.
+    read = [union_ranges(*literal, *(reading[k] for k in shorthands)) for reading in _dialects()]
+    taken = negate_ranges(union_ranges(*read)) if negated else _intersection(*read)
+    return (end, _write_class(taken)) if taken else (None, "")
+
+
+def _class_char(pattern: str, i: int) -> tuple[int | None, int]:
+    """(code point, next index) of the class member at pattern[i]; None for one that is not a single character."""
+    if pattern[i] != "\\":
+        return ord(pattern[i]), i + 1
+    if pattern[i + 1:i + 2] in _CONTROL_ESCAPES:
+        return _CONTROL_ESCAPES[pattern[i + 1]], i + 2
+    code, nxt, readable = escaped_code(pattern, i, in_class=True)
+    return (code if readable else None), nxt
+
+
+@functools.lru_cache(maxsize=64)
+def _write_class(chars: Ranges) -> str:
+    """A positive class of `chars` (surrogates left out). llguidance 1.9 lets the escapes \\" and \\\\ through a
+    class holding every control character but not both '"' and '\\' (see `support.llguidance_escape_gap`): such
+    a set loses its control characters, which JSON writes as escapes and no answer needs there."""
+    chars = _intersection(chars, negate_ranges(_SURROGATES))
+    if _holds(chars, _CONTROLS) and not _holds(chars, _QUOTE_AND_BACKSLASH):
+        chars = _intersection(chars, negate_ranges(_CONTROLS))
+    items = "".join(regex_char(chr(a)) if a == b else f"{regex_char(chr(a))}-{regex_char(chr(b))}" for a, b in chars)
+    return f"[{items}]"
+
+
+def with_portable_patterns(schema):
+    """A copy of `schema` whose every `pattern` keyword is `portable_pattern`'s spelling (`schema` itself where
+    nothing changes)."""
+    changed = {ptr: portable_pattern(node[key]) for ptr, key, node in walk(schema)
+               if key == "pattern" and isinstance(node[key], str) and portable_pattern(node[key]) != node[key]}
+    if not changed:
+        return schema
+    schema = copy.deepcopy(schema)
+    for ptr, key, node in walk(schema):
+        if ptr in changed:
+            node[key] = changed[ptr]
+    return schema

@@ -1,0 +1,78 @@
+"""A `pattern`'s shorthands and `.` take only what every regex dialect takes: ECMA-262 (ajv), Python's `re`
+(jsonschema) and Rust's `regex` (pydantic), whichever backend serves the schema."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from constrain import ConstraintSpec, GrammarCompiler
+from constrain.pattern_dialects import portable_pattern
+from constrain.spec import normalise_schema
+from tests.constrain.conftest import accepts_value
+
+
+@pytest.fixture(scope="module")
+def qwen2(tokenizers, vocabs):
+    compilers = {backend: GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend=backend)
+                 for backend in ("llguidance", "outlines")}
+    yield compilers, tokenizers["qwen2"], vocabs["qwen2"]
+    for c in compilers.values():
+        c.close()
+
+
+def _accepts(qwen2, backend, pattern, value) -> bool:
+    compilers, tok, vocab = qwen2
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}, "required": ["v"],
+              "additionalProperties": False}
+    g = compilers[backend].compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+    assert g.backend == backend
+    return accepts_value(g, tok, vocab, value)
+
+
+# (pattern, values some dialect refuses, values every dialect takes)
+LLGUIDANCE_CASES = [
+    ("^\\d+$", ["\u0663", "\uff13"], ["42"]),  # Arabic-Indic and full-width digits: not ECMA-262's \d
+    ("^\\w+$", ["\u00e9"], ["a_1"]),
+    ("^\\D$", ["\u0663"], ["a", "-"]),  # Python's \D refuses every Unicode digit
+    ("^\\W$", ["\u00e9", "\u0663"], ["-", " "]),
+    ("^[^\\d]$", ["\u0663", "7"], ["x"]),
+    ("^[a\\D]$", ["\u0663"], ["a", "b"]),
+    ("^\\s$", ["\x85", "\x1c", "\ufeff"], [" ", "\t", "\u3000", "\u00a0"]),
+    ("^\\S$", ["\ufeff", "\x85", " "], ["a", "\u00e9"]),
+    ("^.$", ["\r", "\u2028", "\u2029", "\n"], ["a", "\u00e9", "\t"]),
+    ("^a.c$", ["a\rc"], ["abc", "a c"]),
+    ("^[\\s\\S]$", [], ["\x85", "\ufeff", "\n", "a"]),  # anything, in every dialect
+    ('^[^"\\s]+$', ['a"b', "a b"], ["ab", "a\\b"]),
+    ("^[^\\s\\\\]+$", ["a\\b", "a b"], ['a"b']),
+]
+
+
+@pytest.mark.parametrize("pattern,refused,accepted", LLGUIDANCE_CASES)
+def test_llguidance_writes_only_what_every_dialect_matches(qwen2, pattern, refused, accepted):
+    assert [v for v in refused if _accepts(qwen2, "llguidance", pattern, v)] == []
+    assert [v for v in accepted if not _accepts(qwen2, "llguidance", pattern, v)] == []
+
+
+@pytest.mark.parametrize("pattern,refused,accepted", [
+    ("^\\d{2}$", ["\u0663\u0664", "\uff11\uff12"], ["42"]),
+    ("^[\\w-]+$", ["\u00e9t\u00e9"], ["a-b_9"]),
+])
+def test_outlines_reads_shorthands_as_ecma_does(qwen2, pattern, refused, accepted):
+    assert [v for v in refused if _accepts(qwen2, "outlines", pattern, v)] == []
+    assert [v for v in accepted if not _accepts(qwen2, "outlines", pattern, v)] == []
+
+
+@pytest.mark.parametrize("pattern", ["\\d", "\\D", "\\w", "\\W", "\\s", "\\S", ".", "[^\\d]", "[^\\w]", "[^\\s]",
+                                     "[a-f\\d]", "[^a-f\\D]", "[\\s\\S]", "[^\\S\\n]", "[\\W_]"])
+def test_the_portable_spelling_matches_no_character_python_refuses(pattern):
+    """Python's own `re` checks the rewrite: nothing the portable class takes is refused by the original."""
+    portable, original = re.compile(portable_pattern(pattern)), re.compile(pattern)
+    taken = [c for c in map(chr, range(0x30000)) if portable.fullmatch(c)]
+    assert taken and [c for c in taken if not original.fullmatch(c)] == []
+
+
+@pytest.mark.parametrize("pattern", ["^[a-z]+$", "^\\x41\\u00e9[\\-.]$", "^(a|b)\\b$", "[[a]]", "^\\p{L}$", "[]a]"])
+def test_patterns_without_shorthands_or_dots_or_that_cannot_be_read_stay_as_written(pattern):
+    assert portable_pattern(pattern) == pattern
