@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import re
@@ -120,7 +122,7 @@ class GrammarCompiler:
         self.vocab = vocab
         self.tokenizer = tokenizer
         self.backend = backend
-        self.cache_dir = Path(cache_dir) / vocab.fingerprint if cache_dir else None
+        self.cache_dir = Path(cache_dir) / vocab.fingerprint / code_fingerprint() if cache_dir else None
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
         self.compile_timeout_s = compile_timeout_s
         self.whitespace_pattern = whitespace_pattern
@@ -673,6 +675,16 @@ class GrammarCompiler:
                 continue
             out[path.stem] = schema
         return out
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """A hash of this package's code and outlines-core's version. The disk cache keeps its automata under it, so an
+    upgrade that changes how a schema becomes a regex (or an automaton) never serves one built by older code."""
+    h = hashlib.sha256(importlib.metadata.version("outlines-core").encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:

@@ -56,6 +56,21 @@ def test_disk_cache_survives_a_restart(tmp_path, tokenizers, vocabs):
     restarted.close()
 
 
+def test_disk_cache_is_not_served_to_other_code(tmp_path, tokenizers, vocabs, monkeypatch):
+    """An automaton on disk was built by the code of its day: after an upgrade (another code fingerprint) the
+    schema is compiled again, so a fix to how schemas become regexes reaches the repeats of cached schemas too."""
+    from constrain import compiler as compiler_module
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    c.compile(_spec())
+    c.close()
+    monkeypatch.setattr(compiler_module, "code_fingerprint", lambda: "another-version")
+    upgraded = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    upgraded.compile(_spec())
+    assert upgraded.stats.disk_hits == 0 and upgraded.stats.compiles == 1
+    upgraded.close()
+
+
 def test_auto_serves_new_schemas_with_llguidance_and_builds_outlines_from_the_second_request(tokenizers, vocabs):
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto")
     assert c.compile(_spec()).backend == "llguidance"
