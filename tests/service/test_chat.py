@@ -449,3 +449,23 @@ def test_the_fingerprint_tells_which_constraint_backend_served_the_seed(client, 
     plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2).system_fingerprint
     assert len(fingerprints["llguidance"]) == len(fingerprints["outlines"]) == 1
     assert len({plain, *fingerprints["llguidance"], *fingerprints["outlines"]}) == 3
+
+
+def test_the_fingerprint_changes_with_the_code_and_libraries_that_sample(monkeypatch):
+    """Another torch (or engine, compiler, llguidance, outlines-core) may draw other tokens from one seed: the
+    fingerprint says so, as OpenAI's does when its backend changes."""
+    import importlib.metadata
+
+    from service import responses
+
+    before = responses.system_fingerprint("m", "llguidance")
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "99.0" if name == "torch" else real_version(name))
+    responses.code_identity.cache_clear()
+    try:
+        assert responses.system_fingerprint("m", "llguidance") != before
+    finally:
+        monkeypatch.undo()
+        responses.code_identity.cache_clear()
+    assert responses.system_fingerprint("m", "llguidance") == before
