@@ -244,6 +244,31 @@ def test_bad_tool_choice_is_a_400_naming_it(http, tool_choice, param):
     assert r.json()["error"]["param"] == param
 
 
+def test_tool_choice_none_answers_in_text_with_the_tools_left_out_of_the_prompt(http):
+    """No call can be made, so the model is not shown a call format it could only write as text: the prompt is
+    the one without tools."""
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "seed": 2}
+    plain = http.post("/v1/chat/completions", json=body).json()
+    r = http.post("/v1/chat/completions", json={**body, "tools": TOOLS, "tool_choice": "none"}).json()
+    choice = r["choices"][0]
+    assert choice["finish_reason"] in ("stop", "length") and not choice["message"].get("tool_calls")
+    assert r["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    with_tools = http.post("/v1/chat/completions", json={**body, "tools": TOOLS}).json()
+    assert with_tools["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("extra, status", [({"tool_choice": "required"}, 400), ({"tool_choice": "auto"}, 400),
+                                           ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, 400),
+                                           ({"tool_choice": "none"}, 200), ({"parallel_tool_calls": False}, 200)])
+def test_tool_choice_without_tools(http, extra, status):
+    """A choice among tools needs tools (a 400 naming `tool_choice`); `none` and `parallel_tool_calls` ask
+    nothing of an answer without tools."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 2, **extra})
+    assert r.status_code == status
+    if status == 400:
+        assert r.json()["error"]["param"] == "tool_choice"
+
+
 def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
     params = {"type": "object", "required": ["tags"], "additionalProperties": False,
               "properties": {"tags": {"type": "string", "not": {"pattern": "(a)\\1"}, "maxLength": 8}}}
