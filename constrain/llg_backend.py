@@ -399,14 +399,15 @@ def _quote_safe(pattern: str) -> str:
 
 
 def llguidance_schema(schema):
-    """`schema` as llguidance compiles it: every `pattern` and `patternProperties` regex made safe from the
-    quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left out, which
-    `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), hostnames held to 253
-    characters, and then the numbers llguidance's ranges refuse added back (`_add_bound_prefixes`). A copy where
-    one changes; the input is never modified."""
+    """`schema` as llguidance compiles it: every `pattern` (and the names' patterns of objects that take no other
+    keys) spelled as every regex dialect reads it (`pattern_dialects`), every `pattern` and `patternProperties`
+    regex made safe from the quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left
+    out, which `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), hostnames
+    held to 253 characters, and then the numbers llguidance's ranges refuse added back (`_add_bound_prefixes`). A
+    copy where one changes; the input is never modified."""
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
-    if "[^" not in text and '"pattern"' not in text and not narrowed and "imum" not in text \
+    if "[^" not in text and '"pattern' not in text and not narrowed and "imum" not in text \
             and '"hostname"' not in text and '"multipleOf"' not in text:
         return schema
     schema = copy.deepcopy(schema)
@@ -429,7 +430,10 @@ def llguidance_schema(schema):
             else:
                 node[key] = _quote_safe(portable_pattern(value))
         elif key == "patternProperties" and isinstance(value, dict):
-            node[key] = {_quote_safe(k): v for k, v in value.items()}
+            # Narrowing a name's pattern to what every regex dialect reads only refuses names where no other
+            # key is taken; elsewhere it would move a name some dialect matches to the other keys' schema.
+            closed = node.get("additionalProperties") is False
+            node[key] = {_quote_safe(portable_pattern(k) if closed else k): v for k, v in value.items()}
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
 
@@ -675,6 +679,13 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
         reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) \
             and id(node) not in uncompiled else None
+        if key == "patternProperties" and isinstance(node[key], dict) and id(node) not in uncompiled:
+            for name in node[key]:
+                unreadable = unreadable_pattern(name)
+                if unreadable is not None:  # (a name's pattern cannot be left out: it decides a key's schema)
+                    raise ConstraintError(f"the name pattern at {ptr}/{escape(name)} cannot be enforced: "
+                                          f"{unreadable}", param=param, pointer=f"{ptr}/{escape(name)}",
+                                          code="unsupported_schema")
         if reason is not None:  # (left out of what llguidance compiles: `quote_safe_patterns`)
             if strict:
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,

@@ -78,6 +78,7 @@ import jsonschema
 
 from constrain.finite_values import finite_values
 from constrain.formats import format_pattern
+from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
 from constrain.support import (ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, references_followable,
@@ -1186,8 +1187,10 @@ def _patterns_as_properties(node: dict, ctx: _Ctx) -> dict:
         return node
     matched: dict[str, list] = {}
     for pattern, schema in patterns.items():
-        names = finite_language(pattern, _MAX_NAMED_PROPERTIES, ctx.regex_work)
-        if names is None:
+        # The names every regex dialect matches (the object is closed: the others are refused); a name holding a
+        # lone surrogate (`\ud83d` in the pattern) cannot be written, and llguidance then refuses the pattern.
+        names = finite_language(portable_pattern(pattern), _MAX_NAMED_PROPERTIES, ctx.regex_work)
+        if names is None or any("\ud800" <= c <= "\udfff" for name in names for c in name):
             return node
         for name in names:
             matched.setdefault(name, []).append(schema)

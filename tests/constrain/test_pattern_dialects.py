@@ -1,5 +1,6 @@
 """A `pattern`'s shorthands and `.` take only what every regex dialect takes: ECMA-262 (ajv), Python's `re`
-(jsonschema) and Rust's `regex` (pydantic), whichever backend serves the schema."""
+(jsonschema) and Rust's `regex` (pydantic), whichever backend serves the schema; so do the names' patterns of an
+object that takes no other keys."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import re
 
 import pytest
 
-from constrain import ConstraintSpec, GrammarCompiler
+from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
 from constrain.pattern_dialects import portable_pattern
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_value
+from tests.constrain.conftest import accepts_document, accepts_value
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,37 @@ def test_the_portable_spelling_matches_no_character_python_refuses(pattern):
 @pytest.mark.parametrize("pattern", ["^[a-z]+$", "^\\x41\\u00e9[\\-.]$", "^(a|b)\\b$", "[[a]]", "^\\p{L}$", "[]a]"])
 def test_patterns_without_shorthands_or_dots_or_that_cannot_be_read_stay_as_written(pattern):
     assert portable_pattern(pattern) == pattern
+
+
+def _accepts_document(qwen2, schema, document) -> bool:
+    compilers, tok, vocab = qwen2
+    g = compilers["llguidance"].compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                                       strict=True))
+    return accepts_document(g, tok, vocab, document)
+
+
+@pytest.mark.parametrize("names, refused, accepted", [
+    ({"patternProperties": {"^\\D+$": {}}}, ["\u07c0"], ["ab"]),  # an NKo digit: Python's \D refuses it
+    ({"patternProperties": {"^\\W+$": {}}}, ["\u00e9"], ["-"]),
+    ({"propertyNames": {"pattern": "^\\W+$"}}, ["\u00e9"], ["-"]),
+    ({"patternProperties": {"^\\s+$": {}}}, ["\x85"], [" "]),  # not ECMA-262's space
+    ({"patternProperties": {"^[\\w\\s]+$": {}}}, ["\x85", "\u00e9"], ["a b"]),
+    ({"patternProperties": {"^.+$": {}}}, ["\r", "\u2028"], ["ab"]),
+    ({"propertyNames": {"pattern": "^.+$"}}, ["\r"], ["ab"]),
+    ({"patternProperties": {"^\\s$": {}}}, ["\x85", "\x1c"], [" ", "\t"]),  # (finitely many: declared names)
+])
+def test_a_closed_object_writes_only_names_every_dialect_matches(qwen2, names, refused, accepted):
+    """Where the names' patterns are the only keys an object takes, a name some dialect does not match would make
+    the object invalid there: such names are refused."""
+    closed = {"additionalProperties": False} if "patternProperties" in names else {}
+    schema = {"type": "object", **names, **closed}
+    assert [k for k in refused if _accepts_document(qwen2, schema, {k: 1})] == []
+    assert [k for k in accepted if not _accepts_document(qwen2, schema, {k: 1})] == []
+
+
+def test_a_name_pattern_llguidance_cannot_read_is_a_400_naming_it(qwen2):
+    """`^\\ud83d\\ude00$` names two lone surrogates, which no JSON key spells: it was compiled as six U+FFFD."""
+    schema = {"type": "object", "patternProperties": {"^\\ud83d\\ude00$": {}}, "additionalProperties": False}
+    with pytest.raises(ConstraintError) as err:
+        _accepts_document(qwen2, schema, {"\U0001F600": 1})
+    assert err.value.pointer == "/patternProperties/^\\ud83d\\ude00$"
