@@ -1,8 +1,9 @@
 """Regular expressions for the JSON-Schema formats llguidance 1.9.1 has no matcher for, each the exact language of
-its RFC's grammar (every one of these grammars is regular), and for the dates and times its matchers take too
-loosely. constrain/rewrite.py turns such a `format` into the equivalent `pattern`, so both backends enforce it
-instead of refusing the schema. `URI`, `HOSTNAME`, `DURATION` and the IP addresses also serve the tool formats
-whose string values are raw text (constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
+its RFC's grammar (every one of these grammars is regular), for the dates and times its matchers take too loosely,
+and for e-mail addresses, which it takes more widely than validators do. constrain/rewrite.py turns such a
+`format` into the equivalent `pattern`, so both backends enforce it instead of refusing the schema. `URI`,
+`HOSTNAME`, `DURATION` and the IP addresses also serve the tool formats whose string values are raw text
+(constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
 
 Written in the common subset of ECMA-262, Rust's regex and Python's re: classes, `(?:...)`, counted repeats, no
 look-around; non-ASCII ranges are literal characters. Not here: `idn-email` and `idn-hostname` (IDNA's rules
@@ -95,8 +96,16 @@ _DUR_TIME = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
 DURATION = (f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DUR_TIME})?"
             f"|{_DUR_TIME}|[0-9]+W)")
 
+# E-mail addresses every validator takes: dot-separated atoms of letters, digits and `_%+-`, at a domain of two or
+# more host-name labels whose last is letters. RFC 5321 also allows quoted local parts, single-label domains and
+# address literals (`a@b`, `"x y"@b.c`, `a@[1.2.3.4]`), which llguidance's own check takes and ajv's and
+# email-validator's (behind pydantic's EmailStr) refuse; jsonschema only looks for the `@`. (Labels are not held to
+# 63 characters here: counted, the automata of a schema's patterns grow past the checks' limits.)
+EMAIL = "[A-Za-z0-9_%+-]+(?:\\.[A-Za-z0-9_%+-]+)*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}"
+
 # format name -> the regex its strings match in full
 FORMAT_PATTERNS = {
+    "email": EMAIL,
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",

@@ -87,13 +87,11 @@ _ANNOTATIONS = {"title", "description", "examples", "default", "$comment", "depr
 _RAW_KEYWORDS = _ANNOTATIONS | {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}
 _ANY_TEXT = r"[\s\S]"
 # Formats llguidance checks only inside JSON strings, as patterns for raw text: a UUID's hex groups (RFC 4122, as
-# Python's `uuid.UUID` and jsonschema read one), e-mail addresses of dot-separated atoms at a domain of labels (a
-# subset of RFC 5321's that email-validator, behind pydantic's EmailStr, also takes), and the RFC grammars of
-# constrain/formats.py: IP addresses (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind
-# jsonschema's check, refuses), URIs, durations and host names.
+# Python's `uuid.UUID` and jsonschema read one), and the RFC grammars of constrain/formats.py: IP addresses
+# (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind jsonschema's check, refuses), URIs,
+# durations and host names.
 _RAW_FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "email": r"[A-Za-z0-9_%+-]+(\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}",
     "ipv4": IPV4, "ipv6": IPV6, "uri": URI, "duration": DURATION, "hostname": HOSTNAME,
 }
 
