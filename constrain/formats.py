@@ -1,6 +1,7 @@
 """Regular expressions for the JSON-Schema formats llguidance 1.9.1 has no matcher for, each the exact language of
-its RFC's grammar (every one of these grammars is regular), for the dates and times its matchers take too loosely,
-and for e-mail addresses, which it takes more widely than validators do. constrain/rewrite.py turns such a
+its RFC's grammar (every one of these grammars is regular; `uri` and `iri` with a hier-part, as ajv's), for the
+dates and times its matchers take too loosely, and for e-mail addresses and URIs, which it takes more widely than
+validators do. constrain/rewrite.py turns such a
 `format` into the equivalent `pattern`, so both backends enforce it instead of refusing the schema. `URI`,
 `HOSTNAME`, `DURATION` and the IP addresses also serve the tool formats whose string values are raw text
 (constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
@@ -55,12 +56,13 @@ def _reference(iri: bool, absolute: bool) -> str:
     path_rootless = f"{pchar}+(?:/{pchar}*)*"
     path_noscheme = f"(?:[{unreserved}{_SUB_DELIMS}@]|{_PCT})+(?:/{pchar}*)*"
     tail = f"(?:\\?{query_char}*)?(?:#{fragment_char}*)?"
-    hier = f"(?://{authority}{path_abempty}|{path_absolute}|{path_rootless})?"
-    absolute_ref = f"[A-Za-z][A-Za-z0-9+\\-.]*:{hier}{tail}"
+    hier = f"(?://{authority}{path_abempty}|{path_absolute}|{path_rootless})"
+    scheme = "[A-Za-z][A-Za-z0-9+\\-.]*:"
     if absolute:
-        return absolute_ref
+        # RFC 3986 also takes an empty hier-part (`a:`, `a:?q`), which ajv's `uri` refuses and no answer needs.
+        return f"{scheme}{hier}{tail}"
     relative = f"(?://{authority}{path_abempty}|{path_absolute}|{path_noscheme})?{tail}"
-    return f"(?:{absolute_ref}|{relative})"
+    return f"(?:{scheme}{hier}?{tail}|{relative})"
 
 
 def _uri_template() -> str:
@@ -85,7 +87,7 @@ _MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?
 _DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 
-URI = _reference(iri=False, absolute=True)  # (llguidance checks `uri` in JSON strings itself)
+URI = _reference(iri=False, absolute=True)
 # RFC 1123 host names as llguidance's own `hostname` check reads them: dot-separated labels of 1 to 63 letters, digits
 # and hyphens, neither first nor last a hyphen (no bound on the whole name's length, nor a trailing dot).
 _LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -109,6 +111,7 @@ FORMAT_PATTERNS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
+    "uri": URI,
     "uri-reference": _reference(iri=False, absolute=False),
     "iri": _reference(iri=True, absolute=True),
     "iri-reference": _reference(iri=True, absolute=False),

@@ -38,7 +38,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from constrain.formats import DURATION, HOSTNAME, IPV4, IPV6, URI, format_pattern
+from constrain.formats import DURATION, FORMAT_PATTERNS, HOSTNAME, IPV4, IPV6, format_pattern
+from constrain.pattern_dialects import portable_pattern
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.regex_sets import disjoint_regions
 from constrain.support import STANDARD_FORMATS, escape, resolve_ref
@@ -88,11 +89,11 @@ _RAW_KEYWORDS = _ANNOTATIONS | {"type", "enum", "const", "minLength", "maxLength
 _ANY_TEXT = r"[\s\S]"
 # Formats llguidance checks only inside JSON strings, as patterns for raw text: a UUID's hex groups (RFC 4122, as
 # Python's `uuid.UUID` and jsonschema read one), and the RFC grammars of constrain/formats.py: IP addresses
-# (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind jsonschema's check, refuses), URIs,
+# (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind jsonschema's check, refuses),
 # durations and host names.
 _RAW_FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": IPV4, "ipv6": IPV6, "uri": URI, "duration": DURATION, "hostname": HOSTNAME,
+    "ipv4": IPV4, "ipv6": IPV6, "duration": DURATION, "hostname": HOSTNAME,
 }
 
 
@@ -129,12 +130,18 @@ def _types(schema: dict) -> set[str] | None:
 
 @functools.lru_cache(maxsize=1024)
 def _pattern_region(pattern: str) -> str | None:
-    """The strings `pattern` finds a match in (JSON Schema's search), as an unanchored Lark regex; None when out of
-    reach of constrain/regex_sets.py."""
-    regions = disjoint_regions([pattern])
+    """The strings `pattern` finds a match in (JSON Schema's search), as an unanchored Lark regex spelled as every
+    regex dialect reads it (constrain/pattern_dialects.py); None when out of reach of constrain/regex_sets.py. A
+    format's pattern (constrain/formats.py, put in the format's place by the rewrite) is its own region."""
+    if pattern in _FORMAT_REGIONS:
+        return _FORMAT_REGIONS[pattern]
+    regions = disjoint_regions([portable_pattern(pattern)])
     if not regions:
         return None
-    return _unanchored(regions[0][0])
+    return _unanchored(portable_pattern(regions[0][0]))  # (regex_sets writes Python's classes as shorthands)
+
+
+_FORMAT_REGIONS = {format_pattern(name): body for name, body in FORMAT_PATTERNS.items()}
 
 
 def _unanchored(regex: str) -> str:

@@ -1,5 +1,5 @@
 """constrain/formats.py: each format's pattern is its RFC grammar (RFC examples in, near misses out; e-mail: the
-addresses every validator takes), the rewrite puts it in place of the `format`, and both backends then accept and
+addresses every validator takes; uri and iri: a hier-part), the rewrite puts it in place of the `format`, and both backends then accept and
 refuse the same strings through the mask."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from tests.constrain.conftest import accepts_value
 
 VALID = {
     "email": ["a@b.co", "first.last+tag@sub.example.org", "A_B%c-d@x-y.IO"],
+    "uri": ["http://example.com/a?b#c", "urn:isbn:0451450523", "mailto:x@y.z", "http://[::1]:8080/", "a:b",
+            "HTTP://X", "ldap://[v7.fe80::a+en1]/", "file:///etc"],
     "uri-reference": ["http://example.com/a?b#c", "//host:80/p", "../a/b", "", "#frag", "?q", "mailto:x@y.z",
                       "urn:isbn:0451450523", "http://[::1]:8080/", "http://[2001:db8::7]/c=GB?x", "a:b",
                       "http://user:pw@h/%20x", "foo/bar:baz@", "ldap://[v7.fe80::a+en1]/"],
@@ -32,9 +34,11 @@ VALID = {
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
     "email": ["a@b", "a@[1.2.3.4]", '"x y"@b.co', "a..b@c.de", "a@b.c", "a@-b.co", "a@b.c0", ".a@b.co"],
+    # (an empty hier-part, `a:`, is RFC 3986's too: ajv refuses it, and no answer needs it)
+    "uri": ["a:", "a:#f", "a:?q", "//host/p", "/rel", "http://exa mple.com", "1a:b", "http://x/%zz", "http://x/é"],
     "uri-reference": ["http://exa mple.com", "a b", "http://[::1/", "%zz", "http://x/<>", ":nope", "1a:b/c:d",
                       "http://[1:2:3:4:5:6:7:8:9]/"],
-    "iri": ["résumé", "http://x/a b", "/rel", "http://x/\ufffe"],
+    "iri": ["résumé", "http://x/a b", "/rel", "http://x/\ufffe", "a:"],
     "iri-reference": ["a b", "%g0", "x\x7f"],
     "uri-template": ["{", "}", "{a b}", "{a,}", "{a:0}", "{a:12345}", "x'y", "{}", "a{b}}", "{.a.}"],
     "json-pointer": ["a", "/a~2", "/~"],

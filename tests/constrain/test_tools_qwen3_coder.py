@@ -135,6 +135,20 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
     assert args == {"city": "Oslo\nNor  ", "unit": None, "mail": "a@b.co", "host": "x.org", "days": 3}
 
 
+def test_raw_values_match_their_pattern_in_every_regex_dialect(coder):
+    """A raw value's pattern is read as JSON-schema patterns are (constrain/pattern_dialects.py): `\\d` takes ASCII
+    digits only (as ECMA-262's), `.` no carriage return."""
+    codes = {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^\\d{2}$"},
+                                              "tag": {"type": "string", "pattern": "^a.c$"}},
+             "required": ["zip", "tag"], "additionalProperties": False}
+    tok, _, compiler = coder
+    tools = [{"type": "function", "function": {"name": "f", "parameters": codes}}]
+    g = compiler.compile(_spec("required", tools=tools))
+    assert takes_text(g, tok, _call("f", ("zip", "42"), ("tag", "abc")))
+    assert not takes_text(g, tok, _call("f", ("zip", "\u0664\u0662"), ("tag", "abc")))  # Arabic-Indic digits
+    assert not takes_text(g, tok, _call("f", ("zip", "42"), ("tag", "a\rc")))
+
+
 def test_ip_uri_and_duration_values_are_raw_text_of_their_rfc_grammars(coder):
     """IPv6 addresses, URIs and durations are written raw, as the template renders them, and only what their RFC's
     grammar (constrain/formats.py) takes; random walks give values that jsonschema's format checks pass."""
@@ -148,7 +162,7 @@ def test_ip_uri_and_duration_values_are_raw_text_of_their_rfc_grammars(coder):
     g = compiler.compile(spec)
     good = [("url", "https://example.com/a?b=c#d"), ("ip", "2001:db8::8a2e:370:7334"), ("every", "P1DT12H")]
     assert takes_text(g, tok, _call("fetch", *good))
-    for i, bad in [(0, '"https://example.com"'), (0, "not a uri"), (1, "2001:db8:::1"), (1, "10.0.0.1"),
+    for i, bad in [(0, '"https://example.com"'), (0, "not a uri"), (0, "a:"), (1, "2001:db8:::1"), (1, "10.0.0.1"),
                    (2, "P"), (2, "1D"), (2, "P1.5D")]:
         params = list(good)
         params[i] = (params[i][0], bad)
