@@ -266,7 +266,7 @@ UNTOUCHED = [
     ("not $ref with siblings", {"definitions": {"s": {"type": "string"}},
                                 "not": {"$ref": "#/definitions/s", "maxLength": 1}}),
     ("uniqueItems", {"type": "array", "uniqueItems": True}),
-    ("enum with format", {"allOf": [{"enum": ["a", "x@y.org", [5]]}, {"format": "email"},
+    ("enum with format", {"allOf": [{"enum": ["a", "x.org", [5]]}, {"format": "hostname"},
                                     {"not": {"const": [5]}}]}),
     ("if in draft 6", {"$schema": "http://json-schema.org/draft-06/schema#", "if": {"type": "string"},
                        "then": {"minLength": 2}}),
