@@ -71,6 +71,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import json
 import math
 from typing import Any
 
@@ -316,6 +317,50 @@ def rewrite_schema(schema: Any) -> Any:
     except RecursionError:
         return schema
     return out if ctx.changed else schema
+
+
+_LOWER_BOUNDS, _UPPER_BOUNDS = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
+
+
+def bounds_on_members(schema: Any) -> Any:
+    """Each `allOf`/`anyOf`/`oneOf` member (but a `$ref`) also holds the numeric bounds of the node around it and,
+    in an `allOf`, of its sibling members (the tighter where it has its own), down through nested members: the
+    same instances, with every interval on one schema object. llguidance 1.x misreads an interval whose exclusive
+    integer end lies less than 1 from its other end (constrain/late_keywords.py `misread_bounds`, which then has
+    the number checked as it is finished), and that check reads one object: `maximum: 1.5` beside `not: {const:
+    1}` (rewritten to `anyOf: [{exclusiveMaximum: 1}, {exclusiveMinimum: 1}]`) let `1` through. A copy where one
+    changes; draft 4's boolean exclusive bounds are left alone."""
+    if not isinstance(schema, dict) or not any(key in _LOWER_BOUNDS + _UPPER_BOUNDS for _, key, _ in walk(schema)):
+        return schema
+    root = json.loads(json.dumps(schema))  # (a tree: the rewrites share subschemas, which deepcopy would keep)
+    changed = False
+    for _, key, node in walk(root):  # (parents before members: what a member receives it passes on)
+        members = node[key] if key in ("allOf", "anyOf", "oneOf") and isinstance(node[key], list) else []
+        members = [m for m in members if isinstance(m, dict) and "$ref" not in m]
+        bounds = _plain_bounds([node] + members if key == "allOf" else [node])
+        if bounds is None:
+            continue
+        for member in members:
+            for k, v in bounds.items():
+                merged = (max if k in _LOWER_BOUNDS else min)(member[k], v) if k in member else v
+                if member.get(k) != merged:
+                    member[k] = merged
+                    changed = True
+    return root if changed else schema
+
+
+def _plain_bounds(nodes: list[dict]) -> dict | None:
+    """The tightest value of each numeric bound among `nodes`; None where there is none, or a boolean (draft 4)
+    exclusive bound."""
+    out: dict = {}
+    for node in nodes:
+        for k in _LOWER_BOUNDS + _UPPER_BOUNDS:
+            v = node.get(k)
+            if isinstance(v, bool):
+                return None
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out[k] = v if k not in out else (max if k in _LOWER_BOUNDS else min)(out[k], v)
+    return out or None
 
 
 # Beside `unevaluatedProperties`, these make which properties count as evaluated depend on the value.

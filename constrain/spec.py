@@ -18,7 +18,7 @@ import jsonschema
 
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
-from constrain.rewrite import rewrite_schema
+from constrain.rewrite import bounds_on_members, rewrite_schema
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ _normal: OrderedDict[bytes, Any] = OrderedDict()
 def normalise_schema(schema: Any) -> Any:
     """The schema the backends compile: drafts 4-7 ignore every keyword beside `$ref` (the backends apply
     siblings, as 2020-12 does), so those are dropped; then the exact rewrites of constrain/rewrite.py turn
-    keywords no backend enforces into enforceable equivalents where a proof exists. Never modifies `schema`."""
+    keywords no backend enforces into enforceable equivalents where a proof exists, and numeric bounds are shared
+    with the members of combinators (`bounds_on_members`). Never modifies `schema`."""
     key = _digest(schema)
     if key is not None:
         with _valid_lock:
@@ -49,7 +50,7 @@ def normalise_schema(schema: Any) -> Any:
                 return _normal[key]
     out = _strip_ref_siblings(schema)
     try:
-        out = rewrite_schema(out)
+        out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
         log.debug("schema rewrite failed", exc_info=True)
     if out is True:  # the boolean schema `true` accepts every JSON value, as `{}` does (which the backends take)

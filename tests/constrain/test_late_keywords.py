@@ -505,6 +505,30 @@ def test_a_number_interval_llguidance_misreads_never_takes_its_excluded_end(gpt2
     assert ended_walks_valid(g, vocab, schema, seed=5, walks=12, max_tokens=40, prefer_end=0.3) == 12
 
 
+SPLIT_INTERVALS = [  # (the number's schema, the excluded end, values inside)
+    ({"type": "number", "maximum": 1.5, "not": {"const": 1}}, "1", ["0.5", "1.2", "1.5"]),
+    ({"type": "number", "maximum": 1.5, "anyOf": [{"exclusiveMaximum": 1}, {"exclusiveMinimum": 1}]}, "1",
+     ["0.5", "1.2"]),
+    ({"type": "number", "exclusiveMinimum": 1, "anyOf": [{"maximum": 1.5}]}, "1", ["1.2"]),
+    ({"allOf": [{"type": "number", "exclusiveMinimum": 1}, {"type": "number", "maximum": 1.5}]}, "1", ["1.2"]),
+    ({"type": "number", "exclusiveMaximum": 1.5, "allOf": [{"anyOf": [{"exclusiveMinimum": 1}]}]}, "1", ["1.2"]),
+]
+
+
+@pytest.mark.parametrize("number, end, inside", SPLIT_INTERVALS)
+def test_an_interval_split_between_a_node_and_its_members_never_takes_its_excluded_end(
+        gpt2_compiler, tokenizers, vocabs, number, end, inside):
+    """The bounds of a node meet those of its allOf/anyOf/oneOf members only in llguidance's intersection, where
+    it misreads the interval as above (a cross-validator sweep found `1` under `maximum: 1.5, not: {const: 1}`):
+    the members hold the node's bounds too, so the check sees the interval."""
+    schema = {"type": "object", "properties": {"x": number}, "required": ["x"], "additionalProperties": False}
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert not _accepts(g, tok, vocab, '{"x": %s}' % end)
+    assert [v for v in inside if not _accepts(g, tok, vocab, '{"x": %s}' % v)] == []
+
+
 def test_intervals_llguidance_reads_right_keep_to_the_backend():
     """Only the misread intervals take the late path: `gt=0, le=100` (pydantic's everyday bounds) does not."""
     from constrain.late_keywords import late_from_the_start

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from constrain.grammar import ConstraintError, ConstraintSpec
-from constrain.rewrite import rewrite_schema, validator_class
+from constrain.rewrite import bounds_on_members, rewrite_schema, validator_class
 from constrain.spec import normalise_schema
 from constrain.walkbench import decode, random_walk
 from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
@@ -632,3 +632,27 @@ def _walks_end_with_distinct_keys(grammar, vocab, schema: dict, seed: int, prefe
         pairs = json.loads(decode(vocab, tokens), object_pairs_hook=lambda p: p)
         assert len({k for k, _ in pairs}) == len(pairs)
         assert jsonschema.Draft202012Validator(schema).is_valid(dict(pairs))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "number", "maximum": 1.5, "anyOf": [{"exclusiveMaximum": 1}, {"exclusiveMinimum": 1, "maximum": 9}]},
+    {"minimum": 0, "oneOf": [{"type": "integer", "maximum": 3}, {"type": "string"}, {"exclusiveMinimum": 2.5}]},
+    {"allOf": [{"exclusiveMinimum": -1}, {"maximum": 0.5, "anyOf": [{"minimum": -0.5}, {"multipleOf": 0.25}]}]},
+])
+def test_bounds_shared_with_members_keep_the_same_instances(schema):
+    shared = bounds_on_members(schema)
+    assert shared != schema
+    before, after = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(shared)
+    values = [x / 4 for x in range(-12, 16)] + ["a", None, 7]
+    assert [v for v in values if before.is_valid(v) != after.is_valid(v)] == []
+
+
+def test_bounds_shared_with_members_reach_no_other_place_of_a_shared_subschema():
+    """The rewrites reuse subschema objects (overlapping patternProperties regions share their schemas): a bound
+    given to one member must not appear where the same object also sits."""
+    integer = {"type": "integer"}
+    schema = {"properties": {"a": integer, "b": {"allOf": [integer, {"maximum": 20}]}}}
+    shared = bounds_on_members(schema)
+    assert shared["properties"]["a"] == {"type": "integer"}
+    assert shared["properties"]["b"]["allOf"][0] == {"type": "integer", "maximum": 20}
+    assert schema["properties"]["b"]["allOf"][0] == {"type": "integer"}
