@@ -11,9 +11,9 @@ own dialect, and so do the backends:
 
 `portable_pattern` spells each of these, and each class holding one, as an explicit class of the characters it
 takes in every dialect, so an answer validates whichever dialect checks it (`[\s\S]` still takes anything). It is
-only ever narrower than each reading, which is right for a `pattern` a value must match, not for a pattern that
-sorts keys (`patternProperties`), where narrowing would move a key to another schema. Nothing here runs a
-client's regex.
+only ever narrower than each reading, which is right for a `pattern` a value must match, and for the names'
+patterns of an object that takes no other keys; elsewhere, narrowing a names' pattern would move a key to another
+schema (constrain/llg_backend.py decides). Nothing here runs a client's regex.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from constrain.formats import DURATION, FORMAT_PATTERNS, HOSTNAME, IPV4, IPV6, format_pattern
-from constrain.pattern_dialects import portable_pattern
 from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
 from constrain.support import STANDARD_FORMATS, escape, resolve_ref
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
