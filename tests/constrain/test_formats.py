@@ -12,6 +12,7 @@ import pytest
 from constrain import ConstraintSpec, GrammarCompiler
 from constrain.formats import FORMAT_PATTERNS, format_pattern
 from constrain.rewrite import rewrite_schema
+from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_value
 
 VALID = {
@@ -102,5 +103,22 @@ def test_both_backends_enforce_the_formats_in_strict_mode(backend, tokenizers, v
             assert g.unenforced == ()
             assert [s for s in VALID[name] if not accepts_value(g, tok, vocab, s)] == [], name
             assert [s for s in INVALID[name] if accepts_value(g, tok, vocab, s)] == [], name
+    finally:
+        compiler.close()
+
+
+def test_email_and_uri_take_only_what_every_validator_takes(tokenizers, vocabs):
+    """llguidance's own formats took `a@b` and `a@[1.2.3.4]` (RFC 5321's) and `a:` (RFC 3986's empty hier-part),
+    which ajv (and, for e-mail, pydantic's EmailStr) refuse."""
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    try:
+        for name, refused, accepted in [("email", ["a@b", "a@[1.2.3.4]", '"a b"@c.de'], ["a.b+c@d-e.fg"]),
+                                        ("uri", ["a:", "a:?q", "a:#f"], ["a:b", "https://x.org/p?q#f"])]:
+            schema = {"type": "object", "properties": {"v": {"type": "string", "format": name}},
+                      "required": ["v"], "additionalProperties": False}
+            g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+            assert [s for s in refused if accepts_value(g, tok, vocab, s)] == [], name
+            assert [s for s in accepted if not accepts_value(g, tok, vocab, s)] == [], name
     finally:
         compiler.close()
