@@ -686,7 +686,7 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                     raise ConstraintError(f"the name pattern at {ptr}/{escape(name)} cannot be enforced: "
                                           f"{unreadable}", param=param, pointer=f"{ptr}/{escape(name)}",
                                           code="unsupported_schema")
-        if reason is not None:  # (left out of what llguidance compiles: `quote_safe_patterns`)
+        if reason is not None:  # (left out of what llguidance compiles: `llguidance_schema`)
             if strict:
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
                                       pointer=ptr, code="unsupported_schema")
