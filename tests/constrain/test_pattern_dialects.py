@@ -111,3 +111,20 @@ def test_a_name_pattern_llguidance_cannot_read_is_a_400_naming_it(qwen2):
     with pytest.raises(ConstraintError) as err:
         _accepts_document(qwen2, schema, {"\U0001F600": 1})
     assert err.value.pointer == "/patternProperties/^\\ud83d\\ude00$"
+
+
+@pytest.mark.parametrize("pattern, refused, accepted", [
+    ("^\\D$", ["\u0663", "a"], ["3", "ab"]),  # ECMA-262's \D matches an Arabic-Indic digit
+    ("^\\W$", ["\u00e9", "-"], ["a", "--"]),  # ECMA-262's \W matches é
+    ("^\\S$", ["\ufeff", "a"], [" ", "ab"]),  # Python's \S matches U+FEFF
+    ("^\\s$", ["\x85", "\ufeff", " "], ["a"]),  # Python's \s matches U+0085, ECMA-262's U+FEFF
+    ("^.$", ["\r", "\u2028", "a"], ["\n", "ab"]),  # Python's and Rust's `.` match \r and U+2028
+    ("^[\\D3]$", ["\u0663", "3"], ["4"]),
+])
+def test_a_negated_pattern_refuses_what_any_dialect_matches(qwen2, pattern, refused, accepted):
+    """`not: {pattern}` holds only where no dialect's reading of the pattern matches: the complement is spelled
+    through the same portable classes as a pattern is."""
+    schema = {"type": "object", "properties": {"v": {"type": "string", "not": {"pattern": pattern}}},
+              "required": ["v"], "additionalProperties": False}
+    assert [v for v in refused if _accepts_document(qwen2, schema, {"v": v})] == []
+    assert [v for v in accepted if not _accepts_document(qwen2, schema, {"v": v})] == []
