@@ -19,6 +19,8 @@ import jsonschema
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
 from constrain.rewrite import bounds_on_members, rewrite_schema
+from constrain.llg_backend import unreadable_pattern
+from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, resolve_ref, walk
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,8 @@ _normal: OrderedDict[bytes, Any] = OrderedDict()
 
 
 def normalise_schema(schema: Any) -> Any:
-    """The schema the backends compile: drafts 4-7 ignore every keyword beside `$ref` (the backends apply
-    siblings, as 2020-12 does), so those are dropped; then the exact rewrites of constrain/rewrite.py turn
+    """The schema the backends compile: in drafts 4-7, the keywords beside a `$ref` are applied where they can
+    be, as ajv applies them (`_ref_siblings`); then the exact rewrites of constrain/rewrite.py turn
     keywords no backend enforces into enforceable equivalents where a proof exists, and numeric bounds are shared
     with the members of combinators (`bounds_on_members`). Never modifies `schema`."""
     key = _digest(schema)
@@ -48,7 +50,7 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _strip_ref_siblings(schema)
+    out = _ref_siblings(schema)
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -63,21 +65,87 @@ def normalise_schema(schema: Any) -> Any:
     return out
 
 
-def _strip_ref_siblings(schema: Any) -> Any:
+def _ref_siblings(schema: Any) -> Any:
+    """Drafts 4-7 ignore every keyword beside a `$ref`; ajv applies them, as 2019-09 on do (so do the backends).
+    An answer that satisfies them too is valid under both readings, and it is what the schema's author meant
+    (`type: object` beside a `$ref` to a definition that names no type, which otherwise lets `null` through). So
+    in those drafts the asserting siblings are kept, beside an `allOf` holding the reference, which every draft
+    and every validator applies (the late checks' included). They are dropped, as the spec reads them, where
+    their `type` and the referenced schema's share none (the two together would accept nothing), where the
+    reference is recursive (llguidance compiles no siblings beside one) and where llguidance cannot read one of
+    their patterns; `id`/`$id` beside a `$ref` below the root always are (they would move the reference's base).
+    What asserts nothing (annotations, the containers of definitions) stays."""
     if not (isinstance(schema, dict) and any(d in str(schema.get("$schema", "")) for d in _OLD_DRAFTS)):
         return schema
 
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            if isinstance(node.get("$ref"), str):
-                keep = {k: v for k, v in node.items() if k in ("$ref", "definitions", "$defs", "$schema")}
-                return {k: strip(v) for k, v in keep.items()}
-            return {k: strip(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
+    def applicable(siblings: dict, ref: str) -> bool:
+        return (_types_meet(_types(siblings), _referenced_types(schema, ref)) and not _recursive(schema, ref)
+                and not any(key == "pattern" and isinstance(node[key], str) and unreadable_pattern(node[key])
+                            for _, key, node in walk(siblings)))
 
-    return strip(schema)
+    def rewrite(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            siblings = {k: v for k, v in node.items() if k in ASSERTIONS and k != "$ref"}
+            # (the root's own `id` names the document, which validators resolve against whatever it holds)
+            kept = {k: v for k, v in node.items()
+                    if k not in ASSERTIONS and (k not in ("id", "$id") or node is schema)}
+            if siblings and applicable(siblings, ref):
+                prior = siblings.get("allOf") if isinstance(siblings.get("allOf"), list) else []
+                node = {**kept, **siblings, "allOf": [{"$ref": ref}, *prior]}
+            else:
+                node = {"$ref": ref, **kept}
+        out = map_subschemas(node, rewrite)
+        for key, value in node.items():  # containers no draft names, which a `$ref` may point into
+            if key not in ASSERTIONS and key not in ANNOTATIONS and isinstance(value, dict):
+                out[key] = rewrite(value)
+        return out
+
+    return rewrite(schema)
+
+
+def _recursive(root: dict, ref: str) -> bool:
+    """The schema `ref` names refers back to itself, through the local `$ref`s below it."""
+    stack, seen = [ref], {ref}
+    while stack:
+        for _, key, node in walk(resolve_ref(root, stack.pop())):
+            inner = node[key]
+            if key == "$ref" and isinstance(inner, str):
+                if inner == ref:
+                    return True
+                if inner not in seen:
+                    seen.add(inner)
+                    stack.append(inner)
+    return False
+
+
+def _types(node: Any) -> frozenset | None:
+    """The JSON types `node`'s own `type` keyword allows (None: it names none, or not readably)."""
+    t = node.get("type") if isinstance(node, dict) else None
+    names = [t] if isinstance(t, str) else t if isinstance(t, list) else None
+    if names is None or not all(isinstance(x, str) for x in names):
+        return None
+    return frozenset(names) | ({"integer"} if "number" in names else set())
+
+
+def _referenced_types(root: dict, ref: str) -> frozenset | None:
+    """The types the schema `ref` names allows by its `type`, following `$ref`s as drafts 4-7 do (None: unknown)."""
+    seen = set()
+    while isinstance(ref, str) and ref not in seen:
+        seen.add(ref)
+        target = resolve_ref(root, ref)
+        if not isinstance(target, dict):
+            return None
+        if "$ref" not in target:
+            return _types(target)
+        ref = target["$ref"]
+    return None
+
+
+def _types_meet(a: frozenset | None, b: frozenset | None) -> bool:
+    return a is None or b is None or bool(a & b)
 
 
 _VALID_MAX = 4096  # schemas remembered as valid (digests only: 4096 x ~100 bytes)

@@ -141,11 +141,11 @@ def test_these_cases_are_refused_by_llguidance_as_written(cases, tokenizers, voc
     llguidance as written, each one is refused."""
     from constrain.grammar import ConstraintError
     from constrain.llg_backend import build_lltokenizer, compile_llg
-    from constrain.spec import _strip_ref_siblings
+    from constrain.spec import _ref_siblings
 
     lltok = build_lltokenizer(tokenizers["qwen2"], vocabs["qwen2"])
     for case in sorted(cases):
-        schema = _strip_ref_siblings(json.loads((CASES / case).read_text())["schema"])
+        schema = _ref_siblings(json.loads((CASES / case).read_text())["schema"])
         with pytest.raises(ConstraintError):
             compile_llg(lltok, vocabs["qwen2"], "json", schema=schema, strict_under=("",))
 

@@ -406,3 +406,65 @@ def test_a_multiple_of_llguidance_cannot_read_is_refused_strict_and_named_otherw
     readable = {"type": "number", "multipleOf": 0.25}
     assert gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
         "name": "y", "schema": readable, "strict": True}})).unenforced == ()
+
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+
+def _compiled(compiler, schema, strict=True):
+    return compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "s", "schema": schema, "strict": strict}}))
+
+
+@pytest.mark.parametrize("schema, refused, accepted", [
+    # WashingtonPost's shape: `type: object` beside a root $ref to a definition that names no type. Draft 4
+    # ignores the type (`null` is valid there); ajv applies it, and so does every answer now.
+    ({"$schema": DRAFT4, "$ref": "#/definitions/d", "type": "object",
+      "definitions": {"d": {"properties": {"a": {"type": "string"}}}}}, [None, 3, "x"], [{"a": "x"}, {}]),
+    # A late keyword beside a $ref (checked on the finished value, by a validator of the schema's own draft).
+    ({"$schema": DRAFT7, "type": "object", "properties": {"s": {"$ref": "#/definitions/s", "not": {"const": "x"}}},
+      "required": ["s"], "definitions": {"s": {"type": "string"}}}, [{"s": "x"}], [{"s": "y"}]),
+    # `$id` beside a $ref would move its base: it is dropped, and the siblings still apply.
+    ({"$schema": DRAFT7, "type": "object", "properties": {"s": {"$ref": "#/definitions/a", "$id": "http://e.com/x",
+                                                                "maxItems": 1}},
+      "required": ["s"], "definitions": {"a": {"type": "array", "items": {"type": "integer"}}}},
+     [{"s": [1, 2]}, {"s": "x"}], [{"s": [1]}]),
+    # Siblings whose type shares none with the reference's would accept nothing: dropped, as the draft says.
+    ({"$schema": DRAFT7, "type": "object", "properties": {"s": {"$ref": "#/definitions/o", "type": "string"}},
+      "required": ["s"], "definitions": {"o": {"type": "object"}}}, [{"s": "x"}], [{"s": {}}]),
+])
+def test_keywords_beside_a_ref_in_drafts_4_to_7_are_applied_as_ajv_applies_them(gpt2_compiler, tokenizers,
+                                                                                  vocabs, schema, refused, accepted):
+    """Every answer is valid under both readings of a `$ref` with siblings: the spec's (siblings ignored) and
+    ajv's (siblings applied)."""
+    for strict in (True, False):
+        g = _compiled(gpt2_compiler, schema, strict)
+        assert [d for d in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+        assert [d for d in accepted if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+
+
+def test_a_value_that_looks_like_a_schema_with_a_ref_is_data_not_a_schema(gpt2_compiler, tokenizers, vocabs):
+    """A `const` or `enum` value holding `$ref` and other keys is written as it is (it was cut to its `$ref`)."""
+    value = {"$ref": "#/x", "type": "note"}
+    schema = {"$schema": DRAFT7, "type": "object", "properties": {"v": {"const": value}, "w": {"enum": [value, 1]}},
+              "required": ["v", "w"], "additionalProperties": False}
+    g = _compiled(gpt2_compiler, schema)
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"v": value, "w": value})
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"v": {"$ref": "#/x"}, "w": 1})
+
+
+@pytest.mark.parametrize("schema, accepted", [
+    # beside a recursive reference (llguidance: "circular references with sibling keys are not supported")
+    ({"$schema": DRAFT7, "$ref": "#/definitions/n", "maxProperties": 1, "definitions": {"n": {
+        "type": "object", "properties": {"c": {"$ref": "#/definitions/n"}}}}}, {"c": {"c": {}}, "d": 1}),
+    # a pattern llguidance cannot read (a lookahead past the start)
+    ({"$schema": DRAFT7, "type": "object", "properties": {"u": {"$ref": "#/definitions/s", "pattern": "^((?!ab).)*$"}},
+      "definitions": {"s": {"type": "string"}}}, {"u": "ab"}),
+])
+def test_siblings_of_a_ref_the_backend_could_not_compile_beside_it_are_read_as_the_draft_says(
+        gpt2_compiler, tokenizers, vocabs, schema, accepted):
+    """Applying such siblings would turn a schema that compiles under its draft into a 400: they are ignored, as
+    the draft says."""
+    g = _compiled(gpt2_compiler, schema, strict=True)
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], accepted)
