@@ -31,12 +31,17 @@ FALLBACK_TEMPLATE = (
 
 
 def _arguments_object(arguments: str | dict) -> Any:
+    """An earlier call's `arguments` as the JSON value they spell, for templates that write them as one; the
+    string itself where they spell none a tokenizer can take (OpenAI takes any string there): not JSON, nested
+    past Python's recursion limit, or holding a lone surrogate once decoded (`"\\ud800"`)."""
     if isinstance(arguments, dict):
         return arguments
     try:
-        return json.loads(arguments)
-    except (TypeError, ValueError):
+        value = json.loads(arguments)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError, RecursionError):  # (UnicodeEncodeError is a ValueError)
         return arguments
+    return value
 
 
 def tool_calls_as_text(message: ChatMessage) -> str:

@@ -295,6 +295,22 @@ def test_a_tool_message_must_answer_an_assistants_tool_calls(http):
     assert r.status_code == 200, r.text
 
 
+def test_earlier_call_arguments_no_tokenizer_could_take_as_json_are_kept_as_their_string(http):
+    # OpenAI takes any string as an earlier call's arguments. Ones nested past Python's recursion limit, or whose
+    # decoded text holds a lone surrogate, were a 500 (and a closed connection) while the prompt was rendered.
+    for arguments in ("[" * 1000 + "]" * 1000, '{"a": "\\ud800"}', '{"\\udc00": 1}'):
+        call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": history})
+        assert r.status_code == 200, (arguments[:20], r.text)
+        legacy = [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": arguments}},
+                  {"role": "function", "name": "f", "content": "ok"}]
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": legacy})
+        assert r.status_code == 200, (arguments[:20], r.text)
+
+
 def test_a_message_without_content_is_named_with_the_right_article(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": None}]})
     assert "a 'user' message needs `content`" in _assert_error(r, 400)["message"]
