@@ -285,7 +285,8 @@ class Engine:
         elif min(prompt) < 0 or max(prompt) >= self.vocab_rows:
             self._fail_request(state, f"prompt token ids must be in 0..{self.vocab_rows - 1}",
                                "invalid_request")
-        elif len(prompt) >= self.loaded.context_length:
+        elif len(prompt) > self.loaded.context_length or (len(prompt) == self.loaded.context_length
+                                                           and state.request.params.max_tokens > 0):
             self._fail_request(state, f"the prompt has {len(prompt)} tokens; the model's context is "
                                       f"{self.loaded.context_length} tokens", "invalid_request")
         elif n < 1 or n > self.max_batch_size:

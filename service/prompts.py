@@ -45,9 +45,9 @@ def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, 
                    behavior: str, prompt_param: str = "messages", tokens_param: str = "max_tokens") -> int:
     """The `max_tokens` to run with. `truncate` lowers it to fit the context; `error` refuses (OpenAI's way). The
     errors name the request's fields: `prompt_param` (`messages` or `prompt`) and `tokens_param` (`max_tokens` or
-    `max_completion_tokens`)."""
+    `max_completion_tokens`). A prompt that fills the context is taken only to be scored (`max_tokens: 0`)."""
     room = context_length - prompt_len
-    if room <= 0:
+    if room < 0 or (room == 0 and requested != 0):
         raise APIError(400, f"the prompt has {prompt_len} tokens, but this model's context length is "
                             f"{context_length} tokens", param=prompt_param, code="context_length_exceeded")
     wanted = requested if requested is not None else (default if default is not None else room)

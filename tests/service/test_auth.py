@@ -54,5 +54,22 @@ def test_max_tokens_is_truncated_to_the_context_by_default(auth_server_small):
     assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_prompt_that_fills_the_context_is_scored_but_generates_nothing(auth_server_small):
+    """`echo` with `max_tokens: 0` generates nothing, so a prompt of exactly the context's 64 tokens fits (it was a
+    400 context_length_exceeded); one token more, or any token to generate, does not."""
+    def post(prompt, max_tokens):
+        return httpx.post(auth_server_small.base_url + "/v1/completions", timeout=120,
+                          headers={"authorization": "Bearer " + API_KEY},
+                          json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "echo": True,
+                                "logprobs": 1})
+    r = post([785] * 64, 0)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {"prompt_tokens": 64, "completion_tokens": 0, "total_tokens": 64}
+    assert len(r.json()["choices"][0]["logprobs"]["tokens"]) == 64
+    for prompt, max_tokens in (([785] * 65, 0), ([785] * 64, 1)):
+        r = post(prompt, max_tokens)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
 def test_open_server_needs_no_key(http):
     assert http.get("/v1/models").status_code == 200
