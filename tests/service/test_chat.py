@@ -248,6 +248,19 @@ def test_stop_string_ends_the_answer_before_it(client):
     assert kept.choices[0].message.content == text[:text.index(stop) + len(stop)]
 
 
+def test_a_stop_string_inside_a_constrained_answer_ends_it_there(client):
+    """As OpenAI's `stop` does, and as documented: the stop string applies to a response_format answer too, so a
+    stop string the document must contain leaves it cut (finish_reason "stop"); tool calls are never cut."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+              "additionalProperties": False}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, seed=1, stop=["name"],
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "u", "schema": schema, "strict": True}})
+    content = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert content.startswith("{") and content.rstrip().endswith('"') and "name" not in content
+
+
 def _stop_across_tokens(tokens: list[str], within: int) -> tuple[int, str]:
     """(k, a stop string that begins `within` characters into token k and ends inside token k + 1), found
     nowhere earlier in the text."""
