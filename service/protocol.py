@@ -151,11 +151,25 @@ class ChatMessage(BaseModel):
 
 
 def _answers_tool_calls(messages: list[ChatMessage], i: int) -> bool:
-    """The message before tool message `i` and the tool results right before it is an assistant's with calls."""
+    """The message before tool message `i` and the tool results right before it is an assistant's with calls, one
+    of which has the message's `tool_call_id` (calls sent without ids are matched by none)."""
     j = i - 1
     while j >= 0 and messages[j].role == "tool":
         j -= 1
-    return j >= 0 and messages[j].role == "assistant" and bool(messages[j].tool_calls)
+    if j < 0 or messages[j].role != "assistant" or not messages[j].tool_calls:
+        return False
+    ids = [c.id for c in messages[j].tool_calls if c.id is not None]
+    return len(ids) < len(messages[j].tool_calls) or messages[i].tool_call_id in ids
+
+
+def _unanswered_calls(messages: list[ChatMessage], i: int) -> list[str]:
+    """The ids of assistant message `i`'s tool calls that no tool message right after it answers."""
+    answered = set()
+    for m in messages[i + 1:]:
+        if m.role != "tool":
+            break
+        answered.add(m.tool_call_id)
+    return [c.id for c in messages[i].tool_calls or () if c.id is not None and c.id not in answered]
 
 
 StopField = str | list[str] | None
@@ -318,7 +332,13 @@ class ChatCompletionRequest(_SamplingFields):
         for i, message in enumerate(self.messages or ()):
             if message.role == "tool" and not _answers_tool_calls(self.messages, i):
                 raise ParamError(f"messages.{i}", "a 'tool' message must answer a preceding assistant message's "
-                                                  "`tool_calls` (as OpenAI requires)")
+                                                  "`tool_calls`, by one of their ids (as OpenAI requires)")
+            continued = self.continue_final_message and i == len(self.messages) - 1
+            unanswered = [] if continued or message.role != "assistant" else _unanswered_calls(self.messages, i)
+            if unanswered:
+                raise ParamError(f"messages.{i}", "an assistant message with `tool_calls` must be followed by a "
+                                 "'tool' message answering each call (as OpenAI requires); no answer for "
+                                 + ", ".join(unanswered))
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "`top_logprobs` requires `logprobs: true`")
         if self.modalities and any(m != "text" for m in self.modalities):

@@ -73,10 +73,11 @@ def test_checks_across_fields_name_their_parameter(http, body, param):
 
 def test_invalid_json_and_non_object_bodies_are_400_saying_so(http):
     for content, says in ((b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"),
-                          (b"", "must be a JSON object")):
+                          (b"", "must be a JSON object"), (b'{"model": "\xff"}', "not valid JSON")):
         error = _assert_error(http.post("/v1/chat/completions", content=content,
                                         headers={"content-type": "application/json"}), 400)
         assert says in error["message"], (content, error)
+        assert error["code"] == "invalid_request"  # (bytes that are not UTF-8 had FastAPI's words and no code)
 
 
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
@@ -309,6 +310,26 @@ def test_earlier_call_arguments_no_tokenizer_could_take_as_json_are_kept_as_thei
                   {"role": "function", "name": "f", "content": "ok"}]
         r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": legacy})
         assert r.status_code == 200, (arguments[:20], r.text)
+
+
+def test_each_tool_call_in_history_needs_its_answer_by_id(http):
+    # OpenAI: "An assistant message with 'tool_calls' must be followed by tool messages responding to each
+    # 'tool_call_id'"; a result naming no call of the message before it answers none. Both were taken.
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "ok"}
+    two_calls = {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "call_2"}]}
+    hi, more = {"role": "user", "content": "hi"}, {"role": "user", "content": "and then?"}
+    for messages, param, said in (
+            ([hi, two_calls, result, more], "messages.1", "no answer for call_2"),
+            ([hi, two_calls, more], "messages.1", "no answer for call_1, call_2"),
+            ([hi, two_calls], "messages.1", "no answer for call_1, call_2"),
+            ([hi, {**two_calls, "tool_calls": [call]}, result, {**result, "tool_call_id": "call_9"}], "messages.3",
+             "by one of their ids")):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": messages})
+        assert said in _assert_error(r, 400, param)["message"]
+    answered_in_any_order = [hi, two_calls, {**result, "tool_call_id": "call_2"}, result, more]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": answered_in_any_order})
+    assert r.status_code == 200, r.text
 
 
 def test_a_message_without_content_is_named_with_the_right_article(http):
