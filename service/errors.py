@@ -92,11 +92,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = None
         if exc.status_code == 404:
             message = f"unknown route: {request.method} {request.url.path}"
+        elif exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # (FastAPI's words for a body it could not decode at all, such as bytes that are not UTF-8)
+            message, code = "the request body is not valid JSON", "invalid_request"
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(exc.status_code, message, None, None), status_code=exc.status_code,
+        return JSONResponse(error_body(exc.status_code, message, None, code), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
