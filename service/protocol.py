@@ -152,7 +152,7 @@ class ChatMessage(BaseModel):
 
 def _answers_tool_calls(messages: list[ChatMessage], i: int) -> bool:
     """The message before tool message `i` and the tool results right before it is an assistant's with calls, one
-    of which has the message's `tool_call_id` (calls sent without ids are matched by none)."""
+    of which has the message's `tool_call_id` (any, where a call was sent without an id)."""
     j = i - 1
     while j >= 0 and messages[j].role == "tool":
         j -= 1
