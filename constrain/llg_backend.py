@@ -180,7 +180,8 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
             run = 0
             continue
         if run >= try_at:
-            tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None) if hints else None
+            tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
+                if hints else None
             try_at *= 2
             if tail:
                 run, last, try_at = 0, None, _STUCK_RUN
@@ -295,10 +296,11 @@ def _required_name_tail(walk: "llguidance.LLMatcher", names: tuple[bytes, ...], 
 
 
 def _hint_tail(walk: "llguidance.LLMatcher", hints: tuple[bytes, ...], byte_tokens: dict[int, int],
-               quote: int | None, ends: bool = False) -> list[int] | None:
+               quote: int | None, ends: bool = False, endings: list[list[int]] = ()) -> list[int] | None:
     """The byte tokens of a hint, or else of its longest tail, after which `walk` takes a closing quote (every
-    hint whole first, then every hint less its first byte...), or, with `ends` (output that is not JSON: a
-    top-level regex), after which it may end; or None."""
+    hint whole first, then every hint less its first byte...), or one of `endings` (the tokens that close a raw
+    value of the XML call formats), or, with `ends` (output that is not JSON: a top-level regex), after which it
+    may end; or None."""
     for start_at in range(max(map(len, hints))):
         for hint in hints:
             tail = hint[start_at:]
@@ -306,6 +308,8 @@ def _hint_tail(walk: "llguidance.LLMatcher", hints: tuple[bytes, ...], byte_toke
                 continue
             ids = [byte_tokens[b] for b in tail]
             if quote is not None and walk.validate_tokens(ids + [quote]) == len(ids) + 1:
+                return ids
+            if any(walk.validate_tokens(ids + e) == len(ids) + len(e) for e in endings):
                 return ids
             if ends and walk.validate_tokens(ids) == len(ids):
                 probe = walk.deep_copy()
@@ -831,6 +835,8 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 continue
             opening = text(shape.before_key + key + shape.between)
             form = value_form(schema, params)
+            if form.raw:  # (a raw value is the string a JSON string would hold, unescaped)
+                hints += tuple(h for h in string_hints(schema) if b"\\" not in h)
             if form.raw and closing_token is None:  # (the closing text in the lexeme: a token may span both)
                 rules.append(f"p{i}_{j}: {opening} P{i}_{j}\n"
                              f"P{i}_{j}: {form.lexeme(shape.value_close)} {json.dumps(shape.after_value)}")

@@ -166,3 +166,21 @@ def test_a_budget_completion_writes_null_where_a_value_cannot_be_empty(tool_form
         toks, done = random_walk(g, vocab, rng, shortest + 6, budget=True, special_ok=TAG_IDS)
         assert done
         assert len(valid_calls(tok.decode(toks, skip_special_tokens=False), spec, {"add_note": NOTE})) == 1
+
+
+@pytest.mark.parametrize("tool_format", ["glm45", "glm47"])
+def test_a_raw_email_value_closes_within_a_tight_budget(tool_format, glm):
+    """A raw `email` value a walk keeps writing is finished by an example before its closing tag token (it ran to
+    `max_tokens`, cut)."""
+    tok, vocab, compiler = glm
+    contact = {"type": "object", "properties": {"email": {"type": "string", "format": "email"}},
+               "required": ["email"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "contact", "parameters": contact}}]
+    spec = spec_from_request(tools=tools, tool_choice={"type": "function", "function": {"name": "contact"}},
+                             tool_format=tool_format)
+    g = compiler.compile(spec)
+    rng = random.Random(3)
+    for _ in range(6):
+        toks, done = random_walk(g, vocab, rng, 60, budget=True, special_ok=TAG_IDS)
+        assert done
+        assert len(valid_calls(tok.decode(toks, skip_special_tokens=False), spec, {"contact": contact})) == 1

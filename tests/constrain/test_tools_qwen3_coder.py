@@ -236,6 +236,23 @@ def test_calls_close_within_a_tight_budget(coder):
         assert len(valid_calls(decode(vocab, toks), spec, SCHEMAS)) == 1
 
 
+def test_raw_values_with_a_format_or_pattern_close_within_a_tight_budget(coder):
+    """A raw `email` or pattern value that a walk keeps writing is finished by an example of its pattern before
+    the value's closing tag (as a JSON string is before its quote): such calls ran to `max_tokens`, cut."""
+    contact = {"type": "object", "properties": {"email": {"type": "string", "format": "email"},
+                                                "handle": {"type": "string", "pattern": "^[a-z]+@[a-z]+$"}},
+               "required": ["email", "handle"], "additionalProperties": False}
+    _, vocab, compiler = coder
+    tools = [{"type": "function", "function": {"name": "contact", "parameters": contact}}]
+    spec = _spec({"type": "function", "function": {"name": "contact"}}, tools=tools)
+    g = compiler.compile(spec)
+    rng = random.Random(3)
+    for _ in range(6):
+        toks, done = random_walk(g, vocab, rng, 60, budget=True)
+        assert done
+        assert len(valid_calls(decode(vocab, toks), spec, {"contact": contact})) == 1
+
+
 def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_otherwise(coder):
     """`uniqueItems` is enforced by a check that follows JSON outputs, not this format: a strict function gets a
     400 with the keyword's pointer in terms of `tools`; a function that is not strict gets it named. So do
