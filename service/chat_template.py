@@ -33,9 +33,12 @@ FALLBACK_TEMPLATE = (
 def _arguments_object(arguments: str | dict) -> Any:
     """An earlier call's `arguments` as the JSON value they spell, for templates that write them as one; the
     string itself where they spell none a tokenizer can take (OpenAI takes any string there): not JSON, nested
-    past Python's recursion limit, or holding a lone surrogate once decoded (`"\\ud800"`)."""
+    past Python's recursion limit, or holding a lone surrogate once decoded (`"\\ud800"`). An empty string is
+    no arguments (`{}`: the templates that walk them as a mapping refused it)."""
     if isinstance(arguments, dict):
         return arguments
+    if isinstance(arguments, str) and not arguments.strip():
+        return {}
     try:
         value = json.loads(arguments)
         json.dumps(value, ensure_ascii=False).encode("utf-8")

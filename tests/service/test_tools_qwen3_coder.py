@@ -115,6 +115,17 @@ def test_history_with_calls_and_results_goes_through_the_template(client):
     _check_calls(r.choices[0].message.tool_calls)
 
 
+def test_an_earlier_call_with_empty_arguments_is_a_call_without_arguments(client):
+    """Clients store a call without arguments as `""`; the template walks arguments as a mapping ("Can only get
+    item pairs from a mapping": a 400)."""
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=2)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
 def test_a_strict_function_the_format_cannot_write_is_refused_with_its_pointer(client):
     """A keyword about the parameters object beyond its properties (`minProperties`) cannot be said in this
     format: a strict function gets a 400 naming where it is, in terms of the request's `tools`."""
