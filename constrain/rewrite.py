@@ -566,7 +566,7 @@ def _impossible_keys(node: dict, ctx: _Ctx) -> Any:
 
     if all(admitted(k) for k in req if isinstance(k, str)):
         return node
-    types = _types_of(node["type"]) if "type" in node else _ALL_TYPES
+    types = types_of(node["type"]) if "type" in node else _ALL_TYPES
     if types is None:
         return node
     ctx.changed = True
@@ -677,7 +677,7 @@ def _negation(n: Any, ctx: _Ctx, within: frozenset = _ALL_TYPES, context: Any = 
         return body["not"]
     if "$ref" in body:
         return None  # with siblings: drafts up to 7 ignore them, later ones do not
-    allowed = _types_of(body["type"]) if "type" in body else _ALL_TYPES
+    allowed = types_of(body["type"]) if "type" in body else _ALL_TYPES
     if allowed is None:
         return None
     pieces: list = []
@@ -699,7 +699,7 @@ def _negation(n: Any, ctx: _Ctx, within: frozenset = _ALL_TYPES, context: Any = 
     return pieces[0] if len(pieces) == 1 else {"anyOf": pieces}
 
 
-def _types_of(t: Any) -> frozenset | None:
+def types_of(t: Any) -> frozenset | None:
     """A `type` value as a set of _ALL_TYPES ("number" is "integer" and "fraction"); None if malformed."""
     t = t if isinstance(t, list) else [t]
     out: set[str] = set()
@@ -731,7 +731,7 @@ def _restrict_types(piece: Any, types: frozenset) -> Any:
     if types == _ALL_TYPES:
         return piece
     if isinstance(piece, dict) and "type" in piece:
-        own = _types_of(piece["type"])
+        own = types_of(piece["type"])
         if own is None:
             return piece
         names = _type_value(own & types)
@@ -991,7 +991,7 @@ def _unique_items(node: dict, ctx: _Ctx) -> dict:
         size = len(values)
         least = node.get("minItems", 0)
         if _number(least) and least > size:  # (no array can hold that many: the node keeps its other types)
-            types = _types_of(node["type"]) if "type" in node else _ALL_TYPES
+            types = types_of(node["type"]) if "type" in node else _ALL_TYPES
             if types is None:
                 return node
             ctx.changed = True
@@ -1294,7 +1294,7 @@ def _name_patterns(pn: Any) -> list[str] | None:
     body = {k: v for k, v in pn.items() if k in ASSERTIONS}
     if set(body) - {"type", "pattern", "minLength", "maxLength", "enum", "const"}:
         return None
-    types = _types_of(body["type"]) if "type" in body else _ALL_TYPES
+    types = types_of(body["type"]) if "type" in body else _ALL_TYPES
     if types is None or "string" not in types:
         return None
     out = []

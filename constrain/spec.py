@@ -18,8 +18,8 @@ import jsonschema
 
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
-from constrain.rewrite import bounds_on_members, rewrite_schema
 from constrain.llg_backend import unreadable_pattern
+from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
 from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, resolve_ref, walk
 
 log = logging.getLogger(__name__)
@@ -123,11 +123,7 @@ def _recursive(root: dict, ref: str) -> bool:
 
 def _types(node: Any) -> frozenset | None:
     """The JSON types `node`'s own `type` keyword allows (None: it names none, or not readably)."""
-    t = node.get("type") if isinstance(node, dict) else None
-    names = [t] if isinstance(t, str) else t if isinstance(t, list) else None
-    if names is None or not all(isinstance(x, str) for x in names):
-        return None
-    return frozenset(names) | ({"integer"} if "number" in names else set())
+    return types_of(node["type"]) if isinstance(node, dict) and "type" in node else None
 
 
 def _referenced_types(root: dict, ref: str) -> frozenset | None:

@@ -430,6 +430,9 @@ def _compiled(compiler, schema, strict=True):
                                                                 "maxItems": 1}},
       "required": ["s"], "definitions": {"a": {"type": "array", "items": {"type": "integer"}}}},
      [{"s": [1, 2]}, {"s": "x"}], [{"s": [1]}]),
+    # The root's own `id` stays: a reference beside it may be resolved against it.
+    ({"$schema": DRAFT4, "id": "http://e.com/s.json", "$ref": "s.json#/definitions/a", "type": "string",
+      "definitions": {"a": {"maxLength": 3}}}, ["abcd", 3], ["ab"]),
     # Siblings whose type shares none with the reference's would accept nothing: dropped, as the draft says.
     ({"$schema": DRAFT7, "type": "object", "properties": {"s": {"$ref": "#/definitions/o", "type": "string"}},
       "required": ["s"], "definitions": {"o": {"type": "object"}}}, [{"s": "x"}], [{"s": {}}]),
