@@ -914,6 +914,29 @@ def _tag_rule(tag: str, token: int | None) -> str:
     return f"<[{token}]> | {json.dumps(tag)}" if token is not None else json.dumps(tag)
 
 
+# SentencePiece tokenizers write a space as '▁' (U+2581) before they look a piece up, so the text "▁x" and the text
+# " x" both become the piece "▁x", which spells " x". llguidance turns bytes a grammar forces into the tokenizer's
+# own tokens, and forced as such a piece, a '▁' was refused by the grammar that had forced it (a 500 mid-output).
+# A grammar that may force the character, as itself or escaped, is built without forcing: the mask then allows
+# every token that spells the bytes (for '▁', its three UTF-8 bytes). Other grammars keep it.
+_SPACE_MARKER = re.compile(r"\u2581|\\+(?:u\{?0*2581\}?|x\{0*2581\}|U\{?0*2581\}?)", re.IGNORECASE)
+_NO_FORCING = '%llguidance {"no_forcing": true}\n'
+
+
+def forcing_safe(text: str) -> str:
+    """`text` (a lark grammar, or llguidance's JSON form of one grammar) as it is, or without byte forcing where it
+    may force '▁' (see _SPACE_MARKER)."""
+    if not _SPACE_MARKER.search(text):
+        return text
+    if not text.lstrip().startswith("{"):
+        return _NO_FORCING + text
+    top = json.loads(text)
+    grammar = top["grammars"][0]
+    lark = grammar.get("lark_grammar") or f"start: %json {json.dumps(grammar['json_schema'])}"
+    top["grammars"][0] = {"name": grammar.get("name") or "start", "lark_grammar": _NO_FORCING + lark}
+    return json.dumps(top)
+
+
 class LlgGrammar(Grammar):
     backend = "llguidance"
 
@@ -929,7 +952,7 @@ class LlgGrammar(Grammar):
         # The most a completion's length grew from one measure to the next, over this grammar's matchers so far
         # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
         self.closing_growth = 0
-        self.text = text
+        self.text = forcing_safe(text)
         self.vocab = vocab
         self.unenforced = unenforced
         self._allowed = vocab.allowed_words()
