@@ -6,6 +6,7 @@ never disagree.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import importlib.metadata
@@ -80,36 +81,76 @@ def chat_logprobs(lps: list[TokenLogprob], as_ids: bool = False) -> dict:
     return {"content": [chat_logprob_entry(lp, as_ids) for lp in lps], "refusal": None}
 
 
-def legacy_logprobs(lps: list[TokenLogprob | None], start_offset: int = 0, as_ids: bool = False,
-                   first_token: tuple[int, str] = (0, ""), top_n: int = 5) -> dict:
+def legacy_token(token_id: int, token: str, data: bytes, as_ids: bool) -> str:
+    """A token as the completions shape names it. Bytes that are not whole UTF-8 characters (a byte-level
+    vocabulary spells an emoji in up to 4 tokens) are written `bytes:\\xf0\\x9f`, as OpenAI's legacy API writes
+    them: each shown as U+FFFD, two such alternatives were one key of `top_logprobs` and one was lost."""
+    if as_ids:
+        return f"token_id:{token_id}"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+    return token
+
+
+class TextOffsets:
+    """Completions' `text_offset`s: where each token starts in the text, in characters. Tokens' bytes are decoded
+    as they come, so a token that ends inside a character adds nothing and the one that completes it adds the
+    character (counting each partial token as one U+FFFD put every later offset past its token, the last ones
+    past the end of the text); special tokens the text leaves out (`skipped`) add nothing. Given the echoed
+    prompt's `text`, tokens are followed through it: a string prompt's BOS is not in it, nor a SentencePiece
+    piece's leading space at its start."""
+
+    def __init__(self, start: int = 0, skipped: frozenset[int] = frozenset(), text: str | None = None):
+        self.offset = start
+        self._skipped = skipped
+        self._text = text
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def of(self, tokens: list[tuple[int, bytes]]) -> list[int]:
+        """The offsets of (token id, bytes) pairs that follow those already counted."""
+        return [self._next(token_id, data) for token_id, data in tokens]
+
+    def _next(self, token_id: int, data: bytes) -> int:
+        at, text = self.offset, self._text
+        if token_id in self._skipped and (text is None or not text.startswith(data.decode("utf-8", "replace"), at)):
+            return at
+        chars = self._utf8.decode(data)
+        if text is not None and not text.startswith(chars, at) and chars.startswith(" ") \
+                and text.startswith(chars[1:], at):
+            chars = chars[1:]
+        self.offset = at + len(chars) if text is None else min(at + len(chars), len(text))
+        return at
+
+
+def legacy_logprobs(lps: list[TokenLogprob | None], offsets: list[int], as_ids: bool = False,
+                    first_token: tuple[int, str, bytes] = (0, "", b""), top_n: int = 5) -> dict:
     """The completions shape: tokens, token_logprobs, top_logprobs (token -> logprob, the chosen token plus up
-    to `logprobs` alternatives), text_offset. A None entry (the first prompt token, which has no logprob) gives
-    `first_token` (its id and text) with a null logprob and null top. Offsets count the text's characters, also
-    where tokens are shown as `token_id:N`."""
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    offset = start_offset
+    to `logprobs` alternatives), text_offset (`offsets`, one per entry: `TextOffsets`). A None entry (the first
+    prompt token, which has no logprob) gives `first_token` (its id, text and bytes) with a null logprob and null
+    top."""
+    tokens, token_logprobs, top = [], [], []
     for lp in lps:
-        offsets.append(offset)
         if lp is None:
-            tokens.append(token_text(*first_token, as_ids))
+            tokens.append(legacy_token(*first_token, as_ids))
             token_logprobs.append(None)
             top.append(None)
-            offset += len(first_token[1])
             continue
-        text = token_text(lp.token_id, lp.token, as_ids)
+        text = legacy_token(lp.token_id, lp.token, lp.token_bytes, as_ids)
         tokens.append(text)
         token_logprobs.append(finite(lp.logprob))
         alternatives = {text: finite(lp.logprob)}
-        for tid, tok, _b, lgp in lp.top[:top_n]:
-            alternatives.setdefault(token_text(tid, tok, as_ids), finite(lgp))
+        for tid, tok, data, lgp in lp.top[:top_n]:
+            alternatives.setdefault(legacy_token(tid, tok, data, as_ids), finite(lgp))
         top.append(alternatives)
-        offset += len(lp.token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
-def logprobs_text_length(lps: list[TokenLogprob | None], first_token: tuple[int, str] = (0, "")) -> int:
-    """The characters the tokens of `lps` spell (`legacy_logprobs`' next offset)."""
-    return sum(len(first_token[1]) if lp is None else len(lp.token) for lp in lps)
+def token_pairs(lps: list[TokenLogprob | None], first_token: tuple[int, str, bytes] = (0, "", b"")
+                ) -> list[tuple[int, bytes]]:
+    """(token id, bytes) of each entry, for `TextOffsets`."""
+    return [(first_token[0], first_token[2]) if lp is None else (lp.token_id, lp.token_bytes) for lp in lps]
 
 
 # ---- one choice, accumulated
@@ -198,19 +239,23 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
 
 
 def completion_body(*, request_id: str, model: str, constraint_backend: str | None, created: int,
-                    choices: list[ChoiceState], prompt_texts: list[str], first_tokens: list[tuple[int, str]],
-                    n: int, prompt_tokens: int, echo: bool, logprobs: int | None, as_ids: bool) -> dict:
+                    choices: list[ChoiceState], prompt_texts: list[str],
+                    first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int], n: int,
+                    prompt_tokens: int, echo: bool, logprobs: int | None, as_ids: bool) -> dict:
     out = []
     for c in choices:
-        prompt_text = prompt_texts[c.index // n]
+        prompt_text, first = prompt_texts[c.index // n], first_tokens[c.index // n]
         text = (prompt_text + c.text) if echo else c.text
         lp = None
         if logprobs is not None:
             entries: list = []
+            offsets: list[int] = []
             if echo and c.prompt_logprobs is not None:
                 entries.extend(c.prompt_logprobs)
+                offsets += TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
+            offsets += TextOffsets(len(prompt_text) if echo else 0, skipped_ids).of(token_pairs(c.logprobs))
             entries.extend(c.logprobs)
-            lp = legacy_logprobs(entries, 0, as_ids, first_tokens[c.index // n], top_n=logprobs)
+            lp = legacy_logprobs(entries, offsets, as_ids, first, top_n=logprobs)
         out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})
     completion = sum(c.completion_tokens for c in choices)
     return {"id": request_id, "object": "text_completion", "created": created, "model": model,

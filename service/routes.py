@@ -86,11 +86,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
                                   reasoning=plan.thinks), headers=plan.headers)
 
 
-def _first_tokens(gen: Generation, plan: Plan) -> list[tuple[int, str]]:
-    """Each prompt's first token (id and text): echoed logprobs list it, with no logprob."""
+def _first_tokens(gen: Generation, plan: Plan) -> list[tuple[int, str, bytes]]:
+    """Each prompt's first token (id, text and bytes): echoed logprobs list it, with no logprob."""
     tok = gen.loaded.tokenizer
-    return [(p.ids[0], tok.decode(p.ids[:1], skip_special_tokens=False)) if p.ids else (0, "")
-            for p in plan.prompts]
+    return [(p.ids[0], tok.decode(p.ids[:1], skip_special_tokens=False), gen.engine.texts.get(p.ids[0])[1])
+            if p.ids else (0, "", b"") for p in plan.prompts]
+
+
+def _skipped_ids(gen: Generation) -> frozenset[int]:
+    """The special tokens, which generated text leaves out (`TextOffsets`)."""
+    return frozenset(int(i) for i, t in gen.loaded.tokenizer.added_tokens_decoder.items() if t.special)
 
 
 @router.post("/v1/completions")
@@ -103,7 +108,8 @@ async def completions(body: CompletionRequest, request: Request):
     if body.stream:
         return _streaming(request, gen, plan, completion_stream(
             gen, plan, model=model, created=plan.created, include_usage=body.include_usage, echo=bool(body.echo),
-            logprobs=logprobs, as_ids=as_ids, first_tokens=_first_tokens(gen, plan)))
+            logprobs=logprobs, as_ids=as_ids, first_tokens=_first_tokens(gen, plan),
+            skipped_ids=_skipped_ids(gen)))
     try:
         events = await gen.collect(plan, request)
     except ClientGone:
@@ -112,6 +118,6 @@ async def completions(body: CompletionRequest, request: Request):
     return JSONResponse(completion_body(
         request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
         created=plan.created, choices=states, prompt_texts=[p.text for p in plan.prompts],
-        first_tokens=_first_tokens(gen, plan), n=plan.n,
+        first_tokens=_first_tokens(gen, plan), skipped_ids=_skipped_ids(gen), n=plan.n,
         prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
         headers=plan.headers)

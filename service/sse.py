@@ -13,8 +13,8 @@ from typing import AsyncIterator
 
 from service.errors import APIError, error_body
 from service.generation import Generation, Plan, engine_error
-from service.responses import (ChoiceState, chat_logprobs, finish_for, function_call_delta, legacy_logprobs,
-                               logprobs_text_length, reasoning_fields, system_fingerprint, usage_dict)
+from service.responses import (ChoiceState, TextOffsets, chat_logprobs, finish_for, function_call_delta,
+                               legacy_logprobs, reasoning_fields, system_fingerprint, token_pairs, usage_dict)
 from service.tool_stream import tool_stream_for
 
 DONE = b"data: [DONE]\n\n"
@@ -104,11 +104,12 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
 
 
 async def completion_stream(gen: Generation, plan: Plan, *, model: str, created: int, include_usage: bool,
-                            echo: bool, logprobs: int | None, as_ids: bool, first_tokens: list[tuple[int, str]]
+                            echo: bool, logprobs: int | None, as_ids: bool,
+                            first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int]
                             ) -> AsyncIterator[bytes]:
     chunks = _Chunks(plan, model, created, "text_completion", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
-    offsets = {i: 0 for i in range(plan.choices)}
+    offsets = {i: TextOffsets(0, skipped_ids) for i in range(plan.choices)}
     echoed: set[int] = set()
     try:
         async with contextlib.aclosing(gen.events(plan)) as events:
@@ -120,18 +121,17 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                     prompt_text = plan.prompts[index // plan.n].text
                     lp = None
                     if logprobs is not None and event.prompt_logprobs is not None:
-                        first = first_tokens[index // plan.n]
-                        lp = legacy_logprobs(list(event.prompt_logprobs), 0, as_ids, first, top_n=logprobs)
-                        offsets[index] = logprobs_text_length(list(event.prompt_logprobs), first)
-                    else:
-                        offsets[index] = len(prompt_text)
+                        first, entries = first_tokens[index // plan.n], list(event.prompt_logprobs)
+                        where = TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
+                        lp = legacy_logprobs(entries, where, as_ids, first, top_n=logprobs)
+                    offsets[index] = TextOffsets(len(prompt_text), skipped_ids)
                     yield chunks.chunk([{"index": index, "text": prompt_text, "logprobs": lp,
                                          "finish_reason": None}])
                 if event.text or (logprobs is not None and event.logprobs):
                     lp = None
                     if logprobs is not None:
-                        lp = legacy_logprobs(list(event.logprobs), offsets[index], as_ids, top_n=logprobs)
-                        offsets[index] += sum(len(x.token) for x in event.logprobs)
+                        where = offsets[index].of(token_pairs(list(event.logprobs)))
+                        lp = legacy_logprobs(list(event.logprobs), where, as_ids, top_n=logprobs)
                     yield chunks.chunk([{"index": index, "text": event.text, "logprobs": lp,
                                          "finish_reason": None}])
                 if event.finish_reason == "error":

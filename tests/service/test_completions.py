@@ -132,6 +132,36 @@ def test_token_ids_with_echo_name_every_token_and_offsets_count_text_streamed_or
     assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
 
 
+def _logprobs_whole_and_streamed(http, body: dict) -> tuple[dict, dict, str]:
+    """The legacy logprobs of `body` answered whole, the same of its stream joined, and the whole answer's text."""
+    whole = http.post("/v1/completions", json=body).json()["choices"][0]
+    r = http.post("/v1/completions", json={**body, "stream": True})
+    chunks = [json.loads(e[len(b"data: "):]) for e in r.content.split(b"\n\n") if e and e != b"data: [DONE]"]
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    streamed = {key: [x for part in parts for x in part[key]] for key in ("tokens", "text_offset", "top_logprobs")}
+    return whole["logprobs"], streamed, whole["text"]
+
+
+def test_offsets_count_characters_where_tokens_split_them_and_such_tokens_are_named_by_bytes(http):
+    """Tokens 127 and 102 are the two bytes of "\u00e9" (the built-in model's byte-level vocabulary). Each was
+    counted as one character (its U+FFFD), so later offsets went past their tokens and the last past the end of
+    the text; and both shown as U+FFFD, two such alternatives were one `top_logprobs` key."""
+    echoed = {"model": MODEL, "prompt": [9707, 127, 102, 9707], "max_tokens": 0, "echo": True, "logprobs": 0}
+    whole, streamed, text = _logprobs_whole_and_streamed(http, echoed)
+    assert text == "Hello\u00e9Hello"
+    assert whole["tokens"] == streamed["tokens"] == ["Hello", "bytes:\\xc3", "bytes:\\xa9", "Hello"]
+    assert whole["text_offset"] == streamed["text_offset"] == [0, 5, 5, 6]
+    # Generated: "\u00e9" and "\u00e8" as whole tokens banned, each is written in its two bytes (C3, then A9 or A8).
+    generated = {"model": MODEL, "prompt": "Hello", "max_tokens": 8, "logprobs": 5, "regex": "[\u00e9\u00e8]{2}",
+                 "logit_bias": {"963": -100, "4458": -100}, "temperature": 1, "seed": 2}
+    whole, streamed, text = _logprobs_whole_and_streamed(http, generated)
+    assert len(text) == 2 and whole["tokens"][0] == whole["tokens"][2] == "bytes:\\xc3"
+    assert whole["text_offset"] == streamed["text_offset"] == [0, 0, 1, 1]
+    for top in (whole["top_logprobs"][1], whole["top_logprobs"][3]):
+        assert set(top) == {"bytes:\\xa9", "bytes:\\xa8"}  # (the mask allows these two bytes only)
+    assert streamed["top_logprobs"] == whole["top_logprobs"]
+
+
 def test_streamed_completion_matches_the_whole_one(client):
     whole = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0)
     chunks = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0,

@@ -1,5 +1,5 @@
 """Through the real server on a SentencePiece tokenizer (Phi-3's: spaces written as '▁', a BOS added to string
-prompts, byte fallback): text a constraint forces."""
+prompts, byte fallback): text a constraint forces, and completions' offsets over an echoed prompt."""
 
 from __future__ import annotations
 
@@ -33,3 +33,13 @@ def test_a_forced_space_marker_is_answered_as_the_character(phi3, constraint, an
         choice = r.json()["choices"][0]
         assert choice["finish_reason"] == "stop" and choice["message"]["content"].replace(" ", "") in answers
 
+
+def test_echoed_offsets_follow_the_prompt_text(phi3):
+    """A string prompt's tokens are <s>, '▁hello', '▁world' while its text is "hello world": the offsets counted
+    the BOS's 3 characters and the first piece's space ([0, 3, 9], the generated tokens past the text's end)."""
+    body = {"model": MODEL, "prompt": "hello world", "max_tokens": 2, "echo": True, "logprobs": 0,
+            "regex": "!!", "temperature": 0}
+    choice = phi3.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == "hello world!!"
+    offsets = choice["logprobs"]["text_offset"]
+    assert offsets[:4] == [0, 0, 5, 11] and all(offset < len(choice["text"]) for offset in offsets)
