@@ -98,9 +98,10 @@ class TextOffsets:
     """Completions' `text_offset`s: where each token starts in the text, in characters. Tokens' bytes are decoded
     as they come, so a token that ends inside a character adds nothing and the one that completes it adds the
     character (counting each partial token as one U+FFFD put every later offset past its token, the last ones
-    past the end of the text); special tokens the text leaves out (`skipped`) add nothing. Given the echoed
-    prompt's `text`, tokens are followed through it: a string prompt's BOS is not in it, nor a SentencePiece
-    piece's leading space at its start."""
+    past the end of the text); special tokens the text leaves out (`skipped`) add nothing. Offsets count from
+    the start of the prompt, echoed or not (OpenAI's definition). Given the echoed prompt's `text`, tokens are
+    followed through it: a string prompt's BOS is not in it, nor a SentencePiece piece's leading space at its
+    start."""
 
     def __init__(self, start: int = 0, skipped: frozenset[int] = frozenset(), text: str | None = None):
         self.offset = start
@@ -253,7 +254,7 @@ def completion_body(*, request_id: str, model: str, constraint_backend: str | No
             if echo and c.prompt_logprobs is not None:
                 entries.extend(c.prompt_logprobs)
                 offsets += TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
-            offsets += TextOffsets(len(prompt_text) if echo else 0, skipped_ids).of(token_pairs(c.logprobs))
+            offsets += TextOffsets(len(prompt_text), skipped_ids).of(token_pairs(c.logprobs))
             entries.extend(c.logprobs)
             lp = legacy_logprobs(entries, offsets, as_ids, first, top_n=logprobs)
         out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})

@@ -109,7 +109,7 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                             ) -> AsyncIterator[bytes]:
     chunks = _Chunks(plan, model, created, "text_completion", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
-    offsets = {i: TextOffsets(0, skipped_ids) for i in range(plan.choices)}
+    offsets = {i: TextOffsets(len(plan.prompts[i // plan.n].text), skipped_ids) for i in range(plan.choices)}
     echoed: set[int] = set()
     try:
         async with contextlib.aclosing(gen.events(plan)) as events:
@@ -124,7 +124,6 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                         first, entries = first_tokens[index // plan.n], list(event.prompt_logprobs)
                         where = TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
                         lp = legacy_logprobs(entries, where, as_ids, first, top_n=logprobs)
-                    offsets[index] = TextOffsets(len(prompt_text), skipped_ids)
                     yield chunks.chunk([{"index": index, "text": prompt_text, "logprobs": lp,
                                          "finish_reason": None}])
                 if event.text or (logprobs is not None and event.logprobs):

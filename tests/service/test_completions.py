@@ -55,7 +55,7 @@ def test_legacy_logprobs_shape(client):
     n = r.usage.completion_tokens
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
     assert "".join(lp.tokens) == r.choices[0].text
-    assert lp.text_offset[0] == 0
+    assert lp.text_offset[0] == len("The sky is")  # (from the start of the prompt, as OpenAI counts them)
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert logprob <= 0
         assert token in top and 1 <= len(top) <= 4  # the chosen token plus up to `logprobs` alternatives
@@ -69,7 +69,7 @@ def test_logprobs_end_with_the_text_a_stop_string_leaves(http):
     k, stop = _stop_across_tokens(tokens, 1)
     choice = http.post("/v1/completions", json={**body, "stop": stop}).json()["choices"][0]
     assert choice["logprobs"]["tokens"] == tokens[: k + 1]
-    assert all(offset < len(choice["text"]) for offset in choice["logprobs"]["text_offset"])
+    assert all(offset - len("hello") < len(choice["text"]) for offset in choice["logprobs"]["text_offset"])
 
 
 @pytest.mark.parametrize("logprobs", [0, 2])
@@ -156,7 +156,7 @@ def test_offsets_count_characters_where_tokens_split_them_and_such_tokens_are_na
                  "logit_bias": {"963": -100, "4458": -100}, "temperature": 1, "seed": 2}
     whole, streamed, text = _logprobs_whole_and_streamed(http, generated)
     assert len(text) == 2 and whole["tokens"][0] == whole["tokens"][2] == "bytes:\\xc3"
-    assert whole["text_offset"] == streamed["text_offset"] == [0, 0, 1, 1]
+    assert whole["text_offset"] == streamed["text_offset"] == [5, 5, 6, 6]  # (after the prompt, "Hello")
     for top in (whole["top_logprobs"][1], whole["top_logprobs"][3]):
         assert set(top) == {"bytes:\\xa9", "bytes:\\xa8"}  # (the mask allows these two bytes only)
     assert streamed["top_logprobs"] == whole["top_logprobs"]
