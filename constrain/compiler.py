@@ -498,7 +498,7 @@ class GrammarCompiler:
         lltok = self.lltokenizer()
         param = spec.param
         if spec.kind == "regex":
-            g = compile_llg(lltok, self.vocab, "regex", regex=spec.pattern, param=param)
+            g = compile_llg(lltok, self.vocab, "regex", regex=portable_pattern(spec.pattern), param=param)
         elif spec.kind == "choice":
             g = compile_llg(lltok, self.vocab, "regex", regex=choice_regex(spec.choices), param=param)
         elif spec.kind == "tools" and spec.tool_format in XML_FORMATS:
@@ -524,7 +524,7 @@ class GrammarCompiler:
     def _outlines_regex(self, spec: ConstraintSpec) -> str:
         param = spec.param
         if spec.kind == "regex":
-            return spec.pattern
+            return portable_pattern(spec.pattern)
         if spec.kind == "choice":
             return choice_regex(spec.choices)
         if spec.kind == "json_object" or spec.schema is None or (spec.kind == "tools" and spec.tool_choice == "auto"):

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from constrain import spec_from_request
-from tests.constrain.conftest import decode, random_walk
+from tests.constrain.conftest import decode, random_walk, takes_text
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 8},
@@ -64,6 +64,18 @@ def test_regex_walks_fullmatch_the_pattern(backend, gpt2_compiler, vocabs):
     _, texts = _walks(gpt2_compiler, vocabs["gpt2"], spec, n=8, max_tokens=40)
     assert texts
     assert all(re.fullmatch(pattern, t) for t in texts)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_regex_shorthands_mean_what_every_dialect_means(backend, gpt2_compiler, tokenizers):
+    """`\\d` and `\\w` took any Unicode digit or letter (both backends read them as Python and Rust do): a phone
+    pattern `\\d{3}-\\d{4}` was answered "౬꧘᠑-３6႕0" on a small model. They now read as JSON Schema patterns do
+    (constrain/pattern_dialects.py): what ECMA-262, Python and Rust all take, so ASCII digits and word
+    characters, and any dialect's fullmatch accepts the answer."""
+    grammar = gpt2_compiler.compile(spec_from_request(regex=r"\d{3}-\w{2}\s\S", backend=backend))
+    assert takes_text(grammar, tokenizers["gpt2"], "123-a_ x", base="gpt2")
+    for text in ("\u0c6c23-ab x", "\uff13\u0036\u0036-ab x", "123-\u00e9b x", "123-ab\u0085x", "123-ab \ufeff"):
+        assert not takes_text(grammar, tokenizers["gpt2"], text, base="gpt2"), text
 
 
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
