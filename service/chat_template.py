@@ -19,7 +19,7 @@ from constrain.xml_calls import ARG_KEY_CLOSE, ARG_KEY_OPEN, ARG_VALUE_OPEN, FUN
 from engine.model_loader import ModelLoadError
 from engine.types import ReasoningTags
 from service.errors import invalid
-from service.protocol import ChatMessage
+from service.protocol import REASONING_FIELDS, ChatMessage
 
 # Used when the tokenizer has no chat template (e.g. GPT-2): ChatML, which most instruction data resembles.
 FALLBACK_TEMPLATE = (
@@ -265,9 +265,8 @@ class ChatTemplate:
                         for c in m.tool_calls]
                 else:
                     item["content"] = (m.text + "\n" if m.text else "") + tool_calls_as_text(m)
-            extra = m.model_extra or {}
-            reasoning = extra.get("reasoning_content", extra.get("reasoning"))  # (the names clients send it under)
-            if m.role == "assistant" and isinstance(reasoning, str):
+            reasoning = next((m.model_extra[name] for name in REASONING_FIELDS if m.renders(name)), None)
+            if reasoning is not None:
                 item["reasoning_content"] = reasoning  # (templates of reasoning models read it; others ignore it)
                 if self.harmony:
                     item["thinking"] = reasoning  # (gpt-oss's name for it)

@@ -24,6 +24,10 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 
 _TOKEN_ID = re.compile(r"[0-9]+")  # logit_bias keys: ASCII digits (str.isdigit also takes "²" and "١٢")
 
+# The names clients send an assistant's earlier reasoning under (DeepSeek's and vLLM's, OpenRouter's): both reach
+# the chat template, the first one where both are sent.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
 # Variables of the chat template that the server derives from the request (chat_template_kwargs may not set them).
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
                                          "chat_template", "tokenize", "return_dict", "documents"})
@@ -115,6 +119,12 @@ class ChatMessage(BaseModel):
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {kind!r}")
         return value
+
+    def renders(self, extra_field: str) -> bool:
+        """Whether the chat template gets this field that the model does not declare: an assistant's earlier
+        reasoning, under the names clients send it (service/chat_template.py)."""
+        return self.role == "assistant" and extra_field in REASONING_FIELDS and \
+            isinstance((self.model_extra or {}).get(extra_field), str)
 
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
@@ -361,7 +371,7 @@ class ChatCompletionRequest(_SamplingFields):
         """Also the unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may
         carry fields such as `annotations` or `audio`: accepted, named)."""
         return super().extra_fields + [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
-                                       for name in sorted(m.model_extra or {})]
+                                       for name in sorted(m.model_extra or {}) if not m.renders(name)]
 
     @property
     def generation_prompt(self) -> bool:

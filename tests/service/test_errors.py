@@ -346,6 +346,17 @@ def test_unknown_message_fields_are_named_in_the_header_too(http):
         "my_extra,messages.0.cache_control,messages.1.annotations,messages.1.weight"
 
 
+def test_an_assistants_earlier_reasoning_is_not_named_as_ignored(http):
+    """It goes to the chat template (a reasoning model's renders it), so the header did not tell the truth."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi", "reasoning_content": "not an assistant's"},
+        {"role": "assistant", "content": "Hello", "reasoning_content": "greet back", "reasoning": "greet back"},
+        {"role": "assistant", "content": "Hello", "reasoning": {"summary": "not text"}},
+        {"role": "user", "content": "again"}]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-ignored-fields"] == "messages.0.reasoning_content,messages.2.reasoning"
+
+
 def test_other_servers_grammar_fields_are_refused_not_ignored(http):
     for field, value in [("guided_grammar", 'root ::= "a"'), ("grammar", 'root ::= "a"')]:
         r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, field: value})
