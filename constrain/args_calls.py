@@ -162,7 +162,7 @@ class ArgsCallsMatcher(Matcher):
     def can_end(self) -> bool:
         if self.phase == _ARGS:
             return self.args.can_end()
-        return self.phase == _TEXT and self.text.can_end()
+        return self.phase in (_START, _TEXT) and self.text is not None and self.text.can_end()
 
     def min_tokens_to_end(self) -> int | None:
         if self.phase == _ARGS:

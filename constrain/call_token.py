@@ -129,7 +129,9 @@ class CallTokenMatcher(Matcher):
         return self.phase != _START and self._active().is_terminated()
 
     def can_end(self) -> bool:
-        return self.phase != _START and self._active().can_end()
+        if self.phase == _START:  # (the empty answer, where the text may be empty)
+            return self.text is not None and self.text.can_end()
+        return self._active().can_end()
 
     def min_tokens_to_end(self) -> int | None:
         if self.phase != _START:

@@ -730,8 +730,8 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
 
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
                           whitespace_pattern: str, not_first: str) -> "LlgGrammar":
-    """tool_choice "auto": tool calls (the call schema) or free text whose first character other than whitespace
-    is not one of `not_first` (those that open calls). Text may start with whitespace: a SentencePiece model's
+    """tool_choice "auto": tool calls (the call schema), free text whose first character other than whitespace
+    is not one of `not_first` (those that open calls), or nothing. Text may start with whitespace: a SentencePiece model's
     words are tokens that begin with a space ("▁The"). The calls alone get the support check of
     `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers), then join
     the text alternative in one grammar with the same JSON options."""
@@ -739,7 +739,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
                                          whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
     first = "".join("\\" + c for c in not_first)
-    lark = ("start: calls | text\n"
+    lark = ('start: calls | text | ""\n'  # (or nothing: see tools.ANY_TEXT)
             f"calls: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
             f"text: /[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
@@ -766,8 +766,8 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     open_token = _tag_token(lltok, HERMES_OPEN)
     calls = "call" if schema.get("maxItems") == 1 else 'call ("\\n" call)*'
     starts = ["calls"]
-    if free_text:
-        starts += ["TEXT", "TEXT calls"] if open_token is not None else ["TEXT"]
+    if free_text:  # (or nothing: see tools.ANY_TEXT)
+        starts += ["TEXT", "TEXT calls", '""'] if open_token is not None else ["TEXT", '""']
     lark = (f"start: {' | '.join(starts)}\n"
             f"calls: {calls}\n"
             'call: open "\\n" item "\\n" close\n'
@@ -867,8 +867,8 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         rules.append(f"f{i}: {' '.join(body)}")
     open_token = _tag_token(lltok, HERMES_OPEN)
     starts = ["calls"]
-    if spec.tool_choice == "auto":
-        starts += ["TEXT", "TEXT calls"] if open_token is not None else ["TEXT"]
+    if spec.tool_choice == "auto":  # (or nothing: see tools.ANY_TEXT)
+        starts += ["TEXT", "TEXT calls", '""'] if open_token is not None else ["TEXT", '""']
     calls = "call" if spec.schema.get("maxItems") == 1 else f"call ({text(shape.separator)} call)*"
     lark = "\n".join([
         f"start: {' | '.join(starts)}",

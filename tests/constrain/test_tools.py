@@ -11,7 +11,7 @@ import torch
 
 from constrain import ConstraintError, parse_tool_calls, spec_from_request, tools_system_prompt
 from constrain.maskbench import walk_instance
-from tests.constrain.conftest import decode, random_walk
+from tests.constrain.conftest import decode, may_answer_nothing, random_walk
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
@@ -47,6 +47,11 @@ def test_forced_tool_calls_validate_against_parameters(tool_choice, parallel, ba
             assert call.name in spec.tool_names
             jsonschema.validate(json.loads(call.arguments), PARAMS[call.name])
     assert ended
+
+
+def test_auto_may_answer_nothing(gpt2_compiler, vocabs):
+    assert may_answer_nothing(gpt2_compiler.compile(spec_from_request(tools=TOOLS, tool_choice="auto")),
+                              vocabs["gpt2"])
 
 
 def test_auto_allows_free_text_or_calls(gpt2_compiler, tokenizers):

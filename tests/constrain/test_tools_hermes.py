@@ -13,7 +13,7 @@ import torch
 
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, decode, random_walk, takes_text
+from tests.constrain.conftest import allowed_ids, compiling, decode, may_answer_nothing, random_walk, takes_text
 
 OPEN_ID, CLOSE_ID = sorted(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
@@ -87,6 +87,11 @@ def test_single_call_refuses_a_second_and_a_named_call_refuses_other_functions(q
     named = compiler.compile(_hermes({"type": "function", "function": {"name": "get_weather"}}))
     assert not takes_text(named, tok, one)
     assert takes_text(named, tok, _calls(("get_weather", {"city": "Oslo"})))
+
+
+def test_auto_may_answer_nothing(qwen_tools):
+    _, vocab, compiler = qwen_tools
+    assert may_answer_nothing(compiler.compile(_hermes("auto")), vocab)
 
 
 def test_auto_takes_text_calls_or_text_then_calls(qwen_tools):

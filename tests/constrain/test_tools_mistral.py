@@ -16,7 +16,7 @@ from constrain import ConstraintError, spec_from_request
 from constrain.call_token import CallTokenGrammar
 from constrain.tools import parse_tool_calls
 from tests.conftest import build_mistral_tools_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, random_walk
+from tests.constrain.conftest import allowed_ids, compiling, may_answer_nothing, random_walk
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "days": {"enum": [1, 3, 7]}},
@@ -86,7 +86,7 @@ def test_auto_is_the_token_and_calls_or_free_text_never_starting_as_calls_would(
     for _ in range(8):  # (the token is one of 32k: a walk picks text)
         toks, ended = random_walk(grammar, vocab, rng, 30, budget=True, prefer_end=0.3,
                                   special_ok=frozenset([token]))
-        assert ended and toks[0] != token and token not in toks
+        assert ended and token not in toks  # (an empty answer too: nothing to say)
     m = grammar.matcher()
     assert m.accept(token) and not m.can_end()
     after = torch.zeros((1, vocab.words), dtype=torch.int32)
@@ -97,6 +97,11 @@ def test_auto_is_the_token_and_calls_or_free_text_never_starting_as_calls_would(
     got = {vocab.token_bytes[t] for t in allowed_ids(after)}
     assert calls | {b" ["} <= got <= calls | {b" " + c for c in calls}
     assert not m.accept(vocab.spell(b"Sure")[0])
+
+
+def test_auto_may_answer_nothing(mistral):
+    compiler, vocab, _ = mistral
+    assert may_answer_nothing(compiler.compile(_spec("auto")), vocab)
 
 
 def test_auto_allows_the_token_only_while_the_shortest_calls_still_fit(mistral):
@@ -110,7 +115,7 @@ def test_auto_allows_the_token_only_while_the_shortest_calls_still_fit(mistral):
     m.fill_bitmask(bitmask, 0, tokens_left=calls)
     ids = allowed_ids(bitmask)
     assert token not in ids and len(ids) > 1000  # free text still may start
-    assert m.min_tokens_to_end() == 1  # (one token of text)
+    assert m.min_tokens_to_end() == 0  # (the answer may be empty)
 
 
 def test_a_named_function_is_one_call_to_it(mistral):

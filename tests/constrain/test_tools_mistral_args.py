@@ -16,7 +16,7 @@ from constrain import ConstraintError, spec_from_request
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.tools import parse_tool_calls
 from tests.conftest import build_mistral_args_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, random_walk
+from tests.constrain.conftest import allowed_ids, compiling, may_answer_nothing, random_walk
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "days": {"type": "array", "items": {"enum": [1, 2, 3]},
@@ -38,6 +38,11 @@ def mistral(tmp_path_factory):
 def _spec(tool_choice="required", parallel=True, backend=None, tools=TOOLS):
     return spec_from_request(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
                              tool_format="mistral_args", backend=backend)
+
+
+def test_auto_may_answer_nothing(mistral):
+    compiler, vocab, _ = mistral
+    assert may_answer_nothing(compiler.compile(_spec("auto")), vocab)
 
 
 def _text(vocab, tags, toks) -> str:

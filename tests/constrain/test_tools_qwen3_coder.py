@@ -18,7 +18,8 @@ from constrain.compiler import unenforced_in_client_terms
 from constrain.formats import DURATION, URI
 from constrain.xml_calls import JSON_FORM, SHAPES, parse_xml_calls, value_form
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen3_coder_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, decode, random_walk, takes_text, valid_calls
+from tests.constrain.conftest import (allowed_ids, compiling, decode, may_answer_nothing,
+                                       random_walk, takes_text, valid_calls)
 
 OPEN_ID = min(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {
@@ -55,6 +56,11 @@ def coder(tmp_path_factory):
 def _spec(tool_choice, parallel=True, tools=TOOLS, backend=None):
     return spec_from_request(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
                              tool_format="qwen3_coder", backend=backend)
+
+
+def test_auto_may_answer_nothing(coder):
+    _, vocab, compiler = coder
+    assert may_answer_nothing(compiler.compile(_spec("auto")), vocab)
 
 
 def _call(name: str, *params: tuple[str, str]) -> str:
