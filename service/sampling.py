@@ -13,10 +13,12 @@ MIROSTAT_TARGET = 1.5  # seed 002: the target perplexity when a request sets onl
 def logit_bias(req: _SamplingFields, logits_width: int) -> dict[int, float]:
     out = {}
     for key, value in (req.logit_bias or {}).items():
-        token = int(key)
-        if token >= logits_width:
-            raise invalid(f"logit_bias token id {token} is out of range: the model has {logits_width} logits",
+        digits = key.lstrip("0") or "0"  # (past 4300 digits `int` raises: a key that long was a 500)
+        if len(digits) > len(str(logits_width)) or int(digits) >= logits_width:
+            shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
+            raise invalid(f"logit_bias token id {shown} is out of range: the model has {logits_width} logits",
                           "logit_bias")
+        token = int(digits)
         out[token] = float(value)
     return out
 
