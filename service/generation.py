@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import time
 import uuid
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -113,6 +115,14 @@ class Generation:
         self.template = template
         self._reasoning_tokens: ReasoningTokens | None = None  # built on the first request with a block
         self.vocab_limit = max(len(loaded.tokenizer), 1)
+        # Prompts are rendered and tokenized here, off the event loop: a prompt of megabytes takes seconds, during
+        # which the loop answered nothing (/health included). One thread, so calls into the tokenizer stay one at a
+        # time, as they were on the loop (a fast tokenizer may refuse concurrent use: "Already borrowed").
+        self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-prompts")
+
+    async def _off_loop(self, fn, *args):
+        """`fn(*args)` on the prompts thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._prompts, functools.partial(fn, *args))
 
     # ---- validation shared by both endpoints
     def _check_common(self, req: _SamplingFields) -> dict[str, str]:
@@ -201,16 +211,10 @@ class Generation:
         harmony = (self.template.harmony and req.messages is not None and req.generation_prompt
                    and not req.continue_final_message)
         if req.messages is not None:
-            text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
-                                        tools_prompt=self._tools_prompt, generation_prompt=req.generation_prompt,
-                                        continue_final_message=bool(req.continue_final_message),
-                                        template_kwargs=self._template_kwargs(req))
-            ids = self.template.encode(text)
-            if req.generation_prompt and not req.continue_final_message:
-                reasoning = self.template.reasoning_for(text)
+            text, ids, reasoning = await self._off_loop(self._chat_prompt, req, tools)
         else:
             text = req.prompt or ""
-            ids = list(self.loaded.tokenizer.encode(text, add_special_tokens=True))
+            ids = await self._off_loop(lambda: list(self.loaded.tokenizer.encode(text, add_special_tokens=True)))
         if not ids:
             raise invalid("the prompt is empty", "messages" if req.messages is not None else "prompt")
         prompt = Prompt(ids, text)
@@ -231,6 +235,18 @@ class Generation:
         return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
                           logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl",
                           reasoning=reasoning, harmony=harmony)
+
+    def _chat_prompt(self, req: ChatCompletionRequest, tools: list[dict] | None
+                     ) -> tuple[str, list[int], ReasoningTags | None]:
+        """The rendered conversation, its token ids, and the reasoning block the answer may open (if any)."""
+        text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
+                                    tools_prompt=self._tools_prompt, generation_prompt=req.generation_prompt,
+                                    continue_final_message=bool(req.continue_final_message),
+                                    template_kwargs=self._template_kwargs(req))
+        reasoning = None
+        if req.generation_prompt and not req.continue_final_message:
+            reasoning = self.template.reasoning_for(text)
+        return text, self.template.encode(text), reasoning
 
     def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
         """The request's `chat_template_kwargs`, and for harmony templates its `reasoning_effort` (gpt-oss's levels
@@ -261,7 +277,7 @@ class Generation:
     async def plan_completion(self, req: CompletionRequest) -> Plan:
         started = time.monotonic()
         headers = self._check_common(req)
-        prompts = completion_prompts(req.prompt, self.loaded.tokenizer, self.vocab_limit)
+        prompts = await self._off_loop(completion_prompts, req.prompt, self.loaded.tokenizer, self.vocab_limit)
         for prompt in prompts:
             self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
         spec, grammar = await self._compile(req)
