@@ -188,6 +188,38 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise _schema_error(exc, param, base) from None
+    loop = _reference_loop(schema)
+    if loop is not None:
+        raise ConstraintError(f"the $ref at {base + loop} never reaches a schema: the references it leads through "
+                              "only refer to one another", param=param, pointer=base + loop)
+
+
+def _reference_loop(root: dict) -> str | None:
+    """The pointer of a local `$ref`, reached from the root, whose chain of references comes back to itself without
+    reaching a schema that says anything else (`{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}`): no
+    validator can decide such a schema, and llguidance allowed no token, or the first two, then failed mid-output.
+    Definitions no reference reaches are not looked at (a validator never follows them either)."""
+    stack, scanned = [("", root)], {"#"}
+    while stack:
+        base, schema = stack.pop()
+        for ptr, key, node in walk(schema, base):
+            inside = ptr[len(base):].split("/")
+            if key != "$ref" or "$defs" in inside[:-1] or "definitions" in inside[:-1]:
+                continue  # (a definition's references count where a reference reaches it)
+            ref, seen = node[key], set()
+            while isinstance(ref, str) and ref not in seen:
+                seen.add(ref)
+                target = resolve_ref(root, ref)
+                if target is not None and ref not in scanned:
+                    scanned.add(ref)
+                    stack.append((ref[1:], target))
+                if not isinstance(target, dict) or any(k in ASSERTIONS and k != "$ref" for k in target):
+                    break
+                ref = target.get("$ref")
+            else:
+                if isinstance(ref, str):
+                    return ptr
+    return None
 
 
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")

@@ -218,6 +218,32 @@ def test_a_schema_that_is_not_strict_gets_every_keyword_the_late_checks_enforce(
     assert exc.value.pointer in ("/properties/host/format", "/properties/n/oneOf")
 
 
+@pytest.mark.parametrize("schema, pointer", [
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "/$ref"),
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/a", "description": "loops"}}, "required": ["x"],
+      "$defs": {"a": {"$ref": "#/$defs/b", "title": "a"}, "b": {"$ref": "#/$defs/a"}}}, None),
+    ({"$ref": "#"}, "/$ref"),
+])
+def test_references_that_only_refer_to_one_another_are_refused_naming_one(schema, pointer):
+    """They name no schema: llguidance allowed no token (a 400 "too complex" from the first step) or the first two
+    and then failed mid-output."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert exc.value.pointer.startswith("/json_schema/schema/") and exc.value.pointer.endswith("/$ref")
+    assert pointer is None or exc.value.pointer == "/json_schema/schema" + pointer
+    assert "never reaches a schema" in exc.value.message
+
+
+def test_references_that_reach_a_schema_are_taken_recursive_or_not():
+    for schema in ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer"}}, "$ref": "#/$defs/a"},
+                   {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
+                    "$ref": "#/$defs/node"},
+                   {"$defs": {"a": {"title": "anything"}}, "$ref": "#/$defs/a"},
+                   {"type": "object", "$defs": {"unused": {"$ref": "#/$defs/unused"}}}):  # (never followed)
+        assert spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x",
+                                                                                          "schema": schema}})
+
+
 def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
     from constrain import spec as spec_module
 
