@@ -208,6 +208,18 @@ class ChatTemplate:
             return None
         return ReasoningTags(open_id, close_id, opened=end.endswith(open_tag))
 
+    def prefill_reasoning(self, prefill: str) -> tuple[ReasoningTags | None, str]:
+        """For an assistant message left open to be continued: the block it leaves open, if any (the continuation
+        is then reasoning until the close tag, and a constraint applies after it), and the part of the message
+        that is the answer (after a block it closed, less the whitespace between; none while one is open)."""
+        if self.reasoning is None:
+            return None, prefill
+        open_tag, close_tag, open_id, close_id = self.reasoning
+        opened, closed = prefill.rfind(open_tag), prefill.rfind(close_tag)
+        if opened > closed:
+            return ReasoningTags(open_id, close_id, opened=True), ""
+        return None, prefill[closed + len(close_tag):].lstrip() if closed >= 0 else prefill
+
     def _renders_tools(self) -> bool:
         """The template writes the `tools` it is given into the prompt. Some name tools yet read them from elsewhere
         (Phi-4-mini's, from the system message's own `tools` field), so the model would never see them: those get

@@ -210,8 +210,11 @@ class Generation:
         # gpt-oss's harmony format: the answer is a message after any reasoning messages (constrain/harmony.py)
         harmony = (self.template.harmony and req.messages is not None and req.generation_prompt
                    and not req.continue_final_message)
+        answer_prefill = ""  # (of an assistant message continued: the part that is the answer)
         if req.messages is not None:
             text, ids, reasoning = await self._off_loop(self._chat_prompt, req, tools)
+            if req.continue_final_message:
+                reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
         else:
             text = req.prompt or ""
             ids = await self._off_loop(lambda: list(self.loaded.tokenizer.encode(text, add_special_tokens=True)))
@@ -229,9 +232,9 @@ class Generation:
                                          vocab=self.compiler.vocab)
             except constrain.ConstraintError as exc:
                 raise _constraint_error(exc) from None
-        if grammar is not None and req.continue_final_message and spec.kind != "tools":
+        if grammar is not None and req.continue_final_message and spec.kind != "tools" and reasoning is None:
             # (tool calls are parsed from the generated text, so their constraint applies to it alone)
-            grammar = self._continued(grammar, spec, text, req.messages[-1].text or "")
+            grammar = self._continued(grammar, spec, text, answer_prefill)
         return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
                           logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl",
                           reasoning=reasoning, harmony=harmony)

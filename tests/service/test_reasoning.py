@@ -16,6 +16,7 @@ from tests.service.conftest import assert_stream_matches_whole_answer
 
 MODEL = "qwen3-thinking-tiny"
 OPEN, CLOSE = QWEN3_THINK_TAGS
+OPEN_TAG, CLOSE_TAG = QWEN3_THINK_TAGS[OPEN], QWEN3_THINK_TAGS[CLOSE]
 CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                          "population": {"type": "integer", "minimum": 0}},
         "required": ["name", "population"], "additionalProperties": False}
@@ -144,6 +145,28 @@ def test_thinking_that_runs_to_max_tokens_under_tools_auto_ends_with_no_answer(h
             "model": MODEL, "messages": MESSAGES, "tools": tools, "tool_choice": "auto", "max_tokens": 10,
             "seed": seed, "chat_template_kwargs": OPENED})
         assert message["reasoning_content"] and not message["content"] and not message.get("tool_calls")
+
+
+def test_a_prefill_that_opens_the_block_is_continued_as_reasoning_then_the_answer(http):
+    """A continued assistant message "<think>\nLet me think" left the block open, yet its continuation (the rest
+    of the reasoning, the close tag, the answer) came back as content, and a constraint applied from its start (a
+    400: the prefill does not fit the schema). The continuation is reasoning until the close tag, then the answer."""
+    prefill = [{"role": "assistant", "content": f"{OPEN_TAG}\nLet me think"}]
+    for seed in range(2):
+        message = assert_stream_matches_whole_answer(http, {
+            "model": MODEL, "messages": MESSAGES + prefill, "continue_final_message": True,
+            "response_format": RESPONSE_FORMAT, "max_tokens": 30, "seed": seed})
+        assert message["reasoning_content"] and CLOSE_TAG not in message["reasoning_content"]
+        jsonschema.validate(json.loads(message["content"]), CITY)
+
+
+def test_a_prefill_that_closed_its_block_continues_the_answer_after_it(http):
+    prefill = [{"role": "assistant", "content": f"{OPEN_TAG}\nParis is big.\n{CLOSE_TAG}\n\n{{\"name\": \"Par"}]
+    body = {"model": MODEL, "messages": MESSAGES + prefill, "continue_final_message": True,
+            "response_format": RESPONSE_FORMAT, "max_tokens": 30}
+    for seed in range(2):
+        message = _chat(http, **body, seed=seed)["choices"][0]["message"]
+        jsonschema.validate(json.loads('{"name": "Par' + message["content"]), CITY)
 
 
 def test_reasoning_sent_back_in_history_is_rendered(http):
