@@ -71,7 +71,8 @@ class GenerationRequest:
     and the grammar's answer apply to the rest). With `calls`, the output may hold tool calls, which stop strings
     never cut. `text_answer`: the grammar leaves the answer free text (tools' content under "auto", harmony's
     unconstrained final message), so an output `max_tokens` ends is `length` even where the grammar could end
-    (a document or a call the budget rule closed ends `stop`)."""
+    (a document or a call the budget rule closed ends `stop`). `group`: the client request this prompt is one of
+    (a completions request may send thousands): waiting prompts take turns by it (engine/scheduler.py)."""
 
     request_id: str
     prompt_ids: list[int]
@@ -80,6 +81,7 @@ class GenerationRequest:
     reasoning: ReasoningTags | None = None
     calls: "CallsOpening | None" = None
     text_answer: bool = False
+    group: str | None = None
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ class Generation:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
                                               grammar=grammar, reasoning=reasoning, calls=calls,
-                                              text_answer=text_answer))
+                                              text_answer=text_answer, group=request_id))
         if grammar is not None and spec is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None and spec is not None else ()

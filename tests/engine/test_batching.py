@@ -122,6 +122,35 @@ def test_batch_size_limit_queues_requests_and_serves_them_all(builtin):
     assert len({tuple(r[0].tokens) for r in results}) == 1
 
 
+def test_prompts_of_one_client_request_take_turns_with_other_requests(builtin):
+    """A completions request of many prompts queued them all at once, and a request sent beside it waited for every
+    one of them (35 s behind 64 prompts x n 4). Prompts now take turns by the client request (`group`): with one
+    row, the lone request runs once the big one's first prompt or two are done, not after all eight."""
+    import dataclasses
+
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=1)
+    eng.start()
+    finished: list[str] = []
+
+    async def run(req):
+        await run_one(eng, req)
+        finished.append(req.request_id)
+
+    async def main():
+        big = [dataclasses.replace(request(f"big-{i}", PROMPT_A, max_tokens=3, ignore_eos=True), group="big")
+               for i in range(8)]
+        await asyncio.gather(*(run(r) for r in big + [request("lone", PROMPT_A, max_tokens=3, ignore_eos=True)]))
+
+    try:
+        asyncio.run(main())
+    finally:
+        eng.shutdown()
+    assert sorted(finished) == sorted([f"big-{i}" for i in range(8)] + ["lone"])
+    assert finished.index("lone") <= 2, finished
+
+
 def test_request_wider_than_the_batch_is_refused_without_blocking_the_queue(builtin):
     from engine import Engine
 
