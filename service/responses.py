@@ -117,12 +117,19 @@ class TextOffsets:
         at, text = self.offset, self._text
         if token_id in self._skipped and (text is None or not text.startswith(data.decode("utf-8", "replace"), at)):
             return at
+        pending = self._utf8.getstate()[0]
         chars = self._utf8.decode(data)
-        if text is not None and not text.startswith(chars, at) and chars.startswith(" ") \
+        own = 0  # where this token's own characters start in `chars`
+        if pending:  # bytes held from earlier tokens: a character this one completes is theirs (it starts before),
+            # and so is the U+FFFD of bytes this one shows to be invalid (a lone lead byte, 0xF0)
+            alone = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data)
+            if chars.endswith(alone) and set(chars[:len(chars) - len(alone)]) <= {"\ufffd"}:
+                own = len(chars) - len(alone)
+        elif text is not None and not text.startswith(chars, at) and chars.startswith(" ") \
                 and text.startswith(chars[1:], at):
             chars = chars[1:]
         self.offset = at + len(chars) if text is None else min(at + len(chars), len(text))
-        return at
+        return at + own if text is None else min(at + own, len(text))
 
 
 def legacy_logprobs(lps: list[TokenLogprob | None], offsets: list[int], as_ids: bool = False,

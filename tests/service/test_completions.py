@@ -151,6 +151,13 @@ def test_offsets_count_characters_where_tokens_split_them_and_such_tokens_are_na
     assert text == "Hello\u00e9Hello"
     assert whole["tokens"] == streamed["tokens"] == ["Hello", "bytes:\\xc3", "bytes:\\xa9", "Hello"]
     assert whole["text_offset"] == streamed["text_offset"] == [0, 5, 5, 6]
+    # Token 172 is a lone 0xF0, which no byte completes: each is a U+FFFD of its own, before the next token's text.
+    invalid = {**echoed, "prompt": [172, 64, 172, 172, 64]}
+    whole, streamed, text = _logprobs_whole_and_streamed(http, invalid)
+    assert text == "\ufffda\ufffd\ufffda" and whole["text_offset"] == streamed["text_offset"] == [0, 1, 2, 3, 4]
+    forced = {"model": MODEL, "prompt": "x", "max_tokens": 3, "logprobs": 0, "logit_bias": {"172": 100}}
+    whole, streamed, text = _logprobs_whole_and_streamed(http, forced)
+    assert text == "\ufffd" * 3 and whole["text_offset"] == streamed["text_offset"] == [1, 2, 3]
     # Generated: "\u00e9" and "\u00e8" as whole tokens banned, each is written in its two bytes (C3, then A9 or A8).
     generated = {"model": MODEL, "prompt": "Hello", "max_tokens": 8, "logprobs": 5, "regex": "[\u00e9\u00e8]{2}",
                  "logit_bias": {"963": -100, "4458": -100}, "temperature": 1, "seed": 2}
