@@ -20,7 +20,7 @@ from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
 from constrain.llg_backend import unreadable_pattern
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
-from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, resolve_ref, walk
+from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, references_followable, resolve_ref, walk
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,10 @@ def _reference_loop(root: dict) -> str | None:
     """The pointer of a local `$ref`, reached from the root, whose chain of references comes back to itself without
     reaching a schema that says anything else (`{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}`): no
     validator can decide such a schema, and llguidance allowed no token, or the first two, then failed mid-output.
-    Definitions no reference reaches are not looked at (a validator never follows them either)."""
+    Definitions no reference reaches are not looked at (a validator never follows them either), nor schemas whose
+    references a nested `$id` (or a dynamic reference) may move elsewhere than the document's own pointers."""
+    if not references_followable(root):
+        return None
     stack, scanned = [("", root)], {"#"}
     while stack:
         base, schema = stack.pop()

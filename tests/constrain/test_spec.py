@@ -239,7 +239,12 @@ def test_references_that_reach_a_schema_are_taken_recursive_or_not():
                    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
                     "$ref": "#/$defs/node"},
                    {"$defs": {"a": {"title": "anything"}}, "$ref": "#/$defs/a"},
-                   {"type": "object", "$defs": {"unused": {"$ref": "#/$defs/unused"}}}):  # (never followed)
+                   {"type": "object", "$defs": {"unused": {"$ref": "#/$defs/unused"}}},  # (never followed)
+                   # a nested $id moves the base: "#/$defs/b" inside `a` is a's own b, an integer
+                   {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"],
+                    "$defs": {"a": {"$id": "http://x.example/a", "$ref": "#/$defs/b",
+                                    "$defs": {"b": {"type": "integer"}}},
+                              "b": {"$ref": "#/$defs/a"}}}):
         assert spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x",
                                                                                           "schema": schema}})
 
