@@ -122,9 +122,11 @@ class ChatMessage(BaseModel):
 
     def renders(self, extra_field: str) -> bool:
         """Whether the chat template gets this field that the model does not declare: an assistant's earlier
-        reasoning, under the names clients send it (service/chat_template.py)."""
-        return self.role == "assistant" and extra_field in REASONING_FIELDS and \
-            isinstance((self.model_extra or {}).get(extra_field), str)
+        reasoning, under the first of the names clients send it under that holds text (service/chat_template.py);
+        the other name, sent too, is ignored."""
+        extra = self.model_extra or {}
+        return self.role == "assistant" and extra_field == next(
+            (name for name in REASONING_FIELDS if isinstance(extra.get(name), str)), None)
 
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
