@@ -731,8 +731,8 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
                           whitespace_pattern: str, not_first: str) -> "LlgGrammar":
     """tool_choice "auto": tool calls (the call schema), free text whose first character other than whitespace
-    is not one of `not_first` (those that open calls), or nothing. Text may start with whitespace: a SentencePiece model's
-    words are tokens that begin with a space ("▁The"). The calls alone get the support check of
+    is not one of `not_first` (those that open calls), or nothing. Text may start with whitespace: a SentencePiece
+    model's words are tokens that begin with a space ("▁The"). The calls alone get the support check of
     `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers), then join
     the text alternative in one grammar with the same JSON options."""
     _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
