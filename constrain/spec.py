@@ -195,13 +195,15 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
 
 
 def _reference_loop(root: dict) -> str | None:
-    """The pointer of a local `$ref`, reached from the root, whose chain of references comes back to itself without
-    reaching a schema that says anything else (`{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}`): no
-    validator can decide such a schema, and llguidance allowed no token, or the first two, then failed mid-output.
-    Definitions no reference reaches are not looked at (a validator never follows them either), nor schemas whose
-    references a nested `$id` (or a dynamic reference) may move elsewhere than the document's own pointers."""
+    """The pointer of a local `$ref`, reached from the root, that never reaches a schema: its target only leads,
+    through `$ref`s and allOf/anyOf/oneOf, back into itself (`{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref":
+    "#/$defs/a"}`, or `a` being `{"anyOf": [{"$ref": "#/$defs/a"}]}`). No validator can decide such a schema, and
+    llguidance allowed no token, or the first two, then failed mid-output. Definitions no reference reaches are not
+    looked at (a validator never follows them either), nor schemas whose references a nested `$id` (or a dynamic
+    reference) may move elsewhere than the document's own pointers."""
     if not references_followable(root):
         return None
+    dead = _never_a_schema(root)
     stack, scanned = [("", root)], {"#"}
     while stack:
         base, schema = stack.pop()
@@ -209,20 +211,52 @@ def _reference_loop(root: dict) -> str | None:
             inside = ptr[len(base):].split("/")
             if key != "$ref" or "$defs" in inside[:-1] or "definitions" in inside[:-1]:
                 continue  # (a definition's references count where a reference reaches it)
-            ref, seen = node[key], set()
-            while isinstance(ref, str) and ref not in seen:
-                seen.add(ref)
-                target = resolve_ref(root, ref)
-                if target is not None and ref not in scanned:
-                    scanned.add(ref)
-                    stack.append((ref[1:], target))
-                if not isinstance(target, dict) or any(k in ASSERTIONS and k != "$ref" for k in target):
-                    break
-                ref = target.get("$ref")
-            else:
-                if isinstance(ref, str):
-                    return ptr
+            target = resolve_ref(root, node[key])
+            if isinstance(target, dict) and id(target) in dead:
+                return ptr
+            if target is not None and node[key] not in scanned:
+                scanned.add(node[key])
+                stack.append((node[key][1:], target))
     return None
+
+
+def _never_a_schema(root: dict) -> set[int]:
+    """The ids of the subschemas that never reach a schema: the rest, found from those without `$ref`, allOf, anyOf
+    and oneOf, are those whose `$ref` target reaches one, and every allOf member, and some anyOf (and oneOf) member.
+    A worklist over the reverse edges: linear in the references and members (chains of thousands of `$ref`s)."""
+    nodes = {id(node): node for _, _, node in walk(root)}
+
+    def edges(node: dict) -> list:
+        ref = node.get("$ref")
+        found = [resolve_ref(root, ref)] if isinstance(ref, str) else []
+        return found + [m for key in ("allOf", "anyOf", "oneOf") if isinstance(node.get(key), list) for m in node[key]]
+
+    def reaches(node: dict, reached: set[int]) -> bool:
+        def ok(sub) -> bool:  # (`{}`, booleans and unresolved references are not followed: they count as schemas)
+            return not isinstance(sub, dict) or id(sub) not in nodes or id(sub) in reached
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ok(resolve_ref(root, ref)):
+            return False
+        for key, every in (("allOf", True), ("anyOf", False), ("oneOf", False)):
+            members = node.get(key)
+            if isinstance(members, list) and members and not (all if every else any)(ok(m) for m in members):
+                return False
+        return True
+
+    before: dict[int, list[dict]] = {}
+    for node in nodes.values():
+        for sub in edges(node):
+            if isinstance(sub, dict) and id(sub) in nodes:
+                before.setdefault(id(sub), []).append(node)
+    reached: set[int] = set()
+    work = [node for node in nodes.values() if reaches(node, reached)]
+    reached.update(id(node) for node in work)
+    while work:
+        for node in before.get(id(work.pop()), ()):
+            if id(node) not in reached and reaches(node, reached):
+                reached.add(id(node))
+                work.append(node)
+    return set(nodes) - reached
 
 
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")

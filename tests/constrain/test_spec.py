@@ -223,6 +223,11 @@ def test_a_schema_that_is_not_strict_gets_every_keyword_the_late_checks_enforce(
     ({"type": "object", "properties": {"x": {"$ref": "#/$defs/a", "description": "loops"}}, "required": ["x"],
       "$defs": {"a": {"$ref": "#/$defs/b", "title": "a"}, "b": {"$ref": "#/$defs/a"}}}, None),
     ({"$ref": "#"}, "/$ref"),
+    # through combinators: the only branch, or a member every value must match, leads back
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"],
+      "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}}, "/properties/x/$ref"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}, {"type": "object"}]},
+                                     "b": {"oneOf": [{"$ref": "#/$defs/a"}]}}}, "/$ref"),
 ])
 def test_references_that_only_refer_to_one_another_are_refused_naming_one(schema, pointer):
     """They name no schema: llguidance allowed no token (a 400 "too complex" from the first step) or the first two
@@ -240,6 +245,9 @@ def test_references_that_reach_a_schema_are_taken_recursive_or_not():
                     "$ref": "#/$defs/node"},
                    {"$defs": {"a": {"title": "anything"}}, "$ref": "#/$defs/a"},
                    {"type": "object", "$defs": {"unused": {"$ref": "#/$defs/unused"}}},  # (never followed)
+                   {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]}}},
+                   {"$ref": "#/$defs/t", "$defs": {"t": {"allOf": [{"type": "object"}, {"properties": {
+                       "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}]}}},
                    # a nested $id moves the base: "#/$defs/b" inside `a` is a's own b, an integer
                    {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"],
                     "$defs": {"a": {"$id": "http://x.example/a", "$ref": "#/$defs/b",
