@@ -483,6 +483,7 @@ class Engine:
                     continue
                 if vetted != token:
                     out.replace_token(row, vetted)
+                    seq.budget_ended = vetted in seq.eos_ids
         tokens = torch.tensor(out.tokens, dtype=torch.long, device=self.device)
         self.counts[torch.arange(len(out.tokens), device=self.device), tokens] += 1.0
         self.last_tokens = tokens

@@ -60,6 +60,9 @@ class Sequence:
     _answer_in: int = 0  # characters of answer text pushed to the stop matcher
     _answer_out: int = 0  # characters it emitted
     _held_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
+    # The budget rule put EOS in place of the sampled token (what the model began would not fit): free text so ended
+    # was cut by max_tokens, as far as the client can tell ("length"), though the grammar lets it end there.
+    budget_ended: bool = False
 
     def __post_init__(self) -> None:
         tags = self.state.request.reasoning
@@ -90,7 +93,7 @@ class Sequence:
             surprise = -math.log2(max(chosen_prob, 1e-30))
             self.mirostat_mu -= params.mirostat_lr * (surprise - params.mirostat_target)
         if is_stop_token:
-            self.finished = "stop"
+            self.finished = "length" if self.budget_ended and self.state.request.text_answer else "stop"
         elif self.matcher is not None and not self.matcher.accept(token):
             self.finished, self.error = "error", f"token {token} was sampled but the grammar rejected it"
             self.error_code = "internal"

@@ -66,6 +66,18 @@ def test_required_calls_come_back_as_tool_calls(client, parallel):
             assert len(choice.message.tool_calls) == 1
 
 
+def test_a_call_the_budget_cannot_hold_ends_the_answer_as_cut(client):
+    """Under "auto", where the model began a call that could not close in max_tokens, the budget rule ends the
+    output instead (the answer may be empty): that was `finish_reason: "stop"` with no content, as if the model
+    had nothing to say; the client is told the budget cut it."""
+    for max_tokens in (1, 4, 8):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", seed=1,
+                                           max_tokens=max_tokens, logit_bias={str(OPEN_ID): 100})
+        choice = r.choices[0]
+        assert not choice.message.tool_calls and not choice.message.content
+        assert choice.finish_reason == "length", max_tokens
+
+
 def test_named_call_through_the_outlines_backend(client):
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=160, seed=4,
                                        tool_choice={"type": "function", "function": {"name": "get_time"}},
