@@ -206,15 +206,12 @@ class Generation:
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         if req.tool_choice is not None and not tools and req.tool_choice != "none":
             raise invalid("`tool_choice` needs `tools`", "tool_choice")
-        reasoning = None
         # gpt-oss's harmony format: the answer is a message after any reasoning messages (constrain/harmony.py)
         harmony = (self.template.harmony and req.messages is not None and req.generation_prompt
                    and not req.continue_final_message)
-        answer_prefill = ""  # (of an assistant message continued: the part that is the answer)
+        reasoning, answer_prefill = None, ""
         if req.messages is not None:
-            text, ids, reasoning = await self._off_loop(self._chat_prompt, req, tools)
-            if req.continue_final_message:
-                reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
+            text, ids, reasoning, answer_prefill = await self._off_loop(self._chat_prompt, req, tools)
         else:
             text = req.prompt or ""
             ids = await self._off_loop(lambda: list(self.loaded.tokenizer.encode(text, add_special_tokens=True)))
@@ -240,16 +237,19 @@ class Generation:
                           reasoning=reasoning, harmony=harmony)
 
     def _chat_prompt(self, req: ChatCompletionRequest, tools: list[dict] | None
-                     ) -> tuple[str, list[int], ReasoningTags | None]:
-        """The rendered conversation, its token ids, and the reasoning block the answer may open (if any)."""
+                     ) -> tuple[str, list[int], ReasoningTags | None, str]:
+        """The rendered conversation, its token ids, the reasoning block the output may open or is inside (if
+        any), and of an assistant message continued, the part that is the answer (the constraint's beginning)."""
         text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
                                     tools_prompt=self._tools_prompt, generation_prompt=req.generation_prompt,
                                     continue_final_message=bool(req.continue_final_message),
                                     template_kwargs=self._template_kwargs(req))
-        reasoning = None
-        if req.generation_prompt and not req.continue_final_message:
+        reasoning, answer_prefill = None, ""
+        if req.continue_final_message:
+            reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
+        elif req.generation_prompt:
             reasoning = self.template.reasoning_for(text)
-        return text, self.template.encode(text), reasoning
+        return text, self.template.encode(text), reasoning, answer_prefill
 
     def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
         """The request's `chat_template_kwargs`, and for harmony templates its `reasoning_effort` (gpt-oss's levels
