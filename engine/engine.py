@@ -1,9 +1,11 @@
 """The engine: one thread owns the model and runs the continuous-batching loop; asyncio callers stream events.
 
 Each step: cancelled rows leave -> newcomers are admitted -> running rows decode one token, newcomers are
-prefilled (n > 1: prefilled once, rows forked) -> grammar bitmasks are filled on the CPU (while the device works,
-when a core is free for it) -> one sampling pipeline for the whole batch (engine/sampler.py) -> grammars vet the
-sampled tokens (budget rule), per-row bookkeeping and events -> finished rows are dropped from the cache. Knows nothing about HTTP; never blocks the event loop.
+prefilled (n > 1: prefilled once, rows forked), and a long or scored prompt advances by one chunk (it joins after
+its last) -> grammar bitmasks are filled on the CPU (while the device works, when a core is free for it) -> one
+sampling pipeline for the whole batch (engine/sampler.py) -> grammars vet the sampled tokens (budget rule), per-row
+bookkeeping and events -> finished rows are dropped from the cache. Knows nothing about HTTP; never blocks the event
+loop.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import torch
+from transformers import DynamicCache
 
 from constrain.grammar import ConstraintError
 from constrain.stops import StopMatcher
@@ -33,8 +37,9 @@ from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob,
 log = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
-# Prompt-logprob requests are prefilled this many positions at a time: the logits of a chunk (positions x
-# vocabulary, ~155 MB at 152k) exist at once, never the whole prompt's.
+# Prompt-logprob requests are prefilled this many positions a step: the logits of a chunk (positions x
+# vocabulary, ~155 MB at 152k) exist at once, never the whole prompt's, and scoring them (~0.25 s on 2 CPU cores)
+# holds the running rows up for one chunk's time, not the whole prompt's.
 PROMPT_LOGPROB_CHUNK = 256
 
 
@@ -62,6 +67,7 @@ class Engine:
         self._states_lock = threading.Lock()
         self._bitmask_host: torch.Tensor | None = None
         self._admitted: list[RequestState] = []
+        self._chunked: ChunkedPrefill | None = None  # the prompt being prefilled over several steps
         self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
         self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-bitmask")
         self._fill_during_forward = True  # set by the engine thread (see `_run`)
@@ -70,6 +76,7 @@ class Engine:
         self._tokens_generated = 0
         self._requests_finished = 0
         self._prefill_tokens = 0
+        self._prefill_chunks = 0  # chunks of prompts prefilled over several steps
         # Seconds the engine thread spent in each part of its steps (see `_step`); /metrics and bench/ read them.
         self._step_seconds = dict.fromkeys(STEP_PHASES, 0.0)
 
@@ -126,9 +133,11 @@ class Engine:
         self.scheduler.wakeup.set()
 
     def stats(self) -> dict:
-        return {"batch_size": len(self.seqs), "queue_depth": self.scheduler.depth(), "steps": self._steps,
-                "tokens_generated": self._tokens_generated, "requests_finished": self._requests_finished,
-                "prefill_tokens": self._prefill_tokens, "max_batch_size": self.max_batch_size,
+        chunked = self._chunked  # (a prompt prefilled over several steps still waits to join)
+        return {"batch_size": len(self.seqs), "queue_depth": self.scheduler.depth() + (chunked is not None),
+                "steps": self._steps, "tokens_generated": self._tokens_generated,
+                "requests_finished": self._requests_finished, "prefill_tokens": self._prefill_tokens,
+                "prefill_chunks": self._prefill_chunks, "max_batch_size": self.max_batch_size,
                 "step_seconds": dict(self._step_seconds)}
 
     # ---- engine thread ------------------------------------------------------------------------------------
@@ -146,7 +155,7 @@ class Engine:
             torch.set_num_threads(self._engine_cpu_threads())
         self._fill_during_forward = self._overlap_fill() if self.overlap_fill is None else self.overlap_fill
         while not self._stopping:
-            if not self.seqs and self.scheduler.depth() == 0:
+            if not self.seqs and self._chunked is None and self.scheduler.depth() == 0:
                 self.scheduler.wakeup.wait(0.5)
                 self.scheduler.wakeup.clear()
                 continue
@@ -159,14 +168,18 @@ class Engine:
                     if seq.finished is None:
                         self._emit(seq, seq.finish_with_error(message, "internal"))
                 joined = {id(seq.state) for seq in self.seqs}
-                for state in self._admitted:
+                for state in self._admitted + ([self._chunked.state] if self._chunked else []):
                     if id(state) not in joined and state.open_choices > 0:
                         self._fail_request(state, message, "internal")
+                self._chunked = None
                 self._reset_batch()
                 self._flush()
         for seq in self.seqs:
             self._emit(seq, seq.finish_with_error("the server is shutting down", "unavailable"))
         self._reset_batch()
+        if self._chunked is not None:
+            self._fail_request(self._chunked.state, "the server is shutting down", "unavailable")
+            self._chunked = None
         for state in self.scheduler.drain():
             self._fail_request(state, "the server is shutting down", "unavailable")
         self._flush()
@@ -206,7 +219,8 @@ class Engine:
     def _step(self) -> None:
         clock = _PhaseClock(self._step_seconds)
         self._drop_cancelled()
-        newcomers = self._admitted = self.scheduler.admit(len(self.seqs))
+        reserved = self._chunked.state.request.params.n if self._chunked else 0
+        newcomers = self._admitted = self.scheduler.admit(len(self.seqs) + reserved, self._chunked is not None)
         running = self.seqs
         # Grammar rows of the running batch are filled on a worker thread while this thread runs the forward
         # (when a core is free for it), else after the forward.
@@ -215,7 +229,7 @@ class Engine:
         clock.lap("schedule")
         running_logits = self.runner.decode(self.kv, self.last_tokens) if running else None
         clock.lap("forward")
-        new_seqs, new_kv, new_logits = self._prefill(newcomers)
+        new_seqs, new_kv, new_logits = self._prefill(newcomers)  # (and the chunked prompt's next chunk)
         if new_seqs:
             self._join(new_seqs, new_kv)
         clock.lap("prefill")
@@ -235,22 +249,25 @@ class Engine:
     # ---- joining and leaving ------------------------------------------------------------------------------
 
     def _prefill(self, states: list[RequestState]) -> tuple[list[Sequence], KVBatch | None, torch.Tensor | None]:
-        """Prefill newcomers (prompt-logprob requests each alone, with all positions' logits), fork n rows."""
-        plain = [s for s in states if s.request.params.prompt_logprobs is None]
-        scoring = [s for s in states if s.request.params.prompt_logprobs is not None]
-        groups = ([plain] if plain else []) + [[s] for s in scoring]
+        """Prefill the newcomers whose prompts fit in one step as one mini-batch; start the one prefilled in
+        chunks (Scheduler.prefilled_in_chunks) and advance it by a chunk. Fork n rows of each prompt prefilled."""
+        whole = [s for s in states if not self.scheduler.prefilled_in_chunks(s) and self._admissible(s)]
+        for state in states:
+            if self.scheduler.prefilled_in_chunks(state) and self._admissible(state):
+                self._chunked = ChunkedPrefill(state)
+        prefilled: list[tuple[list[RequestState], KVBatch, torch.Tensor]] = []
+        if whole:
+            kv, logits = self.runner.prefill([s.request.prompt_ids for s in whole])
+            self._prefill_tokens += kv.rows * kv.length
+            prefilled.append((whole, kv, logits))
+        if self._chunked is not None:
+            done = self._advance_chunked()
+            if done is not None:
+                prefilled.append(([done[0]], done[1], done[2]))
         seqs: list[Sequence] = []
         kv_all: KVBatch | None = None
         logits_all: list[torch.Tensor] = []
-        for group in groups:
-            group = [s for s in group if self._admissible(s)]
-            if not group:
-                continue
-            if group[0].request.params.prompt_logprobs is not None:
-                kv, logits = self._prefill_scoring(group[0])
-            else:
-                kv, logits = self.runner.prefill([s.request.prompt_ids for s in group])
-            self._prefill_tokens += kv.rows * kv.length
+        for group, kv, logits in prefilled:
             fork: list[int] = []
             for row, state in enumerate(group):
                 try:
@@ -275,6 +292,28 @@ class Engine:
         if not seqs:
             return [], None, None
         return seqs, kv_all, torch.cat(logits_all, dim=0)
+
+    def _advance_chunked(self) -> tuple[RequestState, KVBatch, torch.Tensor] | None:
+        """Prefill the next chunk of the prompt in progress, scoring its positions when prompt logprobs are asked
+        for; once the last chunk is in, the prompt's KV and last logits [1, V] (and it is no longer in progress)."""
+        job, state = self._chunked, self._chunked.state
+        prompt, scoring = state.request.prompt_ids, state.request.params.prompt_logprobs is not None
+        start = job.done
+        end = min(len(prompt), start + (PROMPT_LOGPROB_CHUNK if scoring else self.scheduler.max_prefill_tokens))
+        logits = self.runner.prefill_chunk(job.cache, prompt, start, end, all_logits=scoring)
+        if scoring:
+            job.prompt_logprobs.extend(self._prompt_logprobs(state, start, logits))
+        job.done = end
+        self._prefill_tokens += end - start
+        self._prefill_chunks += 1
+        if end < len(prompt):
+            return None
+        self._chunked = None
+        if scoring:
+            state.prompt_logprobs = tuple(job.prompt_logprobs)
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        positions = torch.tensor([len(prompt)], dtype=torch.long, device=self.device)
+        return state, KVBatch(job.cache, mask, positions), logits[-1:]
 
     def _admissible(self, state: RequestState) -> bool:
         n, prompt = state.request.params.n, state.request.prompt_ids
@@ -348,6 +387,9 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for state in self.scheduler.remove_cancelled():
             self._fail_request(state, "cancelled", "cancelled")
+        if self._chunked is not None and self._chunked.state.cancelled:
+            self._fail_request(self._chunked.state, "cancelled", "cancelled")
+            self._chunked = None
         keep = [row for row, seq in enumerate(self.seqs) if not seq.state.cancelled]
         gone = [seq for seq in self.seqs if seq.state.cancelled]
         self._keep_rows(keep)
@@ -522,17 +564,6 @@ class Engine:
                         for tid, lp in zip(out.top_ids[row][:k], out.top_logprobs[row][:k]) if lp != -math.inf)
         return TokenLogprob(token_id=token, token=text, token_bytes=data, logprob=out.logprobs[row], top=top)
 
-    def _prefill_scoring(self, state: RequestState) -> tuple[KVBatch, torch.Tensor]:
-        """Prefill one prompt-logprob request in chunks, scoring each chunk's positions as they come."""
-        entries: list[TokenLogprob | None] = [None]  # the first prompt token has no logprob
-
-        def score(start: int, logits: torch.Tensor) -> None:
-            entries.extend(self._prompt_logprobs(state, start, logits))
-
-        kv, logits = self.runner.prefill_scoring(state.request.prompt_ids, PROMPT_LOGPROB_CHUNK, score)
-        state.prompt_logprobs = tuple(entries)
-        return kv, logits
-
     def _prompt_logprobs(self, state: RequestState, start: int, logits: torch.Tensor) -> list[TokenLogprob]:
         """Raw logprobs of the prompt tokens that positions start.. predict (position p predicts token p + 1),
         with top-k alternatives; `logits` [n, V] are those positions'."""
@@ -555,6 +586,17 @@ class Engine:
                                  zip(top_ids[pos], top_lps[pos])) if k else ()
             result.append(TokenLogprob(token, *self.texts.get(token), chosen[pos], alternatives))
         return result
+
+
+@dataclass
+class ChunkedPrefill:
+    """A prompt prefilled over several steps (Scheduler.prefilled_in_chunks): its own cache, the positions done,
+    and the prompt logprobs scored so far (the first prompt token has none)."""
+
+    state: RequestState
+    cache: DynamicCache = field(default_factory=DynamicCache)
+    done: int = 0
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
 
 
 def _grammar_failed(seq: Sequence, exc: Exception) -> None:

@@ -7,8 +7,6 @@ from the engine thread.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
-
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
@@ -51,25 +49,17 @@ class ModelRunner:
         return KVBatch(cache, mask, mask.sum(-1)), out.logits[:, -1, :]
 
     @torch.inference_mode()
-    def prefill_scoring(self, prompt: list[int], chunk_tokens: int,
-                        on_logits: Callable[[int, torch.Tensor], None]) -> tuple[KVBatch, torch.Tensor]:
-        """One prompt, prefilled `chunk_tokens` positions at a time, for prompt logprobs: `on_logits(start,
-        logits [n, V])` sees each position's logits once, so the prompt x vocabulary logits (2.5 GB for 4096
-        positions of a 152k vocabulary) never exist at once. Returns the KV and the last position's logits [1, V]."""
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        cache = DynamicCache()
-        last = None
-        for start in range(0, len(prompt), chunk_tokens):
-            end = min(start + chunk_tokens, len(prompt))
-            out = self._forward(cache, input_ids=ids[:, start:end],
-                                attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
-                                position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
-                                logits_to_keep=0)
-            on_logits(start, out.logits[0])
-            last = out.logits[:, -1, :]
-        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
-        positions = torch.tensor([len(prompt)], dtype=torch.long, device=self.device)
-        return KVBatch(cache, mask, positions), last
+    def prefill_chunk(self, cache: DynamicCache, prompt: list[int], start: int, end: int,
+                      all_logits: bool) -> torch.Tensor:
+        """Positions start..end of one prompt whose earlier positions are in `cache` (a prompt prefilled over
+        several steps): grows the cache, returns the logits of every position [n, V] (`all_logits`, for prompt
+        logprobs) or of the last one [1, V]."""
+        ids = torch.tensor([prompt[start:end]], dtype=torch.long, device=self.device)
+        out = self._forward(cache, input_ids=ids,
+                            attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                            position_ids=torch.arange(start, end, device=self.device).unsqueeze(0),
+                            logits_to_keep=0 if all_logits else 1)
+        return out.logits[0]
 
     @torch.inference_mode()
     def decode(self, kv: KVBatch, tokens: torch.Tensor) -> torch.Tensor:

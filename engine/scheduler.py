@@ -1,12 +1,16 @@
 """Which waiting requests join the running batch at the next step boundary.
 
 A thread-safe waiting queue and one decision function; returns data, calls nothing. Limits: rows (a request
-needs `n` rows) and padded prefill tokens (a single request larger than the budget is still admitted alone, so
-nothing starves). Prompts take turns by the client request they are one of (`GenerationRequest.group`): requests
-wait in a ring, in the order they came; the first one's next prompt joins, and a request with more prompts waiting
-goes to the back of the ring. So a prompt sent beside a completions request of thousands waits for a turn, not for
-all of them (it waited 35 s behind 64 prompts x n 4); between requests of one prompt each that is first come, first
-served. A request that does not fit blocks those behind it.
+needs `n` rows) and padded prefill tokens per step. A prompt longer than that budget, and a prompt whose logprobs
+are asked for (its every position's logits are scored), is prefilled over several steps, a chunk per step, while
+the running rows go on decoding (`prefilled_in_chunks`); one such prompt at a time: the next waits for its turn
+while shorter ones pass it. So one long prompt no longer stops every stream for the seconds its prefill takes.
+
+Prompts take turns by the client request they are one of (`GenerationRequest.group`): requests wait in a ring, in
+the order they came; the first one's next prompt joins, and a request with more prompts waiting goes to the back of
+the ring. So a prompt sent beside a completions request of thousands waits for a turn, not for all of them (it
+waited 35 s behind 64 prompts x n 4); between requests of one prompt each that is first come, first served. A
+request whose rows do not fit blocks those behind it.
 """
 
 from __future__ import annotations
@@ -53,24 +57,38 @@ class Scheduler:
             self._waiting = {group: queue for group, queue in kept.items() if queue}
         return gone
 
-    def admit(self, running_rows: int) -> list[RequestState]:
-        """Pop the requests that join now, in turn (see the module): rows fit, and the padded prefill stays within
-        the token budget."""
+    def prefilled_in_chunks(self, state: RequestState) -> bool:
+        """Whether this prompt is prefilled over several steps (see the module) rather than in one."""
+        return (state.request.params.prompt_logprobs is not None
+                or len(state.request.prompt_ids) > self.max_prefill_tokens)
+
+    def admit(self, running_rows: int, chunking: bool) -> list[RequestState]:
+        """Pop the requests that join now, in turn (see the module): rows fit, the prompts prefilled whole stay
+        within the padded token budget, and at most one prompt prefilled in chunks is in progress (`chunking`: one
+        already is)."""
         admitted: list[RequestState] = []
-        rows, longest = running_rows, 0
+        rows, longest, whole = running_rows, 0, 0
+        passed: set[str] = set()  # requests whose next prompt waits for the chunked prefill in progress
         with self._lock:
-            while self._waiting:
-                group = next(iter(self._waiting))
+            while len(self._waiting) > len(passed):
+                group = next(g for g in self._waiting if g not in passed)
                 state = self._waiting[group][0]
                 n = state.request.params.n
-                length = max(longest, len(state.request.prompt_ids))
                 if rows + n > self.max_batch_size and n <= self.max_batch_size:
                     break  # (a request that can never fit is let through, to be refused, not to block the queue)
-                if admitted and length * (len(admitted) + 1) > self.max_prefill_tokens:
-                    break
+                if self.prefilled_in_chunks(state):
+                    if chunking:
+                        passed.add(group)
+                        continue
+                    chunking = True
+                else:
+                    length = max(longest, len(state.request.prompt_ids))
+                    if length * (whole + 1) > self.max_prefill_tokens:
+                        break
+                    longest, whole = length, whole + 1
                 queue = self._waiting.pop(group)
                 admitted.append(queue.popleft())
                 if queue:  # (its next prompt waits behind the requests already waiting)
                     self._waiting[group] = queue
-                rows, longest = rows + n, length
+                rows += n
         return admitted

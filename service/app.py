@@ -59,7 +59,8 @@ def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, templa
     if config.schemas_dir is not None:
         kwargs["schemas_dir"] = config.schemas_dir
     compiler = constrain.GrammarCompiler(vocab, loaded.tokenizer, **kwargs)
-    engine = engine_pkg.Engine(loaded, max_batch_size=config.max_batch_size)
+    engine = engine_pkg.Engine(loaded, max_batch_size=config.max_batch_size,
+                               max_prefill_tokens=config.max_prefill_tokens)
     return engine, compiler
 
 

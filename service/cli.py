@@ -66,6 +66,10 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--dtype", default=_env("dtype", "auto"), choices=["auto", "float32", "fp32", "float16",
                                                                        "fp16", "bfloat16", "bf16"])
     p.add_argument("--max-batch-size", type=_positive_int, default=_env("max_batch_size", "16"))
+    p.add_argument("--max-prefill-tokens", type=_positive_int, default=_env("max_prefill_tokens", "4096"),
+                   help="prompt positions prefilled in one engine step: waiting prompts together (padded), or one "
+                        "chunk of a longer prompt, which joins after several steps while the running requests go "
+                        "on; lower it on a CPU so a long prompt holds the streams up for less (default: 4096)")
     p.add_argument("--max-model-len", type=_positive_int, default=_env("max_model_len"),
                    help="context length (default: the model's)")
     p.add_argument("--served-model-name", default=_env("served_model_name"),
@@ -106,6 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model=args.model, host=args.host, port=int(args.port), api_key=args.api_key or None,
         device=args.device, dtype=args.dtype, max_batch_size=int(args.max_batch_size),
+        max_prefill_tokens=int(args.max_prefill_tokens),
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,

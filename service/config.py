@@ -19,6 +19,7 @@ class ServerConfig:
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 16
+    max_prefill_tokens: int = 4096  # prompt positions prefilled per engine step (longer prompts: in chunks)
     max_model_len: int | None = None
     served_model_name: str | None = None
     constraint_backend: str = "auto"  # auto | outlines | llguidance

@@ -50,6 +50,12 @@ class _LiveStats:
                                   value=_read(engine, "steps"))
         yield CounterMetricFamily("structgen_engine_tokens_generated", "Tokens sampled by the engine",
                                   value=_read(engine, "tokens_generated"))
+        yield CounterMetricFamily("structgen_engine_prefill_tokens", "Prompt positions prefilled (padding included)",
+                                  value=_read(engine, "prefill_tokens"))
+        yield CounterMetricFamily("structgen_engine_prefill_chunks",
+                                  "Chunks of the prompts prefilled over several steps (longer than "
+                                  "--max-prefill-tokens, or scored for prompt logprobs)",
+                                  value=_read(engine, "prefill_chunks"))
         phases = CounterMetricFamily("structgen_engine_step_seconds",
                                      "Seconds the engine thread spent in each phase of its decode steps "
                                      "(on a GPU, 'sample' includes waiting for the device)", labels=["phase"])

@@ -176,3 +176,102 @@ def test_low_temperature_rows_sample_likelier_tokens_than_temperature_one_rows(e
         return sum(lps) / len(lps)
 
     assert mean_logprob(0.1) > mean_logprob(1.0) + 0.1
+
+
+LONG_PROMPT = list(range(4000, 4040))
+
+
+def test_a_prompt_longer_than_the_prefill_budget_is_prefilled_in_chunks_with_the_same_tokens(builtin):
+    """A prompt over `max_prefill_tokens` is prefilled that many positions a step (the running rows decode in
+    between) and decodes exactly as after one prefill; a short request sent beside it is served meanwhile."""
+    from engine import Engine
+
+    chunked = Engine(builtin, max_batch_size=4, max_prefill_tokens=16)
+    widths = []  # positions per forward
+    hook = builtin.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    chunked.start()
+    try:
+        long_out, short_out = run_all(chunked, request("long", LONG_PROMPT, **GREEDY), request("short", PROMPT_B, **GREEDY))
+        stats = chunked.stats()
+    finally:
+        chunked.shutdown()
+        hook.remove()
+    whole = Engine(builtin, max_batch_size=4)
+    whole.start()
+    try:
+        (expected,) = run_all(whole, request("long", LONG_PROMPT, **GREEDY))
+    finally:
+        whole.shutdown()
+    assert long_out[0].tokens == expected[0].tokens and len(long_out[0].tokens) == 24
+    assert long_out[0].last.usage.prompt_tokens == len(LONG_PROMPT)
+    assert short_out[0].last.finish_reason == "length"
+    assert sorted(w for w in widths if w > 1) == [3, 8, 16, 16]  # PROMPT_B whole; LONG_PROMPT 16 + 16 + 8
+    assert stats["prefill_tokens"] == len(LONG_PROMPT) + len(PROMPT_B)
+    assert stats["batch_size"] == 0
+
+
+def tokens_seen_while_prefilled(eng, slow):
+    """Tokens a running request received between `slow`'s submission and `slow`'s first event."""
+    async def main():
+        counts = {"running": 0}
+        running = eng.generate(request("running", PROMPT_A, temperature=0.0, max_tokens=200, ignore_eos=True))
+        await running.__anext__()
+
+        async def drain():
+            async for ev in running:
+                counts["running"] += len(ev.token_ids)
+
+        drainer = asyncio.create_task(drain())
+        await asyncio.sleep(0)
+        at_submit = counts["running"]
+        events = eng.generate(slow)
+        first = await events.__anext__()
+        seen = counts["running"] - at_submit
+        rest = [ev async for ev in events]
+        eng.cancel("running")
+        await drainer
+        return seen, collect_events([first, *rest])
+
+    return asyncio.run(main())
+
+
+def test_running_rows_decode_while_a_scored_prompt_is_prefilled_chunk_by_chunk(engine, monkeypatch):
+    """Scoring a prompt (prompt logprobs: every position's logits) took one engine step for the whole prompt, ~10 s
+    for 4096 tokens on 2 cores, during which every stream stood still. It now takes a chunk a step, and the
+    running rows get a token at each."""
+    import engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROMPT_LOGPROB_CHUNK", 2)  # 40 prompt tokens: 20 steps
+    seen, scored = tokens_seen_while_prefilled(engine, request("scored", LONG_PROMPT, max_tokens=3,
+                                                               prompt_logprobs=1, temperature=0.0))
+    assert seen >= 15, seen
+    plp = scored[0].events[0].prompt_logprobs
+    assert len(plp) == len(LONG_PROMPT) and plp[0] is None
+    assert [entry.token_id for entry in plp[1:]] == LONG_PROMPT[1:]
+    assert scored[0].last.finish_reason == "length" and len(scored[0].tokens) == 3
+
+
+def test_cancelling_a_prompt_while_it_is_prefilled_in_chunks_ends_it_and_frees_the_engine(engine, monkeypatch):
+    import engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROMPT_LOGPROB_CHUNK", 1)
+
+    async def main():
+        stream = engine.generate(request("victim", LONG_PROMPT * 20, max_tokens=2, prompt_logprobs=0))
+        waiter = asyncio.create_task(stream.__anext__())
+        for _ in range(400):
+            await asyncio.sleep(0.005)
+            if engine._chunked is not None and engine._chunked.done > 0:
+                break
+        in_progress = engine._chunked is not None and engine._chunked.done < 800
+        engine.cancel("victim")
+        event = await waiter
+        return in_progress, event
+
+    in_progress, event = asyncio.run(main())
+    assert in_progress
+    assert event.finish_reason == "error" and event.error_code == "cancelled"
+    (after,) = run_all(engine, request("after", PROMPT_A, temperature=0.0, max_tokens=2))
+    assert after[0].last.finish_reason == "length"
+    assert engine._chunked is None and engine.stats()["batch_size"] == 0

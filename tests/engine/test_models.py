@@ -86,6 +86,8 @@ def test_forwards_run_without_cudnn_attention(tiny_model):
     H100): the runner's forwards never use it, and leave the process's setting as they found it."""
     import torch
 
+    from transformers import DynamicCache
+
     from engine.model_runner import ModelRunner
 
     runner = ModelRunner(tiny_model)
@@ -94,8 +96,8 @@ def test_forwards_run_without_cudnn_attention(tiny_model):
     try:
         kv, logits = runner.prefill([[1, 2, 3], [4, 5]])
         runner.decode(kv, logits.argmax(dim=-1))
-        runner.prefill_scoring([1, 2, 3, 4], 2, lambda start, logits: None)
+        runner.prefill_chunk(DynamicCache(), [1, 2, 3, 4], 0, 2, all_logits=True)
     finally:
         hook.remove()
-    assert seen == [False] * 4
+    assert seen == [False] * 3
     assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -111,6 +111,25 @@ def test_json_whitespace_option_shapes_constrained_output(tiny_model_dirs):
         assert _whitespace_outside_strings(doc) == "", doc
 
 
+def test_max_prefill_tokens_option_prefills_a_longer_prompt_in_chunks(tiny_model_dirs):
+    """--max-prefill-tokens reaches the engine: a 100-token prompt is prefilled 16 positions a step (7 chunks,
+    /metrics), and the answer is the one the default (one prefill) gives."""
+    from tests.service.conftest import metric
+
+    model = str(tiny_model_dirs["gpt2"])
+    body = {"model": model, "prompt": list(range(300, 400)), "max_tokens": 8, "temperature": 0}
+    answers, chunks = [], []
+    for args in (("--max-prefill-tokens", "16"), ()):
+        with ServerProcess("--model", model, *args) as server:
+            response = httpx.post(server.base_url + "/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            answers.append(response.json()["choices"][0]["text"])
+            chunks.append(metric(httpx.get(server.base_url + "/metrics").text,
+                                 "structgen_engine_prefill_chunks_total"))
+    assert chunks == [7, 0]
+    assert answers[0] == answers[1] and answers[0]
+
+
 def test_a_tool_call_format_the_tokenizer_cannot_write_exits_nonzero_naming_it():
     result = _serve("--tool-call-format", "mistral")  # (the built-in model's tokenizer has no [TOOL_CALLS])
     assert result.returncode == 1
