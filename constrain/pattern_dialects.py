@@ -76,8 +76,10 @@ _DOT = "[^\\n\\r\\u2028\\u2029]"  # ECMA-262's `.`, which the other dialects' al
 
 @functools.lru_cache(maxsize=4096)
 def portable_pattern(pattern: str) -> str:
-    """`pattern` with `.` and every shorthand (alone or in a class) spelled as explicit characters. A pattern this
-    cannot read with certainty (a class holding `[` or `\\p{..}`, a class opening with `]`) is returned as it is."""
+    """`pattern` with `.` and every shorthand (alone or in a class) spelled as explicit characters. A class whose
+    members this cannot read with certainty (`\\p{..}`, `\\a`, octal) stays as written, the rest is still
+    rewritten; a pattern whose classes' extent the dialects read differently (a class holding `[`, or opening with
+    `]`) is returned as it is."""
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
@@ -106,7 +108,8 @@ def portable_pattern(pattern: str) -> str:
 
 def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
     """(index after the class opening at `start`, its spelling): the class as written where it names no
-    shorthand, else the characters it takes in every dialect, as one positive class. (None, "") where unreadable."""
+    shorthand or holds a member not read here, else the characters it takes in every dialect, as one positive
+    class. (None, "") where the dialects may not agree on where the class ends."""
     i, n = start + 1, len(pattern)
     negated = pattern.startswith("^", i)
     i += negated
@@ -123,12 +126,12 @@ def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
             continue
         low, i = _class_char(pattern, i)
         if low is None:
-            return None, ""
+            return _as_written(pattern, start, i)
         high = low
         if pattern.startswith("-", i) and i + 1 < n and pattern[i + 1] != "]":
             high, i = _class_char(pattern, i + 1)
             if high is None or high < low:
-                return None, ""
+                return _as_written(pattern, start, i)
         literal.append(((low, high),))
     if i >= n:
         return None, ""
@@ -139,6 +142,21 @@ def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
     read = [union_ranges(*literal, *(reading[k] for k in shorthands)) for reading in _dialects()]
     taken = negate_ranges(union_ranges(*read)) if negated else _intersection(*read)
     return (end, _write_class(taken)) if taken else (None, "")
+
+
+def _as_written(pattern: str, start: int, i: int) -> tuple[int | None, str]:
+    """The class opening at `start` as written, for one with a member not read here; its end is the first `]` not
+    escaped from pattern[i] on (None where a `[` or the pattern's end comes first: dialects differ there)."""
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += 2
+        elif pattern[i] == "[":
+            return None, ""
+        elif pattern[i] == "]":
+            return i + 1, pattern[start:i + 1]
+        else:
+            i += 1
+    return None, ""
 
 
 def _class_char(pattern: str, i: int) -> tuple[int | None, int]:

@@ -11,7 +11,7 @@ import pytest
 from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
 from constrain.pattern_dialects import portable_pattern
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_document, accepts_value
+from tests.constrain.conftest import accepts_document, accepts_value, takes_text
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,27 @@ def test_the_portable_spelling_matches_no_character_python_refuses(pattern):
 @pytest.mark.parametrize("pattern", ["^[a-z]+$", "^\\x41\\u00e9[\\-.]$", "^(a|b)\\b$", "[[a]]", "^\\p{L}$", "[]a]"])
 def test_patterns_without_shorthands_or_dots_or_that_cannot_be_read_stay_as_written(pattern):
     assert portable_pattern(pattern) == pattern
+
+
+@pytest.mark.parametrize("pattern,portable", [
+    ("^[\\a]?\\d{3}$", "^[\\a]?[0-9]{3}$"),
+    ("[\\101\\d]\\w", "[\\101\\d][0-9A-Z\\u005Fa-z]"),
+    ("[\\N{LATIN SMALL LETTER A}]\\d", "[\\N{LATIN SMALL LETTER A}][0-9]"),
+    ("[\\a\\]]\\d", "[\\a\\]][0-9]"),
+])
+def test_a_class_that_cannot_be_read_stays_as_written_and_the_rest_is_still_rewritten(pattern, portable):
+    """A class holding a member read differently across dialects (`\\a`, octal, `\\N{..}`) left the whole pattern
+    as written, so a `\\d` elsewhere kept the backends' Unicode reading: the regex `[\\a]?\\d{10}` wrote U+10D45,
+    which even Python's `\\d` refuses (llguidance's Unicode tables are newer)."""
+    assert portable_pattern(pattern) == portable
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_the_regex_extension_reads_a_shorthand_beside_an_unreadable_class_as_every_dialect_does(qwen2, backend):
+    compilers, tok, _ = qwen2
+    g = compilers[backend].compile(ConstraintSpec(kind="regex", pattern="[\\a]?\\d{3}", backend=backend))
+    assert not takes_text(g, tok, "\u0663\u0663\u0663") and not takes_text(g, tok, "\U00010d45" * 3)
+    assert takes_text(g, tok, "123")
 
 
 def _accepts_document(qwen2, schema, document) -> bool:
