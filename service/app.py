@@ -88,6 +88,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             yield
         finally:
             engine.shutdown()
+            app.state.generation.close()
             close = getattr(compiler, "close", None)
             if close is not None:
                 close()

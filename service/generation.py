@@ -115,10 +115,16 @@ class Generation:
         self.template = template
         self._reasoning_tokens: ReasoningTokens | None = None  # built on the first request with a block
         self.vocab_limit = max(len(loaded.tokenizer), 1)
+        # The special tokens, which generated text leaves out (completions' `text_offset`s skip them).
+        self.special_ids = frozenset(int(i) for i, t in loaded.tokenizer.added_tokens_decoder.items() if t.special)
         # Prompts are rendered and tokenized here, off the event loop: a prompt of megabytes takes seconds, during
         # which the loop answered nothing (/health included). One thread, so calls into the tokenizer stay one at a
         # time, as they were on the loop (a fast tokenizer may refuse concurrent use: "Already borrowed").
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-prompts")
+
+    def close(self) -> None:
+        """Stop the prompts thread (at shutdown, once no request is served)."""
+        self._prompts.shutdown(wait=False, cancel_futures=True)
 
     async def _off_loop(self, fn, *args):
         """`fn(*args)` on the prompts thread."""

@@ -86,7 +86,7 @@ def legacy_token(token_id: int, token: str, data: bytes, as_ids: bool) -> str:
     vocabulary spells an emoji in up to 4 tokens) are written `bytes:\\xf0\\x9f`, as OpenAI's legacy API writes
     them: each shown as U+FFFD, two such alternatives were one key of `top_logprobs` and one was lost."""
     if as_ids:
-        return f"token_id:{token_id}"
+        return token_text(token_id, token, as_ids)
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:

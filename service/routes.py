@@ -93,11 +93,6 @@ def _first_tokens(gen: Generation, plan: Plan) -> list[tuple[int, str, bytes]]:
             if p.ids else (0, "", b"") for p in plan.prompts]
 
 
-def _skipped_ids(gen: Generation) -> frozenset[int]:
-    """The special tokens, which generated text leaves out (`TextOffsets`)."""
-    return frozenset(int(i) for i, t in gen.loaded.tokenizer.added_tokens_decoder.items() if t.special)
-
-
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     gen = _gen(request)
@@ -109,7 +104,7 @@ async def completions(body: CompletionRequest, request: Request):
         return _streaming(request, gen, plan, completion_stream(
             gen, plan, model=model, created=plan.created, include_usage=body.include_usage, echo=bool(body.echo),
             logprobs=logprobs, as_ids=as_ids, first_tokens=_first_tokens(gen, plan),
-            skipped_ids=_skipped_ids(gen)))
+            skipped_ids=gen.special_ids))
     try:
         events = await gen.collect(plan, request)
     except ClientGone:
@@ -118,6 +113,6 @@ async def completions(body: CompletionRequest, request: Request):
     return JSONResponse(completion_body(
         request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
         created=plan.created, choices=states, prompt_texts=[p.text for p in plan.prompts],
-        first_tokens=_first_tokens(gen, plan), skipped_ids=_skipped_ids(gen), n=plan.n,
+        first_tokens=_first_tokens(gen, plan), skipped_ids=gen.special_ids, n=plan.n,
         prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
         headers=plan.headers)
