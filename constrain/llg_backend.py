@@ -20,6 +20,7 @@ import copy
 import decimal
 import functools
 import json
+import logging
 import re
 import threading
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import ANNOTATIONS, STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
 from constrain.vocabulary import Vocabulary
+
+log = logging.getLogger(__name__)
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
 _UNKNOWN_FORMAT = "Unknown format: "
@@ -926,14 +929,19 @@ _NO_FORCING = '%llguidance {"no_forcing": true}\n'
 def forcing_safe(text: str) -> str:
     """`text` (a lark grammar, or llguidance's JSON form of one grammar) as it is, or without byte forcing where it
     may force '▁' (see _SPACE_MARKER)."""
-    if not _SPACE_MARKER.search(text):
-        return text
+    return without_forcing(text) if _SPACE_MARKER.search(text) else text
+
+
+def without_forcing(text: str) -> str:
+    """`text` (as in `forcing_safe`) with llguidance's byte forcing turned off."""
     if not text.lstrip().startswith("{"):
-        return _NO_FORCING + text
+        return text if text.startswith(_NO_FORCING) else _NO_FORCING + text
     top = json.loads(text)
     grammar = top["grammars"][0]
     lark = grammar.get("lark_grammar") or f"start: %json {json.dumps(grammar['json_schema'])}"
-    top["grammars"][0] = {"name": grammar.get("name") or "start", "lark_grammar": _NO_FORCING + lark}
+    if not lark.startswith(_NO_FORCING):
+        lark = _NO_FORCING + lark
+    top["grammars"][0] = {"name": grammar.get("name") or "start", "lark_grammar": lark}
     return json.dumps(top)
 
 
@@ -953,6 +961,7 @@ class LlgGrammar(Grammar):
         # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
         self.closing_growth = 0
         self.text = forcing_safe(text)
+        self.forcing = self.text == text  # llguidance may force bytes as tokens (see `stop_forcing`)
         self.vocab = vocab
         self.unenforced = unenforced
         self._allowed = vocab.allowed_words()
@@ -980,6 +989,19 @@ class LlgGrammar(Grammar):
         requests, would fail at its first mask). Thread-safe: the engine thread and the mask filler call it."""
         with self._proto_lock:
             if generation == self._lexer_generation:
+                self._proto = self._parse()
+                self._lexer_generation += 1
+
+    def stop_forcing(self) -> None:
+        """A matcher's mask allowed one token only, which its grammar then refused: llguidance forced bytes as the
+        token the tokenizer makes of them, and in this vocabulary that token spells other bytes (a tokenizer
+        normaliser at work: SentencePiece's '▁', which `forcing_safe` sees coming, was one). The grammar is parsed
+        anew without forcing, for the copies after this one."""
+        with self._proto_lock:
+            if self.forcing:
+                log.warning("llguidance forced a token the grammar refuses; this grammar now runs without forcing")
+                self.text = without_forcing(self.text)
+                self.forcing = False
                 self._proto = self._parse()
                 self._lexer_generation += 1
 
@@ -1070,12 +1092,34 @@ class LlgMatcher(Matcher):
         if _lexer_limit(self._m):  # once more on a fresh lexer: if this output itself needs more, it gives up
             self._on_fresh_lexer()
             self._write_mask(self._m, v)
+        if self._g.forcing and self._forced_a_refused_token(out):
+            self._g.stop_forcing()
+            self._replayed()
+            self._write_mask(self._m, v)
         self._raise_if_gave_up()
+
+    def _forced_a_refused_token(self, out: np.ndarray) -> bool:
+        """The mask `out` allows a single token (or none) though the output cannot end here, and the grammar
+        refuses that token: what llguidance's forcing does where a token's bytes differ from those it forced
+        (see `LlgGrammar.stop_forcing`). Costs a scan of the row (~3 us on 152k tokens)."""
+        if np.count_nonzero(out) > 1 or self._m.is_accepting() or self._m.is_stopped() or self._m.is_error():
+            return False
+        words = np.flatnonzero(out)
+        if len(words) == 0:
+            return True
+        word = int(out[words[0]]) & 0xFFFFFFFF
+        if word & (word - 1):
+            return False
+        return self._m.validate_tokens([int(words[0]) * 32 + word.bit_length() - 1]) != 1
 
     def _on_fresh_lexer(self) -> None:
         """This matcher's lexer ran into its limit (here or in a copy): the matcher again on a fresh lexer
         (`LlgGrammar.lexer_spent`), with the output so far replayed."""
         self._g.lexer_spent(self._lexer_generation)
+        self._replayed()
+
+    def _replayed(self) -> None:
+        """This matcher on a fresh copy of its grammar's current parse, with the output so far replayed."""
         self._m, self._lexer_generation = self._g.fresh_copy()
         if self._consumed:
             self._m.consume_tokens(self._consumed)

@@ -446,6 +446,34 @@ def test_a_forced_space_marker_is_written_as_the_character_on_sentencepiece(toke
         compiler.close()
 
 
+@pytest.mark.parametrize("request_fields, expected", [
+    ({"choice": ["\u2581"]}, {"\u2581"}),
+    ({"regex": "[ab]\u2581x"}, {"a\u2581x", "b\u2581x"}),
+])
+def test_a_token_forced_that_the_grammar_refuses_turns_forcing_off_for_that_grammar(tokenizers, vocabs, monkeypatch,
+                                                                                    request_fields, expected):
+    """Whatever normaliser makes a forced token spell other bytes (here '▁' on SentencePiece, with the check that
+    sees it coming switched off), the matcher notices the one-token mask its grammar refuses and goes on without
+    forcing, instead of failing mid-output."""
+    import constrain.llg_backend as llg_backend
+    from constrain import GrammarCompiler
+
+    monkeypatch.setattr(llg_backend, "forcing_safe", lambda text: text)
+    compiler = GrammarCompiler(vocabs["phi3"], tokenizers["phi3"], backend="llguidance", background_outlines=False)
+    try:
+        grammar = compiler.compile(spec_from_request(**request_fields))
+        assert grammar.forcing
+        outputs = set()
+        for seed in range(4):
+            tokens, ended = random_walk(grammar, vocabs["phi3"], random.Random(seed), 30)
+            assert ended
+            outputs.add(decode(vocabs["phi3"], tokens).replace(" ", ""))
+        assert outputs and outputs <= expected
+        assert not grammar.forcing
+    finally:
+        compiler.close()
+
+
 def test_a_hostname_is_held_to_253_characters(gpt2_compiler, tokenizers, vocabs):
     """llguidance's `hostname` limits each label to 63 characters but not the name: 300 characters passed."""
     for schema in ({"type": "string", "format": "hostname"}, {"type": "string", "format": "hostname", "maxLength": 9}):
