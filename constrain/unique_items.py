@@ -440,7 +440,10 @@ class TokenIndex:
     - `partial`: tokens that leave an item unfinished where few values can follow (a literal begun, an integer
       at "0", which cannot grow: checked one by one);
     - `spelled`: tokens by their bytes (one that writes the rest of an earlier string at its maximum length
-      leaves a string that can only finish as a repeat)."""
+      leaves a string that can only finish as a repeat); `escaped_content`: those holding whole escapes and no
+      quote (`\\\\`, `\\/`), by the characters they write inside a string; `after_backslash`: tokens by the
+      characters they write inside a string after a backslash (they finish its escape); `opens`: tokens that, from
+      before an item, open a string and write whole characters, by those characters."""
 
     def __init__(self, vocab: Vocabulary):
         self.token_bytes = vocab.token_bytes
@@ -450,6 +453,10 @@ class TokenIndex:
         number_tails: dict[bytes, list[int]] = {}
         multi: list[int] = []
         partial: list[int] = []
+        escaped_content: dict[bytes, list[int]] = {}
+        after_backslash: dict[bytes, list[int]] = {}
+        opens: dict[bytes, list[int]] = {}
+        in_string, after_escape = ItemState("string"), ItemState("string", b"\\", escaped=True)
         exact = vocab.ids_by_bytes()
         exact_more: dict[bytes, list[int]] = {}  # (the few tokens spelled like an earlier one)
         before_item = ItemState()
@@ -466,6 +473,10 @@ class TokenIndex:
                 k += 1
             if k < len(data) and (data[k] in WS or data[k] in b",]"):
                 number_tails.setdefault(data[:k], []).append(tid)
+            if b"\\" in data:
+                _index_content(escaped_content, tid, *item_events(in_string, data))
+            if data[0] in _ESCAPES or data[0] == ord("u"):
+                _index_content(after_backslash, tid, *item_events(after_escape, data))
             first = data.lstrip(b" \t\n\r")[:1]
             if first and (first[0] == QUOTE or first[0] in NUMBER_START or first in (b"t", b"f", b"n")):
                 events, end = item_events(before_item, data)
@@ -473,6 +484,8 @@ class TokenIndex:
                     start.setdefault(events[0], []).append(tid)
                 elif not events and (end.mode == "literal" or end.buf in (b"0", b"-0")):
                     partial.append(tid)
+                elif first[0] == QUOTE:
+                    _index_content(opens, tid, events, end)
             c = data.find(b",")
             if c >= 0:
                 events, end = item_events(before_item, data[c + 1:])
@@ -487,6 +500,9 @@ class TokenIndex:
         self.number_tails = {k: np.array(v, dtype=np.int64) for k, v in number_tails.items()}
         self.multi = np.array(multi, dtype=np.int64)
         self.partial = np.array(partial, dtype=np.int64)
+        self.escaped_content = {k: np.array(v, dtype=np.int64) for k, v in escaped_content.items()}
+        self.after_backslash = {k: np.array(v, dtype=np.int64) for k, v in after_backslash.items()}
+        self.opens = {k: np.array(v, dtype=np.int64) for k, v in opens.items()}
         self._exact, self._exact_more = exact, exact_more
 
 
@@ -496,6 +512,14 @@ class TokenIndex:
         if first is None:
             return np.zeros(0, dtype=np.int64)
         return np.array([first, *self._exact_more.get(data, ())], dtype=np.int64)
+
+
+def _index_content(index: dict[bytes, list[int]], tid: int, events: list, end: ItemState) -> None:
+    """Index token `tid` by the characters it leaves written in a string (`end`, from `item_events`), where it
+    leaves one open, its escapes finished."""
+    text = unescape(end.buf) if not events and end.mode == "string" and not end.escaped else None
+    if text is not None:
+        index.setdefault(text, []).append(tid)
 
 
 def token_index(vocab: Vocabulary) -> TokenIndex:
@@ -594,17 +618,25 @@ class UniqueItemsMatcher(CheckedMatcher):
             suspects = allowed_ids(words)  # (few: an enum's or a literal's continuations, separators)
         elif t.mode == "value":
             fast = [ix.start[v] for v in frame.seen if v in ix.start]
-            fast += [ix.spelled(w + b'"' + v[1]) for v in frame.seen for w in (b"", b" ")
-                     if v[0] == "s" and self._longest(rule, v[1])]
+            fast += [ix.opens[v[1]] for v in frame.seen
+                     if v[0] == "s" and self._longest(rule, v[1]) and v[1] in ix.opens]
             suspects = np.concatenate([ix.multi, ix.partial])
         elif t.mode == "string":
-            written = None if t.escaped else unescape(bytes(t.buf))
-            if written is None:
+            buf = bytes(t.buf)
+            written = None if t.escaped else unescape(buf)
+            if written is None:  # inside an escape: tokens that finish it may also leave the string at its longest
+                begun = buf.rfind(b"\\")
+                longest = self._longest_rests(frame, unescape(buf[:begun]))
                 suspects = ix.quote_all
+                if t.escaped:
+                    fast = [ix.after_backslash[r] for r in longest if r in ix.after_backslash]
+                elif longest:  # (a \u escape begun: the few tokens allowed here, one by one)
+                    suspects = allowed_ids(words)
             else:
                 rests = [v[1][len(written):] for v in frame.seen if v[0] == "s" and v[1].startswith(written)]
                 fast = [ix.quote_pre[r] for r in rests if r in ix.quote_pre]
-                fast += [ix.spelled(r) for r in rests if self._longest(rule, written + r)]
+                for r in self._longest_rests(frame, written):
+                    fast += [ix.spelled(r)] + ([ix.escaped_content[r]] if r in ix.escaped_content else [])
                 suspects = np.concatenate([ix.quote_other, ix.multi])
         else:  # number
             written = bytes(t.buf)
@@ -620,6 +652,14 @@ class UniqueItemsMatcher(CheckedMatcher):
 
     def _feed(self, data: bytes) -> None:
         self.tracker.feed(data)
+
+    def _longest_rests(self, frame: _Frame, written: bytes | None) -> list[bytes]:
+        """What would finish, after `written`, an earlier string item of the array's longest length: a string left
+        holding `written` plus one of these can only finish as a repeat."""
+        if written is None:
+            return []
+        return [v[1][len(written):] for v in frame.seen
+                if v[0] == "s" and v[1].startswith(written) and self._longest(frame.rule, v[1])]
 
     @staticmethod
     def _longest(rule: UniqueRule, text: bytes) -> bool:
