@@ -190,7 +190,7 @@ class Generation:
         for i, prompt in enumerate(prompts):
             max_tokens = self._fit(req, len(prompt.ids), default_max)
             params = sampling_params(req, max_tokens=max_tokens, logits_width=self.loaded.logits_width,
-                                     logprobs=logprobs, top_logprobs=top_logprobs,
+                                     vocab_size=self.vocab_limit, logprobs=logprobs, top_logprobs=top_logprobs,
                                      prompt_logprobs=prompt_logprobs)
             if spec is not None and spec.kind == "tools" and self.template.calls_in_special_tokens:
                 params = dataclasses.replace(params, skip_special_tokens=False)  # (the calls' tags are special)

@@ -10,21 +10,23 @@ GREEDY_BELOW = 1e-5  # a temperature below this is served as 0 (greedy)
 MIROSTAT_TARGET = 1.5  # seed 002: the target perplexity when a request sets only `mirostat_lr`
 
 
-def logit_bias(req: _SamplingFields, logits_width: int) -> dict[int, float]:
+def logit_bias(req: _SamplingFields, vocab_size: int) -> dict[int, float]:
+    """Token id -> bias. Ids are those of the tokenizer's vocabulary: a model's padded logits beyond it are no
+    token (a bias of 100 on one made the model write ids that decode to nothing, to `max_tokens`)."""
     out = {}
     for key, value in (req.logit_bias or {}).items():
         digits = key.lstrip("0") or "0"  # (past 4300 digits `int` raises: a key that long was a 500)
-        if len(digits) > len(str(logits_width)) or int(digits) >= logits_width:
+        if len(digits) > len(str(vocab_size)) or int(digits) >= vocab_size:
             shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
-            raise invalid(f"logit_bias token id {shown} is out of range: the model has {logits_width} logits",
+            raise invalid(f"logit_bias token id {shown} is out of range: the vocabulary has {vocab_size} tokens",
                           "logit_bias")
         token = int(digits)
         out[token] = float(value)
     return out
 
 
-def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int, logprobs: bool = False,
-                    top_logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
+def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int, vocab_size: int,
+                    logprobs: bool = False, top_logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0.0:  # nucleus of zero mass: only the most likely token
@@ -45,7 +47,7 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logit_bias=logit_bias(req, logits_width),
+        logit_bias=logit_bias(req, vocab_size),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         prompt_logprobs=prompt_logprobs,

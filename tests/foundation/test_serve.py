@@ -130,6 +130,24 @@ def test_max_prefill_tokens_option_prefills_a_longer_prompt_in_chunks(tiny_model
     assert answers[0] == answers[1] and answers[0]
 
 
+def test_logit_bias_takes_the_vocabulary_ids_not_the_padding_of_the_logits(tmp_path):
+    """A model whose logits are padded past its vocabulary (GPT-2's 50257 tokens in 50304 logits, as Qwen2's 151665
+    in 151936): a bias on a padding id was taken, and +100 made the model write ids that decode to nothing."""
+    from tests.conftest import build_tiny_model_dir
+
+    model = str(build_tiny_model_dir(tmp_path / "padded", "gpt2", logits_width=50304))
+    with ServerProcess("--model", model) as server:
+        def post(bias):
+            return httpx.post(server.base_url + "/v1/completions", timeout=60, json={
+                "model": model, "prompt": "Hello", "max_tokens": 3, "logit_bias": bias})
+        refused = post({"50300": 100})
+        taken = post({"50256": -100, "13": 100})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "logit_bias" and "50257" in error["message"]
+    assert taken.status_code == 200 and taken.json()["choices"][0]["text"] == "..."
+
+
 def test_a_tool_call_format_the_tokenizer_cannot_write_exits_nonzero_naming_it():
     result = _serve("--tool-call-format", "mistral")  # (the built-in model's tokenizer has no [TOOL_CALLS])
     assert result.returncode == 1
