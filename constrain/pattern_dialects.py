@@ -193,3 +193,123 @@ def with_portable_patterns(schema):
         if ptr in changed:
             node[key] = changed[ptr]
     return schema
+
+
+# ---- Unicode general categories: `\p{..}` ------------------------------------------------------------------------
+
+# ECMA-262 (with the `u` flag, as JSON Schema 2019-09 on reads patterns) and Rust name general categories as `\p{L}`,
+# `\p{Letter}`, `\p{gc=L}` or `\p{General_Category=Letter}`; Python's `re` has no `\p` at all.
+_CATEGORY_NAMES = {
+    "L": "Letter", "LC": "Cased_Letter", "Lu": "Uppercase_Letter", "Ll": "Lowercase_Letter",
+    "Lt": "Titlecase_Letter", "Lm": "Modifier_Letter", "Lo": "Other_Letter", "M": "Mark", "Mn": "Nonspacing_Mark",
+    "Mc": "Spacing_Mark", "Me": "Enclosing_Mark", "N": "Number", "Nd": "Decimal_Number", "Nl": "Letter_Number",
+    "No": "Other_Number", "P": "Punctuation", "Pc": "Connector_Punctuation", "Pd": "Dash_Punctuation",
+    "Ps": "Open_Punctuation", "Pe": "Close_Punctuation", "Pi": "Initial_Punctuation", "Pf": "Final_Punctuation",
+    "Po": "Other_Punctuation", "S": "Symbol", "Sm": "Math_Symbol", "Sc": "Currency_Symbol", "Sk": "Modifier_Symbol",
+    "So": "Other_Symbol", "Z": "Separator", "Zs": "Space_Separator", "Zl": "Line_Separator",
+    "Zp": "Paragraph_Separator", "Cc": "Control", "Cf": "Format", "Co": "Private_Use",
+}
+_CATEGORY_OF_NAME = {**{k: k for k in _CATEGORY_NAMES}, **{v: k for k, v in _CATEGORY_NAMES.items()},
+                     "digit": "Nd", "punct": "P", "Combining_Mark": "M"}
+
+
+@functools.cache
+def _categories() -> dict[str, Ranges]:
+    """Each two-letter general category's characters in Python's Unicode tables (~0.5 s, once), and "Cn" (those
+    they leave unassigned)."""
+    codes: dict[str, list[int]] = {}
+    for c in range(0x110000):
+        codes.setdefault(unicodedata.category(chr(c)), []).append(c)
+    return {k: ranges_of(v) for k, v in codes.items()}
+
+
+def _category(name: str) -> Ranges | None:
+    """The characters of the general category `name` (any of its spellings; "LC" is Lu, Ll and Lt), or None."""
+    short = _CATEGORY_OF_NAME.get(name.split("=", 1)[1] if name.startswith(("gc=", "General_Category=")) else name)
+    if short is None:
+        return None
+    members = ("Lu", "Ll", "Lt") if short == "LC" else (short,)
+    return union_ranges(*(r for k, r in _categories().items() if k.startswith(members)))
+
+
+def unicode_properties(pattern: str) -> str:
+    """`pattern` with each general category (`\\p{L}`, `\\P{Nd}`, `\\p{Letter}`, in a class or not) spelled as the
+    characters Python's Unicode tables give it, which every dialect reads alike (Python's `re` has no `\\p`).
+    Characters those tables leave unassigned are never taken: a newer Unicode may have given them the category,
+    and what every dialect matches is what an answer may hold. A property not read here (a script, `\\p{Cn}`)
+    stays as written, and Python's `re` refuses the pattern."""
+    if "\\p{" not in pattern and "\\P{" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = negated_class = False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" and pattern[i + 1:i + 2] in ("p", "P") and pattern.startswith("{", i + 2):
+            end = pattern.find("}", i + 3)
+            chars = _category(pattern[i + 3:end]) if end > 0 else None
+            if chars is None:
+                out.append(pattern[i:i + 2])
+                i += 2
+                continue
+            unassigned = _categories()["Cn"]
+            if pattern[i + 1] == "P":
+                chars = negate_ranges(union_ranges(chars, unassigned))
+            if negated_class:  # (the class refuses these: refuse the unassigned too)
+                chars = union_ranges(chars, unassigned)
+            body = _class_body(chars)
+            out.append(body if in_class else f"[{body}]")
+            i = end + 1
+        elif ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif ch == "[" and not in_class:
+            in_class, negated_class = True, pattern.startswith("^", i + 1)
+            out.append("[^" if negated_class else "[")
+            i += 2 if negated_class else 1
+        elif ch == "]" and in_class:
+            in_class = negated_class = False
+            out.append(ch)
+            i += 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _class_body(chars: Ranges) -> str:
+    """The inside of a class of `chars` (surrogates left out: no Rust regex may name them)."""
+    chars = _intersection(chars, negate_ranges(_SURROGATES))
+    return "".join(regex_char(chr(a)) if a == b else f"{regex_char(chr(a))}-{regex_char(chr(b))}" for a, b in chars)
+
+
+# Each category spelled out is up to ~10 KB of pattern: a request may name this many.
+MAX_PROPERTY_ESCAPES = 64
+
+
+def property_escapes(pattern: str) -> int:
+    return pattern.count("\\p{") + pattern.count("\\P{")
+
+
+def with_unicode_properties(schema):
+    """A copy of `schema` whose `pattern`s and `patternProperties` names are `unicode_properties`' spellings
+    (`schema` itself where none names a property)."""
+    if not any(property_escapes(s) for _, s in schema_patterns(schema)):
+        return schema
+    schema = copy.deepcopy(schema)
+    for _, key, node in walk(schema):
+        if key == "pattern" and isinstance(node[key], str):
+            node[key] = unicode_properties(node[key])
+        elif key == "patternProperties" and isinstance(node[key], dict):
+            node[key] = {unicode_properties(k): v for k, v in node[key].items()}
+    return schema
+
+
+def schema_patterns(schema):
+    """(pointer, regex) of every `pattern` and `patternProperties` name."""
+    for ptr, key, node in walk(schema):
+        if key == "pattern" and isinstance(node[key], str):
+            yield ptr, node[key]
+        elif key == "patternProperties" and isinstance(node[key], dict):
+            yield from ((ptr, k) for k in node[key])

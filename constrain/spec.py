@@ -19,6 +19,8 @@ import jsonschema
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
 from constrain.llg_backend import unreadable_pattern
+from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, schema_patterns, unicode_properties,
+                                        with_unicode_properties)
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
 from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, references_followable, resolve_ref, walk
 
@@ -50,7 +52,7 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _ref_siblings(schema)
+    out = _ref_siblings(with_unicode_properties(schema))
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -183,6 +185,12 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
     check_schema_limits(schema, param)
     if isinstance(schema, bool):
         return
+    escapes = [(ptr, property_escapes(s)) for ptr, s in schema_patterns(schema)]
+    if sum(count for _, count in escapes) > MAX_PROPERTY_ESCAPES:
+        ptr = base + next(ptr for ptr, count in escapes if count)
+        raise ConstraintError(f"the schema's patterns name more than {MAX_PROPERTY_ESCAPES} Unicode properties "
+                              f"(\\p{{..}}, the first at {ptr})", param=param, pointer=ptr)
+    schema = with_unicode_properties(schema)  # (jsonschema checks patterns with Python's `re`, which has no \p)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -311,6 +319,10 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
         raise ConstraintError(f"{param} must be a non-empty string", param=param)
     if len(pattern) > 10_000:
         raise ConstraintError(f"{param} is longer than 10000 characters", param=param)
+    if property_escapes(pattern) > MAX_PROPERTY_ESCAPES:
+        raise ConstraintError(f"{param} names more than {MAX_PROPERTY_ESCAPES} Unicode properties (\\p{{..}})",
+                              param=param)
+    pattern = unicode_properties(pattern)
     try:
         re.compile(pattern)
     except re.error as exc:

@@ -229,14 +229,14 @@ def escaped_code(pattern: str, i: int, in_class: bool) -> tuple[int | None, int,
         return None, i + 2, True
     if e == "b":
         return 0x08, i + 2, True
-    if e in ("x", "u"):
+    if e in ("x", "u", "U"):
         if pattern.startswith("{", i + 2):
             end = pattern.find("}", i + 3)
             if end < 0:
                 return None, len(pattern), False
             digits, nxt = pattern[i + 3:end], end + 1
         else:
-            width = 2 if e == "x" else 4
+            width = {"x": 2, "u": 4, "U": 8}[e]
             digits, nxt = pattern[i + 2:i + 2 + width], i + 2 + width
         try:
             return int(digits, 16), nxt, True

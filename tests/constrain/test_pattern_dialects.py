@@ -5,11 +5,12 @@ object that takes no other keys."""
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import pytest
 
-from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
-from constrain.pattern_dialects import portable_pattern
+from constrain import ConstraintError, ConstraintSpec, GrammarCompiler, spec_from_request
+from constrain.pattern_dialects import portable_pattern, unicode_properties
 from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_document, accepts_value, takes_text
 
@@ -149,3 +150,62 @@ def test_a_negated_pattern_refuses_what_any_dialect_matches(qwen2, pattern, refu
               "required": ["v"], "additionalProperties": False}
     assert [v for v in refused if _accepts_document(qwen2, schema, {"v": v})] == []
     assert [v for v in accepted if not _accepts_document(qwen2, schema, {"v": v})] == []
+
+
+@pytest.mark.parametrize("pattern", ["\\p{L}", "\\p{Lu}", "\\P{N}", "\\p{Letter}", "\\p{gc=Nd}", "[\\p{L}\\d_-]",
+                                     "[^\\p{L}]", "[^\\P{Lu}a]", "\\p{LC}", "\\p{General_Category=Punctuation}"])
+def test_a_unicode_property_is_spelled_as_the_characters_every_dialect_gives_it(pattern):
+    """ECMA-262 (u flag) and Rust read `\\p{L}`; Python's `re` has no `\\p` (a schema using it was a 400, strict or
+    not). It is spelled as the characters Python's Unicode tables give the category: no wider than the `regex`
+    package's reading (newer tables) but for a few characters a newer Unicode moved, and taking every character
+    those tables assign to it, less such moves."""
+    import regex
+
+    portable = re.compile(unicode_properties(pattern))
+    reference = regex.compile(pattern)
+    scalars = [chr(c) for c in range(0x30000) if not 0xD800 <= c <= 0xDFFF]
+    taken = [c for c in scalars if portable.fullmatch(c)]
+    wider = [c for c in taken if not reference.fullmatch(c)]
+    assert taken and len(wider) < 5 and all(unicodedata.category(c) != "Cn" for c in wider), wider
+    assigned = [c for c in scalars if unicodedata.category(c) != "Cn"]
+    missed = [c for c in assigned if reference.fullmatch(c) and not portable.fullmatch(c)]
+    assert len(missed) < 20, [hex(ord(c)) for c in missed[:20]]  # (a few characters a newer Unicode moved)
+
+
+def test_a_script_or_an_unknown_property_stays_as_written():
+    assert unicode_properties("\\p{Greek}+") == "\\p{Greek}+"
+    assert unicode_properties("\\\\p{L}") == "\\\\p{L}"  # (a backslash, then "p{L}")
+
+
+def test_a_schema_or_a_regex_naming_unicode_properties_is_enforced(qwen2):
+    compilers, tok, vocab = qwen2
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^\\p{Lu}\\p{Ll}+$"}},
+              "required": ["name"], "additionalProperties": False}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": schema}})
+    grammar = compilers["llguidance"].compile(spec)
+    assert accepts_document(grammar, tok, vocab, {"name": "Émile"})
+    assert not accepts_document(grammar, tok, vocab, {"name": "émile"})
+    assert not accepts_document(grammar, tok, vocab, {"name": "E1"})
+    regex_grammar = compilers["llguidance"].compile(spec_from_request(regex="[\\p{L} ]+"))
+    assert takes_text(regex_grammar, tok, "Ünïcode text") and not takes_text(regex_grammar, tok, "a1")
+
+
+def test_a_script_property_or_too_many_properties_are_a_400_naming_the_pattern():
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^\\p{Greek}$"}}}
+    with pytest.raises(ConstraintError) as err:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert err.value.pointer == "/json_schema/schema/properties/a/pattern"
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^\\p{L}$"} for i in range(65)}}
+    with pytest.raises(ConstraintError) as err:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": many}})
+    assert "more than 64 Unicode properties" in err.value.message
+    with pytest.raises(ConstraintError):
+        spec_from_request(regex="\\p{L}" * 65)
+
+
+def test_a_shorthand_beside_a_spelled_property_is_still_made_portable():
+    """The spelled categories name astral characters as `\\U0001D400`, which the class reader now reads: `\\d` in
+    `[\\p{L}\\d]` was left as written (Unicode digits on the backends)."""
+    assert "\\d" not in portable_pattern(unicode_properties("[\\p{L}\\d]"))
+    assert portable_pattern("[\\U0001F600\\d]") == "[0-9\\U0001F600]"

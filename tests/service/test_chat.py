@@ -482,3 +482,20 @@ def test_the_fingerprint_changes_with_the_code_and_libraries_that_sample(monkeyp
         monkeypatch.undo()
         responses.code_identity.cache_clear()
     assert responses.system_fingerprint("m", "llguidance") == before
+
+
+def test_a_pattern_naming_unicode_properties_is_enforced_as_ecma_reads_it(http):
+    """`\\p{Lu}` is ECMA-262's (u flag) and Rust's (pydantic writes such patterns); Python's `re` has none, and the
+    schema was a 400. Each answer's name matches the pattern as the `regex` package reads it."""
+    import regex
+
+    pattern = "^\\p{Lu}\\p{Ll}{1,8}$"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}},
+              "required": ["name"], "additionalProperties": False}
+    for seed in range(3):
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "A name?"}], "seed": seed, "max_tokens": 40,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": schema}}})
+        assert r.status_code == 200, r.text
+        name = json.loads(r.json()["choices"][0]["message"]["content"])["name"]
+        assert regex.fullmatch(pattern, name), name
