@@ -93,20 +93,30 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
-TOP_P_CANDIDATES = 1024
+# The candidates examined before a full sort, fewest first. Measured on 2 CPU cores, 4 rows x 151,936: topk 1024
+# ~4 ms, topk 16384 ~12 ms, a full sort ~62 ms (a flat distribution's nucleus, as a high temperature makes it, does not
+# fit in 1024).
+TOP_P_CANDIDATES = (1024, 16384)
 
 
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
 
-    Exact, but cheap when the nucleus is small: the top 1024 candidates are examined first, and rows whose
-    nucleus does not fit in them fall back to a full sort (one host check per step with top_p rows)."""
+    Exact, but cheap when the nucleus is small: the top 1024 candidates are examined first, then the top 16384
+    (unless the 1024th's probability shows they cannot hold some row's nucleus), and when some row's nucleus does
+    not fit in those either, a full sort (one host check per tier)."""
     probs = torch.softmax(logits, dim=-1)
     width = logits.shape[-1]
-    if width > TOP_P_CANDIDATES:
-        cand_probs, cand_ids = probs.topk(TOP_P_CANDIDATES, dim=-1)
-        if bool((cand_probs.sum(dim=-1) >= top_p).all()):
+    tiers = [k for k in TOP_P_CANDIDATES if k < width]
+    for i, candidates in enumerate(tiers):
+        cand_probs, cand_ids = probs.topk(candidates, dim=-1)
+        mass = cand_probs.sum(dim=-1)
+        if bool((mass >= top_p).all()):
             return logits.masked_fill(~_nucleus_keep(probs, cand_probs, cand_ids, top_p), NEG_INF)
+        if i + 1 < len(tiers):  # the next tier's mass is at most this one's plus its extra tokens at the last's p
+            bound = mass + (tiers[i + 1] - candidates) * cand_probs[:, -1]
+            if not bool((bound >= top_p).all()):
+                break
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     return logits.masked_fill(~_nucleus_keep(probs, sorted_probs, order, top_p), NEG_INF)
 
