@@ -603,8 +603,9 @@ class UniqueItemsMatcher(CheckedMatcher):
         self.index = index
 
     def _active(self) -> bool:
-        frame = self.tracker.unique_frame()
-        return frame is not None and (bool(frame.seen) or frame.rule.domain is not None)
+        """In an array whose items must be unique: from its first item on, as one token may finish an item and
+        begin its repeat (`","+` after `["+`, with maxLength 1)."""
+        return self.tracker.unique_frame() is not None
 
     def _refused(self, words: np.ndarray) -> np.ndarray:
         """Allowed tokens after which the array would hold two equal items, a separator past its values, or an
@@ -626,11 +627,13 @@ class UniqueItemsMatcher(CheckedMatcher):
             written = None if t.escaped else unescape(buf)
             if written is None:  # inside an escape: tokens that finish it may also leave the string at its longest
                 begun = buf.rfind(b"\\")
+                while begun > 0 and unescape(buf[:begun]) is None:  # (the low half of a pair: from the high half)
+                    begun = buf.rfind(b"\\", 0, begun)
                 longest = self._longest_rests(frame, unescape(buf[:begun]))
                 suspects = ix.quote_all
-                if t.escaped:
+                if t.escaped and begun == len(buf) - 1:
                     fast = [ix.after_backslash[r] for r in longest if r in ix.after_backslash]
-                elif longest:  # (a \u escape begun: the few tokens allowed here, one by one)
+                elif longest:  # (a \u escape begun, or a pair's second half: the few tokens allowed, one by one)
                     suspects = allowed_ids(words)
             else:
                 rests = [v[1][len(written):] for v in frame.seen if v[0] == "s" and v[1].startswith(written)]

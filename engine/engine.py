@@ -262,7 +262,8 @@ class Engine:
             prefilled.append((whole, kv, logits))
         if self._chunked is not None:
             done = self._advance_chunked()
-            if done is not None:
+            if done is not None:  # (it joins this step: a failure from here on fails it with the newcomers)
+                self._admitted = self._admitted + [done[0]]
                 prefilled.append(([done[0]], done[1], done[2]))
         seqs: list[Sequence] = []
         kv_all: KVBatch | None = None

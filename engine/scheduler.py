@@ -73,13 +73,13 @@ class Scheduler:
             while len(self._waiting) > len(passed):
                 group = next(g for g in self._waiting if g not in passed)
                 state = self._waiting[group][0]
-                n = state.request.params.n
+                n, in_chunks = state.request.params.n, self.prefilled_in_chunks(state)
+                if in_chunks and chunking:  # (before the rows: it waits for its turn, not for rows)
+                    passed.add(group)
+                    continue
                 if rows + n > self.max_batch_size and n <= self.max_batch_size:
                     break  # (a request that can never fit is let through, to be refused, not to block the queue)
-                if self.prefilled_in_chunks(state):
-                    if chunking:
-                        passed.add(group)
-                        continue
+                if in_chunks:
                     chunking = True
                 else:
                     length = max(longest, len(state.request.prompt_ids))

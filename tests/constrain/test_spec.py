@@ -474,6 +474,30 @@ def test_a_token_forced_that_the_grammar_refuses_turns_forcing_off_for_that_gram
         compiler.close()
 
 
+def test_every_matcher_of_a_grammar_that_stopped_forcing_recovers(tokenizers, vocabs, monkeypatch):
+    """Matchers copied before the grammar stopped forcing (n > 1, or requests sharing a cached grammar) check their
+    own copy: the second row's one-token mask held the refused token, and its choice failed."""
+    import torch
+
+    import constrain.llg_backend as llg_backend
+    from constrain import GrammarCompiler
+    from constrain.walkbench import allowed_ids
+
+    monkeypatch.setattr(llg_backend, "forcing_safe", lambda text: text)
+    vocab = vocabs["phi3"]
+    compiler = GrammarCompiler(vocab, tokenizers["phi3"], backend="llguidance", background_outlines=False)
+    try:
+        grammar = compiler.compile(spec_from_request(choice=["\u2581"]))
+        bitmask = torch.zeros((2, vocab.words), dtype=torch.int32)
+        matchers = [grammar.matcher(), grammar.matcher()]  # (two rows, started together)
+        for row, m in enumerate(matchers):
+            m.fill_bitmask(bitmask, row)
+            allowed = allowed_ids(bitmask[row:row + 1]).tolist()
+            assert allowed and m.accept(allowed[0]), row
+    finally:
+        compiler.close()
+
+
 def test_a_hostname_is_held_to_253_characters(gpt2_compiler, tokenizers, vocabs):
     """llguidance's `hostname` limits each label to 63 characters but not the name: 300 characters passed."""
     for schema in ({"type": "string", "format": "hostname"}, {"type": "string", "format": "hostname", "maxLength": 9}):

@@ -343,3 +343,34 @@ def test_a_token_holding_a_whole_escape_that_would_leave_a_repeat_at_its_longest
             assert ended, decode(vocab, tokens)
     finally:
         compiler.close()
+
+
+def test_a_surrogate_pair_spelled_in_escapes_or_a_token_that_repeats_the_first_item_is_refused(tokenizers, vocabs):
+    """maxLength 1 on Qwen2: the low half's last hex digit of `["\\ud83d\\ude00","\\ud83d\\ude0` was allowed (the
+    pair's first half was taken for an unfinished escape, and nothing was compared); and before any item was
+    finished nothing was checked, so `","+` after `["+` (closing "+" and leaving "+" at its longest) was allowed.
+    Both ended the answer with constraint_too_complex."""
+    from constrain import GrammarCompiler
+    from tests.constrain.conftest import allowed_ids
+
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    ids = vocab.ids_by_bytes()
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+
+    def allowed_after(pieces: list[bytes]) -> set[bytes]:
+        m = grammar.matcher()
+        for piece in pieces:
+            assert m.accept(ids[piece]), piece
+        m.fill_bitmask(bitmask, 0)
+        return {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
+
+    try:
+        grammar = _compile(compiler, _array({"type": "string", "maxLength": 1}, minItems=2))
+        pair = [b'"\\', b"ud", b"8", b"3", b"d", b"\\", b"ude", b"0"]
+        after = allowed_after([b"["] + pair + [b"0", b'"', b","] + pair)
+        assert b"0" not in after and b"1" in after
+        first = allowed_after([b'["+'])
+        assert b'","+' not in first and b'","' in first
+    finally:
+        compiler.close()

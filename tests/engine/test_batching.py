@@ -275,3 +275,31 @@ def test_cancelling_a_prompt_while_it_is_prefilled_in_chunks_ends_it_and_frees_t
     (after,) = run_all(engine, request("after", PROMPT_A, temperature=0.0, max_tokens=2))
     assert after[0].last.finish_reason == "length"
     assert engine._chunked is None and engine.stats()["batch_size"] == 0
+
+
+def test_a_failure_as_a_chunked_prompt_joins_ends_it_with_an_error(builtin):
+    """A prompt whose last chunk is in is no longer in progress: a failure while its rows join (a device out of
+    memory merging the cache) left it with no answer at all, as neither newcomer nor prompt in progress."""
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=4, max_prefill_tokens=16)
+    join, failed = eng._join, []
+
+    def failing_join(new_seqs, new_kv):
+        if not failed and any(s.state.request.request_id == "long" for s in new_seqs):
+            failed.append(True)
+            raise RuntimeError("out of memory")
+        return join(new_seqs, new_kv)
+
+    eng._join = failing_join
+    eng.start()
+    try:
+        async def main():
+            return await asyncio.wait_for(run_one(eng, request("long", LONG_PROMPT, temperature=0.0, max_tokens=4)), 60)
+
+        out = asyncio.run(main())
+        (after,) = run_all(eng, request("after", PROMPT_A, temperature=0.0, max_tokens=2))
+    finally:
+        eng.shutdown()
+    assert failed and out[0].last.finish_reason == "error" and out[0].last.error_code == "internal"
+    assert after[0].last.finish_reason == "length"

@@ -49,3 +49,10 @@ def test_rows_of_a_chunked_prompt_count_and_a_request_that_does_not_fit_blocks_t
     assert admitted(scheduler) == ["long"]  # "wide" needs 2 of the 1 row left, and "one" waits behind it
     assert admitted(scheduler, running_rows=3, chunking=True) == []
     assert admitted(scheduler, running_rows=0) == ["wide", "one"]
+
+
+def test_a_prompt_waiting_for_the_chunked_prefill_is_passed_even_when_its_rows_would_not_fit():
+    scheduler = Scheduler(max_batch_size=4, max_prefill_tokens=100)
+    for state in (waiting("long", 500, n=2), waiting("short", 10)):
+        scheduler.submit(state)
+    assert admitted(scheduler, running_rows=3, chunking=True) == ["short"]
