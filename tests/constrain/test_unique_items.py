@@ -4,6 +4,7 @@ that validate; arrays of other items keep the keyword unenforced."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -304,6 +305,18 @@ def test_schemas_whose_references_the_tracker_cannot_follow_are_left_to_the_back
     assert plan_unique_items(schema) is None
 
 
+def _allowed_after(grammar, vocab, pieces: list[bytes]) -> set[bytes]:
+    """The bytes of the tokens a fresh matcher of `grammar` allows after the tokens spelled `pieces`."""
+    from tests.constrain.conftest import allowed_ids
+
+    m, ids = grammar.matcher(), vocab.ids_by_bytes()
+    for piece in pieces:
+        assert m.accept(ids[piece]), piece
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    m.fill_bitmask(bitmask, 0)
+    return {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
+
+
 @pytest.mark.parametrize("name", ["gpt2", "qwen2", "phi3"])
 def test_a_token_holding_a_whole_escape_that_would_leave_a_repeat_at_its_longest_is_refused(name, tokenizers,
                                                                                             vocabs):
@@ -313,22 +326,14 @@ def test_a_token_holding_a_whole_escape_that_would_leave_a_repeat_at_its_longest
     toward it). So was ` "\\\\` from before an item; and `"\\` (an escape begun) was refused as if it were one. Now
     tokens are also found by the characters their escapes write, and after a begun escape by what they finish."""
     from constrain import GrammarCompiler
-    from tests.constrain.conftest import allowed_ids
 
     tok, vocab = tokenizers[name], vocabs[name]
-    ids = vocab.ids_by_bytes()
     compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-
-    def allowed_after(pieces: list[bytes]) -> set[bytes]:
-        m = grammar.matcher()
-        for piece in pieces:
-            assert m.accept(ids[piece]), piece
-        m.fill_bitmask(bitmask, 0)
-        return {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
 
     try:
         grammar = _compile(compiler, _array({"type": "string", "maxLength": 1}, minItems=2, maxItems=3))
+        allowed_after = functools.partial(_allowed_after, grammar, vocab)
+        ids = vocab.ids_by_bytes()
         first = [b"[", b'"', b"\\\\", b'"', b","]
         after = allowed_after(first + [b'"'])
         assert b"\\\\" not in after and b"n" in after and b'"' in after
@@ -351,22 +356,13 @@ def test_a_surrogate_pair_spelled_in_escapes_or_a_token_that_repeats_the_first_i
     finished nothing was checked, so `","+` after `["+` (closing "+" and leaving "+" at its longest) was allowed.
     Both ended the answer with constraint_too_complex."""
     from constrain import GrammarCompiler
-    from tests.constrain.conftest import allowed_ids
 
     tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
-    ids = vocab.ids_by_bytes()
     compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-
-    def allowed_after(pieces: list[bytes]) -> set[bytes]:
-        m = grammar.matcher()
-        for piece in pieces:
-            assert m.accept(ids[piece]), piece
-        m.fill_bitmask(bitmask, 0)
-        return {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
 
     try:
         grammar = _compile(compiler, _array({"type": "string", "maxLength": 1}, minItems=2))
+        allowed_after = functools.partial(_allowed_after, grammar, vocab)
         pair = [b'"\\', b"ud", b"8", b"3", b"d", b"\\", b"ude", b"0"]
         after = allowed_after([b"["] + pair + [b"0", b'"', b","] + pair)
         assert b"0" not in after and b"1" in after
