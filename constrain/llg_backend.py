@@ -21,6 +21,7 @@ import decimal
 import functools
 import json
 import logging
+import math
 import re
 import threading
 from dataclasses import dataclass, field
@@ -666,18 +667,21 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
     64 bits llguidance cannot read it at all, nor a bound past 1e18 that is not narrowed: always a 400), a
     `pattern` whose class holds every control character but not both '"' and '\\'
     (`support.llguidance_escape_gap`), and a `pattern` or `multipleOf` llguidance cannot read at all
-    (`unreadable_pattern`, `unreadable_multiple`)."""
-    def integers(value):
+    (`unreadable_pattern`, `unreadable_multiple`). So is a `const` or `enum` number written with a fraction or an
+    exponent that is an integer past 2**53 (`2.5e+30`): llguidance writes it out in full (31 digits), which JSON
+    parsers that keep integers exact (Python's) read as an integer other than the double the schema holds, and
+    `1.5e+300` takes 301 digits."""
+    def numbers(value):
         if isinstance(value, bool):
             return
-        if isinstance(value, int):
+        if isinstance(value, (int, float)):
             yield value
         elif isinstance(value, list):
             for v in value:
-                yield from integers(v)
+                yield from numbers(v)
         elif isinstance(value, dict):
             for v in value.values():
-                yield from integers(v)
+                yield from numbers(v)
 
     found = []
     uncompiled = _uncompiled_nodes(schema)
@@ -720,13 +724,20 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
             raise ConstraintError(f"the bound {value!r} at {ptr} cannot be enforced (llguidance builds no number "
                                   f"range with an end past ±1e18 on that side)", param=param, pointer=ptr,
                                   code="unsupported_schema")
-        largest = max((abs(i) for i in integers(value)), default=0)
+        largest = max((abs(i) for i in numbers(value) if isinstance(i, int)), default=0)
         unreadable = _NO_RANGE_PAST if bound and id(node) not in uncompiled else 2 ** 63
         if largest >= unreadable or (largest > _EXACT_FLOAT_INT and strict):
             raise ConstraintError(f"the integer {largest} at {ptr} cannot be enforced exactly (llguidance reads "
                                   f"numbers as 64-bit floats, exact up to 2**53)", param=param, pointer=ptr,
                                   code="unsupported_schema")
-        if largest > _EXACT_FLOAT_INT:
+        spelled = [v for v in numbers(value) if isinstance(v, float) and math.isfinite(v) and v.is_integer()
+                   and abs(v) > _EXACT_FLOAT_INT] if key in ("const", "enum") else []
+        if spelled and strict:
+            raise ConstraintError(f"the number {spelled[0]!r} at {ptr} cannot be enforced exactly (llguidance writes "
+                                  f"it out in full, an integer other than the 64-bit float {spelled[0]!r} to "
+                                  f"parsers that keep integers exact)", param=param, pointer=ptr,
+                                  code="unsupported_schema")
+        if largest > _EXACT_FLOAT_INT or spelled:
             found.append(ptr)
     return found
 

@@ -274,6 +274,24 @@ def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(
     assert len(checks) == 3
 
 
+@pytest.mark.parametrize("schema, pointer", [({"type": "number", "enum": [1, 2.5e30]}, "/enum"),
+                                             ({"const": 1.5e300}, "/const")])
+def test_a_const_or_enum_float_past_2_53_is_refused_strict_and_named_otherwise(gpt2_compiler, schema, pointer):
+    """`enum: [2.5e+30]`: llguidance writes 2500000000000000000000000000000, which Python reads as an integer other
+    than the double 2.5e30 (jsonschema refuses the answer), and 1.5e+300 as 301 digits; nothing said so."""
+    def compiled(strict):
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": strict}}, backend="llguidance"))
+
+    with pytest.raises(ConstraintError) as exc:
+        compiled(True)
+    assert exc.value.pointer == pointer and exc.value.code == "unsupported_schema"
+    assert compiled(False).unenforced == (pointer,)
+    fine = {"enum": [1e-7, 2.5, 1e15]}
+    assert gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": fine, "strict": True}}, backend="llguidance")).unenforced == ()
+
+
 def test_integers_llguidance_would_round_are_refused_strict_named_otherwise_or_served_exactly(gpt2_compiler,
                                                                                                tokenizers, vocabs):
     """llguidance reads a schema's numbers as 64-bit floats: `const: 9007199254740993` (2**53 + 1) enforced
