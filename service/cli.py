@@ -67,9 +67,10 @@ def _add_serve(subparsers) -> None:
                                                                        "fp16", "bfloat16", "bf16"])
     p.add_argument("--max-batch-size", type=_positive_int, default=_env("max_batch_size", "16"))
     p.add_argument("--max-prefill-tokens", type=_positive_int, default=_env("max_prefill_tokens", "4096"),
-                   help="prompt positions prefilled in one engine step: waiting prompts together (padded), or one "
-                        "chunk of a longer prompt, which joins after several steps while the running requests go "
-                        "on; lower it on a CPU so a long prompt holds the streams up for less (default: 4096)")
+                   help="prompt positions prefilled in one engine step for the waiting prompts that join together "
+                        "(padded), and the chunk size of a longer prompt, which joins after several steps while the "
+                        "running requests go on (a step may do both: up to twice this); lower it on a CPU so a long "
+                        "prompt holds the streams up for less (default: 4096)")
     p.add_argument("--max-model-len", type=_positive_int, default=_env("max_model_len"),
                    help="context length (default: the model's)")
     p.add_argument("--served-model-name", default=_env("served_model_name"),
