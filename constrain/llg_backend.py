@@ -45,6 +45,7 @@ _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
 _UNKNOWN_FORMAT = "Unknown format: "
 _ONE_OF_AS_ANY_OF = "oneOf not fully supported, falling back to anyOf"
 _ONE_OF_UNSUPPORTED = "oneOf constraints are not supported"  # (the strict pass's word for the same oneOf)
+_REPEATED = re.compile(r" \(\d+ times\)$")  # how llguidance ends a warning it gave more than once
 
 
 # Bytes the closing walk tries, best first: closers, then the shortest JSON values, letters (a letter ends a
@@ -584,6 +585,7 @@ def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
     formats: set[str] = set()
     other: list[str] = []
     for msg in messages:
+        msg = _REPEATED.sub("", msg)
         m = _UNIMPLEMENTED.search(msg)
         if m:
             keys.update(json.loads("[" + m.group(1) + "]"))

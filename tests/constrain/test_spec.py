@@ -199,6 +199,23 @@ def test_strict_schema_names_the_format_it_cannot_enforce_and_ignores_formats_js
     assert gpt2_compiler.compile(spec(known, True)).unenforced == ()
 
 
+def test_a_format_it_cannot_enforce_is_named_wherever_it_recurs(gpt2_compiler):
+    """llguidance reports a warning given more than once as one, `Unknown format: regex (2 times)`: that format
+    name was not known, so two `format: regex` went unenforced and unnamed, strict included."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": "regex"},
+                                               "b": {"type": "string", "format": "regex"}},
+              "required": ["a", "b"], "additionalProperties": False}
+
+    def spec(strict):
+        return spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "t", "schema": schema, "strict": strict}})
+
+    assert gpt2_compiler.compile(spec(False)).unenforced == ("/properties/a/format", "/properties/b/format")
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec(True))
+    assert exc.value.pointer in ("/properties/a/format", "/properties/b/format")
+
+
 def test_a_schema_that_is_not_strict_gets_every_keyword_the_late_checks_enforce(gpt2_compiler, tokenizers, vocabs):
     """llguidance's lenient pass (which ignores an unenforceable keyword) would take this oneOf as anyOf and name
     it. A schema sent without `strict` (OpenAI's default) gets it checked as each value is finished, as a strict
