@@ -13,7 +13,8 @@ Beyond OpenAI, documented for clients:
 - Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored; a
   message's as `messages.N.field`).
 - Response header `x-structgen-unenforced`: JSON Pointers of schema keywords accepted but not enforced
-  (non-strict schemas only; strict ones with such keywords are a 400).
+  (non-strict schemas only; strict ones with such keywords are a 400). Both lists percent-encode what a header
+  cannot carry (`generation.header_list`).
 - Streamed errors after the first byte arrive as `data: {"error": {...}}` followed by `data: [DONE]`.
 - `return_tokens_as_token_ids`: logprobs tokens are written `token_id:<id>`.
 """

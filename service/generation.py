@@ -12,12 +12,14 @@ import contextlib
 import functools
 import inspect
 import logging
+import string
 import time
 import uuid
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
+from urllib.parse import quote
 
 import constrain
 from constrain.compiler import unenforced_in_client_terms
@@ -36,6 +38,15 @@ from service.sampling import sampling_params
 log = logging.getLogger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # seed 002; chat defaults to the room left in the context
+_HEADER_SAFE = "".join(c for c in string.punctuation if c not in "%,")  # (with letters and digits)
+
+
+def header_list(items) -> str:
+    """A response header's comma-separated list of client strings (field names, JSON Pointers into the client's
+    schema). Each item is percent-encoded as UTF-8 (RFC 3986) where it holds a character other than printable
+    ASCII, a space, a `%` or a `,`: header values are Latin-1 and end at a newline, so a property named `名前` or
+    `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form."""
+    return ",".join(quote(item, safe=_HEADER_SAFE) for item in items)
 
 
 # OpenAI's `reasoning_effort` values -> gpt-oss's (its template writes "Reasoning: low|medium|high").
@@ -148,7 +159,7 @@ class Generation:
         ignored = [f for f in req.extra_fields
                    if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS
                    and not (f == "reasoning_effort" and harmony_effort)]
-        return {"x-structgen-ignored-fields": ",".join(ignored)} if ignored else {}
+        return {"x-structgen-ignored-fields": header_list(ignored)} if ignored else {}
 
     async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None,
                        tool_format="json_array"):
@@ -202,7 +213,7 @@ class Generation:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None and spec is not None else ()
         if unenforced:
-            headers["x-structgen-unenforced"] = ",".join(unenforced)
+            headers["x-structgen-unenforced"] = header_list(unenforced)
         return Plan(request_id, requests, prompts, n, spec, reasoning, harmony, headers, started)
 
     # ---- the two endpoints

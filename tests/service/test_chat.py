@@ -333,6 +333,22 @@ def test_tool_messages_and_assistant_tool_calls_are_accepted_in_history(client):
     assert r.choices[0].message.role == "assistant"
 
 
+def test_header_lists_percent_encode_what_a_header_cannot_carry(http):
+    """Property and field names are the client's: a non-ASCII or newline one made the response a 500 (headers are
+    Latin-1 and end at a newline). Each item is percent-encoded where it must be, RFC 6901's URI-fragment form."""
+    schema = {"type": "object", "properties": {"名前": {"type": "string", "format": "regex"},
+                                               "a b,%": {"type": "string", "format": "regex"}},
+              "required": ["名前"], "additionalProperties": False}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 30, "名前": 1, "x\ny": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    for stream in (False, True):
+        r = http.post("/v1/chat/completions", json={**body, "stream": stream})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-structgen-unenforced"] == \
+            "/properties/a%20b%2C%25/format,/properties/%E5%90%8D%E5%89%8D/format"
+        assert sorted(r.headers["x-structgen-ignored-fields"].split(",")) == ["%E5%90%8D%E5%89%8D", "x%0Ay"]
+
+
 def test_unenforced_keywords_of_a_non_strict_schema_are_named_in_a_header(http):
     schema = {"type": "object", "properties": {"a": {"type": "string", "not": {"pattern": "(a)\\1"}, "maxLength": 8}},
               "required": ["a"], "additionalProperties": False}
