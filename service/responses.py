@@ -248,8 +248,11 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
 
 def completion_body(*, request_id: str, model: str, constraint_backend: str | None, created: int,
                     choices: list[ChoiceState], prompt_texts: list[str],
-                    first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int], n: int,
-                    prompt_tokens: int, echo: bool, logprobs: int | None, as_ids: bool) -> dict:
+                    first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int],
+                    output_skipped: frozenset[int], n: int, prompt_tokens: int, echo: bool, logprobs: int | None,
+                    as_ids: bool) -> dict:
+    """`skipped_ids`: the special tokens, which an echoed prompt's text may leave out; `output_skipped`: those the
+    answers' texts leave out (none under `skip_special_tokens: false`)."""
     out = []
     for c in choices:
         prompt_text, first = prompt_texts[c.index // n], first_tokens[c.index // n]
@@ -261,7 +264,7 @@ def completion_body(*, request_id: str, model: str, constraint_backend: str | No
             if echo and c.prompt_logprobs is not None:
                 entries.extend(c.prompt_logprobs)
                 offsets += TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
-            offsets += TextOffsets(len(prompt_text), skipped_ids).of(token_pairs(c.logprobs))
+            offsets += TextOffsets(len(prompt_text), output_skipped).of(token_pairs(c.logprobs))
             entries.extend(c.logprobs)
             lp = legacy_logprobs(entries, offsets, as_ids, first, top_n=logprobs)
         out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})

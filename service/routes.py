@@ -93,6 +93,11 @@ def _first_tokens(gen: Generation, plan: Plan) -> list[tuple[int, str, bytes]]:
             if p.ids else (0, "", b"") for p in plan.prompts]
 
 
+def _output_skipped(gen: Generation, body: CompletionRequest) -> frozenset[int]:
+    """The special tokens an answer's text leaves out: none with `skip_special_tokens: false`."""
+    return frozenset() if body.skip_special_tokens is False else gen.special_ids
+
+
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     gen = _gen(request)
@@ -104,7 +109,7 @@ async def completions(body: CompletionRequest, request: Request):
         return _streaming(request, gen, plan, completion_stream(
             gen, plan, model=model, created=plan.created, include_usage=body.include_usage, echo=bool(body.echo),
             logprobs=logprobs, as_ids=as_ids, first_tokens=_first_tokens(gen, plan),
-            skipped_ids=gen.special_ids))
+            skipped_ids=gen.special_ids, output_skipped=_output_skipped(gen, body)))
     try:
         events = await gen.collect(plan, request)
     except ClientGone:
@@ -113,6 +118,7 @@ async def completions(body: CompletionRequest, request: Request):
     return JSONResponse(completion_body(
         request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
         created=plan.created, choices=states, prompt_texts=[p.text for p in plan.prompts],
-        first_tokens=_first_tokens(gen, plan), skipped_ids=gen.special_ids, n=plan.n,
+        first_tokens=_first_tokens(gen, plan), skipped_ids=gen.special_ids,
+        output_skipped=_output_skipped(gen, body), n=plan.n,
         prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
         headers=plan.headers)

@@ -105,11 +105,12 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
 
 async def completion_stream(gen: Generation, plan: Plan, *, model: str, created: int, include_usage: bool,
                             echo: bool, logprobs: int | None, as_ids: bool,
-                            first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int]
-                            ) -> AsyncIterator[bytes]:
+                            first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int],
+                            output_skipped: frozenset[int]) -> AsyncIterator[bytes]:
+    """(`skipped_ids` and `output_skipped` as in responses.completion_body.)"""
     chunks = _Chunks(plan, model, created, "text_completion", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
-    offsets = {i: TextOffsets(len(plan.prompts[i // plan.n].text), skipped_ids) for i in range(plan.choices)}
+    offsets = {i: TextOffsets(len(plan.prompts[i // plan.n].text), output_skipped) for i in range(plan.choices)}
     echoed: set[int] = set()
     try:
         async with contextlib.aclosing(gen.events(plan)) as events:

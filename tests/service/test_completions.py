@@ -169,6 +169,17 @@ def test_offsets_count_characters_where_tokens_split_them_and_such_tokens_are_na
     assert streamed["top_logprobs"] == whole["top_logprobs"]
 
 
+def test_offsets_count_special_tokens_the_text_keeps(http):
+    """With `skip_special_tokens: false` a special token's text is in the answer: it takes its room (every
+    generated special token was given none, so `<|im_start|>` three times read [1, 1, 1])."""
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "logprobs": 0, "logit_bias": {"151644": 100}}
+    whole, streamed, text = _logprobs_whole_and_streamed(http, {**body, "skip_special_tokens": False})
+    assert text == "<|im_start|>" * 3
+    assert whole["text_offset"] == streamed["text_offset"] == [1, 13, 25]
+    whole, streamed, text = _logprobs_whole_and_streamed(http, body)
+    assert text == "" and whole["text_offset"] == streamed["text_offset"] == [1, 1, 1]
+
+
 def test_streamed_completion_matches_the_whole_one(client):
     whole = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0)
     chunks = list(client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0,
