@@ -395,6 +395,8 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("functions", "send either `tools` (and `tool_choice`, `parallel_tool_calls`) or the "
                              "deprecated `functions` (and `function_call`), not both")
         if not self.functions:
+            if self.function_call in (None, "none"):  # `functions: []` asks for nothing, as `tools: []` does
+                return self
             raise ParamError("function_call", "`function_call` needs `functions`")
         self.tools = [Tool(function=f) for f in self.functions]
         choice = self.function_call

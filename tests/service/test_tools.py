@@ -344,6 +344,15 @@ def test_deprecated_history_and_function_call_none(http):
     assert isinstance(message["content"], str) and "function_call" not in message
 
 
+@pytest.mark.parametrize("empty", [{"functions": []}, {"functions": [], "function_call": "none"}, {"tools": []}])
+def test_an_empty_list_of_functions_asks_for_nothing(http, empty):
+    """As `tools: []` is taken: `functions: []` was a 400 naming `function_call`, which the client had not sent."""
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4, **empty})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert "function_call" not in message and not message.get("tool_calls")
+
+
 @pytest.mark.parametrize("body, said, param", [
     ({"functions": FUNCTIONS, "tools": TOOLS}, "not both", "functions"),
     ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "`function_call` names an unknown function",
