@@ -284,8 +284,8 @@ class ChatTemplate:
                     item["thinking"] = reasoning  # (gpt-oss's name for it)
             if m.role == "tool":
                 item["tool_call_id"] = m.tool_call_id
-                if m.name:
-                    item["name"] = m.name
+            if m.name:  # (a participant's name: templates that write names get it; the others leave it out)
+                item["name"] = m.name
             out.extend(_one_call_each(item) if self.harmony else [item])
         return out
 

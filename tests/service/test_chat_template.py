@@ -67,6 +67,17 @@ def test_template_variables_reach_the_template():
     assert template.render(hi) == "hi"
 
 
+def test_a_messages_name_reaches_the_template_whatever_its_role():
+    """OpenAI's `name` tells participants apart; it went to the template for tool messages only."""
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"]))
+    tokenizer.chat_template = "{% for m in messages %}{{ m['name'] | default('-') }}:{{ m['content'] }};{% endfor %}"
+    template = ChatTemplate(tokenizer)
+    conversation = [ChatMessage(role="system", content="s", name="rules"), ChatMessage(role="user", content="u"),
+                    ChatMessage(role="user", content="v", name="ann"), ChatMessage(role="assistant", content="a",
+                                                                                   name="bot")]
+    assert template.render(conversation, generation_prompt=False) == "rules:s;-:u;ann:v;bot:a;"
+
+
 def test_an_assistant_refusal_in_history_is_its_content():
     refused = ChatMessage(role="assistant", content=None, refusal="I can't help with that.")
     assert refused.text == "I can't help with that."
