@@ -916,7 +916,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     endings = (forced(shape.after_value), forced(shape.before_close + HERMES_CLOSE),
                *dict.fromkeys(forced(opening) for opening in required_keys), forced("null" + shape.after_value))
     return LlgGrammar(lltok, grammar, vocab, tuple(dict.fromkeys(unenforced)), tuple(dict.fromkeys(hints)),
-                      endings=endings)
+                      endings=endings, call_tag=HERMES_OPEN.encode())
 
 
 def _tag_token(lltok, tag: str) -> int | None:
@@ -1168,12 +1168,15 @@ class LlgMatcher(Matcher):
         left, else the next token of the completion measured from here (which fits, by the same rule one step
         earlier), or an EOS id where the output is complete here (another tagged call would not fit). A token that
         may open something (`_OPENERS`) is vetted earlier: it may make the completion grow at once by more than
-        any growth seen so far."""
+        any growth seen so far. A token that opens a tagged call (`LlgGrammar.call_tag`) is vetted at any
+        distance: after free text (tool_choice "auto") the completion grows from nothing to a whole call, and a
+        call begun with too few tokens left was cut (seen on a GPU: `{"path": "..."` with finish_reason length)."""
         self._vetted = None
         if tokens_left is None:
             return token_id
         data = self._g.vocab.token_bytes[token_id] or b""
-        if not self._near(tokens_left, _CLOSING_GROWTH if _OPENERS.intersection(data) else 0):
+        opens_call = self._g.call_tag is not None and self._g.call_tag in data
+        if not opens_call and not self._near(tokens_left, _CLOSING_GROWTH if _OPENERS.intersection(data) else 0):
             return token_id
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:
             self._vetted = (token_id, self._closing[1:])  # the completion's own next token: its rest fits
@@ -1188,6 +1191,8 @@ class LlgMatcher(Matcher):
         after = self._measure(probe, keys)
         if after is not None and len(after) <= tokens_left - 1:
             self._vetted = (token_id, after)
+            return token_id
+        if opens_call and after is None:  # (no completion found: the call goes on, as any token far from the limit)
             return token_id
         here = self._closing if self._closing is not None else \
             closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,

@@ -220,6 +220,32 @@ def test_the_format_is_part_of_the_cache_key():
         spec_from_request(tools=TOOLS, tool_choice="required", tool_format="xml")
 
 
+def test_a_call_is_begun_after_text_only_where_it_can_close(qwen_tools):
+    """The `<tool_call>` token after free text (tool_choice "auto") is vetted at any distance from the limit: it
+    takes the completion from nothing to a whole call (tests/constrain/test_tools_qwen3_coder.py, the same)."""
+    tok, vocab, compiler = qwen_tools
+    move = {"type": "object", "properties": {"source_path": {"type": "string", "maxLength": 8},
+                                             "destination_path": {"type": "string", "maxLength": 8},
+                                             "overwrite_mode": {"type": "boolean"}},
+            "required": ["source_path", "destination_path", "overwrite_mode"], "additionalProperties": False}
+    g = compiler.compile(_hermes("auto", tools=[{"type": "function", "function": {"name": "move_file",
+                                                                                 "parameters": move}}]))
+    tag = min(QWEN_TOOL_TAGS)
+    text = tok.encode(" some words before the call")
+    probe = g.matcher()
+    assert all(probe.accept(t) for t in text + [tag])
+    needed = probe.min_tokens_to_end()
+    assert needed is not None and needed > 20
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for room in (needed, needed - 1):  # tokens left once the tag is written
+        m = g.matcher()
+        assert all(m.accept(t) for t in text)
+        m.fill_bitmask(bitmask, 0, room + 1)
+        assert tag in allowed_ids(bitmask).tolist()
+        vetted = m.vet(tag, room + 1)
+        assert vetted == tag if room == needed else vetted in vocab.eos_token_ids
+
+
 def test_no_call_is_begun_that_cannot_close_in_the_budget(qwen_tools):
     """After a closing tag the calls may end or go on: near the budget, the newline that would begin another call
     is replaced by EOS when that call could not close in time (a sweep found parallel calls cut short)."""

@@ -227,6 +227,31 @@ def test_auto_takes_text_calls_or_text_then_calls(coder):
     assert not all(m.accept(t) for t in spelled)  # text never spells a tag out
 
 
+def test_a_call_is_begun_after_text_only_where_it_can_close(coder):
+    """Under tool_choice "auto" the call tag takes the completion from nothing (the text may end) to a whole call:
+    it is vetted at any distance from the limit, not only near it. Seen on a GPU: a call begun 19 tokens before
+    `max_tokens` was cut, its arguments `{"path": "...` and finish_reason length."""
+    tok, vocab, compiler = coder
+    move = {"type": "object", "properties": {"src": {"type": "string", "maxLength": 8},
+                                             "dst": {"type": "string", "maxLength": 8}},
+            "required": ["src", "dst"], "additionalProperties": False}
+    spec = _spec("auto", tools=[{"type": "function", "function": {"name": "move_file", "parameters": move}}])
+    g = compiler.compile(spec)  # (a grammar of its own: no growth learned from other tests' outputs)
+    text = tok.encode(" some words before the call")
+    probe = g.matcher()
+    assert all(probe.accept(t) for t in text + [OPEN_ID])
+    needed = probe.min_tokens_to_end()
+    assert needed is not None and needed > 20
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for room in (needed, needed - 1):  # tokens left once the tag is written
+        m = g.matcher()
+        assert all(m.accept(t) for t in text)
+        m.fill_bitmask(bitmask, 0, room + 1)
+        assert OPEN_ID in allowed_ids(bitmask).tolist()
+        vetted = m.vet(OPEN_ID, room + 1)
+        assert vetted == OPEN_ID if room == needed else vetted in vocab.eos_token_ids
+
+
 def test_calls_close_within_a_tight_budget(coder):
     """The budget rule (issue #3, item 9) ends raw values and closes the tags: every walk ends as a complete
     call, though the random walk writes long raw strings."""
