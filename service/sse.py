@@ -53,14 +53,29 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     deltas (id and name first, then argument pieces), anything else as content. A request that sent the
     deprecated `functions` gets the call as `function_call` deltas (`function_call_delta`). Each answer token's
     logprob is sent once, with the delta that spells its text (a call's tokens with the call's deltas) or, for
-    tokens that spell none, with the last chunk: the chunks' logprobs add up to the whole answer's."""
+    tokens that spell none, with the last chunk: the chunks' logprobs add up to the whole answer's.
+
+    Each choice's first chunk carries the role. Without tools it comes at once, `content: ""`; with tools it comes
+    with the choice's first delta, as OpenAI's does: `content: null` beside a call (or reasoning), so a stream's
+    assembled message has the whole answer's `content: null` where it made calls (a first `""` assembled to
+    `""`)."""
     chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
     streams = {i: tool_stream_for(plan.spec) for i in range(plan.choices)} if tools else {}
     unsent_logprobs: dict[int, list] = {i: [] for i in range(plan.choices)}  # (tools: of text not sent yet)
-    for i in range(plan.choices):
-        yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+    unopened = set(range(plan.choices)) if tools else set()
+
+    def opened(index: int, delta: dict) -> dict:
+        """`delta`, with the role in front where it is the choice's first."""
+        if index not in unopened:
+            return delta
+        unopened.discard(index)
+        return {"role": "assistant", "content": None, **delta}
+
+    if not tools:
+        for i in range(plan.choices):
+            yield chunks.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}])
     try:
         async with contextlib.aclosing(gen.events(plan)) as events:
             async for index, event in events:
@@ -68,7 +83,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 state.add(event)
                 lp = chat_logprobs(list(event.logprobs), as_ids) if logprobs and event.logprobs else None
                 if event.reasoning:  # (a reasoning block's tokens carry no logprobs: those are the answer's)
-                    yield chunks.chunk([{"index": index, "delta": reasoning_fields(event.reasoning),
+                    yield chunks.chunk([{"index": index, "delta": opened(index, reasoning_fields(event.reasoning)),
                                          "logprobs": None, "finish_reason": None}])
                 if tools:
                     unsent_logprobs[index].extend(event.logprobs)
@@ -79,7 +94,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                         lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs else None
                         unsent_logprobs[index].clear()
                         delta = function_call_delta(delta) if uses_functions else delta
-                        yield chunks.chunk([{"index": index, "delta": delta, "logprobs": lp,
+                        yield chunks.chunk([{"index": index, "delta": opened(index, delta), "logprobs": lp,
                                              "finish_reason": None}])
                 elif event.text or lp:
                     yield chunks.chunk([{"index": index, "delta": {"content": event.text},
@@ -91,7 +106,8 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 calls = gen.parse_tool_calls(state.text, plan.spec) if tools else None
                 # (the tokens no delta spelled, as a call's closing tag: their logprobs go with the last chunk)
                 lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs and unsent_logprobs[index] else None
-                yield chunks.chunk([{"index": index, "delta": {}, "logprobs": lp,
+                last = opened(index, {"content": ""}) if index in unopened else {}  # (an empty answer)
+                yield chunks.chunk([{"index": index, "delta": last, "logprobs": lp,
                                      "finish_reason": finish_for(state, calls, uses_functions)}])
     except APIError as exc:
         yield _error_chunk(exc)

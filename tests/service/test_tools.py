@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import openai
 import pytest
 
 from tests.service.conftest import MODEL, assert_stream_matches_whole_answer
@@ -176,6 +177,28 @@ def test_calls_max_tokens_cuts_short_come_back_as_their_stream_said(http):
         assert "name" not in (message["content"] or "")
         seen_call = seen_call or bool(message.get("tool_calls"))
     assert seen_call
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_a_streamed_answer_assembles_to_the_whole_answers_content(client, tool_choice):
+    """The role goes with a choice's first delta, `content: null` beside a call: a first chunk of `content: ""`
+    made the SDK's assembled message of calls say `""` where the whole answer says null."""
+    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=60)
+    for seed in range(2 if tool_choice == "required" else 4):
+        whole = client.chat.completions.create(**body, seed=seed).choices[0].message
+        with client.chat.completions.stream(**body, seed=seed) as stream:
+            try:
+                streamed = stream.get_final_completion().choices[0].message
+            except openai.LengthFinishReasonError as exc:  # (the helper's way to say finish_reason "length")
+                streamed = exc.completion.choices[0].message
+        assert streamed.content == whole.content
+        assert [c.function.arguments for c in streamed.tool_calls or ()] == \
+            [c.function.arguments for c in whole.tool_calls or ()]
+        first = next(stream_chunks for stream_chunks in client.chat.completions.create(**body, seed=seed,
+                                                                                         stream=True))
+        assert first.choices[0].delta.role == "assistant"
+        if tool_choice == "required":
+            assert whole.content is None and first.choices[0].delta.tool_calls
 
 
 def test_streamed_tool_calls_assemble_like_openai(client):
