@@ -57,6 +57,7 @@ from constrain.vocabulary import Vocabulary
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "outlines", "llguidance")
+_REQUEST_THREADS = 32  # compiles of requests at once, most of them waiting (see GrammarCompiler.__init__)
 _JSON_KINDS = ("json_schema", "json_object", "tools")  # (JSON output: `_on_backend` keeps its keys distinct)
 
 
@@ -132,7 +133,11 @@ class GrammarCompiler:
         self.max_outlines_repeat = max_outlines_repeat
         self.stats = CompileStats()
         self._lru = _LRU(lru_max_bytes)
-        self._requests = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        # Request threads may spend up to compile_timeout_s waiting on an outlines build (a request that names
+        # that backend): as many as the build workers left a new schema on llguidance waiting behind two such
+        # builds for a minute (helper-20). The builds are bounded by the workers; waiting threads cost little.
+        self._requests = ThreadPoolExecutor(max_workers=max(_REQUEST_THREADS, max_workers),
+                                            thread_name_prefix="grammar-compile")
         self._builds = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="outlines-index")
         self.workers = CompileWorkers(vocab.token_bytes, vocab.eos_token_ids, max_workers=max_workers,
                                       memory_mb=compile_memory_mb)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import subprocess
 import sys
@@ -38,6 +39,28 @@ def test_compile_past_its_time_limit_fails_with_compile_timeout_and_its_worker_i
         g = c.compile(spec_from_request(regex="(yes|no)"))  # only that request failed
         m = g.matcher()
         assert g.backend == "outlines" and all(m.accept(t) for t in tokenizers["gpt2"].encode("yes")) and m.can_end()
+    finally:
+        c.close()
+
+
+def test_requests_waiting_on_outlines_builds_leave_room_for_other_compiles(tokenizers, vocabs):
+    """Two requests that name outlines for slow builds (a minute each in the server) held both compile threads, so
+    a tiny schema on llguidance waited behind them (helper-20: 57 s)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=2, compile_timeout_s=20)
+
+    async def run():
+        slow = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
+                for i in range(2)]
+        await asyncio.sleep(0.5)  # (both builds begun)
+        tiny = await c.compile_async(spec_from_request(choice=["yes", "no"], backend="llguidance"))
+        waiting = [not f.done() for f in slow]
+        for f in slow:
+            f.cancel()
+        return tiny, waiting
+
+    try:
+        tiny, waiting = asyncio.run(run())
+        assert tiny.backend == "llguidance" and waiting == [True, True]
     finally:
         c.close()
 
