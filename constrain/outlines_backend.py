@@ -4,8 +4,8 @@ Per-token cost is a cached row copy: a state's mask is a pure function of the st
 also knows the fewest tokens to an accepting state, which gives the exact budget rule (#9). Never imports HTTP.
 
 Fixes applied to outlines-core 0.2.14's JSON regex so both backends accept the same documents: strings also
-accept `\\uXXXX` escapes (json.dumps writes them for non-ASCII) and raw U+007F..U+009F; whitespace between JSON
-tokens is the caller's bounded pattern.
+accept `\\uXXXX` escapes (json.dumps writes them for non-ASCII; a surrogate pair as one character, a lone surrogate
+not at all) and raw U+007F..U+009F; whitespace between JSON tokens is the caller's bounded pattern.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ __all__ = ["OutlinesGrammar", "OutlinesMatcher", "TokenDFA", "compile_outlines",
 _CHAR_OLD = '[^"\\\\\\x00-\\x1F\\x7F-\\x9F]'
 _CHAR_NEW = '[^"\\\\\\x00-\\x1F]'
 _ESC_OLD = '\\\\["\\\\/bfnrt]'
-_ESC_NEW = '\\\\(["\\\\/bfnrt]|u[0-9A-Fa-f]{4})'
+# A `\u` escape of a character outside the surrogates, or a whole surrogate pair: one character of a string, as
+# minLength and maxLength count it (two escapes counted as two let `\ud83d\ude00` pass `minLength: 2`)
+_ESC_NEW = ('\\\\(["\\\\/bfnrt]|u([0-9A-Ca-cE-Fe-f][0-9A-Fa-f]{3}|[Dd][0-7][0-9A-Fa-f]{2}'
+            '|[Dd][89ABab][0-9A-Fa-f]{2}\\\\u[Dd][C-Fc-f][0-9A-Fa-f]{2}))')
 _BUDGET_ROWS = 512  # cached budget rows per grammar: ~10 MB on a 152k vocabulary
 
 
