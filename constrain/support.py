@@ -349,6 +349,89 @@ def llguidance_escape_gap(pattern: str) -> bool:
     return False
 
 
+# outlines-core 0.2.14 builds a schema object from the first of these keywords it holds (else from its `type`, with
+# that type's keywords), and reads no other keyword beside it but those `_OUTLINES_READS` names: `{"$ref": ...,
+# "pattern": ...}` took any string, and `properties` beside an `anyOf` of `required` lists dropped the anyOf.
+_OUTLINES_BUILDERS = ("properties", "allOf", "anyOf", "oneOf", "prefixItems", "enum", "const", "$ref")
+_OUTLINES_READS = {"properties": frozenset({"properties", "required", "additionalProperties", "type"})}
+# Keywords that only ever judge values of other types than an object's: idle beside `properties`
+_NOT_FOR_OBJECTS = frozenset({
+    "minLength", "maxLength", "pattern", "format", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+    "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedItems", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null", list: "array",
+               dict: "object"}
+
+
+def _outlines_builder(node: dict) -> str | None:
+    return next((k for k in _OUTLINES_BUILDERS if k in node), None)
+
+
+def _outlines_ignored_beside(node: dict, builder: str, root: Any) -> list[str]:
+    """The assertions of `node` outlines-core leaves out, building it from `builder`, that could matter: none
+    where they hold for every value it can build (an enum's values checked against them; a `type` that every
+    branch of an anyOf, or a $ref's target, already keeps to)."""
+    reads = _OUTLINES_READS.get(builder, frozenset({builder}))
+    beside = [k for k in node if k in ASSERTIONS and k not in reads]
+    if builder == "properties":
+        return [k for k in beside if k not in _NOT_FOR_OBJECTS]
+    if not beside:
+        return []
+    if builder in ("enum", "const"):
+        values = node[builder] if builder == "enum" else [node[builder]]
+        return [] if isinstance(values, list) and _all_valid(values, {k: node[k] for k in beside}, root) else beside
+    if "type" in beside and _types_within(_outlines_types(node, root), node["type"]):
+        beside.remove("type")
+    return beside
+
+
+def _all_valid(values: list, schema: dict, root: Any) -> bool:
+    import jsonschema
+
+    if isinstance(root, dict):
+        schema = {**schema, **{k: root[k] for k in ("$defs", "definitions") if k in root}}
+    try:
+        check = jsonschema.Draft202012Validator(schema)
+        return all(check.is_valid(v) for v in values)
+    except Exception:  # noqa: BLE001 - (a $ref this context cannot resolve): not known to hold
+        return False
+
+
+def _outlines_types(node: Any, root: Any, depth: int = 0) -> set[str] | None:
+    """The JSON types of the values outlines-core builds for `node`; None where not known."""
+    if not isinstance(node, dict) or depth > 16:
+        return None
+    builder = _outlines_builder(node)
+    if builder == "properties":
+        return {"object"}
+    if builder in ("anyOf", "oneOf") and isinstance(node[builder], list):
+        found = [_outlines_types(branch, root, depth + 1) for branch in node[builder]]
+        return None if any(t is None for t in found) else set().union(*found)
+    if builder in ("enum", "const"):
+        values = node[builder] if builder == "enum" else [node[builder]]
+        return {_JSON_TYPES.get(type(v), "?") for v in values} if isinstance(values, list) else None
+    if builder == "$ref":
+        return _outlines_types(_local_target(root, node["$ref"]), root, depth + 1)
+    if builder is None and "type" in node:
+        return {node["type"]} if isinstance(node["type"], str) else set(node["type"])
+    return None
+
+
+def _local_target(root: Any, ref: Any) -> Any:
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in (ref[1:].split("/")[1:] if ref != "#" else []):
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _types_within(found: set[str] | None, allowed: Any) -> bool:
+    allowed = {allowed} if isinstance(allowed, str) else set(allowed) if isinstance(allowed, list) else set()
+    return found is not None and all(t in allowed or (t == "integer" and "number" in allowed) for t in found)
+
+
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
@@ -392,6 +475,9 @@ def outlines_unsupported(schema: Any) -> list[str]:
             bad.append(ptr[: -len("/properties")] + "/additionalProperties")
         elif key == "type" and value == "array" and "items" not in node:
             bad.append(ptr)
+        if key == _outlines_builder(node):
+            node_ptr = ptr[: -len(escape(key)) - 1]
+            bad.extend(f"{node_ptr}/{escape(k)}" for k in _outlines_ignored_beside(node, key, schema))
     if not bad and recursive_targets(schema):
         bad.append("/$ref")
     return sorted(set(bad))

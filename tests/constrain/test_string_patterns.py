@@ -9,7 +9,7 @@ import pytest
 from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
 from constrain.spec import normalise_schema
 from constrain.support import json_safe_pattern, outlines_unsupported
-from tests.constrain.conftest import accepts_value
+from tests.constrain.conftest import accepts_value, takes_text
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,51 @@ def test_outlines_takes_no_property_name_json_escapes():
     schema = {"type": "object", "properties": {'a"b': {"type": "integer"}, "c\\d": {"type": "integer"},
                                                "e.f(g)": {"type": "integer"}}, "additionalProperties": False}
     assert outlines_unsupported(schema) == ["/properties/a\"b", "/properties/c\\d"]
+
+
+SIBLINGS = {"$defs": {"s": {"type": "string", "maxLength": 4}}}
+
+
+@pytest.mark.parametrize("value, pointer", [
+    # outlines-core builds an object from its first of properties/anyOf/enum/const/$ref and reads nothing else
+    ({"$ref": "#/$defs/s", "pattern": "^[xy]{2}$"}, "/properties/v/pattern"),
+    ({"type": "string", "anyOf": [{"enum": ["a", 1]}, {"type": "boolean"}]}, "/properties/v/type"),
+    ({"type": "string", "enum": ["a", 1]}, "/properties/v/type"),
+    ({"$ref": "#/$defs/s", "minLength": 2}, "/properties/v/minLength"),
+    ({"type": "object", "properties": {"g": {"type": "string"}}, "additionalProperties": False,
+      "anyOf": [{"required": ["g"]}]}, "/properties/v/anyOf"),
+    # (what such a node builds keeps to them anyway: exact)
+    ({"type": "string", "enum": ["a", "b"]}, None),
+    ({"type": "string", "anyOf": [{"type": "string", "maxLength": 3}, {"enum": ["long one"]}]}, None),
+    ({"$ref": "#/$defs/s", "type": "string", "description": "d"}, None),
+    ({"type": "object", "properties": {"g": {"type": "string"}}, "required": ["g"], "additionalProperties": False,
+      "maxLength": 3}, None),
+])
+def test_outlines_takes_no_keyword_it_would_build_a_node_without(value, pointer, tokenizers, vocabs):
+    """Keywords beside the one outlines-core builds a node from were dropped: `{"$ref": ..., "pattern": ...}`
+    took any string, from the third request of a schema on under the auto policy (helper-20's sweep)."""
+    schema = {**_object(value), **SIBLINGS}
+    assert outlines_unsupported(normalise_schema(schema)) == ([pointer] if pointer else [])
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", background_outlines=False)
+    try:
+        if pointer:
+            with pytest.raises(ConstraintError) as exc:
+                c.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True))
+            assert exc.value.pointer == pointer
+        else:
+            assert c.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True)).backend == "outlines"
+    finally:
+        c.close()
+
+
+def test_outlines_counts_a_surrogate_pair_escape_as_one_character(gpt2_compiler, tokenizers):
+    """`\\ud83d\\ude00` is one character (😀): as two escapes it passed `minLength: 2` (helper-20's sweep)."""
+    schema = _object({"type": "string", "minLength": 2, "maxLength": 2})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="outlines"))
+    assert g.backend == "outlines"
+    for text, taken in [('{"v":"\\ud83d\\ude00x"}', True), ('{"v":"\\u0061b"}', True),
+                        ('{"v":"\\ud83d\\ude00"}', False), ('{"v":"\\ud83dx"}', False)]:
+        assert takes_text(g, tokenizers["gpt2"], text, "gpt2") == taken, text
 
 
 def test_outlines_backend_refuses_a_pattern_that_could_break_the_json(tokenizers, vocabs):
