@@ -310,8 +310,10 @@ class _SamplingFields(BaseModel):
 
     @property
     def extra_fields(self) -> list[str]:
-        """Fields we do not know: accepted, ignored, named in the `x-structgen-ignored-fields` header."""
-        return sorted(self.model_extra or {})
+        """Fields we do not know: accepted, ignored, named in the `x-structgen-ignored-fields` header (those of
+        `stream_options` as `stream_options.name`: vLLM's `continuous_usage_stats` is one)."""
+        options = self.stream_options.model_extra if self.stream_options is not None else None
+        return sorted(self.model_extra or {}) + [f"stream_options.{name}" for name in sorted(options or {})]
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -371,9 +373,16 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def extra_fields(self) -> list[str]:
         """Also the unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may
-        carry fields such as `annotations` or `audio`: accepted, named)."""
-        return super().extra_fields + [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
-                                       for name in sorted(m.model_extra or {}) if not m.renders(name)]
+        carry fields such as `annotations` or `audio`: accepted, named), and of tools, as `tools.N.name` and
+        `tools.N.function.name` (`functions.N.name` where the request sent the deprecated `functions`)."""
+        tools = [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
+                 for name in sorted(m.model_extra or {}) if not m.renders(name)]
+        for i, tool in enumerate(self.tools or ()):
+            where = f"functions.{i}" if self.uses_functions else f"tools.{i}"
+            tools += [f"{where}.{name}" for name in sorted(tool.model_extra or {})]
+            tools += [f"{where}{'' if self.uses_functions else '.function'}.{name}"
+                      for name in sorted(tool.function.model_extra or {})]
+        return super().extra_fields + tools
 
     @property
     def generation_prompt(self) -> bool:

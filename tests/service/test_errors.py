@@ -349,6 +349,21 @@ def test_unknown_message_fields_are_named_in_the_header_too(http):
         "my_extra,messages.0.cache_control,messages.1.annotations,messages.1.weight"
 
 
+def test_unknown_fields_of_stream_options_and_tools_are_named_too(http):
+    """vLLM's `stream_options.continuous_usage_stats` changes what its streams carry: ignored here, it went unsaid."""
+    tool = {"type": "function", "cache_control": {"type": "ephemeral"},
+            "function": {"name": "f", "parameters": {"type": "object"}, "examples": []}}
+    r = http.post("/v1/chat/completions", json={
+        "model": MODEL, "max_tokens": 1, "messages": HELLO, "stream": True, "tools": [tool],
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-ignored-fields"] == \
+        "stream_options.continuous_usage_stats,tools.0.cache_control,tools.0.function.examples"
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": HELLO,
+                                               "functions": [tool["function"]]})
+    assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "functions.0.examples"
+
+
 def test_an_assistants_earlier_reasoning_is_not_named_as_ignored(http):
     """It goes to the chat template (a reasoning model's renders it), so the header did not tell the truth."""
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
