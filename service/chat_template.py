@@ -330,7 +330,3 @@ class ChatTemplate:
             except Exception:  # noqa: BLE001 - the ids were not what it refused
                 pass
             raise
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of rendered text; the template already wrote any BOS it wants."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -31,7 +31,7 @@ from engine.types import GenerationRequest, ReasoningTags, TokenEvent
 from service.chat_template import ChatTemplate
 from service.errors import APIError, invalid
 from service.metrics import Metrics
-from service.prompts import Prompt, completion_prompts, fit_max_tokens
+from service.prompts import Prompt, completion_prompts, encode_prompt, fit_max_tokens
 from service.protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest, _SamplingFields
 from service.sampling import sampling_params
 
@@ -231,7 +231,8 @@ class Generation:
             text, ids, reasoning, answer_prefill = await self._off_loop(self._chat_prompt, req, tools)
         else:
             text = req.prompt or ""
-            ids = await self._off_loop(lambda: list(self.loaded.tokenizer.encode(text, add_special_tokens=True)))
+            ids = await self._off_loop(lambda: encode_prompt(self.loaded.tokenizer, text, self.loaded.context_length,
+                                                             add_special_tokens=True))
         if not ids:
             raise invalid("the prompt is empty", "messages" if req.messages is not None else "prompt")
         prompt = Prompt(ids, text)
@@ -266,7 +267,9 @@ class Generation:
             reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
         elif req.generation_prompt:
             reasoning = self.template.reasoning_for(text)
-        return text, self.template.encode(text), reasoning, answer_prefill
+        ids = encode_prompt(self.template.tokenizer, text, self.loaded.context_length, add_special_tokens=False,
+                            param="messages")
+        return text, ids, reasoning, answer_prefill
 
     def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
         """The request's `chat_template_kwargs`, and for harmony templates its `reasoning_effort` (gpt-oss's levels
@@ -297,7 +300,8 @@ class Generation:
     async def plan_completion(self, req: CompletionRequest) -> Plan:
         started = time.monotonic()
         headers = self._check_common(req)
-        prompts = await self._off_loop(completion_prompts, req.prompt, self.loaded.tokenizer, self.vocab_limit)
+        prompts = await self._off_loop(completion_prompts, req.prompt, self.loaded.tokenizer, self.vocab_limit,
+                                       self.loaded.context_length)
         for prompt in prompts:
             self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
         spec, grammar = await self._compile(req)

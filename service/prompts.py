@@ -17,7 +17,27 @@ class Prompt:
     text: str  # for `echo`
 
 
-def completion_prompts(prompt, tokenizer, vocab_limit: int) -> list[Prompt]:
+_COUNT_PIECE_CHARS = 1 << 16  # the pieces a long text is counted in (`encode_prompt`)
+_PIECE_SLACK = 8  # tokens a piece's edges may add to a count (a word cut in two, a SentencePiece piece's `▁`)
+
+
+def encode_prompt(tokenizer, text: str, context_length: int, *, add_special_tokens: bool,
+                  param: str = "prompt") -> list[int]:
+    """The token ids of `text`. A text far longer than the context is first counted in pieces, and refused
+    (`context_length_exceeded`) as soon as its count is past the context by more than the pieces' edges could add:
+    tokenizing 5 MB of text whole took 4 s and 740 MB, on the one thread that tokenizes every request's prompt."""
+    if len(text) > 4 * context_length:
+        count = 0
+        for pieces, start in enumerate(range(0, len(text), _COUNT_PIECE_CHARS), 1):
+            count += len(tokenizer.encode(text[start:start + _COUNT_PIECE_CHARS], add_special_tokens=False))
+            if count - _PIECE_SLACK * pieces > context_length:
+                raise APIError(400, f"the prompt has more than {context_length} tokens (its first "
+                                    f"{start + _COUNT_PIECE_CHARS} characters do), but this model's context length "
+                                    f"is {context_length} tokens", param=param, code="context_length_exceeded")
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int) -> list[Prompt]:
     """One `Prompt` per prompt in the request, in order."""
     if isinstance(prompt, str):
         items: list = [prompt]
@@ -28,7 +48,7 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int) -> list[Prompt]:
     out = []
     for item in items:
         if isinstance(item, str):
-            ids = list(tokenizer.encode(item, add_special_tokens=True))
+            ids = encode_prompt(tokenizer, item, context_length, add_special_tokens=True)
             if not ids:
                 raise invalid("`prompt` must not be empty", "prompt")
             out.append(Prompt(ids, item))

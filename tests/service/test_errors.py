@@ -166,6 +166,12 @@ def test_prompt_longer_than_the_context_is_400(http):
     assert _assert_error(r, 400, "prompt")["code"] == "context_length_exceeded"  # (named `messages` before)
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "a " * 5000}]})
     assert _assert_error(r, 400, "messages")["code"] == "context_length_exceeded"
+    for field, value in [("prompt", "a " * 600_000), ("messages", [{"role": "user", "content": "a " * 600_000}])]:
+        # (counted in pieces, and refused from the first ones: service/prompts.py `encode_prompt`)
+        r = http.post("/v1/completions" if field == "prompt" else "/v1/chat/completions",
+                      json={"model": MODEL, field: value})
+        error = _assert_error(r, 400, field)
+        assert error["code"] == "context_length_exceeded" and "more than" in error["message"]
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])

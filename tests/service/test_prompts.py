@@ -1,0 +1,40 @@
+"""`encode_prompt`: a text far past the context is refused from the first pieces it is counted in, and a long text
+within the context gets exactly the ids the tokenizer gives it whole."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from service.errors import APIError
+from service.prompts import encode_prompt
+from tests.conftest import TOKENIZERS
+
+
+class _Recording:
+    """The built-in tokenizer, noting the length of each text it is given."""
+
+    def __init__(self):
+        self.tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS["qwen2"]))
+        self.lengths: list[int] = []
+
+    def encode(self, text, **kwargs):
+        self.lengths.append(len(text))
+        return self.tokenizer.encode(text, **kwargs)
+
+
+def test_a_text_far_past_the_context_is_refused_without_tokenizing_it_whole():
+    tok = _Recording()
+    text = "word " * 400_000  # 2 MB: 400k tokens
+    with pytest.raises(APIError) as exc:
+        encode_prompt(tok, text, 4096, add_special_tokens=True, param="messages")
+    assert exc.value.code == "context_length_exceeded" and exc.value.param == "messages"
+    assert max(tok.lengths) <= 1 << 16 and sum(tok.lengths) < len(text) // 10
+
+
+@pytest.mark.parametrize("text", [" " * 200_000 + "end", "hello world " * 40_000])
+def test_a_long_text_within_the_context_gets_the_ids_of_the_whole(text):
+    tok = _Recording()
+    whole = tok.tokenizer.encode(text, add_special_tokens=True)
+    assert encode_prompt(tok, text, len(whole), add_special_tokens=True) == whole
+    assert len(text) > 4 * len(whole)  # (so it was counted in pieces first)
