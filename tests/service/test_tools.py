@@ -201,6 +201,19 @@ def test_a_streamed_answer_assembles_to_the_whole_answers_content(client, tool_c
             assert whole.content is None and first.choices[0].delta.tool_calls
 
 
+def test_a_call_cut_before_its_name_streams_content_null_as_the_whole_answer_does(client):
+    """Nothing was sent before the last chunk, which opened the choice with `content: ""` (helper-22's review)."""
+    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=2, seed=1)
+    whole = client.chat.completions.create(**body).choices[0]
+    with client.chat.completions.stream(**body) as stream:
+        try:
+            streamed = stream.get_final_completion().choices[0]
+        except openai.LengthFinishReasonError as exc:
+            streamed = exc.completion.choices[0]
+    assert whole.finish_reason == streamed.finish_reason == "length"
+    assert whole.message.content is None and streamed.message.content is None
+
+
 def test_streamed_tool_calls_assemble_like_openai(client):
     chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
                                                  parallel_tool_calls=False, max_tokens=200, seed=5, stream=True))
