@@ -141,7 +141,8 @@ class GrammarCompiler:
         self._builds = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="outlines-index")
         self.workers = CompileWorkers(vocab.token_bytes, vocab.eos_token_ids, max_workers=max_workers,
                                       memory_mb=compile_memory_mb)
-        self._pending: dict[str, Future] = {}
+        self._pending: dict[str, Future] = {}  # outlines builds under way
+        self._llg_pending: dict[str, Future] = {}  # llguidance compiles under way (`_llg`)
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
         self._unique_plans: OrderedDict[str, tuple] = OrderedDict()  # by spec key, bounded (`_unique_plan`)
@@ -494,11 +495,34 @@ class GrammarCompiler:
 
     # ---- backends -----------------------------------------------------------------------------------------
     def _llg(self, spec: ConstraintSpec) -> Grammar:
+        """The llguidance grammar of `spec`, compiled once: requests for a schema whose compile is under way wait
+        for it (16 requests at once with one new schema compiled it 16 times on the request threads)."""
         key = self._key(spec, "llguidance")
         g = self._lru.get(key)
         if g is not None:
             self.stats.cache_hits += 1
             return g
+        with self._lock:
+            pending = self._llg_pending.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._llg_pending[key] = Future()
+        if not owner:
+            g = pending.result()  # (its ConstraintError, where it failed)
+            self.stats.cache_hits += 1
+            return g
+        try:
+            g = self._llg_build(spec, key)
+            pending.set_result(g)
+            return g
+        except BaseException as exc:
+            pending.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._llg_pending.pop(key, None)
+
+    def _llg_build(self, spec: ConstraintSpec, key: str) -> Grammar:
         t0 = time.perf_counter()
         lltok = self.lltokenizer()
         param = spec.param

@@ -24,6 +24,25 @@ def test_repeated_schema_does_not_recompile(tokenizers, vocabs):
     c.close()
 
 
+def test_requests_for_a_schema_being_compiled_wait_for_that_compile(tokenizers, vocabs):
+    """Eight requests at once with one new schema: one llguidance compile, the others wait for it (each compiled
+    it on its own request thread, with 32 of those)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance")
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 20} for i in range(300)},
+              "required": [f"field_{i}" for i in range(300)], "additionalProperties": False}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": schema}})
+
+    async def eight():
+        return await asyncio.gather(*(c.compile_async(spec) for _ in range(8)))
+
+    try:
+        grammars = asyncio.run(eight())
+        assert len({id(g) for g in grammars}) == 1
+        assert c.stats.compiles == 1 and c.stats.cache_hits == 7
+    finally:
+        c.close()
+
+
 def test_a_repeated_non_strict_schema_plans_its_late_checks_once(tokenizers, vocabs, monkeypatch):
     """Without `strict`, a schema compiled with keywords left out is planned for the late checks: once, whether
     they enforce more (`not` of a multipleOf) or nothing more (`format: regex`), not again on every repeat."""
