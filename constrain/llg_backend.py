@@ -7,8 +7,9 @@ Budget rule: llguidance exposes no distance-to-accept, so the matcher measures o
 to a greedy short completion, one byte token at a time (prefer closing quotes, brackets and `0`; take forced
 bytes as they come), spelled with the vocabulary's longest tokens. Near the budget (the tokens left within twice
 the completion plus _CLOSING_MARGIN) the engine has each sampled token vetted (`vet`): a token after which the
-completion would no longer fit is replaced by the completion's next token, and with no slack left the mask holds
-only that token. So the document closes complete and valid within max_tokens whenever the greedy completion fits
+completion would no longer fit is replaced by the completion's next token; the mask stays the grammar's (with no
+slack left it held only that token, which overrode greedy choices, logit_bias and the logprobs where another token
+also fit: `[ab]` with one token left always wrote `a`, at logprob 0). So the document closes complete and valid within max_tokens whenever the greedy completion fits
 at the start and, far from the budget, no single token more than doubles what remains to write. Far from the
 budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond,
 except a long one (~15 µs a byte): one far out of reach is re-measured ever less often.
@@ -795,8 +796,10 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
+    variants = schema["items"].get("anyOf", [schema["items"]])
+    names = tuple(json.dumps(v["properties"]["name"]["const"], ensure_ascii=False).encode() for v in variants)
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
-                      key_names=required_names(schema), call_tag=HERMES_OPEN.encode())
+                      key_names=required_names(schema), call_tag=HERMES_OPEN.encode(), call_names=names)
 
 
 def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str) -> "LlgGrammar":
@@ -916,7 +919,8 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     endings = (forced(shape.after_value), forced(shape.before_close + HERMES_CLOSE),
                *dict.fromkeys(forced(opening) for opening in required_keys), forced("null" + shape.after_value))
     return LlgGrammar(lltok, grammar, vocab, tuple(dict.fromkeys(unenforced)), tuple(dict.fromkeys(hints)),
-                      endings=endings, call_tag=HERMES_OPEN.encode())
+                      endings=endings, call_tag=HERMES_OPEN.encode(),
+                      call_names=tuple(forced(name + shape.after_name) for name in spec.tool_names))
 
 
 def _tag_token(lltok, tag: str) -> int | None:
@@ -963,8 +967,9 @@ class LlgGrammar(Grammar):
 
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
                  hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = (),
-                 call_tag: bytes | None = None, endings: tuple[bytes, ...] = ()):
+                 call_tag: bytes | None = None, endings: tuple[bytes, ...] = (), call_names: tuple[bytes, ...] = ()):
         self.lltok = lltok
+        self.call_names = call_names  # each function's name as the output spells it after `call_tag` (`vet`)
         self.endings = endings  # byte strings that end parts of the output, for closing walks (`closing_tokens`)
         self.call_tag = call_tag
         self.json_output = json_output  # the output is JSON (free text under tool_choice "auto" switches it off)
@@ -1094,14 +1099,6 @@ class LlgMatcher(Matcher):
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
                 self._closing = self._measure(self._m, self._followed(), tokens_left)
                 self._closing_len = len(self._closing) if self._closing is not None else None
-            if self._closing is not None and len(self._closing) == tokens_left:  # no slack: the completion
-                if self._closing:
-                    out[:] = 0
-                    first = self._closing[0]
-                    out[first >> 5] = np.int32(np.uint32(1 << (first & 31)).view(np.int32))
-                else:
-                    out[:] = self._g._eos
-                return
         self._write_mask(self._m, v)
         if _lexer_limit(self._m):  # once more on a fresh lexer: if this output itself needs more, it gives up
             self._on_fresh_lexer()
@@ -1189,6 +1186,11 @@ class LlgMatcher(Matcher):
             keys = keys.copy()
             keys.feed(data)
         after = self._measure(probe, keys)
+        if opens_call and (after is None or len(after) > tokens_left - 1):
+            # The walk writes the function it comes to first, which may be the longest: the shortest through
+            # each function's name (the call is then steered to it near the limit).
+            after = min((c for c in self._calls_after_tag(probe, keys, after) if c is not None), key=len,
+                        default=after)
         if after is not None and len(after) <= tokens_left - 1:
             self._vetted = (token_id, after)
             return token_id
@@ -1203,6 +1205,33 @@ class LlgMatcher(Matcher):
         if here == [] and self._g.vocab.eos_token_ids:
             return min(self._g.vocab.eos_token_ids)  # complete here, and the token would leave it incomplete
         return token_id  # no completion fits either way: the output ends at the limit
+
+    def _calls_after_tag(self, probe: "llguidance.LLMatcher", keys: KeySets | None,
+                         walked: list[int] | None) -> list[list[int] | None]:
+        """From `probe` just after a call's tag: a completion through each function's name
+        (`LlgGrammar.call_names`), written where the completion `walked` from there writes the first name it
+        comes to; None for a name that cannot come there."""
+        vocab = self._g.vocab
+        spelled = b"".join(b"\xff[%d]" % t if vocab.token_bytes[t] is None else vocab.token_bytes[t]
+                           for t in walked or ())
+        at = min((i for i in (spelled.find(name) for name in self._g.call_names) if i >= 0), default=-1)
+        if at < 0:
+            return []
+        byte_tokens = vocab.byte_tokens()
+        found: list[list[int] | None] = []
+        for name in self._g.call_names:
+            ids = _forced_ids(spelled[:at] + name, byte_tokens)
+            walk = probe.deep_copy()
+            if ids is None or not walk.consume_tokens(ids):
+                found.append(None)
+                continue
+            follower = keys.copy() if keys is not None else None
+            if follower is not None:
+                follower.feed(_SPECIAL_MARK.sub(b"", spelled[:at] + name))
+            head = _spelled(vocab, ids, {int(i) for i in _SPECIAL_MARK.findall(spelled[:at] + name)})
+            rest = self._measure(walk, follower)
+            found.append(head + rest if head is not None and rest is not None else None)
+        return found
 
     def mask_after(self, tokens: list[int]) -> np.ndarray | None:
         """The mask row (uint32 words, EOS included where the output may end) after `tokens`, on a copy of the

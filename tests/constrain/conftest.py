@@ -115,3 +115,25 @@ def accepts_document(grammar, tokenizer, vocab, document) -> bool:
     tokens = tokenizer.encode(json.dumps(document, ensure_ascii=False), add_special_tokens=False)
     bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
     return walk_instance(grammar, tokens, min(vocab.eos_token_ids), bitmask, [])
+
+
+def offered_walk(grammar, vocab, prefix: list[int], offered: list[int], tokens_left: int) -> list[int]:
+    """Accept `prefix`; then, `tokens_left` tokens at most, offer the budget rule (`vet`) the next of `offered`
+    where the mask allows it, else the first token allowed, as a model set on those tokens would be sampled; the
+    tokens written after `prefix` until the output ends."""
+    m = grammar.matcher()
+    assert all(m.accept(t) for t in prefix)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    out: list[int] = []
+    while tokens_left > 0 and not m.is_terminated():
+        m.fill_bitmask(bitmask, 0, tokens_left)
+        allowed = allowed_ids(bitmask).tolist()
+        want = offered[len(out)] if len(out) < len(offered) and offered[len(out)] in allowed else allowed[0]
+        token = m.vet(want, tokens_left)
+        if token in vocab.eos_token_ids:
+            break
+        assert m.accept(token)
+        out.append(token)
+        tokens_left -= 1
+    assert m.can_end()
+    return out

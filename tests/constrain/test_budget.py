@@ -104,8 +104,8 @@ def test_a_regex_loop_left_by_a_byte_the_walk_does_not_prefer_closes_within_max_
 
 
 def test_following_the_completion_walks_once(gpt2_compiler, vocabs, monkeypatch):
-    """With no slack the mask holds only the completion's next token; vetting that token takes the rest of the
-    completion as the completion after it, instead of walking again (before: one walk per row per step)."""
+    """With no slack, vetting the completion's next token takes the rest of the completion as the completion after
+    it, instead of walking again (before: one walk per row per step)."""
     import torch
 
     from constrain import llg_backend
@@ -114,7 +114,8 @@ def test_following_the_completion_walks_once(gpt2_compiler, vocabs, monkeypatch)
     vocab = vocabs["gpt2"]
     g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern=r"[a-z]{3,9}@example\.com", backend="llguidance"))
     m = g.matcher()
-    budget = len(llg_backend.closing_tokens(m._m, vocab, hints=g.hints))
+    path = llg_backend.closing_tokens(m._m, vocab, hints=g.hints)
+    budget = len(path)
     walks = []
     real = llg_backend.closing_tokens
     monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real(*args))
@@ -122,11 +123,33 @@ def test_following_the_completion_walks_once(gpt2_compiler, vocabs, monkeypatch)
     written = []
     for step in range(budget):
         m.fill_bitmask(bm, 0, tokens_left=budget - step)
-        (only,) = allowed_ids(bm).tolist()
-        assert m.vet(only, budget - step) == only and m.accept(only)
-        written.append(only)
+        token = path[step]
+        assert token in allowed_ids(bm).tolist()
+        assert m.vet(token, budget - step) == token and m.accept(token)
+        written.append(token)
     assert m.can_end() and re.fullmatch(r"[a-z]{3,9}@example\.com", decode(vocab, written))
     assert len(walks) == 1
+
+
+@pytest.mark.parametrize("pattern, written", [("[ab]", "b"), ("[ab]{3}", "bbb")])
+def test_with_no_slack_every_token_that_still_fits_is_allowed(gpt2_compiler, vocabs, pattern, written):
+    """The mask held only the completion's next token when the tokens left equal its length: `[ab]` with one token
+    left always wrote `a`, at logprob 0, whatever the model, a greedy choice or logit_bias favoured (helper-23).
+    The mask is the grammar's; `vet` keeps what fits."""
+    import torch
+
+    from tests.constrain.conftest import allowed_ids
+
+    vocab = vocabs["gpt2"]
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern=pattern, backend="llguidance"))
+    m = g.matcher()
+    bm = torch.zeros((1, vocab.words), dtype=torch.int32)
+    b = vocab.ids_by_bytes()[b"b"]
+    for left in range(len(written), 0, -1):
+        m.fill_bitmask(bm, 0, tokens_left=left)
+        assert {vocab.ids_by_bytes()[b"a"], b} <= set(allowed_ids(bm).tolist())
+        assert m.vet(b, left) == b and m.accept(b)
+    assert m.can_end() and decode(vocab, [b] * len(written)) == written
 
 
 def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compiler, vocabs, monkeypatch):

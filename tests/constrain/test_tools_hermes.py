@@ -13,7 +13,8 @@ import torch
 
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, decode, may_answer_nothing, random_walk, takes_text
+from tests.constrain.conftest import (allowed_ids, compiling, decode, may_answer_nothing, offered_walk, random_walk,
+                                      takes_text)
 
 OPEN_ID, CLOSE_ID = sorted(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
@@ -218,6 +219,26 @@ def test_the_format_is_part_of_the_cache_key():
     assert _hermes("required").key != spec_from_request(tools=TOOLS, tool_choice="required").key
     with pytest.raises(ValueError):
         spec_from_request(tools=TOOLS, tool_choice="required", tool_format="xml")
+
+
+LONG_FIRST = [{"type": "function", "function": {"name": "alpha_long_function", "parameters": {
+    "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
+    "required": [f"p{i}" for i in range(6)], "additionalProperties": False}}},
+              {"type": "function", "function": {"name": "z"}}]
+
+
+def test_a_call_after_text_is_steered_to_a_function_that_fits(qwen_tools):
+    """The completion after the tag goes through the function the walk comes to first, here the longest: where only
+    the short one fits, the tag was replaced by EOS (helper-22's review). Now each function's shortest call is
+    measured, and a call begun is steered to one that fits though the model leans to the long one."""
+    tok, vocab, compiler = qwen_tools
+    spec = _hermes("auto", tools=LONG_FIRST)
+    g = compiler.compile(spec)
+    text = tok.encode(" some words before the call")
+    written = offered_walk(g, vocab, text, [min(QWEN_TOOL_TAGS)] + tok.encode('\\n{"name": "alpha_long_function", "arguments": {'), 24)
+    assert written[0] == min(QWEN_TOOL_TAGS)
+    calls = parse_tool_calls(decode(vocab, text + written), spec)
+    assert calls is not None and [(c.name, c.arguments) for c in calls.calls] == [("z", "{}")]
 
 
 def test_a_call_is_begun_after_text_only_where_it_can_close(qwen_tools):

@@ -18,8 +18,8 @@ from constrain.compiler import unenforced_in_client_terms
 from constrain.formats import DURATION, URI
 from constrain.xml_calls import JSON_FORM, SHAPES, parse_xml_calls, value_form
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen3_coder_tokenizer
-from tests.constrain.conftest import (allowed_ids, compiling, decode, may_answer_nothing,
-                                       random_walk, takes_text, valid_calls)
+from tests.constrain.conftest import (allowed_ids, compiling, decode, may_answer_nothing, offered_walk, random_walk,
+                                      takes_text, valid_calls)
 
 OPEN_ID = min(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {
@@ -225,6 +225,26 @@ def test_auto_takes_text_calls_or_text_then_calls(coder):
     assert OPEN_ID not in spelled
     m = g.matcher()
     assert not all(m.accept(t) for t in spelled)  # text never spells a tag out
+
+
+LONG_FIRST = [{"type": "function", "function": {"name": "alpha_long_function", "parameters": {
+    "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
+    "required": [f"p{i}" for i in range(6)], "additionalProperties": False}}},
+              {"type": "function", "function": {"name": "z"}}]
+
+
+def test_a_call_after_text_is_steered_to_a_function_that_fits(coder):
+    """The completion after the tag goes through the function the walk comes to first, here the longest: where only
+    the short one fits, the tag was replaced by EOS (helper-22's review). Now each function's shortest call is
+    measured, and a call begun is steered to one that fits though the model leans to the long one."""
+    tok, vocab, compiler = coder
+    spec = _spec("auto", tools=LONG_FIRST)
+    g = compiler.compile(spec)
+    text = tok.encode(" some words before the call")
+    written = offered_walk(g, vocab, text, [OPEN_ID] + tok.encode('\\n<function=alpha_long_function>\\n'), 24)
+    assert written[0] == OPEN_ID
+    calls = parse_tool_calls(decode(vocab, text + written), spec)
+    assert calls is not None and [(c.name, c.arguments) for c in calls.calls] == [("z", "{}")]
 
 
 def test_a_call_is_begun_after_text_only_where_it_can_close(coder):
