@@ -43,7 +43,7 @@ from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls)
-from constrain.outlines_backend import OutlinesGrammar, TokenDFA, schema_regex
+from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
 from constrain.pattern_dialects import portable_pattern
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
@@ -586,9 +586,9 @@ class GrammarCompiler:
             raise ConstraintError(f"a length bound of {max(big)} makes the outlines automaton too large (limit "
                                   f"{self.max_outlines_repeat}); use the llguidance backend", param=param,
                                   code="schema_too_large")
-        if len(regex) > self.max_outlines_regex_chars:
-            raise ConstraintError(f"schema expands to a {len(regex)}-character regex; the outlines limit is "
-                                  f"{self.max_outlines_regex_chars}", param=param, code="schema_too_large")
+        if core_regex_length(regex) > self.max_outlines_regex_chars:
+            raise ConstraintError(f"schema expands to a {core_regex_length(regex)}-character regex; the outlines "
+                                  f"limit is {self.max_outlines_regex_chars}", param=param, code="schema_too_large")
         return regex
 
     def _outlines(self, spec: ConstraintSpec, wait: bool) -> Grammar | None:

@@ -40,6 +40,13 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
     return regex.replace(_CHAR_OLD, _CHAR_NEW).replace(_ESC_OLD, _ESC_NEW)
 
 
+def core_regex_length(regex: str) -> int:
+    """The length of outlines-core's own regex behind `schema_regex`'s: what the size limit bounds (the schema's
+    size, not the spelling of JSON's escapes, which the surrogate pairs made three times longer per string)."""
+    return (len(regex) - regex.count(_ESC_NEW) * (len(_ESC_NEW) - len(_ESC_OLD))
+            - regex.count(_CHAR_NEW) * (len(_CHAR_NEW) - len(_CHAR_OLD)))
+
+
 def outlines_vocabulary(vocab: Vocabulary) -> outlines_core.Vocabulary:
     return outlines_vocabulary_from_bytes(vocab.token_bytes, vocab.eos_token_ids)
 

@@ -118,6 +118,16 @@ def test_outlines_counts_a_surrogate_pair_escape_as_one_character(gpt2_compiler,
         assert takes_text(g, tokenizers["gpt2"], text, "gpt2") == taken, text
 
 
+def test_the_outlines_size_limit_counts_the_schema_not_the_spelling_of_escapes(gpt2_compiler):
+    """Surrogate pairs made each string's escape alternative three times longer: an object of 200 strings then
+    passed the 30,000-character limit (34,893), which it had not (helper-22's review)."""
+    schema = {"type": "object", "properties": {f"s{i}": {"type": "string"} for i in range(200)},
+              "required": [f"s{i}" for i in range(200)], "additionalProperties": False}
+    spec = ConstraintSpec(kind="json_schema", schema=schema, backend="outlines")
+    regex = gpt2_compiler._outlines_regex(spec)  # (no error: within the limit)
+    assert len(regex) > gpt2_compiler.max_outlines_regex_chars
+
+
 def test_outlines_backend_refuses_a_pattern_that_could_break_the_json(tokenizers, vocabs):
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", background_outlines=False)
     try:
