@@ -1165,14 +1165,17 @@ class LlgMatcher(Matcher):
         left, else the next token of the completion measured from here (which fits, by the same rule one step
         earlier), or an EOS id where the output is complete here (another tagged call would not fit). A token that
         may open something (`_OPENERS`) is vetted earlier: it may make the completion grow at once by more than
-        any growth seen so far. A token that opens a tagged call (`LlgGrammar.call_tag`) is vetted at any
-        distance: after free text (tool_choice "auto") the completion grows from nothing to a whole call, and a
-        call begun with too few tokens left was cut (seen on a GPU: `{"path": "..."` with finish_reason length)."""
+        any growth seen so far. A token that opens a tagged call (`LlgGrammar.call_tag`), or a newline where the
+        output may end (which begins a further call), is vetted at any distance: the completion grows from nothing
+        to a whole call, and a call begun with too few tokens left was cut (seen on a GPU: `{"path": "..."` with
+        finish_reason length). It is kept where any function's call fits (`_calls_after_tag`)."""
         self._vetted = None
         if tokens_left is None:
             return token_id
         data = self._g.vocab.token_bytes[token_id] or b""
-        opens_call = self._g.call_tag is not None and self._g.call_tag in data
+        # (a newline where the output may end is how a further call begins, after a call or after free text)
+        opens_call = self._g.call_tag is not None and (self._g.call_tag in data
+                                                        or (b"\n" in data and self._m.is_accepting()))
         if not opens_call and not self._near(tokens_left, _CLOSING_GROWTH if _OPENERS.intersection(data) else 0):
             return token_id
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:

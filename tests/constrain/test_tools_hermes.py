@@ -267,6 +267,24 @@ def test_a_call_is_begun_after_text_only_where_it_can_close(qwen_tools):
         assert vetted == tag if room == needed else vetted in vocab.eos_token_ids
 
 
+def test_a_further_call_is_begun_only_where_one_fits_however_far_the_limit(qwen_tools):
+    """After a call, the newline that begins another was vetted only near the limit as measured there (nothing
+    left to write): a second call begun 24 tokens out, whose shortest takes more, was cut (helper-22's review)."""
+    tok, vocab, compiler = qwen_tools
+    g = compiler.compile(_hermes("required", tools=LONG_FIRST[:1]))
+    first = tok.encode(_calls(("alpha_long_function", {f"p{i}": "" for i in range(6)})))
+    newline = tok.encode("\n")[0]
+    probe = g.matcher()
+    assert all(probe.accept(t) for t in first + [newline])
+    needed = probe.min_tokens_to_end()
+    assert needed is not None and needed > 20
+    for left, kept in [(needed + 1, True), (needed, False), (24, False)]:
+        m = g.matcher()
+        assert all(m.accept(t) for t in first)
+        vetted = m.vet(newline, left)
+        assert vetted == newline if kept else vetted in vocab.eos_token_ids
+
+
 def test_no_call_is_begun_that_cannot_close_in_the_budget(qwen_tools):
     """After a closing tag the calls may end or go on: near the budget, the newline that would begin another call
     is replaced by EOS when that call could not close in time (a sweep found parallel calls cut short)."""
