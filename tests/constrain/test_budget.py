@@ -152,6 +152,17 @@ def test_with_no_slack_every_token_that_still_fits_is_allowed(gpt2_compiler, voc
     assert m.can_end() and decode(vocab, [b] * len(written)) == written
 
 
+@pytest.mark.parametrize("pattern", [r"^\w+\.txt$", r"^[a-z]+@[a-z]+\.com$", r"^.+@.+$"])
+def test_a_regex_anchored_at_its_ends_still_closes_within_the_budget(pattern, gpt2_compiler, vocabs):
+    """Its closing walk found no example with the anchors inside the whole-match wrapper, and without one the walk
+    never closed `.+@`: nothing was vetted, and answers ended with `length` (helper-24: 9 of 10 walks)."""
+    vocab = vocabs["gpt2"]
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern=pattern, backend="llguidance"))
+    for seed in range(6):
+        toks, done = random_walk(g, vocab, random.Random(seed), 10, budget=True)
+        assert done and re.fullmatch(pattern[1:-1], decode(vocab, toks)), decode(vocab, toks)
+
+
 def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compiler, vocabs, monkeypatch):
     """A completion out of the walk's reach is the costly case: it must be retried rarely, not per token."""
     import torch
