@@ -567,8 +567,8 @@ def _uncompiled_nodes(schema) -> set[int]:
 def unreadable_pattern(pattern: str) -> str | None:
     """llguidance's reason for refusing a `pattern` that JSON Schema allows (a backreference, a lookbehind, a
     lookahead past the start, `\\b`), or None where it reads it. (An invalid regex never gets here: the schema
-    check refuses it first.)"""
-    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "string", "pattern": pattern})
+    check refuses it first.) Read as it is compiled: in its portable spelling."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "string", "pattern": portable_pattern(pattern)})
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
     return " ".join(messages[-1].split()) if is_error and messages else None
 

@@ -106,6 +106,11 @@ def portable_pattern(pattern: str) -> str:
     return "".join(out)
 
 
+# Rust's regex (llguidance's dialect) reads these in a class as intersection, difference and symmetric difference;
+# ECMA-262 as the characters they are: a class holding one is written out as its characters
+_SET_OPERATORS = ("&&", "--", "~~")
+
+
 def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
     """(index after the class opening at `start`, its spelling): the class as written where it names no
     shorthand or holds a member not read here, else the characters it takes in every dialect, as one positive
@@ -136,7 +141,7 @@ def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
     if i >= n:
         return None, ""
     end = i + 1
-    if not shorthands:
+    if not shorthands and not any(op in pattern[start:end] for op in _SET_OPERATORS):
         return end, pattern[start:end]
     # What each dialect reads the class's members as; the class takes what every dialect's reading takes.
     read = [union_ranges(*literal, *(reading[k] for k in shorthands)) for reading in _dialects()]

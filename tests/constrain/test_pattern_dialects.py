@@ -58,6 +58,19 @@ def test_llguidance_writes_only_what_every_dialect_matches(qwen2, pattern, refus
 
 
 @pytest.mark.parametrize("pattern,refused,accepted", [
+    ("^[a&&b]$", [], ["a", "b", "&"]),  # Rust: the intersection of a and b, nothing
+    ("^[^\\x00-\\uffff&&b]$", ["+", "c", "\ufe89"], ["\U0001F600"]),
+    ("^[+--]$", [], ["+", ",", "-"]),  # (ECMA-262: the range from + to -)
+    ("^[a-c~~b]$", ["d"], ["a", "b", "~"]),
+])
+def test_class_set_operators_are_read_as_ecma_reads_them(qwen2, pattern, refused, accepted):
+    """Rust's regex takes `&&`, `--` and `~~` in a class for set operations, ECMA-262 for the characters they
+    are: such a class is written out as its characters (helper-24: `[^\\x00-\\uffff&&b]` gave `+`)."""
+    assert [v for v in refused if _accepts(qwen2, "llguidance", pattern, v)] == []
+    assert [v for v in accepted if not _accepts(qwen2, "llguidance", pattern, v)] == []
+
+
+@pytest.mark.parametrize("pattern,refused,accepted", [
     ("^\\d{2}$", ["\u0663\u0664", "\uff11\uff12"], ["42"]),
     ("^[\\w-]+$", ["\u00e9t\u00e9"], ["a-b_9"]),
 ])
