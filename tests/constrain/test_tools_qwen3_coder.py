@@ -241,10 +241,10 @@ def test_a_call_after_text_is_steered_to_a_function_that_fits(coder):
     spec = _spec("auto", tools=LONG_FIRST)
     g = compiler.compile(spec)
     text = tok.encode(" some words before the call")
-    written = offered_walk(g, vocab, text, [OPEN_ID] + tok.encode('\\n<function=alpha_long_function>\\n'), 24)
+    written = offered_walk(g, vocab, text, [OPEN_ID] + tok.encode('\n<function=alpha_long_function>\n'), 24)
     assert written[0] == OPEN_ID
     calls = parse_tool_calls(decode(vocab, text + written), spec)
-    assert calls is not None and [(c.name, c.arguments) for c in calls.calls] == [("z", "{}")]
+    assert calls is not None and calls.calls and all((c.name, c.arguments) == ("z", "{}") for c in calls.calls)
 
 
 def test_a_call_is_begun_after_text_only_where_it_can_close(coder):
