@@ -137,3 +137,28 @@ def offered_walk(grammar, vocab, prefix: list[int], offered: list[int], tokens_l
         tokens_left -= 1
     assert m.can_end()
     return out
+
+
+# Tools whose first function's shortest call is long and whose second's is short (budget rule tests of tagged calls)
+LONG_FIRST = [{"type": "function", "function": {"name": "alpha_long_function", "parameters": {
+    "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
+    "required": [f"p{i}" for i in range(6)], "additionalProperties": False}}},
+              {"type": "function", "function": {"name": "z"}}]
+
+
+def assert_the_tag_is_kept_only_where_its_call_fits(grammar, tokenizer, vocab, tag: int) -> None:
+    """After free text, the call `tag` is kept by the budget rule with exactly the tokens its shortest call needs
+    after it left, and replaced by EOS with one fewer."""
+    text = tokenizer.encode(" some words before the call")
+    probe = grammar.matcher()
+    assert all(probe.accept(t) for t in text + [tag])
+    needed = probe.min_tokens_to_end()
+    assert needed is not None and needed > 20  # (past the zone vetted for a grammar that learned no growth)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for room in (needed, needed - 1):  # tokens left once the tag is written
+        m = grammar.matcher()
+        assert all(m.accept(t) for t in text)
+        m.fill_bitmask(bitmask, 0, room + 1)
+        assert tag in allowed_ids(bitmask).tolist()
+        vetted = m.vet(tag, room + 1)
+        assert vetted == tag if room == needed else vetted in vocab.eos_token_ids

@@ -13,8 +13,8 @@ import torch
 
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer
-from tests.constrain.conftest import (allowed_ids, compiling, decode, may_answer_nothing, offered_walk, random_walk,
-                                      takes_text)
+from tests.constrain.conftest import (LONG_FIRST, allowed_ids, assert_the_tag_is_kept_only_where_its_call_fits,
+                                      compiling, decode, may_answer_nothing, offered_walk, random_walk, takes_text)
 
 OPEN_ID, CLOSE_ID = sorted(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
@@ -221,12 +221,6 @@ def test_the_format_is_part_of_the_cache_key():
         spec_from_request(tools=TOOLS, tool_choice="required", tool_format="xml")
 
 
-LONG_FIRST = [{"type": "function", "function": {"name": "alpha_long_function", "parameters": {
-    "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
-    "required": [f"p{i}" for i in range(6)], "additionalProperties": False}}},
-              {"type": "function", "function": {"name": "z"}}]
-
-
 def test_a_call_after_text_is_steered_to_a_function_that_fits(qwen_tools):
     """The completion after the tag goes through the function the walk comes to first, here the longest: where only
     the short one fits, the tag was replaced by EOS (helper-22's review). Now each function's shortest call is
@@ -252,20 +246,7 @@ def test_a_call_is_begun_after_text_only_where_it_can_close(qwen_tools):
             "required": ["source_path", "destination_path", "overwrite_mode"], "additionalProperties": False}
     g = compiler.compile(_hermes("auto", tools=[{"type": "function", "function": {"name": "move_file",
                                                                                  "parameters": move}}]))
-    tag = min(QWEN_TOOL_TAGS)
-    text = tok.encode(" some words before the call")
-    probe = g.matcher()
-    assert all(probe.accept(t) for t in text + [tag])
-    needed = probe.min_tokens_to_end()
-    assert needed is not None and needed > 20
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    for room in (needed, needed - 1):  # tokens left once the tag is written
-        m = g.matcher()
-        assert all(m.accept(t) for t in text)
-        m.fill_bitmask(bitmask, 0, room + 1)
-        assert tag in allowed_ids(bitmask).tolist()
-        vetted = m.vet(tag, room + 1)
-        assert vetted == tag if room == needed else vetted in vocab.eos_token_ids
+    assert_the_tag_is_kept_only_where_its_call_fits(g, tok, vocab, min(QWEN_TOOL_TAGS))
 
 
 def test_a_further_call_is_begun_only_where_one_fits_however_far_the_limit(qwen_tools):

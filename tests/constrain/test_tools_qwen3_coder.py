@@ -18,8 +18,9 @@ from constrain.compiler import unenforced_in_client_terms
 from constrain.formats import DURATION, URI
 from constrain.xml_calls import JSON_FORM, SHAPES, parse_xml_calls, value_form
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen3_coder_tokenizer
-from tests.constrain.conftest import (allowed_ids, compiling, decode, may_answer_nothing, offered_walk, random_walk,
-                                      takes_text, valid_calls)
+from tests.constrain.conftest import (LONG_FIRST, allowed_ids, assert_the_tag_is_kept_only_where_its_call_fits,
+                                      compiling, decode, may_answer_nothing, offered_walk, random_walk, takes_text,
+                                      valid_calls)
 
 OPEN_ID = min(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {
@@ -227,12 +228,6 @@ def test_auto_takes_text_calls_or_text_then_calls(coder):
     assert not all(m.accept(t) for t in spelled)  # text never spells a tag out
 
 
-LONG_FIRST = [{"type": "function", "function": {"name": "alpha_long_function", "parameters": {
-    "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
-    "required": [f"p{i}" for i in range(6)], "additionalProperties": False}}},
-              {"type": "function", "function": {"name": "z"}}]
-
-
 def test_a_call_after_text_is_steered_to_a_function_that_fits(coder):
     """The completion after the tag goes through the function the walk comes to first, here the longest: where only
     the short one fits, the tag was replaced by EOS (helper-22's review). Now each function's shortest call is
@@ -257,19 +252,7 @@ def test_a_call_is_begun_after_text_only_where_it_can_close(coder):
             "required": ["src", "dst"], "additionalProperties": False}
     spec = _spec("auto", tools=[{"type": "function", "function": {"name": "move_file", "parameters": move}}])
     g = compiler.compile(spec)  # (a grammar of its own: no growth learned from other tests' outputs)
-    text = tok.encode(" some words before the call")
-    probe = g.matcher()
-    assert all(probe.accept(t) for t in text + [OPEN_ID])
-    needed = probe.min_tokens_to_end()
-    assert needed is not None and needed > 20
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    for room in (needed, needed - 1):  # tokens left once the tag is written
-        m = g.matcher()
-        assert all(m.accept(t) for t in text)
-        m.fill_bitmask(bitmask, 0, room + 1)
-        assert OPEN_ID in allowed_ids(bitmask).tolist()
-        vetted = m.vet(OPEN_ID, room + 1)
-        assert vetted == OPEN_ID if room == needed else vetted in vocab.eos_token_ids
+    assert_the_tag_is_kept_only_where_its_call_fits(g, tok, vocab, OPEN_ID)
 
 
 def test_calls_close_within_a_tight_budget(coder):
