@@ -375,14 +375,14 @@ class ChatCompletionRequest(_SamplingFields):
         """Also the unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may
         carry fields such as `annotations` or `audio`: accepted, named), and of tools, as `tools.N.name` and
         `tools.N.function.name` (`functions.N.name` where the request sent the deprecated `functions`)."""
-        tools = [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
-                 for name in sorted(m.model_extra or {}) if not m.renders(name)]
+        nested = [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
+                  for name in sorted(m.model_extra or {}) if not m.renders(name)]
         for i, tool in enumerate(self.tools or ()):
             where = f"functions.{i}" if self.uses_functions else f"tools.{i}"
-            tools += [f"{where}.{name}" for name in sorted(tool.model_extra or {})]
-            tools += [f"{where}{'' if self.uses_functions else '.function'}.{name}"
-                      for name in sorted(tool.function.model_extra or {})]
-        return super().extra_fields + tools
+            nested += [f"{where}.{name}" for name in sorted(tool.model_extra or {})]
+            nested += [f"{where}{'' if self.uses_functions else '.function'}.{name}"
+                       for name in sorted(tool.function.model_extra or {})]
+        return super().extra_fields + nested
 
     @property
     def generation_prompt(self) -> bool:
