@@ -212,10 +212,13 @@ _CATEGORY_NAMES = {
     "Ps": "Open_Punctuation", "Pe": "Close_Punctuation", "Pi": "Initial_Punctuation", "Pf": "Final_Punctuation",
     "Po": "Other_Punctuation", "S": "Symbol", "Sm": "Math_Symbol", "Sc": "Currency_Symbol", "Sk": "Modifier_Symbol",
     "So": "Other_Symbol", "Z": "Separator", "Zs": "Space_Separator", "Zl": "Line_Separator",
-    "Zp": "Paragraph_Separator", "Cc": "Control", "Cf": "Format", "Co": "Private_Use",
+    "Zp": "Paragraph_Separator", "C": "Other", "Cc": "Control", "Cf": "Format", "Co": "Private_Use",
 }
 _CATEGORY_OF_NAME = {**{k: k for k in _CATEGORY_NAMES}, **{v: k for k, v in _CATEGORY_NAMES.items()},
-                     "digit": "Nd", "punct": "P", "Combining_Mark": "M"}
+                     "digit": "Nd", "punct": "P", "Combining_Mark": "M", "cntrl": "Cc"}
+# The members a category takes here: C's writable ones (its surrogates Cs have no UTF-8, its unassigned Cn no
+# character this table knows), LC's cased letters; any other, the categories its name begins
+_MEMBERS = {"C": ("Cc", "Cf", "Co"), "LC": ("Lu", "Ll", "Lt")}
 
 
 @functools.cache
@@ -229,11 +232,11 @@ def _categories() -> dict[str, Ranges]:
 
 
 def _category(name: str) -> Ranges | None:
-    """The characters of the general category `name` (any of its spellings; "LC" is Lu, Ll and Lt), or None."""
+    """The characters of the general category `name` (any of its spellings; `_MEMBERS`), or None."""
     short = _CATEGORY_OF_NAME.get(name.split("=", 1)[1] if name.startswith(("gc=", "General_Category=")) else name)
     if short is None:
         return None
-    members = ("Lu", "Ll", "Lt") if short == "LC" else (short,)
+    members = _MEMBERS.get(short, (short,))
     return union_ranges(*(r for k, r in _categories().items() if k.startswith(members)))
 
 

@@ -166,7 +166,8 @@ def test_a_negated_pattern_refuses_what_any_dialect_matches(qwen2, pattern, refu
 
 
 @pytest.mark.parametrize("pattern", ["\\p{L}", "\\p{Lu}", "\\P{N}", "\\p{Letter}", "\\p{gc=Nd}", "[\\p{L}\\d_-]",
-                                     "[^\\p{L}]", "[^\\P{Lu}a]", "\\p{LC}", "\\p{General_Category=Punctuation}"])
+                                     "[^\\p{L}]", "[^\\P{Lu}a]", "\\p{LC}", "\\p{General_Category=Punctuation}",
+                                     "\\p{C}", "\\P{Other}"])
 def test_a_unicode_property_is_spelled_as_the_characters_every_dialect_gives_it(pattern):
     """ECMA-262 (u flag) and Rust read `\\p{L}`; Python's `re` has no `\\p` (a schema using it was a 400, strict or
     not). It is spelled as the characters Python's Unicode tables give the category: no wider than the `regex`
@@ -183,6 +184,11 @@ def test_a_unicode_property_is_spelled_as_the_characters_every_dialect_gives_it(
     assigned = [c for c in scalars if unicodedata.category(c) != "Cn"]
     missed = [c for c in assigned if reference.fullmatch(c) and not portable.fullmatch(c)]
     assert len(missed) < 20, [hex(ord(c)) for c in missed[:20]]  # (a few characters a newer Unicode moved)
+
+
+def test_cntrl_is_the_control_characters():
+    """ECMA-262 takes Unicode's value aliases, `cntrl` for Cc among them (`\\p{C}` and `\\p{cntrl}` were a 400)."""
+    assert unicode_properties("\\p{cntrl}") == unicode_properties("\\p{Cc}") != "\\p{cntrl}"
 
 
 def test_a_script_or_an_unknown_property_stays_as_written():
