@@ -42,7 +42,7 @@ from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_
                                      token_sets)
 from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
-                                   compile_xml_calls)
+                                   compile_xml_calls, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
 from constrain.pattern_dialects import portable_pattern
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
@@ -528,6 +528,8 @@ class GrammarCompiler:
         param = spec.param
         if spec.kind == "regex":
             g = compile_llg(lltok, self.vocab, "regex", regex=portable_pattern(spec.pattern), param=param)
+            if takes_nothing(g):  # (else every request with it failed at its first token, after a 200 if streamed)
+                raise ConstraintError("the regex matches no string", param=param)
         elif spec.kind == "choice":
             g = compile_llg(lltok, self.vocab, "regex", regex=choice_regex(spec.choices), param=param)
         elif spec.kind == "tools" and spec.tool_format in XML_FORMATS:

@@ -932,6 +932,14 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                       call_names=tuple(forced(name + shape.after_name) for name in spec.tool_names))
 
 
+def takes_nothing(grammar: "LlgGrammar") -> bool:
+    """Whether no output satisfies `grammar`: its parser is in error from the start, not for its lexer's limits (a
+    regex of an empty class, `[^\\s\\S]`, or one that needs such a class, `a[^\\s\\S]`)."""
+    m = grammar.matcher()
+    m._write_mask(m._m, torch.zeros(len(grammar._allowed), dtype=torch.int32))
+    return m._m.is_error() and _lexer_limit(m._m) is None
+
+
 def _tag_token(lltok, tag: str) -> int | None:
     """The id of the vocabulary's token for `tag`, when it has one (an added token, which llguidance matches by
     id, not by its text), else None."""

@@ -260,6 +260,16 @@ def test_a_regex_whose_count_the_lexer_cannot_build_is_a_400_naming_regex(http):
     assert http.get("/health").status_code == 200
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_regex_that_matches_no_string_is_a_400_before_anything_is_sent(http, stream):
+    """`[^\\s\\S]` compiled, and every request with it failed at its first token: with `stream`, after a 200
+    (helper-24's sweep)."""
+    for regex in ("[^\\s\\S]", "a[^\\s\\S]"):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 4,
+                                                    "regex": regex, "stream": stream})
+        assert "matches no string" in _assert_error(r, 400, "regex")["message"]
+
+
 @pytest.mark.parametrize("constraint, param", [({"choice": ["<|im_end|>"]}, "choice"),
                                                ({"regex": "<\\|im_end\\|>"}, "regex")])
 def test_a_constraint_that_allows_no_token_is_a_400_naming_it(http, constraint, param):
