@@ -12,7 +12,7 @@ from service.generation import ClientGone, Generation, Plan, engine_error
 from service.protocol import ChatCompletionRequest, CompletionRequest
 from service.responses import ChoiceState, chat_body, completion_body
 from service.sse import chat_stream, completion_stream
-from service.tool_stream import as_streamed
+from service.tool_stream import answer_calls
 
 router = APIRouter()
 
@@ -74,10 +74,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     except ClientGone:
         return JSONResponse({}, status_code=499)
     states = _states(events, plan)
-    calls = {s.index: gen.parse_tool_calls(s.text, plan.spec) for s in states} if tools_mode else {}
-    for s in states:  # (an output max_tokens cut: what its stream said, a call cut short included)
-        if tools_mode and not calls[s.index] and s.finish_reason == "length":
-            calls[s.index] = as_streamed(s.text, plan.spec)
+    calls = {s.index: answer_calls(gen.parse_tool_calls(s.text, plan.spec), s.text, plan.spec, s.finish_reason)
+             for s in states} if tools_mode else {}
     return JSONResponse(chat_body(request_id=plan.request_id, model=model,
                                   constraint_backend=plan.constraint_backend, created=plan.created, choices=states,
                                   parsed_calls={k: v for k, v in calls.items() if v},

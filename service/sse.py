@@ -15,7 +15,7 @@ from service.errors import APIError, error_body
 from service.generation import Generation, Plan, engine_error
 from service.responses import (ChoiceState, TextOffsets, chat_logprobs, finish_for, function_call_delta,
                                legacy_logprobs, reasoning_fields, system_fingerprint, token_pairs, usage_dict)
-from service.tool_stream import as_streamed, tool_stream_for
+from service.tool_stream import answer_calls, tool_stream_for
 
 DONE = b"data: [DONE]\n\n"
 
@@ -108,7 +108,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs and unsent_logprobs[index] else None
                 last = {}
                 if index in unopened:  # nothing sent: an empty answer, or a call max_tokens cut before its name
-                    cut = calls or (as_streamed(state.text, plan.spec) if state.finish_reason == "length" else None)
+                    cut = answer_calls(calls, state.text, plan.spec, state.finish_reason)
                     last = opened(index, {"content": cut.content if cut else state.text})
                 yield chunks.chunk([{"index": index, "delta": last, "logprobs": lp,
                                      "finish_reason": finish_for(state, calls, uses_functions)}])

@@ -404,6 +404,12 @@ def tool_stream_for(spec) -> ToolCallStream:
     return ToolCallStream(tool_format, forms, object_answer=getattr(spec, "answer", None) is not None)
 
 
+def answer_calls(parsed: ParsedCalls | None, text: str, spec, finish_reason: str | None) -> ParsedCalls | None:
+    """The calls an answer reports: those `parsed` from its text, else for an output max_tokens cut what its stream
+    said (`as_streamed`). One rule for the whole answer and a stream's last chunk."""
+    return parsed or (as_streamed(text, spec) if finish_reason == "length" else None)
+
+
 def as_streamed(text: str, spec) -> ParsedCalls:
     """The answer a stream of `text` assembles to: its content, and its calls as far as they were written (for an
     output max_tokens cut, which the parser cannot read: the whole answer then says what the stream said, as
