@@ -9,6 +9,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   `pattern`/`patternProperties`, since Python's backtracking `re` must never run a client's regex);
 - a `pattern` that opens with `^` and lookaheads (`^(?!draft-)...`) becomes the one anchored pattern they and the
   rest mean (constrain/regex_sets.py: neither backend reads lookarounds);
+- a `pattern` with a long count at a side it does not anchor (`\\p{L}{1,255}`) becomes the anchored pattern of
+  the strings it finds a match in (llguidance unrolls the count until it gives up mid-output);
 - a `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation: dropped; `uri-reference`,
   `iri`, `iri-reference`, `uri-template`, `json-pointer` and `relative-json-pointer` (regular RFC grammars
   llguidance has no matcher for) and `date`, `time`, `date-time` (which its matchers take too loosely) become the
@@ -95,6 +97,9 @@ _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _MAX_UNIQUE_DOMAIN = 64  # uniqueItems: items with at most this many values bound maxItems (outlines unrolls it)
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
+# A pattern's length as the rewrites get it: each `\p{...}` spelled out as its characters (~9,400 for \p{L};
+# [\p{L}\p{N}] ~11,600). A long class is one NFA edge: its cost is in its ranges (~0.1 s at this length).
+_REGEX_PATTERN_CHARS = 24_000
 _MAX_DEP_ANYOF = 5  # dependency triggers turned into anyOf (2^n alternatives; at 7, llguidance ran out of parser items)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
                  "$dynamicAnchor")
@@ -170,7 +175,8 @@ class _Ctx:
         self.validator = validator_class(root)(root)
         self.root_decidable = self.decidable(root)
         self.changed = False
-        self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES)  # shared by all of this schema's patterns
+        # Shared by all of this schema's patterns.
+        self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
 
     def resolve(self, ref: Any) -> Any:
@@ -539,9 +545,9 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
-    for step in (_impossible_keys, _lookaheads, _format, _not, _one_of, _conditional, _unique_items, _contains,
-                 _property_names, _patterns_as_properties, _dependencies, _properties_count, _pattern_properties,
-                 _declared_out_of_patterns):
+    for step in (_impossible_keys, _lookaheads, _search_counts, _format, _not, _one_of, _conditional, _unique_items,
+                 _contains, _property_names, _patterns_as_properties, _dependencies, _properties_count,
+                 _pattern_properties, _declared_out_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -612,6 +618,20 @@ def _lookaheads(node: dict, ctx: _Ctx) -> dict:
         return node
     ctx.changed = True
     return {**node, "pattern": plain}
+
+
+def _search_counts(node: dict, ctx: _Ctx) -> dict:
+    """A `pattern` with a long count at a side it does not anchor (`[\\p{L}\\p{N}]{1,255}`, which llguidance unrolls
+    until it gives up mid-output, as it does for `patternProperties` names: `_pattern_properties`) becomes the
+    anchored pattern of the strings it finds a match in (`regex_sets.search_region`)."""
+    pattern = node.get("pattern")
+    if not isinstance(pattern, str):
+        return node
+    region = search_region(pattern, ctx.regex_work)
+    if region is None:
+        return node
+    ctx.changed = True
+    return {**node, "pattern": region}
 
 
 def _format(node: dict, ctx: _Ctx) -> dict:

@@ -490,6 +490,29 @@ def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_g
         compiler.close()
 
 
+def test_a_long_count_in_an_unanchored_pattern_no_longer_makes_llguidance_give_up(tokenizers, vocabs):
+    """`\\p{L}{1,255}` as a string's `pattern`, unanchored (a name in any script): with Qwen2's 152k tokens,
+    llguidance unrolled the count while masking the string until it gave up at its first token
+    (constraint_too_complex, a 400 mid-decode). The pattern now reaches it as the anchored pattern of the strings
+    it finds a match in, which means the same (checked with jsonschema) and compiles to a small automaton."""
+    from constrain import GrammarCompiler
+    from constrain.pattern_dialects import with_unicode_properties
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "\\p{L}{1,255}"}},
+              "required": ["name"], "additionalProperties": False}
+    spelled = with_unicode_properties(schema)  # (what Python's `re`, and so jsonschema, reads)
+    out = rewrite_schema(spelled)
+    assert out["properties"]["name"]["pattern"].startswith("^")
+    accepted, refused = _same(spelled, out, [{"name": v} for v in ["a", "żółw", "名前", "1 x", "", "12", "-_-", "é1"]])
+    assert (accepted, refused) == (5, 3)
+    compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    try:
+        g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+        assert ended_walks_valid(g, vocabs["qwen2"], spelled, seed=5, walks=8, max_tokens=60, prefer_end=0.02) == 8
+    finally:
+        compiler.close()
+
+
 @pytest.mark.parametrize("schema", [
     {"type": "object", "anyOf": [{"properties": {"b": {}}}, {}], "unevaluatedProperties": False},  # depends on b
     {"$schema": D7, "type": "object", "unevaluatedProperties": False},  # not a draft-7 keyword: asserts nothing
