@@ -44,7 +44,7 @@ from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
-from constrain.pattern_dialects import portable_pattern
+from constrain.pattern_dialects import portable_pattern, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.support import client_pointer, outlines_unsupported, resolve_ref
 from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
@@ -555,7 +555,7 @@ class GrammarCompiler:
     def _outlines_regex(self, spec: ConstraintSpec) -> str:
         param = spec.param
         if spec.kind == "regex":
-            return portable_pattern(spec.pattern)
+            return without_edge_anchors(portable_pattern(spec.pattern))
         if spec.kind == "choice":
             return choice_regex(spec.choices)
         if spec.kind == "json_object" or spec.schema is None or (spec.kind == "tools" and spec.tool_choice == "auto"):

@@ -35,7 +35,7 @@ import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
-from constrain.pattern_dialects import portable_pattern
+from constrain.pattern_dialects import portable_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import ANNOTATIONS, STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
 from constrain.vocabulary import Vocabulary
@@ -328,17 +328,8 @@ def regex_hints(regex: str) -> tuple[bytes, ...]:
     """Shortest strings the whole of a top-level `regex` matches (one per top-level alternative), for closing walks
     stuck in one of its loops: `[a-z]+!` ends with the `!` of its example `a!`, where the walk's preferred bytes
     (letters) would write the alphabet first."""
-    examples = pattern_examples(f"^(?:{_without_edge_anchors(regex)})$", Work.for_example())
+    examples = pattern_examples(f"^(?:{without_edge_anchors(regex)})$", Work.for_example())
     return tuple(e.encode() for e in examples if 0 < len(e.encode()) <= _MAX_HINT_BYTES)[:_MAX_HINTS]
-
-
-def _without_edge_anchors(regex: str) -> str:
-    """`regex` less a `^` that begins it and a `$` that ends it, which a whole match makes idle: with them inside
-    the whole-match wrapper no example was found, so a walk in `^\\w+\\.txt$` never closed (helper-24)."""
-    regex = regex[1:] if regex.startswith("^") else regex
-    if regex.endswith("$") and (len(regex) - 1 - len(regex[:-1].rstrip("\\"))) % 2 == 0:
-        regex = regex[:-1]
-    return regex
 
 
 def build_lltokenizer(tokenizer, vocab: Vocabulary) -> llguidance.LLTokenizer:

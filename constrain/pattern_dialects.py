@@ -321,3 +321,13 @@ def schema_patterns(schema):
             yield ptr, node[key]
         elif key == "patternProperties" and isinstance(node[key], dict):
             yield from ((ptr, k) for k in node[key])
+
+
+def without_edge_anchors(regex: str) -> str:
+    """`regex` less a `^` that begins it and a `$` that ends it, which a whole match makes idle. With them, no
+    example was found inside a whole-match wrapper (so a walk in `^\\w+\\.txt$` never closed), and outlines-core
+    refused the regex ("anchored universal start state doesn't exist")."""
+    regex = regex[1:] if regex.startswith("^") else regex
+    if regex.endswith("$") and (len(regex) - 1 - len(regex[:-1].rstrip("\\"))) % 2 == 0:
+        regex = regex[:-1]
+    return regex

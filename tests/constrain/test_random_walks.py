@@ -67,6 +67,17 @@ def test_regex_walks_fullmatch_the_pattern(backend, gpt2_compiler, vocabs):
 
 
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_a_regex_anchored_at_its_ends_is_the_same_whole_match(backend, gpt2_compiler, tokenizers):
+    """`^...$` around a regex changes nothing in a whole match; outlines-core refused it ("anchored universal start
+    state doesn't exist"), so a client's anchored regex was a 400 on the outlines backend."""
+    grammar = gpt2_compiler.compile(spec_from_request(regex=r"^[0-9]{3}-[a-z]+$", backend=backend))
+    assert grammar.backend == backend
+    assert takes_text(grammar, tokenizers["gpt2"], "123-abc", base="gpt2")
+    for text in ("123-", "12-abc", "123-abc$", "^123-abc"):
+        assert not takes_text(grammar, tokenizers["gpt2"], text, base="gpt2"), text
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
 def test_regex_shorthands_mean_what_every_dialect_means(backend, gpt2_compiler, tokenizers):
     """`\\d` and `\\w` took any Unicode digit or letter (both backends read them as Python and Rust do): a phone
     pattern `\\d{3}-\\d{4}` was answered "౬꧘᠑-３6႕0" on a small model. They now read as JSON Schema patterns do
