@@ -183,9 +183,10 @@ def pattern_examples(pattern: str, work: Work | None = None) -> list[str]:
     still finish with another. Written with letters, digits and other printable ASCII where the pattern allows,
     then other characters, `"` and `\\` only where nothing else fits, never a control character. Empty when the
     pattern is out of reach or nothing fits. Shortest paths through each alternative's NFA (no DFA is built:
-    linear in the pattern's size)."""
+    linear in the pattern's size). A pattern's global `(?i)`, `(?s)` or `(?m)` is read as absent: such an
+    example still matches."""
     work = work or Work.for_example()
-    trees = _parse([pattern], work)
+    trees = _parse([pattern], work, ignored_flags=_WIDENING_FLAGS)
     if trees is None:
         return []
     found: dict[str, None] = {}
@@ -319,14 +320,19 @@ def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:
     return _region(dfa, frozenset([0] + [k + 1 for k, (positive, _) in enumerate(looks) if positive]))
 
 
-def _parse(patterns: list[str], work: Work) -> list | None:
+# Global flags under which every match of the pattern read without them is still a match: `(?i)abc` matches
+# "abc", `(?s)a.b` "a-b", `(?m)^a$` "a". Examples may ignore them; sets of strings may not.
+_WIDENING_FLAGS = sre.SRE_FLAG_IGNORECASE | sre.SRE_FLAG_DOTALL | sre.SRE_FLAG_MULTILINE
+
+
+def _parse(patterns: list[str], work: Work, ignored_flags: int = 0) -> list | None:
     if not all(isinstance(p, str) and len(p) <= work.max_chars for p in patterns):
         return None
     try:
         trees = [sre_parse.parse(p) for p in patterns]
     except (re.error, RecursionError, OverflowError):
         return None
-    if any(t.state.flags & ~sre.SRE_FLAG_UNICODE for t in trees):
+    if any(t.state.flags & ~(sre.SRE_FLAG_UNICODE | ignored_flags) for t in trees):
         return None  # (?i), (?s), (?m), (?x)...
     return trees
 

@@ -351,7 +351,9 @@ def test_llguidance_budget_completions_write_distinct_keys_where_keys_are_counte
     {"type": "string", "format": "email"},
     {"type": "string", "pattern": "^all|tags$"},  # once the string does not start with "all", it ends with "tags"
     {"type": "string", "pattern": "(^Hpt_|^Int_|_Armour_)"},
-], ids=["unanchored", "email-pattern", "email-format", "anchored-alternatives", "searched-alternatives"])
+    {"type": "string", "pattern": "(?i)abc"},  # a global flag: its examples are those of `abc`
+], ids=["unanchored", "email-pattern", "email-format", "anchored-alternatives", "searched-alternatives",
+        "global-flag"])
 def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_finish(string, gpt2_compiler, vocabs):
     """A closing walk inside such a value kept writing one byte (`}}}}`, `0000`) and found no completion, so no
     budget rule: answers ran to the limit. It now tries the schema's pattern and format examples (one per top-level
