@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import unicodedata
 
 from constrain.regex_sets import Ranges, negate_ranges, python_class, ranges_of, regex_char, union_ranges
@@ -300,18 +301,92 @@ def property_escapes(pattern: str) -> int:
     return pattern.count("\\p{") + pattern.count("\\P{")
 
 
-def with_unicode_properties(schema):
-    """A copy of `schema` whose `pattern`s and `patternProperties` names are `unicode_properties`' spellings
-    (`schema` itself where none names a property)."""
-    if not any(property_escapes(s) for _, s in schema_patterns(schema)):
+def with_python_patterns(schema):
+    """A copy of `schema` whose `pattern`s and `patternProperties` names are `python_pattern`'s spellings
+    (`schema` itself where none needs one)."""
+    if not any(python_pattern(s) != s for _, s in schema_patterns(schema)):
         return schema
     schema = copy.deepcopy(schema)
     for _, key, node in walk(schema):
         if key == "pattern" and isinstance(node[key], str):
-            node[key] = unicode_properties(node[key])
+            node[key] = python_pattern(node[key])
         elif key == "patternProperties" and isinstance(node[key], dict):
-            node[key] = {unicode_properties(k): v for k, v in node[key].items()}
+            node[key] = {python_pattern(k): v for k, v in node[key].items()}
     return schema
+
+
+@functools.lru_cache(maxsize=4096)
+def python_pattern(pattern: str) -> str:
+    """An ECMA-262 `pattern` as Python's `re` (so jsonschema) and Rust's `regex` (the backends) read it alike:
+    `ecma_escapes`, then `unicode_properties`."""
+    return unicode_properties(ecma_escapes(pattern))
+
+
+_CODE_POINT = re.compile(r"\\u\{([0-9A-Fa-f]{1,6})\}")
+_SURROGATE_PAIR = re.compile(r"\\u(D[89ABab][0-9A-Fa-f]{2})\\u(D[C-Fc-f][0-9A-Fa-f]{2})")
+_GROUP_NAME = re.compile(r"\(\?<([A-Za-z_][A-Za-z0-9_]*)>")
+_NAMED_BACKREFERENCE = re.compile(r"\\k<([A-Za-z_][A-Za-z0-9_]*)>")
+
+
+def ecma_escapes(pattern: str) -> str:
+    """`pattern` with the ECMA-262 spellings that Python's `re` or Rust's `regex` refuse or read otherwise, spelled
+    as both read them: a named group `(?<n>...)` as `(?P<n>...)` and `\\k<n>` as the numbered backreference it is
+    (which the backends then refuse as one, with its pointer, not as an invalid schema), `\\u{1F600}` and a
+    surrogate pair `\\uD83D\\uDE00` as `\\U0001F600` (one code point, as ajv's `u` mode reads them), `\\0` as
+    `\\x00` (Rust reads a backreference), `\\cJ` as `\\x0A`, and `[\\b]` (a backspace in a class) as `\\x08`."""
+    if "\\" not in pattern and "(?<" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    groups: dict[str, int] = {}  # name -> number
+    count = 0  # capturing groups opened so far
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            e = pattern[i + 1:i + 2]
+            found = _CODE_POINT.match(pattern, i) if e == "u" else None
+            pair = _SURROGATE_PAIR.match(pattern, i) if e == "u" else None
+            reference = _NAMED_BACKREFERENCE.match(pattern, i) if e == "k" and not in_class else None
+            if found and int(found[1], 16) <= 0x10FFFF:
+                out.append(f"\\U{int(found[1], 16):08X}")
+                i = found.end()
+            elif pair:
+                high, low = int(pair[1], 16), int(pair[2], 16)
+                out.append(f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08X}")
+                i = pair.end()
+            elif reference and reference[1] in groups:
+                out.append(f"(?:\\{groups[reference[1]]})")
+                i = reference.end()
+            elif e == "0" and not pattern[i + 2:i + 3].isdigit():
+                out.append("\\x00")
+                i += 2
+            elif e == "c" and pattern[i + 2:i + 3].isascii() and pattern[i + 2:i + 3].isalpha():
+                out.append(f"\\x{ord(pattern[i + 2]) % 32:02X}")
+                i += 3
+            elif e == "b" and in_class:
+                out.append("\\x08")
+                i += 2
+            else:
+                out.append(pattern[i:i + 2])
+                i += 2
+            continue
+        if ch == "(" and not in_class:
+            group = _GROUP_NAME.match(pattern, i)
+            if group or not pattern.startswith("?", i + 1) or pattern.startswith("(?P<", i):
+                count += 1
+            if group:
+                groups.setdefault(group[1], count)
+                out.append(f"(?P<{group[1]}>")
+                i = group.end()
+                continue
+        elif ch == "[" and not in_class:
+            in_class = True
+        elif ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def schema_patterns(schema):

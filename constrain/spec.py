@@ -19,8 +19,8 @@ import jsonschema
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.limits import check_schema_limits
 from constrain.llg_backend import unreadable_pattern
-from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, schema_patterns, unicode_properties,
-                                        with_unicode_properties)
+from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
+                                        with_python_patterns)
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
 from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, references_followable, resolve_ref, walk
 
@@ -52,7 +52,7 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _ref_siblings(with_unicode_properties(schema))
+    out = _ref_siblings(with_python_patterns(schema))
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -190,7 +190,7 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         ptr = base + next(ptr for ptr, count in escapes if count)
         raise ConstraintError(f"the schema's patterns name more than {MAX_PROPERTY_ESCAPES} Unicode properties "
                               f"(\\p{{..}}, the first at {ptr})", param=param, pointer=ptr)
-    schema = with_unicode_properties(schema)  # (jsonschema checks patterns with Python's `re`, which has no \p)
+    schema = with_python_patterns(schema)  # (jsonschema checks patterns with Python's `re`)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -322,7 +322,7 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     if property_escapes(pattern) > MAX_PROPERTY_ESCAPES:
         raise ConstraintError(f"{param} names more than {MAX_PROPERTY_ESCAPES} Unicode properties (\\p{{..}})",
                               param=param)
-    pattern = unicode_properties(pattern)
+    pattern = python_pattern(pattern)
     try:
         re.compile(pattern)
     except re.error as exc:

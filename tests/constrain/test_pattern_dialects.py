@@ -223,6 +223,42 @@ def test_a_script_property_or_too_many_properties_are_a_400_naming_the_pattern()
         spec_from_request(regex="\\p{L}" * 65)
 
 
+# (an ECMA-262 pattern as ajv reads it (`u` flag), values it refuses, values it takes)
+ECMA_SPELLINGS = [
+    ("^(?<year>[0-9]{4})-(?<month>[0-9]{2})$", ["2024-1", "24-01"], ["2024-01"]),  # named groups
+    ("^\\u{1F600}+$", ["\U0001F601", "u"], ["\U0001F600\U0001F600"]),  # a code point escape
+    ("^\\uD83D\\uDE00$", ["\U0001F601"], ["\U0001F600"]),  # a surrogate pair: one character
+    ("^[\\uD83D\\uDE00-\\uD83D\\uDE4F]+$", ["\U0001F650", "a"], ["\U0001F600\U0001F64F"]),  # a range of them
+    ("^a\\0b$", ["a0b", "ab"], ["a\x00b"]),  # NUL, not a backreference
+    ("^\\cJ\\cia$", ["cJcia", "\na"], ["\n\ta"]),  # control letters
+    ("^x[\\b]$", ["x", "xb"], ["x\x08"]),  # a backspace in a class
+]
+
+
+@pytest.mark.parametrize("pattern,refused,accepted", ECMA_SPELLINGS)
+def test_ecma_spellings_that_python_and_rust_read_otherwise_are_enforced_as_ecma_reads_them(qwen2, pattern, refused,
+                                                                                             accepted):
+    """These were a 400 (Python's `re` refused the schema as invalid, or llguidance refused the pattern: it reads
+    `\\0` as a backreference and `[\\b]` not at all), strict or not."""
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}, "required": ["v"],
+              "additionalProperties": False}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": schema}})
+    compilers, tok, vocab = qwen2
+    grammar = compilers["llguidance"].compile(spec)
+    assert [v for v in refused if accepts_value(grammar, tok, vocab, v)] == []
+    assert [v for v in accepted if not accepts_value(grammar, tok, vocab, v)] == []
+
+
+def test_an_ecma_named_backreference_is_refused_as_a_backreference_with_its_pointer(qwen2):
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?<n>a)-\\k<n>$"}}}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": schema}})  # (a valid schema: no longer "not a 'regex'")
+    with pytest.raises(ConstraintError) as err:
+        qwen2[0]["llguidance"].compile(spec)
+    assert err.value.pointer == "/properties/v/pattern" and "backreference" in err.value.message
+
+
 def test_a_shorthand_beside_a_spelled_property_is_still_made_portable():
     """The spelled categories name astral characters as `\\U0001D400`, which the class reader now reads: `\\d` in
     `[\\p{L}\\d]` was left as written (Unicode digits on the backends)."""

@@ -496,11 +496,11 @@ def test_a_long_count_in_an_unanchored_pattern_no_longer_makes_llguidance_give_u
     (constraint_too_complex, a 400 mid-decode). The pattern now reaches it as the anchored pattern of the strings
     it finds a match in, which means the same (checked with jsonschema) and compiles to a small automaton."""
     from constrain import GrammarCompiler
-    from constrain.pattern_dialects import with_unicode_properties
+    from constrain.pattern_dialects import with_python_patterns
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "\\p{L}{1,255}"}},
               "required": ["name"], "additionalProperties": False}
-    spelled = with_unicode_properties(schema)  # (what Python's `re`, and so jsonschema, reads)
+    spelled = with_python_patterns(schema)  # (what Python's `re`, and so jsonschema, reads)
     out = rewrite_schema(spelled)
     assert out["properties"]["name"]["pattern"].startswith("^")
     accepted, refused = _same(spelled, out, [{"name": v} for v in ["a", "żółw", "名前", "1 x", "", "12", "-_-", "é1"]])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Literal
 
 import jsonschema
@@ -515,3 +516,18 @@ def test_a_pattern_naming_unicode_properties_is_enforced_as_ecma_reads_it(http):
         assert r.status_code == 200, r.text
         name = json.loads(r.json()["choices"][0]["message"]["content"])["name"]
         assert regex.fullmatch(pattern, name), name
+
+
+def test_a_pattern_with_named_groups_and_a_code_point_escape_is_served_as_ecma_reads_it(http):
+    """`(?<year>...)` and `\\u{2013}` are ECMA-262's (ajv's `u` mode) and were a 400 ("not a 'regex'": Python's
+    `re` reads neither). The answers match the pattern as Python reads its spelling with `(?P<year>` and `\\u2013`."""
+    pattern = "^(?<year>[0-9]{4})\\u{2013}(?<month>0[1-9]|1[0-2])$"
+    schema = {"type": "object", "properties": {"when": {"type": "string", "pattern": pattern}},
+              "required": ["when"], "additionalProperties": False}
+    for seed in range(2):
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "When?"}], "seed": seed, "max_tokens": 30,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": schema}}})
+        assert r.status_code == 200, r.text
+        when = json.loads(r.json()["choices"][0]["message"]["content"])["when"]
+        assert re.fullmatch("[0-9]{4}\u2013(0[1-9]|1[0-2])", when), when
