@@ -400,13 +400,17 @@ class Generation:
                 self.metrics.token_latency.observe((last_token_at - first_token_at) / (tokens - 1))
 
     async def collect(self, plan: Plan, request) -> dict[int, list[TokenEvent]]:
-        """Run to the end (non-streaming), watching for a client disconnect; raises ClientGone if it left."""
+        """Run to the end (non-streaming), watching for a client disconnect; raises ClientGone if it left. A
+        choice that fails makes the answer its error: collecting stops there, and the other choices are cancelled
+        (they ran on to `max_tokens` for an answer nobody would get)."""
         events: dict[int, list[TokenEvent]] = {i: [] for i in range(plan.choices)}
 
         async def gather() -> None:
             async with contextlib.aclosing(self.events(plan)) as stream:
                 async for index, event in stream:
                     events.setdefault(index, []).append(event)
+                    if event.finish_reason == "error":
+                        return  # (leaving `events` early cancels the engine requests)
 
         task = asyncio.create_task(gather())
         try:

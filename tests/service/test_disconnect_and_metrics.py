@@ -58,6 +58,31 @@ def test_disconnect_while_waiting_for_a_whole_answer_frees_the_engine_row(server
     assert 0 < generated < 3000  # the row left the batch long before its max_tokens
 
 
+def test_a_failed_choice_cancels_its_siblings_of_a_whole_answer(http):
+    """With `n` choices and no stream, a choice that fails makes the answer its error; the other choices ran on to
+    `max_tokens` (here 1,200-2,000 tokens in all, seconds on a CPU) before that error was sent. Key `a` takes a
+    string llguidance gives up on once it has begun (a 400 mid-output), key `b` a long array: the choices that
+    write `b` now leave the batch when the first `a` fails."""
+    schema = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
+        "a": {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 1000},
+        "b": {"type": "array", "items": {"type": "integer"}, "minItems": 100}}}
+    failed = 0
+    for seed in range(5):
+        assert _wait_for_idle_batch(http) == 0
+        before = metric(http.get("/metrics").text, "structgen_engine_tokens_generated_total")
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "n": 6, "seed": seed,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        if r.status_code == 200:  # (no choice wrote `a`: nothing failed)
+            continue
+        assert r.status_code == 400 and r.json()["error"]["code"] == "constraint_too_complex", r.text
+        failed += 1
+        assert _wait_for_idle_batch(http) == 0
+        generated = metric(http.get("/metrics").text, "structgen_engine_tokens_generated_total") - before
+        assert generated < 400, (seed, generated)
+    assert failed >= 2
+
+
 def test_metrics_are_prometheus_text_with_the_serving_numbers(http):
     http.post("/v1/chat/completions", json={"model": MODEL, "messages": [], "max_tokens": 3})  # a 400
     http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
