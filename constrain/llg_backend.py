@@ -66,6 +66,8 @@ _CLOSING_MARGIN = 8
 _OPENERS = frozenset(b"{[,:")
 _CLOSING_GROWTH = 32
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
+# ... or this many bytes without a closer, in a cycle the run misses (`((ab)*c)+`: a picked `a`, a forced `b`)
+_STUCK_CYCLE = 16
 _MAX_HINTS = 32
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
@@ -161,6 +163,7 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     out: list[int] = []
     run, last = 0, None  # how many times in a row the walk picked `last`
     try_at = _STUCK_RUN  # the run at which hints are tried next (doubling after a miss)
+    written, cycle_at = 0, _STUCK_CYCLE  # bytes since a closer or a hint; likewise
     avoid: set[int] = set()  # bytes the walk got stuck writing: others first, until it writes a closer
     while not walk.is_accepting():
         if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
@@ -183,14 +186,14 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
             specials.update(int(i) for i in _SPECIAL_MARK.findall(forced))
             if keys is not None:
                 keys.feed(_SPECIAL_MARK.sub(b"", forced))
-            run = 0
+            run, written = 0, written + len(ids)
             continue
-        if run >= try_at:
+        if run >= try_at or written >= cycle_at:
             tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
                 if hints else None
-            try_at *= 2
+            try_at, cycle_at = (try_at * 2, cycle_at) if run >= try_at else (try_at, cycle_at * 2)
             if tail:
-                run, last, try_at = 0, None, _STUCK_RUN
+                run, last, try_at, written, cycle_at = 0, None, _STUCK_RUN, 0, _STUCK_CYCLE
                 walk.consume_tokens(tail)
                 out.extend(tail)
                 if keys is not None:
@@ -235,6 +238,7 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                 pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
         walk.consume_token(pick)
         out.append(pick)
+        written = 0 if pick in closers else written + 1
         if pick in closers and not in_string:
             avoid.clear()
         run, last = (run + 1, pick) if pick == last else (1, pick)

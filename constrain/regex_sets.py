@@ -192,7 +192,7 @@ def pattern_examples(pattern: str, work: Work | None = None) -> list[str]:
     found: dict[str, None] = {}
     for items, begin in _alternatives(list(trees[0])):
         try:
-            nfa = _Nfa(work)
+            nfa = _Nfa(work, shortest=True)
             example = _shortest(nfa, *nfa.search_one(items, begin))
         except (_Unsupported, RecursionError):
             continue
@@ -209,6 +209,10 @@ def _alternatives(items: list, begin: bool = False) -> list[tuple[list, bool]]:
         return [alt for branch in items[0][1][1] for alt in _alternatives(list(branch), begin)]
     if len(items) == 1 and items[0][0] is sre.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
         return _alternatives(list(items[0][1][3]), begin)
+    if len(items) == 2 and _anchored_at_end(items):  # `^(0|\$\([a-z]+\))$`: the group's, each anchored at the end
+        inside = _alternatives(items[:1], begin)
+        if len(inside) > 1:
+            return [(alt + items[1:], b) for alt, b in inside]
     return [(items, begin)]
 
 
@@ -284,7 +288,8 @@ _PREFERRED = [*range(ord("a"), ord("z") + 1), *range(ord("0"), ord("9") + 1), *r
 @functools.lru_cache(maxsize=1024)
 def _representative(ranges: Ranges) -> str | None:
     """A character of `ranges` to write: printable ASCII by preference, else the first code point that is not a
-    control character or a surrogate, `"` and `\\` last (a JSON string holds them escaped)."""
+    control character or a surrogate, then `"`, `\\`, a tab, a line feed, a carriage return (a JSON string holds
+    them escaped), then another control character (`^a\\x01$` has no other example)."""
     inside = lambda c: any(lo <= c <= hi for lo, hi in ranges)  # noqa: E731
     for c in _PREFERRED:
         if inside(c):
@@ -295,7 +300,8 @@ def _representative(ranges: Ranges) -> str | None:
             c = 0xE000
         if c <= hi:
             return chr(c)
-    return next((ch for ch in '"\\' if inside(ord(ch))), None)
+    escaped = next((ch for ch in '"\\\t\n\r' if inside(ord(ch))), None)  # (two bytes each in a JSON string)
+    return escaped or next((chr(lo) for lo, _ in ranges if lo < 0xD800), None)
 
 
 def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:
@@ -445,8 +451,11 @@ def _class_ranges(items) -> Ranges:
 # ---- NFA (Thompson) from Python's parse tree ----------------------------------------------------------------------
 
 class _Nfa:
-    def __init__(self, work: Work):
+    def __init__(self, work: Work, shortest: bool = False):
+        """`shortest`: for `_shortest` paths only, each counted repeat `X{m,n}` is built as `X{m}` (a shortest
+        match never takes more copies than it must), so `[^a]{1,4000}z` has an example."""
         self.work = work
+        self.shortest = shortest
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[Ranges, int]]] = []
 
@@ -499,6 +508,7 @@ class _Nfa:
             return self.sequence(sub)
         if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):  # laziness changes where a match is, not whether one exists
             lo, hi, sub = arg
+            hi = lo if self.shortest else hi
             if max(lo, 0 if hi == sre.MAXREPEAT else hi) >= self.work.max_dfa:
                 raise _Unsupported("a count past the DFA limit")  # counting to n takes n states
             parts = [self.sequence(sub) for _ in range(lo)]

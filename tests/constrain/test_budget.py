@@ -352,8 +352,12 @@ def test_llguidance_budget_completions_write_distinct_keys_where_keys_are_counte
     {"type": "string", "pattern": "^all|tags$"},  # once the string does not start with "all", it ends with "tags"
     {"type": "string", "pattern": "(^Hpt_|^Int_|_Armour_)"},
     {"type": "string", "pattern": "(?i)abc"},  # a global flag: its examples are those of `abc`
+    {"type": "string", "pattern": "^([0-9]+|\\$\\([a-z]+\\))$"},  # the alternatives of a group, anchored
+    {"type": "string", "pattern": "^((ab)*c)+$"},  # a cycle of a picked `a` and a forced `b`, not one byte
+    {"type": "string", "pattern": "^[a-z]+\\n[0-9]+$"},  # an example holding a control character (escaped)
+    {"type": "string", "pattern": "^[^a]{1,4000}z$"},  # a count past the automata's limit: its minimum
 ], ids=["unanchored", "email-pattern", "email-format", "anchored-alternatives", "searched-alternatives",
-        "global-flag"])
+        "global-flag", "group-alternatives", "cycle", "control-character", "long-count"])
 def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_finish(string, gpt2_compiler, vocabs):
     """A closing walk inside such a value kept writing one byte (`}}}}`, `0000`) and found no completion, so no
     budget rule: answers ran to the limit. It now tries the schema's pattern and format examples (one per top-level
@@ -380,6 +384,7 @@ def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_f
     ({"type": "string", "pattern": r"^\\d+/\\d+$"}, '"\\\\ddd'),  # literal backslashes, written escaped
     ({"type": "string", "pattern": r"^a\s*\+b$"}, '"a  '),  # spaces fit forever; only `+b` ends it
     ({"type": "string", "pattern": "^all|tags$"}, '"x'),  # no longer "all...": "...tags"
+    ({"type": "string", "pattern": "^((ab)*c)+$"}, '"ababab'),  # a cycle: a picked `a`, a forced `b`
 ])
 def test_a_closing_walk_finishes_values_where_its_greedy_byte_would_repeat_forever(value, prefix, gpt2_compiler,
                                                                                   tokenizers, vocabs):

@@ -191,19 +191,28 @@ def test_pattern_examples_begin_with_a_shortest_match_without_needless_escapes(p
     (r"^all|tags$", ["all", "tags"]),  # (a string that began otherwise can still end with "tags")
     (r"(^Hpt_|^Int_|_Armour_)", ["Hpt_", "Int_", "_Armour_"]),
     (r"(?:^a$|^bb$)", ["a", "bb"]),
-    (r"^(?:a|bb)$", ["a"]),  # (a group beside an anchor is not the top level)
+    (r"^(?:a|bb)$", ["a", "bb"]),  # (those of a group anchored at both ends: `^(0|\$\([a-z]+\))$`)
     (r"^\\d+/\\d+$", [r"\d/\d"]),  # a backslash (and a quote) where nothing else fits
     (r'^"$', ['"']),
     (r"^a(b|c)$", ["ab"]),  # alternatives below the top level are not enumerated
+    (r"^x{2,5000}$", ["xx"]),  # a count past the automata's limit, taken at its minimum
+    (r"(?i)^ab$", ["ab"]),  # a global flag that only widens the matches, read as absent
 ])
 def test_pattern_examples_give_a_shortest_match_per_top_level_alternative(pattern, examples):
     assert pattern_examples(pattern) == examples
     assert all(re.search(pattern, e) for e in examples)
 
 
-@pytest.mark.parametrize("pattern", [r"^[\x00-\x1f]+$", r"^(?=a)b", r"(a)\1"])
-def test_pattern_examples_are_empty_when_no_json_string_content_fits_or_the_pattern_is_out_of_reach(pattern):
+@pytest.mark.parametrize("pattern", [r"^(?=a)b", r"(a)\1", r"^[^\s\S]$"])
+def test_pattern_examples_are_empty_when_the_pattern_is_out_of_reach_or_matches_nothing(pattern):
     assert pattern_examples(pattern) == []
+
+
+@pytest.mark.parametrize("pattern, example", [(r"^[\x00-\x1f]+$", "\t"), (r"^a\nb$", "a\nb"), (r"^\x01$", "\x01"),
+                                              (r"^[\x00-\x1f\"]$", '"')])
+def test_a_control_character_is_written_where_nothing_else_fits(pattern, example):
+    """A JSON string holds it escaped (a closing walk inside `^[a-z]+\\n[0-9]+$` had no example, and ran on)."""
+    assert pattern_examples(pattern) == [example]
 
 
 @pytest.mark.parametrize("pattern, region", [
