@@ -181,9 +181,9 @@ def pattern_examples(pattern: str, work: Work | None = None) -> list[str]:
     """For each top-level alternative of `pattern` (`^all|tags$`: `^all` and `tags$`), a shortest string in which
     it finds a match, shortest first, without repeats: a completion that wrote what rules one alternative out can
     still finish with another. Written with letters, digits and other printable ASCII where the pattern allows,
-    then other characters, `"` and `\\` only where nothing else fits, never a control character. Empty when the
-    pattern is out of reach or nothing fits. Shortest paths through each alternative's NFA (no DFA is built:
-    linear in the pattern's size). A pattern's global `(?i)`, `(?s)` or `(?m)` is read as absent: such an
+    then other characters, `"`, `\\` and control characters only where nothing else fits (`_representative`). Empty
+    when the pattern is out of reach or matches nothing. Shortest paths through each alternative's NFA (no DFA is
+    built: linear in the pattern's size). A pattern's global `(?i)`, `(?s)` or `(?m)` is read as absent: such an
     example still matches."""
     work = work or Work.for_example()
     trees = _parse([pattern], work, ignored_flags=_WIDENING_FLAGS)
