@@ -320,9 +320,48 @@ def rewrite_schema(schema: Any) -> Any:
     try:
         out = _rewrite(root, "", ctx, refs)
         out = _inline_recursive_meetings(out, ctx)
+        out = _references_to_nothing(out, ctx)
     except RecursionError:
         return schema
     return out if ctx.changed else schema
+
+
+def _references_to_nothing(root: Any, ctx: _Ctx) -> Any:
+    """A local `$ref` whose target accepts nothing (`false`, or an `allOf` holding such a schema: what `not: {}`
+    and the "disallowed" idiom, `not` of every type, rewrite to) becomes `false` itself. llguidance 1.9.1 refuses
+    a reference to `false` ("Unsatisfiable schema"), where `false` in its place is only a property that may not
+    appear (EDDN's schemas, JSONSchemaBench Github_medium o4179)."""
+    if not isinstance(root, dict):
+        return root
+    verdicts: dict[str, bool] = {}
+
+    def nothing(s: Any) -> bool:
+        if s is False:
+            return True
+        if not isinstance(s, dict):
+            return False
+        members = s.get("allOf")
+        if isinstance(members, list) and any(nothing(m) for m in members):
+            return True
+        ref = s.get("$ref")
+        if not (isinstance(ref, str) and ref.startswith("#")):
+            return False
+        if ref not in verdicts:
+            verdicts[ref] = False  # (a reference that reaches itself first accepts something, or loops: left alone)
+            verdicts[ref] = nothing(resolve_ref(root, ref))
+        return verdicts[ref]
+
+    refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
+    if not any(nothing({"$ref": r}) for r in refs):
+        return root
+
+    def replaced(s: Any) -> Any:
+        if isinstance(s, dict) and "$ref" in s and nothing(s):
+            return False
+        return map_subschemas(s, replaced) if isinstance(s, dict) else s
+
+    ctx.changed = True
+    return replaced(root)
 
 
 _LOWER_BOUNDS, _UPPER_BOUNDS = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
@@ -608,16 +647,23 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
 
 
 def _lookaheads(node: dict, ctx: _Ctx) -> dict:
-    """A `pattern` that opens with `^` and lookaheads (neither backend reads them) becomes the one anchored pattern
-    they and the rest mean (constrain/regex_sets.py)."""
+    """A `pattern`, or a `patternProperties` name, that opens with `^` and lookaheads (neither backend reads them)
+    becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py): `^(?!x-)[a-z]+$` as a
+    name was a 400, strict or not (JsonSchemaStore's web-types, helper-25)."""
     pattern = node.get("pattern")
-    if not isinstance(pattern, str) or "(?" not in pattern:
-        return node
-    plain = without_lookaheads(pattern, ctx.regex_work)
-    if plain is None:
-        return node
-    ctx.changed = True
-    return {**node, "pattern": plain}
+    if isinstance(pattern, str) and "(?" in pattern:
+        plain = without_lookaheads(pattern, ctx.regex_work)
+        if plain is not None:
+            ctx.changed = True
+            node = {**node, "pattern": plain}
+    names = node.get("patternProperties")
+    if isinstance(names, dict) and any("(?" in name for name in names):
+        plain_names = {name: (without_lookaheads(name, ctx.regex_work) if "(?" in name else None) or name
+                       for name in names}
+        if len(set(plain_names.values())) == len(names) and any(k != v for k, v in plain_names.items()):
+            ctx.changed = True  # (two names meeting in one spelling are left as written)
+            node = {**node, "patternProperties": {plain_names[name]: value for name, value in names.items()}}
+    return node
 
 
 def _search_counts(node: dict, ctx: _Ctx) -> dict:

@@ -474,6 +474,23 @@ def test_a_pattern_opening_with_lookaheads_compiles_strictly_and_means_the_same(
         assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == bool(re.search(pattern, value)), value
 
 
+def test_a_pattern_properties_name_opening_with_lookaheads_compiles_and_means_the_same(gpt2_compiler, tokenizers,
+                                                                                       vocabs):
+    """As a `pattern`'s (above): such a name was a 400, strict or not (JsonSchemaStore's web-types, helper-25)."""
+    schema = {"type": "object", "patternProperties": {"^(?!pattern$).*$": {"type": "string"},
+                                                      "^pattern$": {"type": "integer"}},
+              "additionalProperties": False}
+    out = rewrite_schema(schema)
+    assert not any("(?!" in name for name in out["patternProperties"])
+    accepted = [{"pattern": 1}, {"other": "s"}, {"patterns": "s"}, {"": "s"}]
+    refused = [{"pattern": "s"}, {"other": 1}]
+    assert _same(schema, out, accepted + refused) == (4, 2)
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert [d for d in accepted if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+    assert [d for d in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+
+
 def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_give_up(tokenizers, vocabs):
     """`[A-Za-z0-9-_.:]{1,255}` as a patternProperties regex (a real schema, JSONSchemaBench Github_trivial o78117):
     with Qwen2's 152k tokens, llguidance unrolled the count while masking keys until it gave up mid-output
@@ -511,6 +528,26 @@ def test_a_long_count_in_an_unanchored_pattern_no_longer_makes_llguidance_give_u
         assert ended_walks_valid(g, vocabs["qwen2"], spelled, seed=5, walks=8, max_tokens=60, prefer_end=0.02) == 8
     finally:
         compiler.close()
+
+
+@pytest.mark.parametrize("disallowed", [
+    False, {"not": {}},
+    {"not": {"type": ["object", "array", "string", "number", "integer", "boolean", "null"]}},  # EDDN's idiom
+])
+def test_a_reference_to_a_schema_that_accepts_nothing_is_served(disallowed, gpt2_compiler, tokenizers, vocabs):
+    """llguidance refused a `$ref` whose target is `false` ("Unsatisfiable schema"), strict or not, though the
+    property holding it need only be absent (JSONSchemaBench Github_medium o4179, helper-25): the reference is
+    now `false` itself, and through another reference too."""
+    schema = {"type": "object", "definitions": {"d": disallowed, "e": {"$ref": "#/definitions/d"}},
+              "properties": {"a": {"type": "integer"}, "w": {"$ref": "#/definitions/d"},
+                             "v": {"$ref": "#/definitions/e"}}, "required": ["a"]}
+    out = rewrite_schema(schema)
+    assert out["properties"]["w"] is False and out["properties"]["v"] is False
+    _same(schema, out, [{"a": 1}, {"a": 1, "w": 1}, {"a": 1, "v": None}, {"a": 1, "x": 2}])
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"a": 1})
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"a": 1, "w": 1})
 
 
 @pytest.mark.parametrize("schema", [
