@@ -752,16 +752,19 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
                           whitespace_pattern: str, not_first: str) -> "LlgGrammar":
     """tool_choice "auto": tool calls (the call schema), free text whose first character other than whitespace
-    is not one of `not_first` (those that open calls), or nothing. Text may start with whitespace: a SentencePiece
-    model's words are tokens that begin with a space ("▁The"). The calls alone get the support check of
-    `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers), then join
-    the text alternative in one grammar with the same JSON options."""
+    is not one of `not_first` (those that open calls), or nothing. Either may start with whitespace: a
+    SentencePiece model's words are tokens that begin with a space ("▁The", "▁["), and a model that opened its
+    calls with "▁[" was pushed into text (the parsers read calls after whitespace). The calls alone get the support
+    check of `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers),
+    then join the text alternative in one grammar with the same JSON options."""
     _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
                                          whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
     first = "".join("\\" + c for c in not_first)
     lark = ('start: calls | text | ""\n'  # (or nothing: see tools.ANY_TEXT)
-            f"calls: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
+            "calls: LEAD? json\n"
+            "LEAD: /[ \\t\\r\\n]{1,4}/\n"
+            f"json: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
             f"text: /[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)

@@ -66,10 +66,34 @@ def test_auto_allows_free_text_or_calls(gpt2_compiler, tokenizers):
     ids = tok.encode('[{"name": "launch", ')
     assert not all(m.accept(t) for t in ids)  # unknown function names are masked
     # Text may not start with "{" either: a stream reads "{" as a call's beginning (service/tool_stream.py); nor
-    # with whitespace before "[" or "{".
-    for text in ('{"city": "Oslo"}', ' [{"name": "add", ', '\n {"city": "Oslo"}'):
+    # with whitespace before "[" or "{" (whitespace then "[" opens calls: below).
+    for text in ('{"city": "Oslo"}', '\n {"city": "Oslo"}', ' [1', ' [{"name": "launch", '):
         m = g.matcher()
         assert not all(m.accept(t) for t in tok.encode(text)), text
+
+
+@pytest.mark.parametrize("tool_format", ["json_array", "llama3_json"])
+def test_auto_calls_may_begin_with_a_token_that_begins_with_a_space(tool_format, tokenizers, vocabs):
+    """A SentencePiece model opens its calls as it opens a word, with a token that begins with a space ("▁[",
+    "▁{"): under tool_choice "auto" such a token was masked (text may not start with whitespace then "[" or "{",
+    and calls took no whitespace), so a model whose likeliest opening it was wrote text instead (helper-25). The
+    calls may now begin after whitespace, and are read back as calls."""
+    from constrain import GrammarCompiler
+
+    compiler = GrammarCompiler(vocabs["phi3"], tokenizers["phi3"], background_outlines=False)
+    try:
+        spec = spec_from_request(tools=TOOLS, tool_choice="auto", tool_format=tool_format)
+        call = {"name": "add", "arguments" if tool_format == "json_array" else "parameters": {"x": 1, "y": 2}}
+        written = json.dumps([call] if tool_format == "json_array" else call)
+        ids = tokenizers["phi3"].encode(written, add_special_tokens=False)  # (SentencePiece's prefix space)
+        assert vocabs["phi3"].token_bytes[ids[0]] in (b" [", b" {", b' {"')
+        text = " " + written
+        m = compiler.compile(spec).matcher()
+        assert all(m.accept(t) for t in ids) and m.can_end()
+        [parsed] = parse_tool_calls(text, spec).calls
+        assert parsed.name == "add" and json.loads(parsed.arguments) == {"x": 1, "y": 2}
+    finally:
+        compiler.close()
 
 
 @pytest.mark.parametrize("tool_format", ["json_array", "llama3_json"])

@@ -43,3 +43,34 @@ def test_echoed_offsets_follow_the_prompt_text(phi3):
     assert choice["text"] == "hello world!!"
     offsets = choice["logprobs"]["text_offset"]
     assert offsets[:4] == [0, 0, 5, 11] and all(offset < len(choice["text"]) for offset in offsets)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_opened_with_a_token_that_begins_with_a_space_are_calls(phi3, stream):
+    """A model with no tool template gets calls as a JSON array; a SentencePiece model opens it as it opens a
+    word, "▁[" (id 518 here, forced by logit_bias). Under tool_choice "auto" that token was masked, so such a model
+    wrote text instead: now the answer is the call, whole or streamed, with no content."""
+    import json
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "add"}], "tools": tools, "tool_choice": "auto",
+            "max_tokens": 40, "seed": 1, "logit_bias": {"518": 100}, "stream": stream}
+    r = phi3.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    if not stream:
+        choice = r.json()["choices"][0]
+        message, finish = choice["message"], choice["finish_reason"]
+        calls, content = message["tool_calls"], message["content"]
+    else:
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+        content = "".join(d.get("content") or "" for d in deltas) or None
+        pieces = [call for d in deltas for call in d.get("tool_calls") or [] if call["index"] == 0]
+        calls = [{"function": {"name": pieces[0]["function"]["name"],
+                               "arguments": "".join(c["function"].get("arguments") or "" for c in pieces)}}]
+    assert finish == "tool_calls" and content is None, (finish, content)
+    assert calls[0]["function"]["name"] == "add"
+    assert isinstance(json.loads(calls[0]["function"]["arguments"])["x"], int)
