@@ -23,8 +23,10 @@ CASES = Path(__file__).parent / "maskbench_cases"
 # (dep3: `dependencies` whose alternatives require undeclared names, compiled since `dependencies` is enforced in
 # every draft). wp_29 (compiled since recursive definitions meeting other keywords are copied) declares `type`
 # last; its valid instance writes it first. sp_378 (compiled since overlapping oneOfs are kept exact while
-# decoding) declares its properties in alphabetical order; its valid instances write `name` first.
-KNOWN_LLG = {"Handwritten/dep3.json", "WashingtonPost/wp_29_Normalized.json", "Snowplow/sp_378_Normalized.json",
+# decoding) declares its properties in alphabetical order; its valid instances write `name` first. o4179 (compiled
+# since a `$ref` to a schema that accepts nothing is `false`) declares `gatewayTimestamp` first; its valid instance
+# writes it last.
+KNOWN_LLG = {"Handwritten/dep3.json", "Github_medium/o4179.json", "WashingtonPost/wp_29_Normalized.json", "Snowplow/sp_378_Normalized.json",
              "MCPspec/CreateMessageRequest.json", "MCPspec/CallToolResult.json", "MCPspec/GetPromptResult.json",
              "JsonSchemaStore/package-configuration-schema.json",
              "JsonSchemaStore/strmprivacy.api.entities.v1.Schema.SimpleSchemaDefinition.json",
@@ -35,7 +37,7 @@ KNOWN_LLG = {"Handwritten/dep3.json", "WashingtonPost/wp_29_Normalized.json", "S
 # formats JSON Schema does not define, recursive definitions copied where they meet other keywords): they must stay
 # compiled, and exact but for the property order of KNOWN_LLG.
 REWRITTEN = {
-    "Github_easy/o68337.json", "Github_medium/o90391.json", "Github_easy/o83719.json",
+    "Github_medium/o4179.json", "Github_easy/o68337.json", "Github_medium/o90391.json", "Github_easy/o83719.json",
     "Github_easy/o81583.json", "Github_easy/o81565.json", "Github_easy/o88596.json", "Github_easy/o58633.json",
     "Github_easy/o69635.json", "Github_hard/o71303.json", "Github_medium/o62761.json", "Github_medium/o62779.json",
     "Github_medium/o27154.json", "Github_medium/o39146.json", "Github_medium/o27840.json",
