@@ -568,6 +568,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
     if not isinstance(node, dict):
         return node
     node = _finite(node, ptr, ctx, refs)
+    node = _discriminated_conditionals(node, ctx)  # (before its members' own rewrite: `_conditional`)
     # children first
     for key, value in list(node.items()):
         kp = f"{ptr}/{_esc(key)}"
@@ -965,6 +966,90 @@ def _conditional(node: dict, ctx: _Ctx) -> dict:
             _add_all_of(rest, {"anyOf": [{"allOf": [a, b]}, {"allOf": [not_a, c]}]})
     ctx.changed = True
     return rest
+
+
+def _discriminated_conditionals(node: dict, ctx: _Ctx) -> dict:
+    """`allOf` members `{"if": {"properties": {p: {"const": v_i}}}, "then": B_i}` (the discriminator idiom of
+    editor schemas: JsonSchemaStore's minecraft-predicate has 17 on one property) become one member, an `anyOf` of
+    a branch per value (p is v_i, and the B_i of that value), one where p holds another value (`not` of their
+    enum), one where p is absent and one for values that are not objects (every `if` holds there: all the B_i;
+    where the `if`s also require p, an object without it is in the `not` branch instead). Exact and linear: each
+    member rewritten alone (`_conditional`) is an `anyOf` of two, whose product llguidance expands (8 members were
+    "schema too large"; fewer gave up mid-output). The first such member's place holds it, the others' `{}`."""
+    members = node.get("allOf")
+    if not isinstance(members, list) or "if" not in ctx.validator.VALIDATORS:
+        return node  # (drafts before 7 have no conditionals)
+    groups: dict[tuple[str, bool], list[int]] = {}
+    for i, member in enumerate(members):
+        found = _discriminator(member)
+        if found is not None:
+            groups.setdefault(found, []).append(i)
+    if not groups:
+        return node
+    (prop, required), at = max(groups.items(), key=lambda item: len(item[1]))
+    if len(at) < 2:
+        return node
+    values: list[Any] = []
+    thens: list[list[Any]] = []  # the B_i of each distinct value
+    for i in at:
+        value = members[i]["if"]["properties"][prop]["const"]
+        k = next((j for j, v in enumerate(values) if _equal(v, value)), None)
+        if k is None:
+            values.append(value)
+            thens.append([])
+        thens[-1 if k is None else k].append(members[i]["then"])
+    every = _together([members[i]["then"] for i in at])
+    branches: list[Any] = []
+    if node.get("type") != "object":
+        others = {"type": ["array", "boolean", "null", "number", "string"]}
+        branches.append(others if set(every) <= {"properties"} else {**others, "allOf": [every]})
+    if not required:
+        branches.append({"type": "object", "properties": {prop: False}, "allOf": [every]})
+    branches += [{"type": "object", "required": [prop], "properties": {prop: {"const": v}}, "allOf": [_together(b)]}
+                 for v, b in zip(values, thens)]
+    condition = {"properties": {prop: {"enum": values}}, **({"required": [prop]} if required else {})}
+    branches.append({"type": "object", "not": condition})
+    out = list(members)
+    out[at[0]] = {"anyOf": branches}
+    for i in at[1:]:
+        out[i] = {}
+    ctx.changed = True
+    return {**node, "allOf": out}
+
+
+def _together(schemas: list[Any]) -> dict:
+    """One schema for all of `schemas`: where each holds only `properties` (annotations aside), as `then`s usually
+    do, those merged (a name several declare: the `allOf` of its schemas), which llguidance intersects without
+    going deeper at each (17 in an `allOf` were "allOf intersection too deep"); else their `allOf`."""
+    if not all(isinstance(x, dict) and set(x) - _ANNOT <= {"properties"} and isinstance(x.get("properties", {}), dict)
+               for x in schemas):
+        return {"allOf": schemas}
+    merged: dict[str, list[Any]] = {}
+    for x in schemas:
+        for name, sub in x.get("properties", {}).items():
+            merged.setdefault(name, []).append(sub)
+    return {"properties": {name: subs[0] if len(subs) == 1 else {"allOf": subs} for name, subs in merged.items()}}
+
+
+def _discriminator(member: Any) -> tuple[str, bool] | None:
+    """(p, whether the `if` requires p) of an `allOf` member that is only `{"if": {"properties": {p: {"const":
+    v}}, "required": [p]}, "then": B}` (`required` optional; annotations aside), else None."""
+    if not isinstance(member, dict) or set(member) - _ANNOT != {"if", "then"}:
+        return None
+    condition, then = member["if"], member["then"]
+    if not isinstance(condition, dict) or not isinstance(then, (dict, bool)) \
+            or set(condition) - _ANNOT - {"required"} != {"properties"}:
+        return None
+    props = condition["properties"]
+    if not isinstance(props, dict) or len(props) != 1:
+        return None
+    [(prop, value)] = props.items()
+    if not isinstance(value, dict) or set(value) - _ANNOT != {"const"}:
+        return None
+    required = condition.get("required")
+    if required is not None and required != [prop]:
+        return None
+    return prop, required is not None
 
 
 def _one_of(node: dict, ctx: _Ctx) -> dict:

@@ -530,6 +530,32 @@ def test_a_long_count_in_an_unanchored_pattern_no_longer_makes_llguidance_give_u
         compiler.close()
 
 
+@pytest.mark.parametrize("required", [False, True])
+def test_conditionals_on_one_discriminating_property_become_one_linear_any_of(required, gpt2_compiler, vocabs):
+    """17 `allOf` members `if: {properties: {kind: {const: kI}}}, then: ...` (JsonSchemaStore's
+    minecraft-predicate): each rewritten alone is an anyOf of two, whose product llguidance expanded ("schema too
+    large" from 8 members; fewer gave up mid-output, helper-25). Together they are one anyOf of 19 or 20
+    branches, which means the same, objects lacking `kind` and values that are not objects included."""
+    members = []
+    for i in range(17):
+        condition = {"properties": {"kind": {"const": f"k{i}"}}, **({"required": ["kind"]} if required else {})}
+        members.append({"if": condition, "then": {"properties": {"value": {"type": "integer" if i % 2 else "string"},
+                                                                 f"only{i}": {"type": "boolean"}}}})
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "properties": {"kind": {"type": "string"}},
+              "allOf": members}
+    out = rewrite_schema(schema)
+    assert sum(1 for m in out["allOf"] if m) == 1
+    docs = [{"kind": "k1", "value": 3}, {"kind": "k1", "value": "x"}, {"kind": "k2", "value": "x"},
+            {"kind": "k2", "value": 3}, {"kind": "other", "value": [1]}, {"kind": 7}, {"value": 1}, {"value": "x"},
+            {}, {"only3": True, "kind": "k3"}, {"only3": 1, "kind": "k3"}, {"only3": 1, "kind": "k4"},
+            {"only3": 1}, {"only3": True}, 5, "s", None, [1]]
+    accepted, refused = _same(schema, out, docs)
+    assert accepted and refused
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=3, walks=12, max_tokens=60) >= 6
+
+
 @pytest.mark.parametrize("disallowed", [
     False, {"not": {}},
     {"not": {"type": ["object", "array", "string", "number", "integer", "boolean", "null"]}},  # EDDN's idiom
