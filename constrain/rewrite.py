@@ -7,8 +7,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
   $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats, or a
   `pattern`/`patternProperties`, since Python's backtracking `re` must never run a client's regex);
-- a `pattern` that opens with `^` and lookaheads (`^(?!draft-)...`) becomes the one anchored pattern they and the
-  rest mean (constrain/regex_sets.py: neither backend reads lookarounds);
+- a `pattern` or a `patternProperties` name that opens with `^` and lookaheads (`^(?!draft-)...`) becomes the one
+  anchored pattern they and the rest mean (constrain/regex_sets.py: neither backend reads lookarounds);
 - a `pattern` with a long count at a side it does not anchor (`\\p{L}{1,255}`) becomes the anchored pattern of
   the strings it finds a match in (llguidance unrolls the count until it gives up mid-output);
 - a `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation: dropped; `uri-reference`,
@@ -33,7 +33,9 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   objects), `patternProperties`, `propertyNames`, `dependencies`, `if`, `min/maxProperties`, `uniqueItems`,
   enums of objects or arrays;
 - `if A then B else C` becomes `anyOf: [A and B, (not A) and C]` (without `then`: A or C; without `else`: B or
-  not A), when `not A` has a `not`-free form as above; `then`/`else` without `if` are dropped;
+  not A), when `not A` has a `not`-free form as above; `then`/`else` without `if` are dropped; `allOf` members
+  that are `if`/`then` on one property's `const` become one `anyOf` together (`_discriminated_conditionals`);
+- a `$ref` whose target accepts nothing becomes `false` (`_references_to_nothing`);
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
   `maxItems: 1` when every item must equal one constant; over items of at most 64 values (constrain/finite_values.py)
   it bounds `maxItems` by their number;
