@@ -329,41 +329,51 @@ def rewrite_schema(schema: Any) -> Any:
 
 
 def _references_to_nothing(root: Any, ctx: _Ctx) -> Any:
-    """A local `$ref` whose target accepts nothing (`false`, or an `allOf` holding such a schema: what `not: {}`
-    and the "disallowed" idiom, `not` of every type, rewrite to) becomes `false` itself. llguidance 1.9.1 refuses
-    a reference to `false` ("Unsatisfiable schema"), where `false` in its place is only a property that may not
-    appear (EDDN's schemas, JSONSchemaBench Github_medium o4179)."""
-    if not isinstance(root, dict):
-        return root
-    verdicts: dict[str, bool] = {}
+    """A local `$ref` whose target accepts nothing (`false`, or an `allOf` holding such a schema: what `not: {}`,
+    the "disallowed" idiom `not` of every type, and a `oneOf` of equal branches rewrite to) becomes `false` itself.
+    llguidance 1.9.1 refuses a reference to `false` ("Unsatisfiable schema"), where `false` in its place is only a
+    property that may not appear (EDDN's schemas, JSONSchemaBench Github_medium o4179). A required property that
+    became `false` makes its object impossible (`_impossible_keys`, which llguidance would not see: it drops such
+    a key), which may make other references' targets accept nothing: passes until none changes."""
+    for _ in range(_MAX_NOTHING_PASSES):
+        if not isinstance(root, dict):
+            return root
+        verdicts: dict[str, bool] = {}
 
-    def nothing(s: Any) -> bool:
-        if s is False:
-            return True
-        if not isinstance(s, dict):
-            return False
-        members = s.get("allOf")
-        if isinstance(members, list) and any(nothing(m) for m in members):
-            return True
-        ref = s.get("$ref")
-        if not (isinstance(ref, str) and ref.startswith("#")):
-            return False
-        if ref not in verdicts:
-            verdicts[ref] = False  # (a reference that reaches itself first accepts something, or loops: left alone)
-            verdicts[ref] = nothing(resolve_ref(root, ref))
-        return verdicts[ref]
+        def nothing(s: Any) -> bool:
+            if s is False:
+                return True
+            if not isinstance(s, dict):
+                return False
+            members = s.get("allOf")
+            if isinstance(members, list) and any(nothing(m) for m in members):
+                return True
+            ref = s.get("$ref")
+            if not (isinstance(ref, str) and ref.startswith("#")):
+                return False
+            if ref not in verdicts:
+                verdicts[ref] = False  # (a reference that reaches itself first accepts something, or loops: left)
+                verdicts[ref] = nothing(resolve_ref(root, ref))
+            return verdicts[ref]
 
-    refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
-    if not any(nothing({"$ref": r}) for r in refs):
-        return root
+        refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
+        if not any(nothing({"$ref": r}) for r in refs):
+            return root
 
-    def replaced(s: Any) -> Any:
-        if isinstance(s, dict) and "$ref" in s and nothing(s):
-            return False
-        return map_subschemas(s, replaced) if isinstance(s, dict) else s
+        def replaced(s: Any) -> Any:
+            if not isinstance(s, dict):
+                return s
+            if "$ref" in s and nothing(s):
+                return False
+            out = map_subschemas(s, replaced)
+            return _impossible_keys(out, ctx) if out.get("properties") != s.get("properties") else out
 
-    ctx.changed = True
-    return replaced(root)
+        ctx.changed = True
+        root = replaced(root)
+    return root
+
+
+_MAX_NOTHING_PASSES = 8
 
 
 _LOWER_BOUNDS, _UPPER_BOUNDS = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")

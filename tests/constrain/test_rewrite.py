@@ -576,6 +576,23 @@ def test_a_reference_to_a_schema_that_accepts_nothing_is_served(disallowed, gpt2
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"a": 1, "w": 1})
 
 
+def test_a_required_property_whose_reference_accepts_nothing_makes_its_object_impossible():
+    """Once such a `$ref` is `false`, an object that requires its property cannot exist (llguidance drops a
+    required key it may not write, and wrote such objects without it: JSONSchemaBench Github_easy o46142, whose
+    `oneOf` of three equal branches accepts nothing). Values of other types still pass."""
+    equal = {"type": "object", "properties": {"a": {"type": "string"}}}
+    schema = {"definitions": {"d": {"oneOf": [equal, equal]}, "e": {"$ref": "#/definitions/d"}},
+              "properties": {"w": {"$ref": "#/definitions/e"}, "v": {"type": "integer"}}, "required": ["w"]}
+    out = rewrite_schema(schema)
+    assert out["properties"]["w"] is False and "object" not in out["type"]
+    assert _same(schema, out, [{"w": {}}, {"w": {"a": "x"}}, {}, 5, "s", None, [1]]) == (4, 3)
+    assert rewrite_schema({**schema, "type": "object"}) is False
+    outer = {"definitions": {**schema["definitions"], "o": {"type": "object", "properties": schema["properties"],
+                                                            "required": ["w"]}},
+             "type": "object", "properties": {"x": {"$ref": "#/definitions/o"}, "y": {"type": "string"}}}
+    assert rewrite_schema(outer)["properties"]["x"] is False  # (the second pass: a reference to that object)
+
+
 @pytest.mark.parametrize("schema", [
     {"type": "object", "anyOf": [{"properties": {"b": {}}}, {}], "unevaluatedProperties": False},  # depends on b
     {"$schema": D7, "type": "object", "unevaluatedProperties": False},  # not a draft-7 keyword: asserts nothing
