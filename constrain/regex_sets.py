@@ -240,7 +240,7 @@ def _trim_edges(items: list, begin: bool, end: bool) -> tuple[list, int]:
     return items, cut
 
 
-def search_region(pattern: str, work: Work | None = None, min_cut: int = 16) -> str | None:
+def search_region(pattern: str, work: Work | None = None, min_cut: int = 16, explicit: bool = False) -> str | None:
     """The anchored pattern of the strings `pattern` finds a match in, when a search of it has a counted repeat
     of span `min_cut` or more at a side it does not anchor (`_trim_edges`), else None: the same names, without
     the count that derivative-based regex engines (llguidance's) unroll into thousands of states."""
@@ -254,7 +254,7 @@ def search_region(pattern: str, work: Work | None = None, min_cut: int = 16) -> 
     if cut < min_cut:
         return None
     dfa = _dfa_of([list(trees[0])], work or Work())
-    return None if dfa is None else _region(dfa, frozenset([0]))
+    return None if dfa is None else _region(dfa, frozenset([0]), explicit)
 
 
 def _shortest(nfa: "_Nfa", start: int, end: int) -> str | None:
@@ -304,7 +304,7 @@ def _representative(ranges: Ranges) -> str | None:
     return escaped or next((chr(lo) for lo, _ in ranges if lo < 0xD800), None)
 
 
-def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:
+def without_lookaheads(pattern: str, work: Work | None = None, explicit: bool = False) -> str | None:
     """`pattern`, when it opens with `^` and lookaheads (`^(?!draft-)...`, `^(?=.{1,9}$)...`), as one anchored
     pattern without them: the strings the rest matches from the start, which each positive lookahead matches
     from the start too and no negative one does. None: no such opening, or out of reach."""
@@ -323,7 +323,7 @@ def without_lookaheads(pattern: str, work: Work | None = None) -> str | None:
     dfa = _dfa_of([items] + [begin + sub for _, sub in looks], work or Work())
     if dfa is None:
         return None
-    return _region(dfa, frozenset([0] + [k + 1 for k, (positive, _) in enumerate(looks) if positive]))
+    return _region(dfa, frozenset([0] + [k + 1 for k, (positive, _) in enumerate(looks) if positive]), explicit)
 
 
 # Global flags under which every match of the pattern read without them is still a match: `(?i)abc` matches
@@ -360,13 +360,13 @@ def _dfa_of(trees: list[list], work: Work) -> "_Dfa | None":
         return None
 
 
-def _region(dfa: "_Dfa", sig: frozenset) -> str | None:
+def _region(dfa: "_Dfa", sig: frozenset, explicit: bool = False) -> str | None:
     """An anchored pattern for the strings whose DFA state has signature `sig` (None: empty or too large)."""
     dfa = _Dfa(dfa.classes, dfa.trans, {i for i, s in enumerate(dfa.sigs) if s == sig}).minimised()
     if not dfa.finals:
         return None
     try:
-        return f"^(?:{_write(dfa.to_regex())})$"
+        return f"^(?:{_write(dfa.to_regex(), explicit)})$"
     except _Unsupported:
         return None
 
@@ -739,29 +739,30 @@ def _star(a: _Node) -> _Node:
     return _Node(("star", a.size + 5, a[2] if a.kind == "opt" else a))
 
 
-def _write(n: _Node) -> str:
+def _write(n: _Node, explicit: bool = False) -> str:
+    """The regex of `n`; `explicit`: classes as their characters, never Python's shorthands (`_write_class`)."""
     if n.kind == "eps":
         return ""
     if n.kind == "set":
-        return _write_class(n[2])
+        return _write_class(n[2], explicit)
     if n.kind == "alt":
-        return "|".join(_write(p) for p in n[2])
+        return "|".join(_write(p, explicit) for p in n[2])
     if n.kind == "cat":
         out, parts, i = [], n[2], 0
         while i < len(parts):
             p = parts[i]
             if i + 1 < len(parts) and parts[i + 1].kind == "star" and parts[i + 1][2] == p:
-                out.append(_atom(p) + "+")  # x x* is x+
+                out.append(_atom(p, explicit) + "+")  # x x* is x+
                 i += 2
                 continue
-            out.append(f"(?:{_write(p)})" if p.kind == "alt" else _write(p))
+            out.append(f"(?:{_write(p, explicit)})" if p.kind == "alt" else _write(p, explicit))
             i += 1
         return "".join(out)
-    return _atom(n[2]) + ("?" if n.kind == "opt" else "*")
+    return _atom(n[2], explicit) + ("?" if n.kind == "opt" else "*")
 
 
-def _atom(n: _Node) -> str:
-    return _write(n) if n.kind == "set" else f"(?:{_write(n)})"
+def _atom(n: _Node, explicit: bool = False) -> str:
+    return _write(n, explicit) if n.kind == "set" else f"(?:{_write(n, explicit)})"
 
 
 def regex_char(ch: str) -> str:
@@ -781,7 +782,10 @@ def _items(s: Ranges) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _write_class(s: Ranges) -> str:
+def _write_class(s: Ranges, explicit: bool = False) -> str:
+    """The shortest spelling of `s`: its characters, their complement, or (unless `explicit`) with Python's
+    shorthands (`\\w` as `re` reads it: Unicode), which pattern_dialects.portable_pattern narrows later to what
+    every dialect reads, and so changes."""
     if _contains(s, _CONTROLS) and not (_contains(s, _QUOTE) and _contains(s, _BACKSLASH)):
         # llguidance 1.9.1 reads a class holding every control character (which JSON writes as escapes) as letting
         # any escape through, \" and \\ included: such a class would accept what it excludes.
@@ -795,7 +799,7 @@ def _write_class(s: Ranges) -> str:
     # A negated class naming '"' or '\\' is rewritten by constrain/llg_backend.py: never written here.
     if not _holds_quote_or_backslash(comp):
         candidates.append(f"[^{_items(comp)}]")
-    for name, short, negated_short in _SHORTHANDS:
+    for name, short, negated_short in () if explicit else _SHORTHANDS:
         for cat, written in ((python_class(name), short), (negate_ranges(python_class(name)), negated_short)):
             if _contains(s, cat):
                 rest = _minus(s, cat)

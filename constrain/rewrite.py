@@ -99,7 +99,7 @@ _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _MAX_UNIQUE_DOMAIN = 64  # uniqueItems: items with at most this many values bound maxItems (outlines unrolls it)
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
-# A pattern's length as the rewrites get it: each `\p{...}` spelled out as its characters (~9,400 for \p{L};
+# A `pattern`'s length as `_search_counts` gets it: each `\p{...}` spelled out as its characters (~9,400 for \p{L};
 # [\p{L}\p{N}] ~11,600). A long class is one NFA edge: its cost is in its ranges (~0.1 s at this length).
 _REGEX_PATTERN_CHARS = 24_000
 _MAX_DEP_ANYOF = 5  # dependency triggers turned into anyOf (2^n alternatives; at 7, llguidance ran out of parser items)
@@ -177,8 +177,10 @@ class _Ctx:
         self.validator = validator_class(root)(root)
         self.root_decidable = self.decidable(root)
         self.changed = False
-        # Shared by all of this schema's patterns.
-        self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES, max_chars=_REGEX_PATTERN_CHARS)
+        self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES)  # shared by all of this schema's patterns
+        # `_search_counts`' own budget: it reads longer patterns (`pattern` values only, which limits.py holds to
+        # 2,000 characters before their `\p{..}` are spelled out; names may be much longer).
+        self.search_work = Work(_REGEX_NFA_STATES // 4, _REGEX_DFA_STATES // 4, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
 
     def resolve(self, ref: Any) -> Any:
@@ -660,23 +662,33 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
 
 
 def _lookaheads(node: dict, ctx: _Ctx) -> dict:
-    """A `pattern`, or a `patternProperties` name, that opens with `^` and lookaheads (neither backend reads them)
-    becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py): `^(?!x-)[a-z]+$` as a
-    name was a 400, strict or not (JsonSchemaStore's web-types, helper-25)."""
+    """A `pattern`, or a `patternProperties` name of a closed object, that opens with `^` and lookaheads (neither
+    backend reads them) becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py):
+    `^(?!x-)[a-z]+$` as a name was a 400, strict or not (JsonSchemaStore's web-types, helper-25). Read and written
+    as every dialect reads it (`_as_every_dialect`). (A name of an open object is left: spelled so, it could move
+    a key some dialect matches to the other keys' schema.)"""
     pattern = node.get("pattern")
     if isinstance(pattern, str) and "(?" in pattern:
-        plain = without_lookaheads(pattern, ctx.regex_work)
+        plain = without_lookaheads(_as_every_dialect(pattern), ctx.regex_work, explicit=True)
         if plain is not None:
             ctx.changed = True
             node = {**node, "pattern": plain}
     names = node.get("patternProperties")
-    if isinstance(names, dict) and any("(?" in name for name in names):
-        plain_names = {name: (without_lookaheads(name, ctx.regex_work) if "(?" in name else None) or name
-                       for name in names}
+    if isinstance(names, dict) and node.get("additionalProperties") is False and any("(?" in n for n in names):
+        plain_names = {name: (without_lookaheads(_as_every_dialect(name), ctx.regex_work, explicit=True)
+                              if "(?" in name else None) or name for name in names}
         if len(set(plain_names.values())) == len(names) and any(k != v for k, v in plain_names.items()):
             ctx.changed = True  # (two names meeting in one spelling are left as written)
             node = {**node, "patternProperties": {plain_names[name]: value for name, value in names.items()}}
     return node
+
+
+def _as_every_dialect(pattern: str) -> str:
+    """`pattern` as the backends read it (`portable_pattern`: `.` and the shorthands as the characters every
+    dialect takes), so that regex_sets, which reads them as Python does (`\\w`: Unicode; `.`: all but a line
+    feed), computes with what the backends would enforce; its result is then written `explicit`ly, without Python's
+    shorthands, which `portable_pattern` would narrow."""
+    return portable_pattern(pattern)
 
 
 def _search_counts(node: dict, ctx: _Ctx) -> dict:
@@ -686,7 +698,7 @@ def _search_counts(node: dict, ctx: _Ctx) -> dict:
     pattern = node.get("pattern")
     if not isinstance(pattern, str):
         return node
-    region = search_region(pattern, ctx.regex_work)
+    region = search_region(_as_every_dialect(pattern), ctx.search_work, explicit=True)
     if region is None:
         return node
     ctx.changed = True

@@ -485,6 +485,7 @@ def test_a_pattern_properties_name_opening_with_lookaheads_compiles_and_means_th
     accepted = [{"pattern": 1}, {"other": "s"}, {"patterns": "s"}, {"": "s"}]
     refused = [{"pattern": "s"}, {"other": 1}]
     assert _same(schema, out, accepted + refused) == (4, 2)
+    refused.append({"a\rb": "s"})  # (ECMA's `.` takes no \r: ajv refuses the key; Python's takes it)
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
     assert [d for d in accepted if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
@@ -526,6 +527,35 @@ def test_a_long_count_in_an_unanchored_pattern_no_longer_makes_llguidance_give_u
     try:
         g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
         assert ended_walks_valid(g, vocabs["qwen2"], spelled, seed=5, walks=8, max_tokens=60, prefer_end=0.02) == 8
+        # The rewritten pattern is written without Python's shorthands (`[\W0-9_]`), which the backends read as
+        # every dialect does (ASCII `\w`): the first form refused these (helper-26).
+        for value in ["żółw", "名前", "é1", "1 x"]:
+            assert accepts_document(g, tokenizers["qwen2"], vocabs["qwen2"], {"name": value}), value
+        assert not accepts_document(g, tokenizers["qwen2"], vocabs["qwen2"], {"name": "12"})
+    finally:
+        compiler.close()
+
+
+@pytest.mark.parametrize("pattern, refused, accepted", [
+    ("x.{1,100}", ["x\r", "x\u2028", "x\n", "x"], ["xa", "ax\u00e9"]),  # ECMA's `.`: not \r, U+2028
+    ("\\w{1,30}", ["\u00e9", "-"], ["\u00e9a", "_"]),  # ECMA's `\w`: ASCII
+    ("\\d{1,20}", ["\u0663", "x"], ["\u06631", "x7"]),
+])
+def test_a_rewritten_search_reads_dot_and_shorthands_as_every_dialect(pattern, refused, accepted, tokenizers,
+                                                                       vocabs):
+    """As the pattern would be enforced unrewritten (pattern_dialects.portable_pattern): the search region was
+    computed with Python's `.` (all but a line feed) and written with Python's Unicode shorthands, so `x.{1,100}`
+    took "x\r", which ajv refuses, and `\\w{1,30}` refused "éa", which every dialect takes (helper-26)."""
+    from constrain import GrammarCompiler
+
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}, "required": ["v"],
+              "additionalProperties": False}
+    assert rewrite_schema(schema)["properties"]["v"]["pattern"].startswith("^")
+    compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    try:
+        g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+        assert [v for v in refused if accepts_value(g, tokenizers["qwen2"], vocabs["qwen2"], v)] == []
+        assert [v for v in accepted if not accepts_value(g, tokenizers["qwen2"], vocabs["qwen2"], v)] == []
     finally:
         compiler.close()
 
