@@ -1057,7 +1057,8 @@ def _together(schemas: list[Any]) -> dict:
 
 def _discriminator(member: Any) -> tuple[str, bool] | None:
     """(p, whether the `if` requires p) of an `allOf` member that is only `{"if": {"properties": {p: {"const":
-    v}}, "required": [p]}, "then": B}` (`required` optional; annotations aside), else None."""
+    v}}, "required": [p]}, "then": B}` (`required` optional; annotations aside; v not an object or an array), else
+    None."""
     if not isinstance(member, dict) or set(member) - _ANNOT != {"if", "then"}:
         return None
     condition, then = member["if"], member["then"]
@@ -1068,8 +1069,9 @@ def _discriminator(member: Any) -> tuple[str, bool] | None:
     if not isinstance(props, dict) or len(props) != 1:
         return None
     [(prop, value)] = props.items()
-    if not isinstance(value, dict) or set(value) - _ANNOT != {"const"}:
-        return None
+    if not isinstance(value, dict) or set(value) - _ANNOT != {"const"} \
+            or not isinstance(value["const"], (str, int, float, bool, type(None))):
+        return None  # (`not` of an enum of objects or arrays is out of `_not`'s reach: that branch would take all)
     required = condition.get("required")
     if required is not None and required != [prop]:
         return None

@@ -586,6 +586,20 @@ def test_conditionals_on_one_discriminating_property_become_one_linear_any_of(re
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=3, walks=12, max_tokens=60) >= 6
 
 
+def test_a_conditional_on_an_object_const_stays_out_of_the_merged_conditionals():
+    """`not` of an enum holding an object is out of reach: merged, the "other values" branch would keep its `not`,
+    and without `strict` (where llguidance leaves it unenforced) take every object, so every merged conditional
+    would go unenforced (helper-26). Such a member stays as it is; the others merge."""
+    def member(value):
+        return {"if": {"properties": {"k": {"const": value}}}, "then": {"properties": {"x": {"type": "string"}}}}
+
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "allOf": [member({"a": 1}), member("b"),
+                                                                              member("c")]}
+    out = rewrite_schema(schema)
+    assert "if" in out["allOf"][0] and "anyOf" in out["allOf"][1] and out["allOf"][2] == {}
+    _same(schema, out, [{"k": "b", "x": 1}, {"k": "b", "x": "s"}, {"k": {"a": 1}, "x": 1}, {"k": "d", "x": 1}])
+
+
 @pytest.mark.parametrize("disallowed", [
     False, {"not": {}},
     {"not": {"type": ["object", "array", "string", "number", "integer", "boolean", "null"]}},  # EDDN's idiom
