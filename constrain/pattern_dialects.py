@@ -311,7 +311,11 @@ def with_python_patterns(schema):
         if key == "pattern" and isinstance(node[key], str):
             node[key] = python_pattern(node[key])
         elif key == "patternProperties" and isinstance(node[key], dict):
-            node[key] = {python_pattern(k): v for k, v in node[key].items()}
+            spelled: dict[str, list] = {}
+            for name, value in node[key].items():
+                spelled.setdefault(python_pattern(name), []).append(value)
+            # Two names spelled alike (`^a\\0$`, `^a\\x00$`) match the same keys, which must pass both schemas.
+            node[key] = {name: values[0] if len(values) == 1 else {"allOf": values} for name, values in spelled.items()}
     return schema
 
 

@@ -259,6 +259,21 @@ def test_an_ecma_named_backreference_is_refused_as_a_backreference_with_its_poin
     assert err.value.pointer == "/properties/v/pattern" and "backreference" in err.value.message
 
 
+def test_two_names_spelled_alike_keep_both_schemas():
+    """`^a\\0$` and `^a\\x00$` are one name once spelled for Python and Rust: the second's schema replaced the
+    first's (helper-26). Both match the same keys, which must pass both schemas: so they still do."""
+    import jsonschema
+
+    from constrain.pattern_dialects import with_python_patterns
+
+    schema = {"type": "object", "patternProperties": {"^a\\0$": {"type": "string"}, "^a\\x00$": {"maxLength": 3}}}
+    spelled = with_python_patterns(schema)
+    assert len(spelled["patternProperties"]) == 1
+    for value, valid in (("ab", True), ("abcd", False), (5, False)):
+        assert jsonschema.Draft202012Validator(spelled).is_valid({"a\x00": value}) is valid
+        assert jsonschema.Draft202012Validator(schema).is_valid({"a\x00": value}) is valid
+
+
 def test_a_shorthand_beside_a_spelled_property_is_still_made_portable():
     """The spelled categories name astral characters as `\\U0001D400`, which the class reader now reads: `\\d` in
     `[\\p{L}\\d]` was left as written (Unicode digits on the backends)."""
