@@ -191,7 +191,8 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
         if run >= try_at or written >= cycle_at:
             tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
                 if hints else None
-            try_at, cycle_at = (try_at * 2, cycle_at) if run >= try_at else (try_at, cycle_at * 2)
+            try_at = try_at * 2 if run >= try_at else try_at  # (each trigger that fired waits twice as long)
+            cycle_at = cycle_at * 2 if written >= cycle_at else cycle_at
             if tail:
                 run, last, try_at, written, cycle_at = 0, None, _STUCK_RUN, 0, _STUCK_CYCLE
                 walk.consume_tokens(tail)
