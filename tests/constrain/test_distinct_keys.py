@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from constrain import ConstraintSpec, GrammarCompiler
+from constrain.distinct_keys import DistinctKeysGrammar
 from constrain.spec import normalise_schema
 from constrain.walkbench import decode, random_walk
 from tests.constrain.conftest import allowed_ids
@@ -92,3 +93,38 @@ def test_a_repeat_is_allowed_where_nothing_else_may_follow(qwen):
     bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
     m.fill_bitmask(bitmask, 0)
     assert vocab.ids_by_bytes()[b"a"] in allowed_ids(bitmask).tolist()
+
+
+CLOSED = {"type": "object", "additionalProperties": False, "required": ["b"], "properties": {
+    "a": {"type": "integer"}, "b": {"type": "boolean"},
+    "c": {"type": "array", "maxItems": 3, "items": {"anyOf": [
+        {"type": "object", "additionalProperties": False, "properties": {"x": {"type": "integer"},
+                                                                          "y": {"type": "null"}}},
+        {"type": "object", "additionalProperties": False, "required": ["y"],
+         "properties": {"y": {"type": "boolean"}, "x": {"type": "null"}}}]}}}}
+
+
+def _in_declared_order(keys: list[str], declared: list[list[str]]) -> bool:
+    return any(keys == [k for k in order if k in keys] for order in declared)
+
+
+def test_outlines_writes_each_declared_property_once_in_declared_order(tokenizers, vocabs):
+    """Why an outlines grammar goes without the check (`GrammarCompiler._on_backend`): outlines serves only closed
+    objects, and its automaton writes their properties once each, in declared order, optional ones included."""
+    vocab = vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tokenizers["qwen2"], backend="outlines")
+    try:
+        g = compiler.compile(ConstraintSpec(kind="json_schema", schema=CLOSED, strict=True))
+        assert g.backend == "outlines" and not isinstance(g, DistinctKeysGrammar)  # (no per-token follower)
+        rng = random.Random(5)
+        seen = set()
+        for _ in range(40):
+            tokens, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.02)
+            assert done
+            objects = _pairs(decode(vocab, tokens))
+            for keys in objects:
+                assert _in_declared_order(keys, [["a", "b", "c"], ["x", "y"], ["y", "x"]]), keys
+                seen.add(tuple(keys))
+        assert len(seen) >= 6  # (optional properties were both written and left out)
+    finally:
+        compiler.close()
