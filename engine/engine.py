@@ -29,7 +29,7 @@ from engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from engine.kv_batch import KVBatch
 from engine.model_loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.sampler import SamplingBatch, StepOutput, sample_step
+from engine.sampler import SamplingBatch, StepOutput, sample_step, unmask_empty_rows
 from engine.scheduler import Scheduler
 from engine.sequence import RequestState, Sequence
 from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
@@ -237,10 +237,10 @@ class Engine:
             return
         parts = [x for x in (running_logits, new_logits) if x is not None]
         logits = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        bitmask = self._bitmask(running, new_seqs, fill)
+        bitmask, empty = self._bitmask(running, new_seqs, fill)
         clock.lap("mask")
         batch = self._sampling_batch()
-        out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator)
+        out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator, empty)
         clock.lap("sample")
         self._steps += 1
         self._postprocess(out, batch)
@@ -428,16 +428,20 @@ class Engine:
 
     # ---- one step's tensors -------------------------------------------------------------------------------
 
-    def _bitmask(self, running: list[Sequence], new_seqs: list[Sequence], fill) -> torch.Tensor | None:
-        """The step's packed mask on the device (None when no row is constrained), one non-blocking copy."""
+    def _bitmask(self, running: list[Sequence], new_seqs: list[Sequence],
+                 fill) -> tuple[torch.Tensor | None, list[bool] | None]:
+        """The step's packed mask on the device, one non-blocking copy, and the rows whose mask allowed nothing
+        (`unmask_empty_rows`); (None, None) when no row is constrained."""
         if fill is not None:
             fill.result()
         elif _constrained(running) or _constrained(new_seqs):
             self._fill_rows(running, 0)
         else:
-            return None
+            return None, None
         self._fill_rows(new_seqs, len(running))
-        return self._host_bitmask()[: len(self.seqs)].to(self.device, non_blocking=True)
+        host = self._host_bitmask()[: len(self.seqs)]
+        empty = unmask_empty_rows(host, self.width)
+        return host.to(self.device, non_blocking=True), empty
 
     def _host_bitmask(self) -> torch.Tensor:
         """One pinned buffer, reused: the previous step's copy has completed by the time it is refilled. Made

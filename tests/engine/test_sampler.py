@@ -7,7 +7,8 @@ import math
 import torch
 
 from engine.sampler import (SamplingBatch, apply_bitmask, apply_logit_bias, apply_min_p, apply_mirostat,
-                            apply_penalties, apply_top_k, apply_top_p, draw_tokens, sample_step)
+                            apply_penalties, apply_top_k, apply_top_p, draw_tokens, sample_step,
+                            unmask_empty_rows)
 
 NEG = float("-inf")
 
@@ -263,13 +264,22 @@ def test_empty_allowed_set_flags_only_that_row_and_produces_no_nan():
     mask[1] = 0  # nothing allowed in row 1
     mask[2] = torch.tensor([1 << 3, 0], dtype=torch.int32)  # only token 3 in row 2
     batch = make_batch(3, want_logprobs=True, top_logprobs=5)
+    empty = unmask_empty_rows(mask, 40)
     out = sample_step(logits, batch, mask, torch.zeros(3, 40), torch.zeros(3, 40, dtype=torch.bool),
-                      torch.Generator().manual_seed(0))
-    assert out.empty == [False, True, False]
+                      torch.Generator().manual_seed(0), empty)
+    assert empty == out.empty == [False, True, False]
     assert out.tokens[2] == 3
     assert abs(out.logprobs[2]) < 1e-6  # the only allowed token has probability 1 under the mask
     assert all(not math.isnan(x) for x in out.logprobs + out.chosen_prob)
     assert out.top_logprobs[2][1] == NEG  # disallowed alternatives carry -inf (the engine drops them)
+
+
+def test_a_row_that_allows_only_padded_ids_counts_as_empty_and_is_unmasked():
+    """Bits past the logits' width (a padded vocabulary's ids) allow nothing; an empty row allows every token."""
+    mask = torch.tensor([[0, 1 << 9], [0, 1 << 7], [1, 0]], dtype=torch.int32)  # bit 41; bit 39; bit 0
+    assert unmask_empty_rows(mask, 40) == [True, False, False]
+    assert mask.tolist() == [[-1, -1], [0, 1 << 7], [1, 0]]
+    assert unmask_empty_rows(torch.tensor([[0, -(1 << 31)]], dtype=torch.int32), 64) == [False]  # (bit 63; no tail)
 
 
 def test_a_logit_past_float32s_range_is_drawn_as_a_token_of_the_vocabulary_not_as_nan():
