@@ -7,6 +7,7 @@ FastAPI's 422), 401, 404, 413. Never logs request bodies or keys.
 from __future__ import annotations
 
 import logging
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,6 +77,16 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return msg, None
 
 
+def _unparsed_body_message(cause: BaseException | None) -> str:
+    """Why FastAPI could not read the body. Valid JSON can still fail: Python reads no integer of more than 4300
+    digits (its guard against quadratic-time conversion), and a client that sent one should hear that, not that its
+    JSON is invalid."""
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return (f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits, which this "
+                "server does not read")
+    return "the request body is not valid JSON"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -97,7 +108,7 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"unknown route: {request.method} {request.url.path}"
         elif exc.status_code == 400 and exc.detail == "There was an error parsing the body":
             # (FastAPI's words for a body it could not decode at all, such as bytes that are not UTF-8)
-            message, code = "the request body is not valid JSON", "invalid_request"
+            message, code = _unparsed_body_message(exc.__cause__), "invalid_request"
         else:
             message = str(exc.detail)
         return JSONResponse(error_body(exc.status_code, message, None, code), status_code=exc.status_code,

@@ -83,6 +83,16 @@ def test_invalid_json_and_non_object_bodies_are_400_saying_so(http):
         assert error["code"] == "invalid_request"  # (bytes that are not UTF-8 had FastAPI's words and no code)
 
 
+def test_an_integer_too_long_for_python_is_400_naming_the_limit_not_invalid_json(http):
+    """Valid JSON that Python will not read (an integer of more than 4300 digits, in any field or schema keyword)."""
+    schema = '{"type": "integer", "maximum": 1' + "0" * 5000 + "}"
+    content = ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "response_format": '
+               '{"type": "json_schema", "json_schema": {"name": "n", "schema": %s}}}' % (MODEL, schema)).encode()
+    error = _assert_error(http.post("/v1/chat/completions", content=content,
+                                    headers={"content-type": "application/json"}), 400)
+    assert "more than 4300 digits" in error["message"] and error["code"] == "invalid_request", error
+
+
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
 def test_a_json_body_sent_as_another_content_type_is_told_which_one_to_use(http, content_type):
     """`curl -d` without `-H` sends a form: it said only "must be a JSON object" of a body that is one."""
