@@ -432,6 +432,18 @@ def _types_within(found: set[str] | None, allowed: Any) -> bool:
     return found is not None and all(t in allowed or (t == "integer" and "number" in allowed) for t in found)
 
 
+def _outlines_target(root: Any, ref: str, walked: set[int]) -> bool:
+    """outlines-core resolves `#/a/b` by plain keys (no ~ or % unescaping), `#name` as the root's key `name`:
+    True only where that is the subschema a validator would find too, one that `outlines_unsupported` walks, and
+    not one of any value (outlines writes any value, open objects among them, for it)."""
+    if not ref.startswith("#") or (ref != "#" and not ref.startswith("#/")) or "~" in ref or "%" in ref:
+        return False
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return isinstance(node, dict) and id(node) in walked and not _any_value(node)
+
+
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
@@ -439,6 +451,7 @@ def outlines_unsupported(schema: Any) -> list[str]:
     if not isinstance(schema, dict):
         return ["/"]  # `false` (no value): nothing for outlines to compile
     bad: list[str] = []
+    walked = {id(node) for _, _, node in walk(schema)}  # the subschemas checked below ({} has no keyword: never)
     if not isinstance(schema, dict) or schema.get("type") not in ("object", "array"):
         bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")
     for ptr, key, node in walk(schema):
@@ -462,8 +475,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
             bad.append(ptr)  # outlines uses the pattern alone
         elif key == "pattern" and not (_fully_anchored(value) and json_safe_pattern(value)):
             bad.append(ptr)  # outlines matches the whole string (JSON Schema searches), and does not escape
-        elif key == "$ref" and not (isinstance(value, str) and value.startswith("#")):
-            bad.append(ptr)
+        elif key == "$ref" and not (isinstance(value, str) and _outlines_target(schema, value, walked)):
+            bad.append(ptr)  # outlines compiles the target: it must be a subschema checked here
         elif key == "items" and not isinstance(value, dict):
             bad.append(ptr)
         elif key == "additionalProperties" and value is not False:
@@ -473,8 +486,9 @@ def outlines_unsupported(schema: Any) -> list[str]:
                 bad.append(ptr[: -len("/type")] + "/additionalProperties")  # extra keys: outlines forbids them
         elif key == "properties" and node.get("additionalProperties") is not False and "type" not in node:
             bad.append(ptr[: -len("/properties")] + "/additionalProperties")
-        elif key == "type" and value == "array" and "items" not in node:
-            bad.append(ptr)
+        if key == "type" and (value == "array" or (isinstance(value, list) and "array" in value)) \
+                and "items" not in node:
+            bad.append(ptr)  # outlines writes any values, open objects among them, in an array without `items`
         if key == _outlines_builder(node):
             node_ptr = ptr[: -len(escape(key)) - 1]
             bad.extend(f"{node_ptr}/{escape(k)}" for k in _outlines_ignored_beside(node, key, schema))

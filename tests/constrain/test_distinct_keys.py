@@ -12,6 +12,8 @@ import torch
 
 from constrain import ConstraintSpec, GrammarCompiler
 from constrain.distinct_keys import DistinctKeysGrammar
+from constrain.grammar import ConstraintError
+from constrain.support import outlines_unsupported
 from constrain.spec import normalise_schema
 from constrain.walkbench import decode, random_walk
 from tests.constrain.conftest import allowed_ids
@@ -128,3 +130,37 @@ def test_outlines_writes_each_declared_property_once_in_declared_order(tokenizer
         assert len(seen) >= 6  # (optional properties were both written and left out)
     finally:
         compiler.close()
+
+
+def _closed(x: dict, **more) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["x"], "properties": {"x": x}, **more}
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    (_closed({"type": ["array", "null"]}), "/properties/x/type"),  # (outlines writes any items: open objects)
+    (_closed({"type": ["array"]}), "/properties/x/type"),
+    (_closed({"$ref": "#/properties/y/default"}, properties={"x": {"$ref": "#/properties/y/default"},
+                                                             "y": {"type": "integer", "default": {}}}),
+     "/properties/x/$ref"),  # (a target no check walks: `{}`, any value)
+    (_closed({"$ref": "#/stash/open"}, stash={"open": {"type": "object"}}), "/properties/x/$ref"),
+    (_closed({"$ref": "#/$defs/any"}, **{"$defs": {"any": {"description": "anything"}}}), "/properties/x/$ref"),
+    (_closed({"$ref": "#open"}, open={"type": "object"}), "/properties/x/$ref"),  # (outlines: the root's key)
+], ids=["type-list-array", "type-array-list", "ref-into-default", "ref-into-unknown-keyword", "ref-to-any-value",
+        "ref-by-name"])
+def test_outlines_is_given_no_schema_where_it_would_write_an_open_object(tokenizers, vocabs, schema, pointer):
+    """Where outlines-core writes any value (an array without `items`, a `$ref` to a target the support check does
+    not walk or that takes any value), it writes open objects, whose keys may repeat, and the outlines grammar goes
+    without the distinct-keys check (helper-27 wrote `{"x": [{"a": 1, "a": 2}]}` through each): refused."""
+    assert pointer in outlines_unsupported(schema)
+    compiler = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines")
+    try:
+        with pytest.raises(ConstraintError) as exc:
+            compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+        assert exc.value.code == "unsupported_schema"
+    finally:
+        compiler.close()
+
+
+def test_outlines_still_serves_references_to_definitions():
+    schema = _closed({"$ref": "#/$defs/A"}, **{"$defs": {"A": {"type": "array", "items": {"type": "integer"}}}})
+    assert outlines_unsupported(schema) == []
