@@ -35,8 +35,15 @@ _BUDGET_ROWS = 512  # cached budget rows per grammar: ~10 MB on a 152k vocabular
 
 
 def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
+    """outlines-core's regex of the schema, JSON's escapes spelled out. Raises ValueError where outlines-core would
+    write an object open to any key (its generic key, a string before the colon): the support check
+    (`outlines_unsupported`) lets only closed objects through, whose keys cannot repeat, so the outlines grammar
+    goes without the distinct-keys check; a generic key means the check missed a place where outlines writes any
+    value, which is not the schema either."""
     regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(with_portable_patterns(schema)),
                                                               whitespace_pattern)
+    if outlines_core.json_schema.STRING + whitespace_pattern + ":" in regex:
+        raise ValueError("outlines would write an object open to any key here (any value)")
     return regex.replace(_CHAR_OLD, _CHAR_NEW).replace(_ESC_OLD, _ESC_NEW)
 
 

@@ -13,6 +13,7 @@ import torch
 from constrain import ConstraintSpec, GrammarCompiler
 from constrain.distinct_keys import DistinctKeysGrammar
 from constrain.grammar import ConstraintError
+from constrain.outlines_backend import schema_regex
 from constrain.support import outlines_unsupported
 from constrain.spec import normalise_schema
 from constrain.walkbench import decode, random_walk
@@ -164,3 +165,17 @@ def test_outlines_is_given_no_schema_where_it_would_write_an_open_object(tokeniz
 def test_outlines_still_serves_references_to_definitions():
     schema = _closed({"$ref": "#/$defs/A"}, **{"$defs": {"A": {"type": "array", "items": {"type": "integer"}}}})
     assert outlines_unsupported(schema) == []
+
+
+@pytest.mark.parametrize("whitespace", ["[ ]?", "[ \n]{0,2}"])
+def test_an_open_object_in_outlines_regex_is_refused_whatever_let_it_through(whitespace):
+    """The second guard: were the support check to miss a place where outlines-core writes any value, its regex
+    would hold outlines' generic key (a string before the colon), and the translation refuses it."""
+    for schema in (_closed({"type": "array"}), _closed({"$ref": "#/properties/y/default"},
+                   properties={"x": {"$ref": "#/properties/y/default"}, "y": {"type": "integer", "default": {}}})):
+        with pytest.raises(ValueError, match="open to any key"):
+            schema_regex(schema, whitespace)
+    closed = {"type": "object", "additionalProperties": False, "properties": {
+        "x": {"type": "object", "additionalProperties": False, "properties": {"k": {"type": "string"}}},
+        "y)*": {"type": "string"}}}
+    assert r'"y\)\*"' in schema_regex(closed, whitespace)  # (declared keys, however spelled, are not generic)
