@@ -31,9 +31,11 @@ def encode_prompt(tokenizer, text: str, context_length: int, *, add_special_toke
         for pieces, start in enumerate(range(0, len(text), _COUNT_PIECE_CHARS), 1):
             count += len(tokenizer.encode(text[start:start + _COUNT_PIECE_CHARS], add_special_tokens=False))
             if count - _PIECE_SLACK * pieces > context_length:
-                raise APIError(400, f"the prompt has more than {context_length} tokens (its first "
-                                    f"{start + _COUNT_PIECE_CHARS} characters do), but this model's context length "
-                                    f"is {context_length} tokens", param=param, code="context_length_exceeded")
+                what = _prompt_words(param)
+                raise APIError(400, f"{_context_words(context_length)} However, your {what} resulted in more than "
+                                    f"{context_length} tokens (the first {start + _COUNT_PIECE_CHARS} characters "
+                                    f"do). Please reduce the length of the {what}.", param=param,
+                               code="context_length_exceeded")
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
@@ -67,15 +69,29 @@ def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, 
     errors name the request's fields: `prompt_param` (`messages` or `prompt`) and `tokens_param` (`max_tokens` or
     `max_completion_tokens`). A prompt that fills the context is taken only to be scored (`max_tokens: 0`)."""
     room = context_length - prompt_len
+    what = _prompt_words(prompt_param)
     if room < 0 or (room == 0 and requested != 0):
-        raise APIError(400, f"the prompt has {prompt_len} tokens, but this model's context length is "
-                            f"{context_length} tokens", param=prompt_param, code="context_length_exceeded")
+        leaves = "" if room < 0 else ", which leaves no room for the completion"
+        raise APIError(400, f"{_context_words(context_length)} However, your {what} resulted in {prompt_len} "
+                            f"tokens{leaves}. Please reduce the length of the {what}.", param=prompt_param,
+                       code="context_length_exceeded")
     wanted = requested if requested is not None else (default if default is not None else room)
     if wanted <= room:
         return wanted
     if behavior == "error":
-        raise APIError(400, f"this model's context length is {context_length} tokens, but the prompt has "
-                            f"{prompt_len} tokens and {tokens_param} is {wanted}: lower {tokens_param} or send "
-                            f"context_length_exceeded_behavior='truncate'", param=tokens_param,
+        raise APIError(400, f"{_context_words(context_length)} However, you requested {prompt_len + wanted} tokens "
+                            f"({prompt_len} in the {what}, {wanted} in the completion: {tokens_param} is "
+                            f"{wanted}). Please reduce the length of the {what} or {tokens_param}, or send "
+                            f"context_length_exceeded_behavior='truncate'.", param=tokens_param,
                        code="context_length_exceeded")
     return room
+
+
+def _context_words(context_length: int) -> str:
+    """OpenAI's first sentence for a request past the context. Clients match it: litellm raises its
+    ContextWindowExceededError (and so tries its `context_window_fallbacks`) only on these words."""
+    return f"This model's maximum context length is {context_length} tokens."
+
+
+def _prompt_words(param: str) -> str:
+    return "messages" if param == "messages" else "prompt"

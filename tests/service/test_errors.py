@@ -171,17 +171,27 @@ def test_body_over_the_limit_is_413(http):
         {"role": "user", "content": big}]}), 413)
 
 
+# OpenAI's first sentence for a request past the context, which clients match on the message (litellm raises its
+# ContextWindowExceededError, and tries its context-window fallbacks, only where it finds these words).
+CONTEXT_WORDS = "This model's maximum context length is 4096 tokens. However, "
+
+
 def test_prompt_longer_than_the_context_is_400(http):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": [16] * 5000})
-    assert _assert_error(r, 400, "prompt")["code"] == "context_length_exceeded"  # (named `messages` before)
+    error = _assert_error(r, 400, "prompt")  # (named `messages` before)
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith(CONTEXT_WORDS + "your prompt resulted in 5000 tokens."), error
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "a " * 5000}]})
-    assert _assert_error(r, 400, "messages")["code"] == "context_length_exceeded"
+    error = _assert_error(r, 400, "messages")
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith(CONTEXT_WORDS + "your messages resulted in "), error
     for field, value in [("prompt", "a " * 600_000), ("messages", [{"role": "user", "content": "a " * 600_000}])]:
         # (counted in pieces, and refused from the first ones: service/prompts.py `encode_prompt`)
         r = http.post("/v1/completions" if field == "prompt" else "/v1/chat/completions",
                       json={"model": MODEL, field: value})
         error = _assert_error(r, 400, field)
-        assert error["code"] == "context_length_exceeded" and "more than" in error["message"]
+        assert error["code"] == "context_length_exceeded"
+        assert error["message"].startswith(CONTEXT_WORDS + f"your {field} resulted in more than 4096 tokens"), error
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
@@ -191,6 +201,10 @@ def test_context_length_exceeded_error_behaviour_refuses(http, field):
                                                "context_length_exceeded_behavior": "error"})
     error = _assert_error(r, 400, field)
     assert error["code"] == "context_length_exceeded" and f"{field} is 5000" in error["message"]
+    prompt_tokens = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1}
+                              ).json()["usage"]["prompt_tokens"]
+    assert error["message"].startswith(CONTEXT_WORDS + f"you requested {prompt_tokens + 5000} tokens "
+                                       f"({prompt_tokens} in the messages, 5000 in the completion"), error
 
 
 def test_unsupported_schema_keyword_in_strict_mode_is_400(http):
