@@ -31,11 +31,11 @@ def encode_prompt(tokenizer, text: str, context_length: int, *, add_special_toke
         for pieces, start in enumerate(range(0, len(text), _COUNT_PIECE_CHARS), 1):
             count += len(tokenizer.encode(text[start:start + _COUNT_PIECE_CHARS], add_special_tokens=False))
             if count - _PIECE_SLACK * pieces > context_length:
-                what = _prompt_words(param)
+                what, counted = _prompt_words(param), start + _COUNT_PIECE_CHARS
+                part = f" (its first {counted} characters do)" if counted < len(text) else ""
                 raise APIError(400, f"{_context_words(context_length)} However, your {what} resulted in more than "
-                                    f"{context_length} tokens (the first {start + _COUNT_PIECE_CHARS} characters "
-                                    f"do). Please reduce the length of the {what}.", param=param,
-                               code="context_length_exceeded")
+                                    f"{context_length} tokens{part}. Please reduce the length of the {what}.",
+                               param=param, code="context_length_exceeded")
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 

@@ -30,6 +30,15 @@ def test_a_text_far_past_the_context_is_refused_without_tokenizing_it_whole():
         encode_prompt(tok, text, 4096, add_special_tokens=True, param="messages")
     assert exc.value.code == "context_length_exceeded" and exc.value.param == "messages"
     assert max(tok.lengths) <= 1 << 16 and sum(tok.lengths) < len(text) // 10
+    assert "more than 4096 tokens (its first 65536 characters do)" in exc.value.message, exc.value.message
+
+
+def test_a_text_refused_once_counted_whole_names_no_part_of_it():
+    """25,000 characters, counted in one piece: the message names no count of characters past the text's own."""
+    with pytest.raises(APIError) as exc:
+        encode_prompt(_Recording(), "word " * 5000, 4096, add_special_tokens=True, param="messages")
+    assert exc.value.message == ("This model's maximum context length is 4096 tokens. However, your messages "
+                                 "resulted in more than 4096 tokens. Please reduce the length of the messages.")
 
 
 @pytest.mark.parametrize("text", [" " * 200_000 + "end", "hello world " * 40_000])
