@@ -6,13 +6,16 @@ FastAPI's 422), 401, 404, 413. Never logs request bodies or keys.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
+import h11
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,22 @@ def invalid(message: str, param: str | None = None, code: str | None = "invalid_
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
                       "code": code}}
+
+
+class OpenAIErrorH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol (h11), but a request it cannot parse (a malformed request line or header, such as
+    `Content-Length: abc`), which never reaches the app, gets its 400 in the OpenAI error shape as every other error
+    does, where uvicorn answers in plain text."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_body(400, "the HTTP request is malformed: its request line or headers could not be "
+                                          "read", None, "invalid_request")).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
 
 def error_response(exc: APIError) -> JSONResponse:

@@ -9,6 +9,7 @@ import uvicorn
 from engine.model_loader import load_model
 from service.app import create_app
 from service.config import ServerConfig
+from service.errors import OpenAIErrorH11Protocol
 
 log = logging.getLogger(__name__)
 
@@ -19,4 +20,4 @@ def run_server(config: ServerConfig) -> None:
                         max_model_len=config.max_model_len)
     log.info("model loaded on %s (%s), context length %d", loaded.device, loaded.dtype, loaded.context_length)
     app = create_app(config, loaded)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, http=OpenAIErrorH11Protocol)

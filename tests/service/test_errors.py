@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -163,6 +165,30 @@ def test_unknown_model_is_404(http):
 
 def test_unknown_route_is_404_in_the_openai_shape(http):
     _assert_error(http.post("/v1/embeddings", json={}), 404)
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n",
+    b"NOT AN HTTP REQUEST\r\n\r\n",
+])
+def test_a_request_the_http_parser_refuses_is_400_in_the_openai_shape(server, head):
+    """Such a request never reaches the app: uvicorn answered it in plain text (service/errors.py
+    `OpenAIErrorH11Protocol`)."""
+    url = urlsplit(server.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status_line.startswith(b"HTTP/1.1 400"), answer
+    assert b"content-type: application/json" in headers.lower(), answer
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", error
+    assert "malformed" in error["message"], error
 
 
 def test_body_over_the_limit_is_413(http):
