@@ -161,7 +161,9 @@ class Engine:
                 continue
             try:
                 self.step()
-            except Exception as exc:  # a failed forward must not kill the server: fail the batch, go on
+            except BaseException as exc:  # a failed forward must not kill the server: fail the batch, go on
+                if not recoverable(exc):
+                    raise
                 log.exception("engine step failed")
                 message = f"internal engine error: {type(exc).__name__}"
                 for seq in self.seqs:
@@ -273,7 +275,9 @@ class Engine:
             for row, state in enumerate(group):
                 try:
                     choices = [self._new_sequence(state, index) for index in range(state.request.params.n)]
-                except Exception as exc:  # e.g. a grammar whose matcher cannot start: this request only
+                except BaseException as exc:  # e.g. a grammar whose matcher cannot start: this request only
+                    if not recoverable(exc):
+                        raise
                     self._fail_request(state, f"cannot start decoding: {exc}", "internal")
                     continue
                 for seq in choices:
@@ -461,7 +465,9 @@ class Engine:
                 continue
             try:
                 seq.matcher.fill_bitmask(bitmask, offset + i, tokens_left=seq.tokens_left)
-            except Exception as exc:  # noqa: BLE001 - a backend failure ends this choice, not the batch
+            except BaseException as exc:  # noqa: BLE001 - a backend failure ends this choice, not the batch
+                if not recoverable(exc):
+                    raise
                 _grammar_failed(seq, exc)
                 bitmask[offset + i].fill_(-1)
 
@@ -525,7 +531,9 @@ class Engine:
                     and token not in seq.eos_ids:
                 try:
                     vetted = seq.matcher.vet(token, seq.tokens_left)
-                except Exception as exc:  # noqa: BLE001 - a backend failure ends this choice only
+                except BaseException as exc:  # noqa: BLE001 - a backend failure ends this choice only
+                    if not recoverable(exc):
+                        raise
                     _grammar_failed(seq, exc)
                     continue
                 if vetted != token:
@@ -541,7 +549,9 @@ class Engine:
                 try:
                     event = seq.take_token(out.tokens[row], self._logprob(seq, out, row), out.chosen_prob[row])
                     self._tokens_generated += 1
-                except Exception as exc:  # noqa: BLE001 - e.g. the matcher's accept raised: this choice only
+                except BaseException as exc:  # noqa: BLE001 - e.g. the matcher's accept raised: this choice only
+                    if not recoverable(exc):
+                        raise
                     _grammar_failed(seq, exc)
             if seq.grammar_error is not None:
                 event = seq.finish_with_error(f"decoding this choice failed: {seq.grammar_error}",
@@ -604,7 +614,16 @@ class ChunkedPrefill:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
 
 
-def _grammar_failed(seq: Sequence, exc: Exception) -> None:
+def recoverable(exc: BaseException) -> bool:
+    """Whether the engine thread goes on after `exc`, failing the request, the choice or the batch it hit: any
+    Exception, and a panic in a Rust extension, which pyo3 raises as a PanicException derived from BaseException
+    (llguidance, outlines-core, and rpds under jsonschema's `referencing`: one such panic, a RecursionError inside
+    rpds, ended the engine thread, and every later request hung). Not KeyboardInterrupt, SystemExit or
+    GeneratorExit."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def _grammar_failed(seq: Sequence, exc: BaseException) -> None:
     if isinstance(exc, ConstraintError):  # the client's constraint is past what the backend can follow
         log.info("output constraint gave up for %s: %s", seq.state.request.request_id, exc.message)
         seq.grammar_error, seq.grammar_error_code = exc.message[:500], "constraint_too_complex"

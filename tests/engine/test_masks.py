@@ -166,35 +166,43 @@ def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
     assert all(abs(lp.logprob - e) < 1e-4 for lp, e in zip(got, expected))
 
 
-class _FailingMatcher(_ReplacingMatcher):
-    """Raises in `where` ("fill", "vet" or "accept") on the third step, like a backend bug would."""
+class PanicException(BaseException):
+    """What pyo3 raises for a panic in a Rust extension (llguidance, outlines-core, rpds under jsonschema): a
+    BaseException, not an Exception."""
 
-    def __init__(self, where: str):
+
+class _FailingMatcher(_ReplacingMatcher):
+    """Raises `error` in `where` ("fill", "vet" or "accept") on the third step, like a backend bug would."""
+
+    def __init__(self, where: str, error: type[BaseException] = RuntimeError):
         super().__init__(token=0)
-        self.where, self.steps = where, 0
+        self.where, self.error, self.steps = where, error, 0
 
     def fill_bitmask(self, bitmask, row, tokens_left=None):
         self.steps += 1
         if self.where == "fill" and self.steps == 3:
-            raise RuntimeError("fill broke")
+            raise self.error("fill broke")
         bitmask[row].fill_(-1)
 
     def vet(self, token_id, tokens_left):
         if self.where == "vet" and self.steps == 3:
-            raise RuntimeError("vet broke")
+            raise self.error("vet broke")
         return token_id
 
     def accept(self, token_id):
         if self.where == "accept" and self.steps == 3:
-            raise RuntimeError("accept broke")
+            raise self.error("accept broke")
         return True
 
 
+@pytest.mark.parametrize("error", [RuntimeError, PanicException])
 @pytest.mark.parametrize("where", ["fill", "vet", "accept"])
-def test_a_failing_grammar_ends_its_choice_with_an_error_and_the_batch_goes_on(fill_engine, where):
+def test_a_failing_grammar_ends_its_choice_with_an_error_and_the_batch_goes_on(fill_engine, where, error):
+    """A panic too: one in rpds (a RecursionError in jsonschema's reference lookup, while a late check validated a
+    value) ended the engine thread, and every later request hung."""
     plain = request("plain", PROMPT, temperature=1.0, seed=5, max_tokens=12)
     (alone,) = run_all(fill_engine, plain)
-    grammar = _TestGrammar(lambda: _FailingMatcher(where))
+    grammar = _TestGrammar(lambda: _FailingMatcher(where, error))
     broken, together = run_all(fill_engine, request("broken", PROMPT, grammar=grammar, temperature=1.0,
                                                     max_tokens=12), plain)
     assert broken[0].last.finish_reason == "error" and broken[0].last.error_code == "internal"
