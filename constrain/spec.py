@@ -22,7 +22,8 @@ from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
-from constrain.support import ANNOTATIONS, ASSERTIONS, map_subschemas, references_followable, resolve_ref, walk
+from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, map_subschemas, references_followable, resolve_ref,
+                               walk)
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,12 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
     if loop is not None:
         raise ConstraintError(f"the $ref at {base + loop} never reaches a schema: the references it leads through "
                               "only refer to one another", param=param, pointer=base + loop)
+    loop = _in_place_loop(schema)
+    if loop is not None:
+        raise ConstraintError(f"the schema at {base + loop} applies itself to the value it checks: through "
+                              "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
+                              "schema it is part of, at the same place in the value, so checking a value against "
+                              "it never ends", param=param, pointer=base + loop)
 
 
 def _reference_loop(root: dict) -> str | None:
@@ -225,6 +232,67 @@ def _reference_loop(root: dict) -> str | None:
             if target is not None and node[key] not in scanned:
                 scanned.add(node[key])
                 stack.append((node[key][1:], target))
+    return None
+
+
+_IN_PLACE = ("not", "if", "then", "else")
+_IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_MAPS = ("dependentSchemas", "dependencies")
+
+
+def _in_place_loop(root: dict) -> str | None:
+    """The pointer of a subschema, reached from the root, that applies itself to the value it checks: a cycle of
+    `$ref`s and keywords that apply subschemas to the same value (`{"$defs": {"a": {"if": {"$ref":
+    "#/$defs/a"}}}}`, or `a` being `{"anyOf": [{"type": "null"}, {"$ref": "#/$defs/a"}]}`). A validator checking
+    a value against it recurses until it fails (jsonschema: RecursionError, or a panic in its Rust registry, which
+    the late checks met while decoding); JSON Schema calls such a schema an error. A recursion through
+    `properties`, `items` and the like moves into the value, and ends. Unreferenced definitions, and schemas whose
+    references a nested `$id` or a dynamic reference may move, are not looked at (as in `_reference_loop`)."""
+    if not references_followable(root):
+        return None
+    where: dict[int, str] = {id(root): ""}  # the schemas a validator may reach, by id: their pointers
+    nodes: dict[int, dict] = {id(root): root}
+    stack, scanned = [("", root)], {"#"}
+    while stack:
+        base, schema = stack.pop()
+        for ptr, key, node in walk(schema, base):
+            inside = ptr[len(base):].split("/")
+            if "$defs" in inside[:-1] or "definitions" in inside[:-1]:
+                continue
+            if id(node) not in where:
+                where[id(node)], nodes[id(node)] = ptr[: -len(escape(key)) - 1], node
+            ref = node.get("$ref") if key == "$ref" else None
+            target = resolve_ref(root, ref)
+            if isinstance(target, dict) and ref not in scanned:
+                scanned.add(ref)
+                where.setdefault(id(target), ref[1:])
+                nodes[id(target)] = target
+                stack.append((ref[1:], target))
+
+    def in_place(node: dict) -> list[dict]:
+        subs = [resolve_ref(root, node["$ref"])] if "$ref" in node else []
+        subs += [node[key] for key in _IN_PLACE if key in node]
+        subs += [m for key in _IN_PLACE_LISTS if isinstance(node.get(key), list) for m in node[key]]
+        subs += [v for key in _IN_PLACE_MAPS if isinstance(node.get(key), dict) for v in node[key].values()]
+        return [sub for sub in subs if isinstance(sub, dict) and id(sub) in nodes]
+
+    done: set[int] = set()
+    for start in list(nodes.values()):  # depth first, without recursion: a chain may be thousands long
+        if id(start) in done:
+            continue
+        path, on_path = [(start, iter(in_place(start)))], {id(start)}
+        while path:
+            node, subs = path[-1]
+            sub = next(subs, None)
+            if sub is None:
+                path.pop()
+                on_path.discard(id(node))
+                done.add(id(node))
+            elif id(sub) in on_path:
+                return where[id(sub)]
+            elif id(sub) not in done:
+                path.append((sub, iter(in_place(sub))))
+                on_path.add(id(sub))
     return None
 
 

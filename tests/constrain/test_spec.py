@@ -256,13 +256,42 @@ def test_references_that_only_refer_to_one_another_are_refused_naming_one(schema
     assert "never reaches a schema" in exc.value.message
 
 
+@pytest.mark.parametrize("schema, pointer", [
+    ({"$defs": {"x": {"if": {"$ref": "#/$defs/x"}, "then": {"type": "integer"}}}, "$ref": "#/$defs/x"},
+     "/$defs/x"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]}}}, "/$defs/a"),
+    ({"type": "object", "properties": {"a": {"type": "object", "not": {"$ref": "#/properties/a"}}},
+      "required": ["a"]}, "/properties/a"),
+    ({"type": "object", "dependentSchemas": {"k": {"$ref": "#"}}}, ""),
+    ({"type": "array", "items": {"$ref": "#/$defs/b"},
+      "$defs": {"b": {"oneOf": [{"type": "null"}, {"allOf": [{"else": {"$ref": "#/$defs/b"}}]}]}}}, "/$defs/b"),
+])
+def test_a_schema_that_applies_itself_to_the_same_value_is_refused_naming_it(schema, pointer):
+    """Checking a value against it never ends: jsonschema recursed into a panic of its Rust registry while a late
+    check validated a value mid-output, which ended the engine thread (found by a fuzzer)."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert exc.value.pointer == "/json_schema/schema" + pointer, exc.value.pointer
+    assert "applies itself to the value it checks" in exc.value.message
+
+
+def test_recursion_into_the_value_is_taken():
+    """Recursion through properties, items or additionalProperties moves into the value, and ends."""
+    for schema in ({"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+                        "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}]}}, "$ref": "#/$defs/t"},
+                   {"type": "object", "additionalProperties": {"not": {"$ref": "#"}}},
+                   {"if": {"type": "object"}, "then": {"properties": {"a": {"$ref": "#"}}},
+                    "else": {"type": "integer"}}):
+        assert spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x",
+                                                                                          "schema": schema}})
+
+
 def test_references_that_reach_a_schema_are_taken_recursive_or_not():
     for schema in ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "integer"}}, "$ref": "#/$defs/a"},
                    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
                     "$ref": "#/$defs/node"},
                    {"$defs": {"a": {"title": "anything"}}, "$ref": "#/$defs/a"},
                    {"type": "object", "$defs": {"unused": {"$ref": "#/$defs/unused"}}},  # (never followed)
-                   {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]}}},
                    {"$ref": "#/$defs/t", "$defs": {"t": {"allOf": [{"type": "object"}, {"properties": {
                        "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}]}}},
                    # a nested $id moves the base: "#/$defs/b" inside `a` is a's own b, an integer
