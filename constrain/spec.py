@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -186,6 +187,11 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
     check_schema_limits(schema, param)
     if isinstance(schema, bool):
         return
+    infinite = _non_finite_number(schema)
+    if infinite is not None:
+        raise ConstraintError(f"the schema holds a number JSON cannot write at {base + infinite} (a number past "
+                              "float range, such as 1e999, reads as infinity; NaN and Infinity are not JSON)",
+                              param=param, pointer=base + infinite)
     escapes = [(ptr, property_escapes(s)) for ptr, s in schema_patterns(schema)]
     if sum(count for _, count in escapes) > MAX_PROPERTY_ESCAPES:
         ptr = base + next(ptr for ptr, count in escapes if count)
@@ -207,6 +213,21 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
                               "schema it is part of, at the same place in the value, so checking a value against "
                               "it never ends", param=param, pointer=base + loop)
+
+
+def _non_finite_number(schema: Any) -> str | None:
+    """The pointer of the first infinite or NaN number anywhere in `schema`: no JSON value equals one, and
+    llguidance wrote `null` for `{"const": 1e999}`, which the client's own validator refuses."""
+    stack = [(schema, "")]
+    while stack:
+        value, ptr = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return ptr or "/"
+        if isinstance(value, dict):
+            stack.extend((v, f"{ptr}/{escape(k)}") for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{ptr}/{i}") for i, v in enumerate(value))
+    return None
 
 
 def _reference_loop(root: dict) -> str | None:

@@ -275,6 +275,21 @@ def test_a_schema_that_applies_itself_to_the_same_value_is_refused_naming_it(sch
     assert "applies itself to the value it checks" in exc.value.message
 
 
+@pytest.mark.parametrize("schema, pointer", [
+    ({"const": float("inf")}, "/const"),
+    ({"enum": [float("-inf"), 2]}, "/enum/0"),
+    ({"type": "object", "properties": {"a": {"const": float("nan")}}, "required": ["a"]}, "/properties/a/const"),
+    ({"type": "number", "maximum": float("inf")}, "/maximum"),
+])
+def test_a_number_json_cannot_write_is_refused_naming_it(schema, pointer):
+    """`1e999` in a request body reads as infinity (and NaN, Infinity are taken as Python reads them): llguidance
+    wrote `null` for `{"const": 1e999}` (found by a fuzzer)."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert exc.value.pointer == "/json_schema/schema" + pointer, exc.value.pointer
+    assert "a number JSON cannot write" in exc.value.message
+
+
 def test_recursion_into_the_value_is_taken():
     """Recursion through properties, items or additionalProperties moves into the value, and ends."""
     for schema in ({"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
