@@ -209,7 +209,7 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "only refer to one another", param=param, pointer=base + loop)
     loop = _in_place_loop(schema)
     if loop is not None:
-        raise ConstraintError(f"the schema at {base + loop} applies itself to the value it checks: through "
+        raise ConstraintError(f"the schema at {base + loop or '/'} applies itself to the value it checks: through "
                               "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
                               "schema it is part of, at the same place in the value, so checking a value against "
                               "it never ends", param=param, pointer=base + loop)
