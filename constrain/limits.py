@@ -6,6 +6,7 @@ Checked in microseconds-to-milliseconds so hostile schemas are refused before th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +25,13 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-def _ptr(parts: list) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts) or "/"
+def _ptr(parts: list, base: str = "") -> str:
+    return base + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts) or "/"
 
 
-def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Raise ConstraintError naming the limit (and the pointer) a schema breaks."""
+def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS, base: str = "") -> None:
+    """Raise ConstraintError naming the limit (and the pointer, below `base`) a schema breaks, or a number JSON
+    cannot write."""
     try:
         size = len(json.dumps(schema, separators=(",", ":")))
     except (TypeError, ValueError, RecursionError):
@@ -46,23 +48,27 @@ def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS
             raise ConstraintError(f"schema has more than {limits.max_nodes} nodes", param=param,
                                   code="schema_too_large")
         if depth > limits.max_depth:
-            raise ConstraintError(f"schema nesting deeper than {limits.max_depth} at {_ptr(path)}", param=param,
-                                  pointer=_ptr(path), code="schema_too_large")
+            p = _ptr(path, base)
+            raise ConstraintError(f"schema nesting deeper than {limits.max_depth} at {p}", param=param, pointer=p,
+                                  code="schema_too_large")
         if isinstance(node, dict):
             enum = node.get("enum")
             if isinstance(enum, list) and len(enum) > limits.max_enum:
-                p = _ptr(path + ["enum"])
+                p = _ptr(path + ["enum"], base)
                 raise ConstraintError(f"enum at {p} has {len(enum)} values; the limit is {limits.max_enum}",
                                       param=param, pointer=p, code="schema_too_large")
             pat = node.get("pattern")
             if isinstance(pat, str) and len(pat) > limits.max_pattern_chars:
-                p = _ptr(path + ["pattern"])
+                p = _ptr(path + ["pattern"], base)
                 raise ConstraintError(f"pattern at {p} is longer than {limits.max_pattern_chars} characters",
                                       param=param, pointer=p, code="schema_too_large")
-            for k, v in node.items():
-                if isinstance(v, (dict, list)):
-                    stack.append((v, path + [k], depth + 1))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                if isinstance(v, (dict, list)):
-                    stack.append((v, path + [i], depth + 1))
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            if isinstance(v, (dict, list)):
+                stack.append((v, path + [k], depth + 1))
+            elif isinstance(v, float) and not math.isfinite(v):
+                # (no JSON value equals one: llguidance wrote `null` for `{"const": 1e999}`)
+                p = _ptr(path + [k], base)
+                raise ConstraintError(f"the schema holds a number JSON cannot write at {p} (a number past float "
+                                      "range, such as 1e999, reads as infinity; NaN and Infinity are not JSON)",
+                                      param=param, pointer=p)

@@ -9,11 +9,10 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Iterator
 
 import jsonschema
 
@@ -184,14 +183,9 @@ def validate_schema(schema: Any, param: str, base: str = "") -> None:
 
 
 def _check_schema(schema: Any, param: str, base: str) -> None:
-    check_schema_limits(schema, param)
+    check_schema_limits(schema, param, base=base)
     if isinstance(schema, bool):
         return
-    infinite = _non_finite_number(schema)
-    if infinite is not None:
-        raise ConstraintError(f"the schema holds a number JSON cannot write at {base + infinite} (a number past "
-                              "float range, such as 1e999, reads as infinity; NaN and Infinity are not JSON)",
-                              param=param, pointer=base + infinite)
     escapes = [(ptr, property_escapes(s)) for ptr, s in schema_patterns(schema)]
     if sum(count for _, count in escapes) > MAX_PROPERTY_ESCAPES:
         ptr = base + next(ptr for ptr, count in escapes if count)
@@ -215,21 +209,6 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "it never ends", param=param, pointer=base + loop)
 
 
-def _non_finite_number(schema: Any) -> str | None:
-    """The pointer of the first infinite or NaN number anywhere in `schema`: no JSON value equals one, and
-    llguidance wrote `null` for `{"const": 1e999}`, which the client's own validator refuses."""
-    stack = [(schema, "")]
-    while stack:
-        value, ptr = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            return ptr or "/"
-        if isinstance(value, dict):
-            stack.extend((v, f"{ptr}/{escape(k)}") for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend((v, f"{ptr}/{i}") for i, v in enumerate(value))
-    return None
-
-
 def _reference_loop(root: dict) -> str | None:
     """The pointer of a local `$ref`, reached from the root, that never reaches a schema: its target only leads,
     through `$ref`s and allOf/anyOf/oneOf, back into itself (`{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref":
@@ -240,20 +219,30 @@ def _reference_loop(root: dict) -> str | None:
     if not references_followable(root):
         return None
     dead = _never_a_schema(root)
+    for ptr, key, node in _reached(root):
+        if key == "$ref":
+            target = resolve_ref(root, node[key])
+            if isinstance(target, dict) and id(target) in dead:
+                return ptr
+    return None
+
+
+def _reached(root: dict) -> Iterator[tuple[str, str, dict]]:
+    """`walk`'s items for the subschemas a validator may reach: the root's (not inside its definitions) and, once
+    each, those of every local `$ref`'s target (a definition's references count where a reference reaches it)."""
     stack, scanned = [("", root)], {"#"}
     while stack:
         base, schema = stack.pop()
         for ptr, key, node in walk(schema, base):
             inside = ptr[len(base):].split("/")
-            if key != "$ref" or "$defs" in inside[:-1] or "definitions" in inside[:-1]:
-                continue  # (a definition's references count where a reference reaches it)
-            target = resolve_ref(root, node[key])
-            if isinstance(target, dict) and id(target) in dead:
-                return ptr
-            if target is not None and node[key] not in scanned:
-                scanned.add(node[key])
-                stack.append((node[key][1:], target))
-    return None
+            if "$defs" in inside[:-1] or "definitions" in inside[:-1]:
+                continue
+            yield ptr, key, node
+            if key == "$ref":
+                target = resolve_ref(root, node[key])
+                if target is not None and node[key] not in scanned:
+                    scanned.add(node[key])
+                    stack.append((node[key][1:], target))
 
 
 _IN_PLACE = ("not", "if", "then", "else")
@@ -273,22 +262,9 @@ def _in_place_loop(root: dict) -> str | None:
         return None
     where: dict[int, str] = {id(root): ""}  # the schemas a validator may reach, by id: their pointers
     nodes: dict[int, dict] = {id(root): root}
-    stack, scanned = [("", root)], {"#"}
-    while stack:
-        base, schema = stack.pop()
-        for ptr, key, node in walk(schema, base):
-            inside = ptr[len(base):].split("/")
-            if "$defs" in inside[:-1] or "definitions" in inside[:-1]:
-                continue
-            if id(node) not in where:
-                where[id(node)], nodes[id(node)] = ptr[: -len(escape(key)) - 1], node
-            ref = node.get("$ref") if key == "$ref" else None
-            target = resolve_ref(root, ref)
-            if isinstance(target, dict) and ref not in scanned:
-                scanned.add(ref)
-                where.setdefault(id(target), ref[1:])
-                nodes[id(target)] = target
-                stack.append((ref[1:], target))
+    for ptr, key, node in _reached(root):
+        if id(node) not in where:
+            where[id(node)], nodes[id(node)] = ptr[: -len(escape(key)) - 1], node
 
     def in_place(node: dict) -> list[dict]:
         subs = [resolve_ref(root, node["$ref"])] if "$ref" in node else []
