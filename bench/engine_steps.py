@@ -60,7 +60,8 @@ def main() -> int:
     ap.add_argument("--regex", help="also a workload under this regex (the --backend serves it)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each workload and size")
     ap.add_argument("--overlap-fill", default="auto", choices=["auto", "on", "off"],
-                    help="fill grammar rows on a second thread during the forward (auto: when a core is free)")
+                    help="fill grammar rows on other threads during the forward (auto: when a core is free)")
+    ap.add_argument("--mask-threads", type=int, help="threads that fill grammar rows (default: the engine's)")
     args = ap.parse_args()
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -72,10 +73,11 @@ def main() -> int:
         workloads["regex"] = compiler.compile(ConstraintSpec(kind="regex", pattern=args.regex, backend=args.backend))
     prompt = loaded.tokenizer(PROMPT)["input_ids"]
     overlap = {"auto": None, "on": True, "off": False}[args.overlap_fill]
-    engine = Engine(loaded, max_batch_size=max(args.concurrency), overlap_fill=overlap)
+    engine = Engine(loaded, max_batch_size=max(args.concurrency), overlap_fill=overlap, mask_threads=args.mask_threads)
     engine.start()
     print(f"model: {args.model}  device: {loaded.device}  max_tokens: {args.max_tokens}  "
-          f"backend: {args.backend}  overlap fill: {args.overlap_fill}", flush=True)
+          f"backend: {args.backend}  overlap fill: {args.overlap_fill}  mask threads: {engine.mask_threads}",
+          flush=True)
     try:
         for grammar in workloads.values():  # warm-up: first steps, first masks
             run(engine, prompt, 2, grammar, 4)

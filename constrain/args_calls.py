@@ -69,15 +69,16 @@ class ArgsCallsGrammar(Grammar):
                 costs.append(len(self.vocab.spell(rest) or rest) + 1 + args)
         return min(costs) if costs else None
 
-    def matcher(self) -> "ArgsCallsMatcher":
-        return ArgsCallsMatcher(self)
+    def matcher(self, lane: int = 0) -> "ArgsCallsMatcher":
+        return ArgsCallsMatcher(self, lane)
 
 
 class ArgsCallsMatcher(Matcher):
-    def __init__(self, grammar: ArgsCallsGrammar):
+    def __init__(self, grammar: ArgsCallsGrammar, lane: int = 0):
         self.g = grammar
+        self.lane = lane  # (the grammar's lane of this matcher's own, and of the names' and arguments')
         self.phase = _START
-        self.text = grammar.text.matcher() if grammar.text is not None else None
+        self.text = grammar.text.matcher(lane) if grammar.text is not None else None
         self.name: Matcher | None = None
         self.name_bytes = bytearray()
         self.args: Matcher | None = None
@@ -133,7 +134,7 @@ class ArgsCallsMatcher(Matcher):
             ok = (self.phase == _START or (self.phase == _TEXT and self.text.can_end())
                   or (self.phase == _ARGS and g.many and self.args.can_end()))
             if ok:
-                self.phase, self.name, self.args = _NAME, g.names.matcher(), None
+                self.phase, self.name, self.args = _NAME, g.names.matcher(self.lane), None
                 self.name_bytes.clear()
             return ok
         if token_id == g.args_id:
@@ -142,7 +143,7 @@ class ArgsCallsMatcher(Matcher):
             grammar = g.arguments.get(self.name_bytes.decode("utf-8", "replace"))
             if grammar is None:
                 return False
-            self.phase, self.args = _ARGS, grammar.matcher()
+            self.phase, self.args = _ARGS, grammar.matcher(self.lane)
             return True
         if self.phase == _NAME:
             if not self.name.accept(token_id):

@@ -56,8 +56,9 @@ class CallTokenGrammar(Grammar):
         self.backend = calls.backend
         self.unenforced = calls.unenforced
 
-    def matcher(self) -> "CallTokenMatcher":
-        return CallTokenMatcher(self, self.calls.matcher(), self.text.matcher() if self.text is not None else None)
+    def matcher(self, lane: int = 0) -> "CallTokenMatcher":
+        text = self.text.matcher(lane) if self.text is not None else None
+        return CallTokenMatcher(self, self.calls.matcher(lane), text)
 
 
 class CallTokenMatcher(Matcher):

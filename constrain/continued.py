@@ -32,8 +32,8 @@ class ContinuedGrammar(Grammar):
                     f"the assistant message to continue (continue_final_message), {prefill!r}, does not fit the "
                     f"`{param}` constraint {where}: no continuation of it could be valid", param="messages")
 
-    def matcher(self) -> Matcher:
-        m = self.inner.matcher()
+    def matcher(self, lane: int = 0) -> Matcher:
+        m = self.inner.matcher(lane)
         for token in self.tokens:
             m.accept(token)
         return m

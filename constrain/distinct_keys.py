@@ -101,8 +101,8 @@ class DistinctKeysGrammar(CheckedGrammar):
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
         comma_key_index(vocab)
 
-    def matcher(self) -> "DistinctKeysMatcher":
-        return DistinctKeysMatcher(self.inner.matcher(), KeyTracker(self.call_tag), self.index, self.vocab)
+    def matcher(self, lane: int = 0) -> "DistinctKeysMatcher":
+        return DistinctKeysMatcher(self.inner.matcher(lane), KeyTracker(self.call_tag), self.index, self.vocab)
 
 
 class DistinctKeysMatcher(CheckedMatcher):

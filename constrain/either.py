@@ -26,8 +26,8 @@ class EitherGrammar(Grammar):
         self.unenforced = calls.unenforced
         self.answer_unenforced = answer.unenforced
 
-    def matcher(self) -> "EitherMatcher":
-        return EitherMatcher([self.calls.matcher(), self.answer.matcher()])
+    def matcher(self, lane: int = 0) -> "EitherMatcher":
+        return EitherMatcher([self.calls.matcher(lane), self.answer.matcher(lane)])
 
 
 class EitherMatcher(Matcher):

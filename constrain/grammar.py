@@ -137,4 +137,7 @@ class Grammar(abc.ABC):
     call_tag: bytes | None = None
 
     @abc.abstractmethod
-    def matcher(self) -> Matcher: ...
+    def matcher(self, lane: int = 0) -> Matcher:
+        """A fresh matcher. Matchers of different `lane`s share no mutable state with each other, so that the
+        engine's mask threads may fill their rows at once (llguidance's copies of one parse share a lexer, which
+        serialises them: constrain/llg_backend.py keeps a parse per lane); lane 0 when one thread fills them all."""

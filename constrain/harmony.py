@@ -129,8 +129,8 @@ class HarmonyGrammar(Grammar):
         self._item_costs: dict[Item, int] = {}
         self._inner_min: dict[str | None, int] = {}
 
-    def matcher(self) -> "HarmonyMatcher":
-        return HarmonyMatcher(self)
+    def matcher(self, lane: int = 0) -> "HarmonyMatcher":
+        return HarmonyMatcher(self, lane)
 
     # ---- costs, for the budget rule -----------------------------------------------------------------------
     def item_cost(self, item: Item) -> int:
@@ -174,8 +174,9 @@ def _start(headers: tuple[_Header, ...], item: int = 0) -> _Place:
 
 
 class HarmonyMatcher(Matcher):
-    def __init__(self, grammar: HarmonyGrammar):
+    def __init__(self, grammar: HarmonyGrammar, lane: int = 0):
         self.g = grammar
+        self.lane = lane  # (the answer's and the arguments' matchers are made on it)
         self.phase = _HEADER
         self.place: _Place = _start(grammar.first)
         self.inner: Matcher | None = None  # the answer's or the arguments' matcher
@@ -250,11 +251,11 @@ class HarmonyMatcher(Matcher):
             return
         self.in_reasoning = False
         if header.kind == _CALL:
-            self.phase, self.inner = _ARGS, g.arguments[header.name].matcher()
+            self.phase, self.inner = _ARGS, g.arguments[header.name].matcher(self.lane)
             self.token_role, self.call_text = "call_header", CALL_OPEN + header.name + ARGS_OPEN
         else:
             self.phase = _ANSWER
-            self.inner = g.answer.matcher() if g.answer is not None else None
+            self.inner = g.answer.matcher(self.lane) if g.answer is not None else None
             self.token_role = "tag"
 
     # ---- the Matcher interface ---------------------------------------------------------------------------

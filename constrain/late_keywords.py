@@ -760,8 +760,8 @@ class LateGrammar(CheckedGrammar):
         self.plan = plan
         self.tokens = token_sets(vocab)  # (built here, on a compile thread, if start-up did not)
 
-    def matcher(self) -> "LateMatcher":
-        inner = self.inner.matcher()
+    def matcher(self, lane: int = 0) -> "LateMatcher":
+        inner = self.inner.matcher(lane)
         base = backend_matcher(inner)
         if isinstance(base, LlgMatcher):  # (a repeated key would change the parsed value these checks judge)
             base.write_distinct_keys()

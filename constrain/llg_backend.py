@@ -1002,8 +1002,11 @@ class LlgGrammar(Grammar):
         self._eos = vocab.eos_words()
         self.nbytes = 4 * len(text) + 64 * 1024
         self._proto_lock = threading.Lock()
-        self._proto = self._parse()  # parsed once; matchers are deep copies
-        self._lexer_generation = 0
+        # lane -> (its parse, the generation of that parse's lexer). Matchers are deep copies of their lane's parse
+        # and share its lexer: its states built once, its limits counted once, and its lock held by each mask, so
+        # the rows of one lane are filled one at a time (Grammar.matcher). Lane 0 is parsed here (a grammar
+        # llguidance cannot start fails its compile), the others at their first matcher.
+        self._lanes: dict[int, tuple[llguidance.LLMatcher, int]] = {0: (self._parse(), 0)}
 
     def _parse(self) -> "llguidance.LLMatcher":
         proto = llguidance.LLMatcher(self.lltok, self.text, log_level=0)
@@ -1011,21 +1014,24 @@ class LlgGrammar(Grammar):
             raise ConstraintError(f"cannot start matcher: {proto.get_error()[:300]}")
         return proto
 
-    def fresh_copy(self) -> tuple["llguidance.LLMatcher", int, bool]:
-        """A copy of the parsed grammar, the generation of the lexer it shares with the other copies of that parse
+    def fresh_copy(self, lane: int = 0) -> tuple["llguidance.LLMatcher", int, bool]:
+        """A copy of `lane`'s parse, the generation of the lexer it shares with the other copies of that parse
         (the lexer's states are built once for all of them, and so is its limit on how many it may build), and
         whether that parse forces bytes (`stop_forcing`)."""
         with self._proto_lock:
-            return self._proto.deep_copy(), self._lexer_generation, self.forcing
+            if lane not in self._lanes:
+                self._lanes[lane] = (self._parse(), 0)
+            proto, generation = self._lanes[lane]
+            return proto.deep_copy(), generation, self.forcing
 
-    def lexer_spent(self, generation: int) -> None:
-        """An output ran into the limit of the lexer of `generation`: the grammar is parsed anew, so that the
-        copies after it get a fresh lexer (else every later output of this grammar, and a cached one serves many
-        requests, would fail at its first mask). Thread-safe: the engine thread and the mask filler call it."""
+    def lexer_spent(self, lane: int, generation: int) -> None:
+        """An output ran into the limit of `lane`'s lexer of `generation`: that lane is parsed anew, so that the
+        copies after it get a fresh lexer (else every later output of this grammar on that lane, and a cached one
+        serves many requests, would fail at its first mask). Thread-safe: the engine thread and the mask fillers
+        call it."""
         with self._proto_lock:
-            if generation == self._lexer_generation:
-                self._proto = self._parse()
-                self._lexer_generation += 1
+            if self._lanes[lane][1] == generation:
+                self._lanes[lane] = (self._parse(), generation + 1)
 
     def stop_forcing(self) -> None:
         """A matcher's mask allowed one token only, which its grammar then refused: llguidance forced bytes as the
@@ -1037,11 +1043,10 @@ class LlgGrammar(Grammar):
                 log.warning("llguidance forced a token the grammar refuses; this grammar now runs without forcing")
                 self.text = without_forcing(self.text)
                 self.forcing = False
-                self._proto = self._parse()
-                self._lexer_generation += 1
+                self._lanes = {lane: (self._parse(), generation + 1) for lane, (_, generation) in self._lanes.items()}
 
-    def matcher(self) -> "LlgMatcher":
-        return LlgMatcher(self)
+    def matcher(self, lane: int = 0) -> "LlgMatcher":
+        return LlgMatcher(self, lane)
 
 
 def _lexer_limit(matcher: "llguidance.LLMatcher") -> str | None:
@@ -1051,9 +1056,10 @@ def _lexer_limit(matcher: "llguidance.LLMatcher") -> str | None:
 
 
 class LlgMatcher(Matcher):
-    def __init__(self, grammar: LlgGrammar):
+    def __init__(self, grammar: LlgGrammar, lane: int = 0):
         self._g = grammar
-        self._m, self._lexer_generation, self._forcing = grammar.fresh_copy()
+        self._lane = lane
+        self._m, self._lexer_generation, self._forcing = grammar.fresh_copy(lane)
         self._consumed: list[int] = []  # the output's tokens, to replay on a fresh lexer (`_on_fresh_lexer`)
         self._closing: list[int] | None = None  # a completion from the current state, when known this step
         self._closing_len: int | None = None  # its length when last measured (a hint once stale)
@@ -1142,12 +1148,12 @@ class LlgMatcher(Matcher):
     def _on_fresh_lexer(self) -> None:
         """This matcher's lexer ran into its limit (here or in a copy): the matcher again on a fresh lexer
         (`LlgGrammar.lexer_spent`), with the output so far replayed."""
-        self._g.lexer_spent(self._lexer_generation)
+        self._g.lexer_spent(self._lane, self._lexer_generation)
         self._replayed()
 
     def _replayed(self) -> None:
         """This matcher on a fresh copy of its grammar's current parse, with the output so far replayed."""
-        self._m, self._lexer_generation, self._forcing = self._g.fresh_copy()
+        self._m, self._lexer_generation, self._forcing = self._g.fresh_copy(self._lane)
         if self._consumed:
             self._m.consume_tokens(self._consumed)
             self._raise_if_gave_up()
@@ -1170,7 +1176,7 @@ class LlgMatcher(Matcher):
         message that says so, instead of an empty mask (which would read as a logit_bias conflict)."""
         if self._m.is_error():
             if _lexer_limit(self._m):  # (this output's own: the lexer is left fresh for the others)
-                self._g.lexer_spent(self._lexer_generation)
+                self._g.lexer_spent(self._lane, self._lexer_generation)
             reason = self._m.get_error().split("\n", 1)[0][:200]
             raise ConstraintError(f"the output constraint is too complex to follow at this point of the output "
                                   f"(llguidance: {reason}); a simpler pattern or smaller length bounds avoid this",

@@ -83,7 +83,7 @@ class OutlinesGrammar(Grammar):
         # room for the rows of the states decoding visits, and for the budget rows
         self.nbytes = dfa.nbytes + 4 * vocab.words * (64 + _BUDGET_ROWS)
 
-    def matcher(self) -> "OutlinesMatcher":
+    def matcher(self, lane: int = 0) -> "OutlinesMatcher":
         return OutlinesMatcher(self)
 
     def _live(self, state: int, budget: int | None) -> np.ndarray:

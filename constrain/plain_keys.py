@@ -125,8 +125,8 @@ class PlainKeysGrammar(CheckedGrammar):
         super().__init__(inner)
         self.tokens = key_escape_tokens(vocab)
 
-    def matcher(self) -> "PlainKeysMatcher":
-        return PlainKeysMatcher(self.inner.matcher(), self.tokens, self.call_tag)
+    def matcher(self, lane: int = 0) -> "PlainKeysMatcher":
+        return PlainKeysMatcher(self.inner.matcher(lane), self.tokens, self.call_tag)
 
 
 class PlainKeysMatcher(CheckedMatcher):

@@ -65,8 +65,8 @@ class ReasoningGrammar(Grammar):
         self.answer_unenforced = inner.answer_unenforced
         self.call_tag = inner.call_tag
 
-    def matcher(self) -> "ReasoningMatcher":
-        return ReasoningMatcher(self.inner.matcher(), self.tokens, self.opened)
+    def matcher(self, lane: int = 0) -> "ReasoningMatcher":
+        return ReasoningMatcher(self.inner.matcher(lane), self.tokens, self.opened)
 
 
 class ReasoningMatcher(Matcher):

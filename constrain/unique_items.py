@@ -587,8 +587,8 @@ class UniqueItemsGrammar(CheckedGrammar):
         self.plan = plan
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
 
-    def matcher(self) -> "UniqueItemsMatcher":
-        return UniqueItemsMatcher(self.inner.matcher(), OutputTracker(self.plan, self.call_tag), self.index)
+    def matcher(self, lane: int = 0) -> "UniqueItemsMatcher":
+        return UniqueItemsMatcher(self.inner.matcher(lane), OutputTracker(self.plan, self.call_tag), self.index)
 
 
 class UniqueItemsMatcher(CheckedMatcher):

@@ -188,8 +188,8 @@ class UniqueObjectsGrammar(CheckedGrammar):
         self.plan = plan
         self.token_bytes = token_bytes
 
-    def matcher(self) -> "UniqueObjectsMatcher":
-        return UniqueObjectsMatcher(self.inner.matcher(), ObjectTracker(self.plan, self.call_tag), self.token_bytes)
+    def matcher(self, lane: int = 0) -> "UniqueObjectsMatcher":
+        return UniqueObjectsMatcher(self.inner.matcher(lane), ObjectTracker(self.plan, self.call_tag), self.token_bytes)
 
 
 class UniqueObjectsMatcher(CheckedMatcher):

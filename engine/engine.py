@@ -2,7 +2,8 @@
 
 Each step: cancelled rows leave -> newcomers are admitted -> running rows decode one token, newcomers are
 prefilled (n > 1: prefilled once, rows forked), and a long or scored prompt advances by one chunk (it joins after
-its last) -> grammar bitmasks are filled on the CPU (while the device works, when a core is free for it) -> one
+its last) -> grammar bitmasks are filled on the CPU (while the device works, when a core is free for it; on a GPU
+host by several threads, each filling the rows of its lanes) -> one
 sampling pipeline for the whole batch (engine/sampler.py) -> grammars vet the sampled tokens (budget rule), per-row
 bookkeeping and events -> finished rows are dropped from the cache. Knows nothing about HTTP; never blocks the event
 loop.
@@ -16,7 +17,7 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -45,13 +46,17 @@ PROMPT_LOGPROB_CHUNK = 256
 
 class Engine:
     def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16, max_prefill_tokens: int = 4096,
-                 cpu_threads: int | None = None, overlap_fill: bool | None = None):
-        """`overlap_fill`: fill grammar rows on a second thread during the forward (None: when a core is free
-        for it, see `_overlap_fill`)."""
+                 cpu_threads: int | None = None, overlap_fill: bool | None = None, mask_threads: int | None = None):
+        """`overlap_fill`: fill grammar rows on other threads during the forward (None: when a core is free
+        for it, see `_overlap_fill`). `mask_threads`: how many threads fill them (None: `default_mask_threads`)."""
         self.loaded = loaded
         self.cpu_threads = cpu_threads
         self.overlap_fill = overlap_fill
         self.device = loaded.device
+        self.mask_threads = max(1, mask_threads) if mask_threads is not None else default_mask_threads(self.device)
+        # Each new row's matcher is made on the next lane, round robin; a lane's rows are filled by one thread,
+        # lanes by different threads at once (their matchers share nothing: Grammar.matcher).
+        self._next_lane = 0
         self.width = loaded.logits_width
         self.words = (self.width + 31) // 32
         self.vocab_rows = loaded.model.get_input_embeddings().num_embeddings
@@ -69,7 +74,8 @@ class Engine:
         self._admitted: list[RequestState] = []
         self._chunked: ChunkedPrefill | None = None  # the prompt being prefilled over several steps
         self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
-        self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-bitmask")
+        self._filler = ThreadPoolExecutor(max_workers=self.mask_threads, thread_name_prefix="structgen-bitmask")
+        self._fills: list[Future] = []  # this step's row fills on the mask threads
         self._fill_during_forward = True  # set by the engine thread (see `_run`)
         self._reset_batch()
         self._steps = 0
@@ -215,6 +221,8 @@ class Engine:
         try:
             self._step()
         finally:
+            wait(self._fills)  # (a step that failed leaves no fill running into the next step's buffer)
+            self._fills = []
             self._flush()
 
     @torch.inference_mode()
@@ -224,10 +232,10 @@ class Engine:
         reserved = self._chunked.state.request.params.n if self._chunked else 0
         newcomers = self._admitted = self.scheduler.admit(len(self.seqs) + reserved, self._chunked is not None)
         running = self.seqs
-        # Grammar rows of the running batch are filled on a worker thread while this thread runs the forward
+        # Grammar rows of the running batch are filled on the mask threads while this thread runs the forward
         # (when a core is free for it), else after the forward.
-        fill = (self._filler.submit(self._fill_rows, running, 0)
-                if self._fill_during_forward and _constrained(running) else None)
+        if self._fill_during_forward and _constrained(running):
+            self._fills = self._submit_fills(running, 0)
         clock.lap("schedule")
         running_logits = self.runner.decode(self.kv, self.last_tokens) if running else None
         clock.lap("forward")
@@ -239,7 +247,7 @@ class Engine:
             return
         parts = [x for x in (running_logits, new_logits) if x is not None]
         logits = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        bitmask, empty = self._bitmask(running, new_seqs, fill)
+        bitmask, empty = self._bitmask(running, new_seqs)
         clock.lap("mask")
         batch = self._sampling_batch()
         out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator, empty)
@@ -350,12 +358,13 @@ class Engine:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(choice_seed(params.seed, index))
         room = self.loaded.context_length - len(request.prompt_ids)
+        lane, self._next_lane = self._next_lane, (self._next_lane + 1) % self.mask_threads
         return Sequence(
             state=state, index=index,
             detok=IncrementalDetokenizer(self.loaded.tokenizer, request.prompt_ids, params.skip_special_tokens),
             stops=StopMatcher(params.stop, params.include_stop_str_in_output, request.calls), eos_ids=eos,
             max_new_tokens=min(params.max_tokens, room),
-            matcher=request.grammar.matcher() if request.grammar is not None else None,
+            matcher=request.grammar.matcher(lane) if request.grammar is not None else None, lane=lane,
             generator=generator,
             mirostat_mu=2.0 * params.mirostat_target if params.mirostat_target is not None else 0.0,
         )
@@ -432,24 +441,34 @@ class Engine:
 
     # ---- one step's tensors -------------------------------------------------------------------------------
 
-    def _bitmask(self, running: list[Sequence], new_seqs: list[Sequence],
-                 fill) -> tuple[torch.Tensor | None, list[bool] | None]:
+    def _bitmask(self, running: list[Sequence],
+                 new_seqs: list[Sequence]) -> tuple[torch.Tensor | None, list[bool] | None]:
         """The step's packed mask on the device, one non-blocking copy, and the rows whose mask allowed nothing
         (`unmask_empty_rows`); (None, None) when no row is constrained."""
-        if fill is not None:
-            fill.result()
+        if self._fills:  # (the running rows are being filled, since the forward began)
+            todo = [(new_seqs, len(running))]
         elif _constrained(running) or _constrained(new_seqs):
-            self._fill_rows(running, 0)
+            todo = [(running, 0), (new_seqs, len(running))]
         else:
             return None, None
-        self._fill_rows(new_seqs, len(running))
+        if self.mask_threads == 1:  # filled here: a hand-off costs more than it saves with one thread
+            for fill in self._fills:
+                fill.result()
+            for seqs, offset in todo:
+                self._fill_rows(self._host_bitmask(), list(enumerate(seqs, offset)))
+        else:
+            for seqs, offset in todo:
+                self._fills += self._submit_fills(seqs, offset)
+            for fill in self._fills:
+                fill.result()
+        self._fills = []
         host = self._host_bitmask()[: len(self.seqs)]
         empty = unmask_empty_rows(host, self.width)
         return host.to(self.device, non_blocking=True), empty
 
     def _host_bitmask(self) -> torch.Tensor:
         """One pinned buffer, reused: the previous step's copy has completed by the time it is refilled. Made
-        outside inference mode, so the filler thread may write into it."""
+        outside inference mode, so the mask threads may write into it."""
         if self._bitmask_host is None:
             with torch.inference_mode(False):
                 pin = self.device.type == "cuda"
@@ -457,19 +476,26 @@ class Engine:
                                                  pin_memory=pin)
         return self._bitmask_host
 
-    def _fill_rows(self, seqs: list[Sequence], offset: int) -> None:
-        bitmask = self._host_bitmask()
+    def _submit_fills(self, seqs: list[Sequence], offset: int) -> list[Future]:
+        """Fill the mask rows of `seqs` (rows `offset`...) on the mask threads, a lane's rows on one thread."""
+        bitmask = self._host_bitmask()  # (made here, once, not by two threads at once)
+        lanes: dict[int, list[tuple[int, Sequence]]] = {}
         for i, seq in enumerate(seqs):
+            lanes.setdefault(seq.lane, []).append((offset + i, seq))
+        return [self._filler.submit(self._fill_rows, bitmask, rows) for rows in lanes.values()]
+
+    def _fill_rows(self, bitmask: torch.Tensor, rows: list[tuple[int, Sequence]]) -> None:
+        for row, seq in rows:
             if seq.matcher is None or seq.grammar_error is not None:
-                bitmask[offset + i].fill_(-1)
+                bitmask[row].fill_(-1)
                 continue
             try:
-                seq.matcher.fill_bitmask(bitmask, offset + i, tokens_left=seq.tokens_left)
+                seq.matcher.fill_bitmask(bitmask, row, tokens_left=seq.tokens_left)
             except BaseException as exc:  # noqa: BLE001 - a backend failure ends this choice, not the batch
                 if not recoverable(exc):
                     raise
                 _grammar_failed(seq, exc)
-                bitmask[offset + i].fill_(-1)
+                bitmask[row].fill_(-1)
 
     def _sampling_batch(self) -> SamplingBatch:
         """Per-row settings as device tensors; rebuilt only when the batch's rows change (mirostat mu: each step)."""
@@ -630,6 +656,20 @@ def _grammar_failed(seq: Sequence, exc: BaseException) -> None:
         return
     log.exception("output constraint failed for %s", seq.state.request.request_id, exc_info=exc)
     seq.grammar_error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def default_mask_threads(device: torch.device) -> int:
+    """Threads that fill grammar rows: one on a CPU, where the forward needs the cores; on a GPU host one per
+    two cores, at most 8 (the rest for the engine thread launching kernels, the server and the grammar builds).
+    llguidance computes a mask without the interpreter's lock, ~0.6 ms a row inside a JSON string on a 152k
+    vocabulary: 16 such rows on one thread take longer than a small model's forward on a GPU."""
+    if device.type == "cpu":
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores // 2))
 
 
 def _constrained(seqs: list[Sequence]) -> bool:

@@ -41,6 +41,7 @@ class Sequence:
     eos_ids: frozenset[int]
     max_new_tokens: int  # min(max_tokens, context room)
     matcher: object | None = None
+    lane: int = 0  # the matcher's lane (Grammar.matcher): one mask thread fills the rows of a lane
     generator: torch.Generator | None = None
     mirostat_mu: float = 0.0
     output_ids: list[int] = field(default_factory=list)

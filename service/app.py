@@ -60,7 +60,7 @@ def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, templa
         kwargs["schemas_dir"] = config.schemas_dir
     compiler = constrain.GrammarCompiler(vocab, loaded.tokenizer, **kwargs)
     engine = engine_pkg.Engine(loaded, max_batch_size=config.max_batch_size,
-                               max_prefill_tokens=config.max_prefill_tokens)
+                               max_prefill_tokens=config.max_prefill_tokens, mask_threads=config.mask_threads)
     return engine, compiler
 
 

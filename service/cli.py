@@ -71,6 +71,9 @@ def _add_serve(subparsers) -> None:
                         "(padded), and the chunk size of a longer prompt, which joins after several steps while the "
                         "running requests go on (a step may do both: up to twice this); lower it on a CPU so a long "
                         "prompt holds the streams up for less (default: 4096)")
+    p.add_argument("--mask-threads", type=_positive_int, default=_env("mask_threads"),
+                   help="threads that fill the output constraints' token masks, each step (default: 1 on a CPU; on "
+                        "a GPU one per two cores, at most 8)")
     p.add_argument("--max-model-len", type=_positive_int, default=_env("max_model_len"),
                    help="context length (default: the model's)")
     p.add_argument("--served-model-name", default=_env("served_model_name"),
@@ -112,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         model=args.model, host=args.host, port=int(args.port), api_key=args.api_key or None,
         device=args.device, dtype=args.dtype, max_batch_size=int(args.max_batch_size),
         max_prefill_tokens=int(args.max_prefill_tokens),
+        mask_threads=int(args.mask_threads) if args.mask_threads else None,
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,

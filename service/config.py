@@ -20,6 +20,7 @@ class ServerConfig:
     dtype: str = "auto"
     max_batch_size: int = 16
     max_prefill_tokens: int = 4096  # prompt positions prefilled per engine step (longer prompts: in chunks)
+    mask_threads: int | None = None  # threads filling constraint masks; None: engine.default_mask_threads
     max_model_len: int | None = None
     served_model_name: str | None = None
     constraint_backend: str = "auto"  # auto | outlines | llguidance

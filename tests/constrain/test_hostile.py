@@ -212,6 +212,30 @@ def test_lexer_limit_fails_only_the_output_that_ran_into_it(gpt2_compiler, vocab
         assert m.can_end()
 
 
+def test_a_lane_whose_lexer_is_spent_is_parsed_anew_and_the_other_lanes_keep_theirs(gpt2_compiler, vocabs):
+    """Matchers of different lanes copy different parses (Grammar.matcher): an output that spends its lane's lexer
+    has that lane parsed anew, and the next matcher of another lane still copies that lane's first parse."""
+    import torch
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema={"anyOf": [{"type": "string"}, LEXER_PUZZLE]},
+                                             backend="llguidance"))
+    byte = vocabs["gpt2"].byte_tokens()
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    other_lane = g.matcher(3)
+    spender = g.matcher(1)
+    spender.fill_bitmask(bm, 0)
+    assert spender.accept(byte[ord("-")])
+    with pytest.raises(ConstraintError):
+        spender.fill_bitmask(bm, 0)
+    generations = {lane: g.fresh_copy(lane)[1] for lane in (0, 1, 3)}  # (how often each lane was parsed anew)
+    assert generations[1] > 0 and generations[0] == generations[3] == 0
+    for m in (other_lane, g.matcher(1)):
+        for b in b'"ok"':
+            m.fill_bitmask(bm, 0)
+            assert m.accept(byte[b])
+        assert m.can_end()
+
+
 def test_lookahead_steers_away_from_a_token_past_which_the_lexer_gives_up(gpt2_compiler, vocabs):
     """Under a check (here a `not`), a sampled `-` after which llguidance's lexer would give up is replaced by a
     token with a way on, as a dead end is; and the matcher, whose lexer the probe spent, goes on."""

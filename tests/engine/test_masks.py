@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -48,9 +49,11 @@ def replay_respects_mask(grammar, tokens: list[int], eos_ids, width: int) -> boo
     return True
 
 
-@pytest.fixture(params=[True, False], ids=["fill-during-forward", "fill-after-forward"])
+@pytest.fixture(params=[(True, 1), (False, 1), (True, 4)],
+                ids=["fill-during-forward", "fill-after-forward", "four-mask-threads"])
 def fill_engine(builtin, request):
-    eng = Engine(builtin, max_batch_size=8, overlap_fill=request.param)
+    overlap, threads = request.param
+    eng = Engine(builtin, max_batch_size=8, overlap_fill=overlap, mask_threads=threads)
     eng.start()
     yield eng
     eng.shutdown()
@@ -94,6 +97,65 @@ def test_constrained_request_gives_the_same_tokens_alone_and_in_a_batch(engine, 
     batched, _, _ = run_all(engine, target, request("x", PROMPT, temperature=1.0, max_tokens=30),
                             request("y", list(range(7000, 7040)), grammar=schema, temperature=0.0, max_tokens=60))
     assert batched[0].tokens == alone[0].tokens
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_request_gets_the_same_tokens_whichever_mask_threads_fill_its_rows(builtin, compilers, threads):
+    """Rows of four lanes, filled at once on four threads (llguidance's parses per lane, outlines' shared rows),
+    give each request the tokens it gets alone, as rows filled one at a time do."""
+    grammars = [compilers[b].compile(ConstraintSpec(kind="json_schema", schema=SCHEMA)) for b in ("llguidance",
+                                                                                               "outlines")]
+    targets = [request(f"t{i}", list(range(1000 + 50 * i, 1012 + 50 * i)), grammar=grammars[i % 2],
+                       temperature=1.0, seed=20 + i, max_tokens=40) for i in range(6)]
+    eng = Engine(builtin, max_batch_size=8, overlap_fill=True, mask_threads=threads)
+    eng.start()
+    try:
+        alone = [run_all(eng, t)[0] for t in targets]
+        together = run_all(eng, *targets)
+    finally:
+        eng.shutdown()
+    assert [c[0].tokens for c in together] == [c[0].tokens for c in alone]
+    for c in together:
+        jsonschema.validate(json.loads(c[0].text), SCHEMA)
+
+
+class _MeetingMatcher(Matcher):
+    """Allows every token; its first fill waits at `barrier` for the other rows' first fills and notes the thread
+    it ran on: the barrier is passed only if the rows are filled at the same time."""
+
+    def __init__(self, barrier, threads: list[str]):
+        self.barrier, self.threads = barrier, threads
+
+    def fill_bitmask(self, bitmask, row, tokens_left=None):
+        if len(self.threads) < self.barrier.parties:
+            self.threads.append(threading.current_thread().name)
+            self.barrier.wait()
+        bitmask[row].fill_(-1)
+
+    def accept(self, token_id):
+        return True
+
+    def is_terminated(self):
+        return False
+
+    def can_end(self):
+        return True
+
+
+def test_the_rows_of_different_lanes_are_filled_at_once_on_their_own_threads(builtin):
+    """Four rows on four mask threads (a request's four choices, which join together): each is made on its own
+    lane, and their rows are filled by four threads at once (one thread after another, the first would wait at
+    the barrier until it broke)."""
+    barrier, threads = threading.Barrier(4, timeout=60), []
+    grammar = _TestGrammar(lambda: _MeetingMatcher(barrier, threads))
+    eng = Engine(builtin, max_batch_size=8, mask_threads=4)
+    eng.start()
+    try:
+        (choices,) = run_all(eng, request("r", PROMPT, grammar=grammar, n=4, temperature=1.0, max_tokens=3))
+    finally:
+        eng.shutdown()
+    assert all(choices[i].last.finish_reason in ("stop", "length") for i in range(4))  # (not "error")
+    assert len(set(threads)) == 4 and not barrier.broken
 
 
 def test_a_constrained_request_joining_an_unconstrained_batch_gets_its_mask(fill_engine, compilers):
@@ -148,7 +210,7 @@ class _TestGrammar(Grammar):
     def __init__(self, make):
         self.make = make
 
-    def matcher(self):
+    def matcher(self, lane=0):
         return self.make()
 
 

@@ -130,7 +130,7 @@ class _NothingAllowed(Grammar):
 
     backend = "test"
 
-    def matcher(self) -> Matcher:
+    def matcher(self, lane: int = 0) -> Matcher:
         return _EmptyMatcher()
 
 
@@ -159,7 +159,7 @@ def test_empty_allowed_set_ends_that_choice_with_an_error_and_the_batch_continue
 class _GivesUp(_NothingAllowed):
     """A grammar whose matcher gives up at its first mask, as llguidance does past its per-token work limit."""
 
-    def matcher(self) -> Matcher:
+    def matcher(self, lane: int = 0) -> Matcher:
         return _GivingUpMatcher()
 
 
