@@ -56,6 +56,8 @@ class _LiveStats:
                                   "Chunks of the prompts prefilled over several steps (longer than "
                                   "--max-prefill-tokens, or scored for prompt logprobs)",
                                   value=_read(engine, "prefill_chunks"))
+        yield GaugeMetricFamily("structgen_engine_mask_threads", "Threads that fill the constraints' token masks "
+                                "(--mask-threads)", value=_read(engine, "mask_threads"))
         phases = CounterMetricFamily("structgen_engine_step_seconds",
                                      "Seconds the engine thread spent in each phase of its decode steps "
                                      "(on a GPU, 'sample' includes waiting for the device)", labels=["phase"])

@@ -130,6 +130,28 @@ def test_max_prefill_tokens_option_prefills_a_longer_prompt_in_chunks(tiny_model
     assert answers[0] == answers[1] and answers[0]
 
 
+def test_mask_threads_option_reaches_the_engine(tiny_model_dirs):
+    """--mask-threads 3 (1 by default on a CPU): /metrics reads it, and a request's three choices, filled by the
+    three threads on their own lanes, each answer a JSON object."""
+    from tests.service.conftest import metric
+
+    model = str(tiny_model_dirs["gpt2"])
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 24,
+            "response_format": {"type": "json_object"}}
+    threads = []
+    for args in (("--mask-threads", "3"), ()):
+        with ServerProcess("--model", model, *args) as server:
+            threads.append(metric(httpx.get(server.base_url + "/metrics").text, "structgen_engine_mask_threads"))
+            if args:
+                response = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert threads == [3, 1]
+    assert response.status_code == 200, response.text
+    choices = response.json()["choices"]
+    assert len(choices) == 3
+    for choice in choices:  # (complete within max_tokens: the budget rule)
+        assert choice["finish_reason"] == "stop" and isinstance(json.loads(choice["message"]["content"]), dict)
+
+
 def test_logit_bias_takes_the_vocabulary_ids_not_the_padding_of_the_logits(tmp_path):
     """A model whose logits are padded past its vocabulary (GPT-2's 50257 tokens in 50304 logits, as Qwen2's 151665
     in 151936): a bias on a padding id was taken, and +100 made the model write ids that decode to nothing."""
