@@ -27,6 +27,7 @@ from constrain.continued import ContinuedGrammar
 from constrain.harmony import HarmonyGrammar
 from constrain.reasoning import ReasoningGrammar, ReasoningTokens
 from constrain.tools import calls_opening
+from engine.engine import recoverable
 from engine.types import GenerationRequest, ReasoningTags, TokenEvent
 from service.chat_template import ChatTemplate
 from service.errors import APIError, invalid
@@ -180,7 +181,11 @@ class Generation:
             self.metrics.grammar_wait.observe(time.monotonic() - started)
         except constrain.ConstraintError as exc:
             raise _constraint_error(exc) from None
-        except Exception as exc:  # a backend failing on a client's constraint fails only this request, as a 400
+        except BaseException as exc:  # noqa: BLE001 - a backend failing on a client's constraint fails only this
+            # request, as a 400; a panic in a Rust extension too (pyo3's PanicException is a BaseException: it was a
+            # bare 500). A cancelled request (the client left) stays cancelled.
+            if isinstance(exc, asyncio.CancelledError) or not recoverable(exc):
+                raise
             log.warning("constraint compile failed: %s: %s", type(exc).__name__, exc)
             param = spec.param if spec is not None else None
             raise APIError(400, f"the constraint could not be compiled: {type(exc).__name__}: {exc}",
