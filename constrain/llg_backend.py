@@ -25,6 +25,7 @@ import logging
 import math
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -978,6 +979,11 @@ def without_forcing(text: str) -> str:
     return json.dumps(top)
 
 
+# Parses of grammars' further lanes (LlgGrammar.fresh_copy). llguidance parses without the interpreter's lock, so the
+# engine thread goes on while a large grammar is parsed (~1 ms for most schemas, 40-160 ms for the largest seen).
+_LANE_PARSER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="structgen-llg-lane")
+
+
 class LlgGrammar(Grammar):
     backend = "llguidance"
 
@@ -1005,8 +1011,9 @@ class LlgGrammar(Grammar):
         # lane -> (its parse, the generation of that parse's lexer). Matchers are deep copies of their lane's parse
         # and share its lexer: its states built once, its limits counted once, and its lock held by each mask, so
         # the rows of one lane are filled one at a time (Grammar.matcher). Lane 0 is parsed here (a grammar
-        # llguidance cannot start fails its compile), the others at their first matcher.
+        # llguidance cannot start fails its compile), the others in the background from their first matcher on.
         self._lanes: dict[int, tuple[llguidance.LLMatcher, int]] = {0: (self._parse(), 0)}
+        self._parsing: set[int] = set()
 
     def _parse(self) -> "llguidance.LLMatcher":
         proto = llguidance.LLMatcher(self.lltok, self.text, log_level=0)
@@ -1014,15 +1021,31 @@ class LlgGrammar(Grammar):
             raise ConstraintError(f"cannot start matcher: {proto.get_error()[:300]}")
         return proto
 
-    def fresh_copy(self, lane: int = 0) -> tuple["llguidance.LLMatcher", int, bool]:
-        """A copy of `lane`'s parse, the generation of the lexer it shares with the other copies of that parse
-        (the lexer's states are built once for all of them, and so is its limit on how many it may build), and
-        whether that parse forces bytes (`stop_forcing`)."""
+    def fresh_copy(self, lane: int = 0) -> tuple["llguidance.LLMatcher", int, int, bool]:
+        """A copy of `lane`'s parse, the lane whose parse it is, the generation of the lexer it shares with the
+        other copies of that parse (the lexer's states are built once for all of them, and so is its limit on how
+        many it may build), and whether that parse forces bytes (`stop_forcing`). A lane not parsed yet is parsed
+        in the background (`_parse_lane`); until then its matchers copy lane 0's parse (correct, but their masks
+        wait for lane 0's lexer)."""
         with self._proto_lock:
             if lane not in self._lanes:
-                self._lanes[lane] = (self._parse(), 0)
+                if lane not in self._parsing:
+                    self._parsing.add(lane)
+                    _LANE_PARSER.submit(self._parse_lane, lane, self.text)
+                lane = 0
             proto, generation = self._lanes[lane]
-            return proto.deep_copy(), generation, self.forcing
+            return proto.deep_copy(), lane, generation, self.forcing
+
+    def _parse_lane(self, lane: int, text: str) -> None:
+        try:
+            proto = llguidance.LLMatcher(self.lltok, text, log_level=0)
+        except BaseException:  # noqa: BLE001 - the lane's matchers go on copying lane 0's parse
+            log.exception("parsing a further lane of an llguidance grammar failed")
+            proto = None
+        with self._proto_lock:
+            self._parsing.discard(lane)
+            if proto is not None and not proto.is_error() and text == self.text and lane not in self._lanes:
+                self._lanes[lane] = (proto, 0)
 
     def lexer_spent(self, lane: int, generation: int) -> None:
         """An output ran into the limit of `lane`'s lexer of `generation`: that lane is parsed anew, so that the
@@ -1058,8 +1081,8 @@ def _lexer_limit(matcher: "llguidance.LLMatcher") -> str | None:
 class LlgMatcher(Matcher):
     def __init__(self, grammar: LlgGrammar, lane: int = 0):
         self._g = grammar
-        self._lane = lane
-        self._m, self._lexer_generation, self._forcing = grammar.fresh_copy(lane)
+        self._lane = lane  # the lane asked for; `_parsed_lane`: the lane whose parse (and lexer) `_m` copies
+        self._m, self._parsed_lane, self._lexer_generation, self._forcing = grammar.fresh_copy(lane)
         self._consumed: list[int] = []  # the output's tokens, to replay on a fresh lexer (`_on_fresh_lexer`)
         self._closing: list[int] | None = None  # a completion from the current state, when known this step
         self._closing_len: int | None = None  # its length when last measured (a hint once stale)
@@ -1148,12 +1171,12 @@ class LlgMatcher(Matcher):
     def _on_fresh_lexer(self) -> None:
         """This matcher's lexer ran into its limit (here or in a copy): the matcher again on a fresh lexer
         (`LlgGrammar.lexer_spent`), with the output so far replayed."""
-        self._g.lexer_spent(self._lane, self._lexer_generation)
+        self._g.lexer_spent(self._parsed_lane, self._lexer_generation)
         self._replayed()
 
     def _replayed(self) -> None:
         """This matcher on a fresh copy of its grammar's current parse, with the output so far replayed."""
-        self._m, self._lexer_generation, self._forcing = self._g.fresh_copy(self._lane)
+        self._m, self._parsed_lane, self._lexer_generation, self._forcing = self._g.fresh_copy(self._lane)
         if self._consumed:
             self._m.consume_tokens(self._consumed)
             self._raise_if_gave_up()
@@ -1176,7 +1199,7 @@ class LlgMatcher(Matcher):
         message that says so, instead of an empty mask (which would read as a logit_bias conflict)."""
         if self._m.is_error():
             if _lexer_limit(self._m):  # (this output's own: the lexer is left fresh for the others)
-                self._g.lexer_spent(self._lane, self._lexer_generation)
+                self._g.lexer_spent(self._parsed_lane, self._lexer_generation)
             reason = self._m.get_error().split("\n", 1)[0][:200]
             raise ConstraintError(f"the output constraint is too complex to follow at this point of the output "
                                   f"(llguidance: {reason}); a simpler pattern or smaller length bounds avoid this",

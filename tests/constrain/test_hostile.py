@@ -212,6 +212,30 @@ def test_lexer_limit_fails_only_the_output_that_ran_into_it(gpt2_compiler, vocab
         assert m.can_end()
 
 
+def _parsed_lanes(g, lanes) -> None:
+    """Wait until each of `lanes` of the llguidance grammar `g` has its own parse (made in the background)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while any(g.fresh_copy(lane)[1] != lane for lane in lanes):
+        assert time.monotonic() < deadline, "a lane's parse never came"
+        time.sleep(0.01)
+
+
+def test_a_lane_is_parsed_in_the_background_and_its_first_matchers_copy_lane_0(gpt2_compiler):
+    """The engine thread never waits for a lane's parse (40-160 ms for a large grammar): a lane's first matcher
+    copies lane 0's parse, and the lane's own parse is made in the background for the matchers after it."""
+    from constrain.llg_backend import LlgGrammar
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema={"type": "array", "items": {"maxLength": 7}},
+                                             backend="llguidance"))
+    g = getattr(g, "inner", g)  # (under the distinct-keys check any JSON output of llguidance has)
+    assert isinstance(g, LlgGrammar)
+    assert g.fresh_copy(5)[1] == 0
+    _parsed_lanes(g, [5])
+    assert g.fresh_copy(5)[1] == 5 and g.fresh_copy(4)[1] == 0
+
+
 def test_a_lane_whose_lexer_is_spent_is_parsed_anew_and_the_other_lanes_keep_theirs(gpt2_compiler, vocabs):
     """Matchers of different lanes copy different parses (Grammar.matcher): an output that spends its lane's lexer
     has that lane parsed anew, and the next matcher of another lane still copies that lane's first parse."""
@@ -219,16 +243,17 @@ def test_a_lane_whose_lexer_is_spent_is_parsed_anew_and_the_other_lanes_keep_the
 
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema={"anyOf": [{"type": "string"}, LEXER_PUZZLE]},
                                              backend="llguidance"))
+    _parsed_lanes(g, [1, 3])
     byte = vocabs["gpt2"].byte_tokens()
     bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
     other_lane = g.matcher(3)
     spender = g.matcher(1)
-    before = {lane: g.fresh_copy(lane)[1] for lane in (0, 1, 3)}  # (the compiler's cache may have served it before)
+    before = {lane: g.fresh_copy(lane)[2] for lane in (0, 1, 3)}  # (the compiler's cache may have served it before)
     spender.fill_bitmask(bm, 0)
     assert spender.accept(byte[ord("-")])
     with pytest.raises(ConstraintError):
         spender.fill_bitmask(bm, 0)
-    after = {lane: g.fresh_copy(lane)[1] for lane in (0, 1, 3)}  # (how often each lane was parsed anew)
+    after = {lane: g.fresh_copy(lane)[2] for lane in (0, 1, 3)}  # (how often each lane was parsed anew)
     assert after[1] > before[1] and after[0] == before[0] and after[3] == before[3]
     for m in (other_lane, g.matcher(1)):
         for b in b'"ok"':
