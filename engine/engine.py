@@ -205,7 +205,7 @@ class Engine:
         return 1
 
     def _overlap_fill(self) -> bool:
-        """Fill grammar rows on the filler thread while the forward runs only when a core is free for it: on a
+        """Fill grammar rows on the mask threads while the forward runs only when a core is free for it: on a
         GPU (the forward runs on the device), or on a CPU whose cores the forward's threads do not all use.
         Otherwise the two threads fight over the cores and the GIL: measured on 2 cores, 1 constrained row,
         the hand-off made each step ~0.5 ms slower than filling on the engine thread after the forward."""
