@@ -211,11 +211,7 @@ class Engine:
         the hand-off made each step ~0.5 ms slower than filling on the engine thread after the forward."""
         if self.device.type != "cpu":
             return True
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cores = os.cpu_count() or 1
-        return torch.get_num_threads() < cores
+        return torch.get_num_threads() < _usable_cores()
 
     def step(self) -> None:
         """One step boundary plus one token for every row. Called only from the engine thread."""
@@ -666,11 +662,15 @@ def default_mask_threads(device: torch.device) -> int:
     vocabulary: 16 such rows on one thread take longer than a small model's forward on a GPU."""
     if device.type == "cpu":
         return 1
+    return max(1, min(8, _usable_cores() // 2))
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores // 2))
+        return os.cpu_count() or 1
 
 
 def _constrained(seqs: list[Sequence]) -> bool:
