@@ -68,6 +68,7 @@ class Engine:
         self._shared_generator.seed()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.failure: str | None = None  # why the engine thread stopped, when a failure stopped it (`alive`)
         self._states: dict[str, list[RequestState]] = {}
         self._states_lock = threading.Lock()
         self._bitmask_host: torch.Tensor | None = None
@@ -91,6 +92,8 @@ class Engine:
     def start(self) -> None:
         if self._thread is None:
             self._stopping = False
+            self.failure = None
+            self.scheduler.open()
             self._thread = threading.Thread(target=self._run, name="structgen-engine", daemon=True)
             self._thread.start()
 
@@ -103,6 +106,13 @@ class Engine:
             self._thread = None
         self._filler.shutdown(wait=False)
 
+    @property
+    def alive(self) -> bool:
+        """Whether requests can run: the engine thread is started and neither stopping nor stopped by a failure
+        (`failure` then says which)."""
+        return (self._thread is not None and self._thread.is_alive() and not self._stopping
+                and self.failure is None)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Events of all `params.n` choices; stopping iteration early cancels the request's rows."""
         state = RequestState(request=request, queue=asyncio.Queue(), loop=asyncio.get_running_loop(),
@@ -111,9 +121,11 @@ class Engine:
             self._states.setdefault(request.request_id, []).append(state)
         done = False
         try:
-            if self._thread is None or self._stopping:
-                raise RuntimeError("the engine is not running")
-            self.scheduler.submit(state)
+            if not (self.alive and self.scheduler.submit(state)):
+                for index in range(request.params.n):
+                    yield self._unavailable_event(index, len(request.prompt_ids))
+                done = True
+                return
             while True:
                 event = await state.queue.get()
                 if event is None:
@@ -158,6 +170,16 @@ class Engine:
         self._sampling: SamplingBatch | None = None
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - (what `recoverable` lets through) the thread ends, logged
+            self.failure = f"{type(exc).__name__}: {exc}"[:200]
+            log.critical("the engine thread stopped; requests are refused until the server is restarted",
+                         exc_info=True)
+        finally:
+            self._end_all()
+
+    def _loop(self) -> None:
         if self.device.type == "cpu":
             torch.set_num_threads(self._engine_cpu_threads())
         self._fill_during_forward = self._overlap_fill() if self.overlap_fill is None else self.overlap_fill
@@ -183,15 +205,35 @@ class Engine:
                 self._chunked = None
                 self._reset_batch()
                 self._flush()
+
+    def _end_all(self) -> None:
+        """The engine thread's last act, at shutdown or after a failure it cannot go on from: every running,
+        admitted and waiting request ends with an error, and no request is taken any more (`Scheduler.close`), so
+        that none waits for an engine that is gone (a server would wait for them before it could stop)."""
+        message, code = self._unavailable()
+        ended = set()
         for seq in self.seqs:
-            self._emit(seq, seq.finish_with_error("the server is shutting down", "unavailable"))
+            if seq.finished is None:
+                self._emit(seq, seq.finish_with_error(message, code))
+            ended.add(id(seq.state))
         self._reset_batch()
-        if self._chunked is not None:
-            self._fail_request(self._chunked.state, "the server is shutting down", "unavailable")
-            self._chunked = None
-        for state in self.scheduler.drain():
-            self._fail_request(state, "the server is shutting down", "unavailable")
+        chunked, self._chunked = ([self._chunked.state] if self._chunked is not None else []), None
+        for state in self._admitted + chunked + self.scheduler.close():
+            if id(state) not in ended and state.open_choices > 0:
+                ended.add(id(state))
+                self._fail_request(state, message, code)
         self._flush()
+
+    def _unavailable(self) -> tuple[str, ErrorCode]:
+        """The error of a request the engine cannot serve: shutting down, or stopped by a failure."""
+        if self.failure is not None:
+            return f"the engine stopped after a failure ({self.failure}); the server must be restarted", "engine_failed"
+        return "the server is shutting down", "unavailable"
+
+    def _unavailable_event(self, index: int, prompt_tokens: int) -> TokenEvent:
+        message, code = self._unavailable()
+        return TokenEvent(index=index, text="", finish_reason="error", error=message, error_code=code,
+                          usage=Usage(prompt_tokens, 0))
 
     def _engine_cpu_threads(self) -> int:
         """Intra-op threads for the engine thread on CPU. The model was loaded on the main thread, which keeps
@@ -410,8 +452,7 @@ class Engine:
     def _fail_request(self, state: RequestState, message: str, code: ErrorCode) -> None:
         for index in range(state.request.params.n):
             self._post(state, TokenEvent(index=index, text="", finish_reason="error", error=message,
-                                         error_code=code,
-                                         usage=Usage(len(state.request.prompt_ids), 0)))
+                                         error_code=code, usage=Usage(len(state.request.prompt_ids), 0)))
         state.open_choices = 0
         self._post(state, None)
 

@@ -27,16 +27,31 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self._waiting: dict[str, deque[RequestState]] = {}  # by group: the ring, front first
         self._lock = threading.Lock()
+        self._closed = False  # the engine takes no more requests (`close`)
         self.wakeup = threading.Event()
 
     @staticmethod
     def _group(state: RequestState) -> str:
         return state.request.group or state.request.request_id
 
-    def submit(self, state: RequestState) -> None:
+    def submit(self, state: RequestState) -> bool:
+        """Queue `state`; False when the scheduler is closed (the engine stopped: nobody would serve it)."""
         with self._lock:
+            if self._closed:
+                return False
             self._waiting.setdefault(self._group(state), deque()).append(state)
         self.wakeup.set()
+        return True
+
+    def close(self) -> list[RequestState]:
+        """Take no more requests; returns those waiting (the engine ends them)."""
+        with self._lock:
+            self._closed = True
+        return self.drain()
+
+    def open(self) -> None:
+        with self._lock:
+            self._closed = False
 
     def depth(self) -> int:
         with self._lock:

@@ -20,6 +20,7 @@ ErrorCode = Literal["invalid_request",  # the request cannot run (prompt, n): th
                     "constraint_too_complex",  # the grammar gave up mid-output (a backend's work limit)
                     "cancelled",  # the client went away or cancel() was called
                     "unavailable",  # the server is shutting down
+                    "engine_failed",  # the engine thread stopped after a failure it cannot go on from
                     "internal"]  # our fault: a failed forward or grammar
 
 

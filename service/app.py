@@ -103,6 +103,11 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
+        """200 while requests can be served; 503 once the engine thread has stopped after a failure (the
+        container's HEALTHCHECK then marks it unhealthy, for a restart)."""
+        if not engine.alive:
+            raise APIError(503, f"the engine is not running ({engine.failure or 'stopped'}); restart the server",
+                           code="engine_unavailable")
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -103,6 +103,8 @@ def engine_error(message: str | None, code: str | None, plan: Plan) -> APIError:
         return APIError(400, message, code="invalid_request")
     if code == "unavailable":
         return APIError(503, message, code="server_shutting_down")
+    if code == "engine_failed":
+        return APIError(503, message, code="engine_unavailable")
     return APIError(500, f"generation failed: {message}", code="generation_error")
 
 

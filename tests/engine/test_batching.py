@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.engine.driver import collect_events, request, run_all, run_one
 
 PROMPT_A = list(range(1000, 1012))
@@ -303,3 +305,36 @@ def test_a_failure_as_a_chunked_prompt_joins_ends_it_with_an_error(builtin):
         eng.shutdown()
     assert failed and out[0].last.finish_reason == "error" and out[0].last.error_code == "internal"
     assert after[0].last.finish_reason == "length"
+
+
+@pytest.mark.timeout(120)  # (without the fix the requests wait forever)
+def test_an_engine_thread_stopped_by_a_failure_ends_every_request_and_refuses_new_ones(builtin):
+    """A failure the engine cannot go on from (`recoverable` is False: here a KeyboardInterrupt out of a step) ends
+    the engine thread. The running request, the one waiting for a row, and any sent later end at once with an
+    "engine_failed" error: before, they waited for events that never came, and a server waits for its requests
+    before it stops (it took a second SIGTERM)."""
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=1)
+    real_step, steps = eng.step, []
+
+    def failing_step():
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt("stop here")
+        real_step()
+
+    eng.step = failing_step
+    eng.start()
+    try:
+        running, waiting = run_all(eng, request("running", PROMPT_A, max_tokens=50, ignore_eos=True),
+                                   request("waiting", PROMPT_A, n=1, max_tokens=50, ignore_eos=True))
+        assert not eng.alive and "KeyboardInterrupt" in eng.failure
+        (later,) = run_all(eng, request("later", PROMPT_A, n=2, max_tokens=5))
+    finally:
+        eng.shutdown()
+    for choices in (running, waiting, later):
+        for choice in choices.values():
+            assert choice.last.finish_reason == "error" and choice.last.error_code == "engine_failed"
+            assert "restarted" in choice.last.error
+    assert len(running[0].tokens) < 50 and waiting[0].tokens == [] and sorted(later) == [0, 1]
