@@ -36,7 +36,10 @@ class CheckedGrammar(Grammar):
         self.backend = inner.backend
         self.unenforced = inner.unenforced
         self.call_tag = inner.call_tag
-        self.nbytes = getattr(inner, "nbytes", 0)
+
+    @property
+    def nbytes(self) -> int:
+        return getattr(self.inner, "nbytes", 0)  # (it may grow: an llguidance grammar's lanes)
 
     def __getattr__(self, name: str):
         """Any other attribute is the inner grammar's (an outlines automaton, ...): a check adds to a grammar and

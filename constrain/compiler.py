@@ -79,31 +79,39 @@ def choice_regex(choices: tuple[str, ...]) -> str:
 
 
 class _LRU:
-    """Grammars by key, evicting least recently used beyond `max_bytes` (each grammar reports `nbytes`)."""
+    """Grammars by key, evicting least recently used beyond `max_bytes`. Each grammar reports its size (`nbytes`),
+    which may grow while it is cached (an llguidance grammar parses a lane per mask thread as rows use them): it
+    is read again each time the grammar is used."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._d: OrderedDict[str, Grammar] = OrderedDict()
+        self._d: OrderedDict[str, tuple[Grammar, int]] = OrderedDict()  # key -> (grammar, the size counted)
         self._lock = threading.Lock()
 
     def get(self, key: str) -> Grammar | None:
         with self._lock:
-            g = self._d.get(key)
-            if g is not None:
-                self._d.move_to_end(key)
-            return g
+            entry = self._d.get(key)
+            if entry is None:
+                return None
+            self._count(key, entry[0])
+            return entry[0]
 
     def put(self, key: str, g: Grammar) -> None:
         with self._lock:
-            old = self._d.pop(key, None)
-            if old is not None:
-                self.bytes -= old.nbytes
-            self._d[key] = g
-            self.bytes += g.nbytes
-            while self.bytes > self.max_bytes and len(self._d) > 1:
-                _, ev = self._d.popitem(last=False)
-                self.bytes -= ev.nbytes
+            self._count(key, g)
+
+    def _count(self, key: str, g: Grammar) -> None:
+        """`g` under `key`, most recently used, its size counted as it is now; evicts beyond `max_bytes`."""
+        old = self._d.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        size = g.nbytes
+        self._d[key] = (g, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes and len(self._d) > 1:
+            _, (_, evicted) = self._d.popitem(last=False)
+            self.bytes -= evicted
 
     def __len__(self) -> int:
         return len(self._d)

@@ -1006,7 +1006,7 @@ class LlgGrammar(Grammar):
         self.unenforced = unenforced
         self._allowed = vocab.allowed_words()
         self._eos = vocab.eos_words()
-        self.nbytes = 4 * len(text) + 64 * 1024
+        self._parse_bytes = 4 * len(text) + 64 * 1024  # a rough size of one parse (`nbytes`)
         self._proto_lock = threading.Lock()
         # lane -> (its parse, the generation of that parse's lexer). Matchers are deep copies of their lane's parse
         # and share its lexer: its states built once, its limits counted once, and its lock held by each mask, so
@@ -1014,6 +1014,11 @@ class LlgGrammar(Grammar):
         # llguidance cannot start fails its compile), the others in the background from their first matcher on.
         self._lanes: dict[int, tuple[llguidance.LLMatcher, int]] = {0: (self._parse(), 0)}
         self._parsing: set[int] = set()
+
+    @property
+    def nbytes(self) -> int:
+        """The size the grammar cache counts: one parse per lane parsed so far (up to one per mask thread)."""
+        return self._parse_bytes * len(self._lanes)
 
     def _parse(self) -> "llguidance.LLMatcher":
         proto = llguidance.LLMatcher(self.lltok, self.text, log_level=0)

@@ -130,3 +130,30 @@ def test_lru_is_bounded_in_bytes(tokenizers, vocabs):
     c.compile(spec_from_request(choice=["a"]))
     assert c.stats.compiles == 4
     c.close()
+
+
+def test_the_lru_counts_the_lanes_an_llguidance_grammar_parses_while_cached(tokenizers, vocabs):
+    """An llguidance grammar keeps a parse per mask-thread lane, made as rows use the lanes (Grammar.matcher): its
+    size grows while it is cached. The cache counts it as it is when used, and evicts by that size (it counted the
+    size of one parse for up to eight)."""
+    from tests.constrain.test_hostile import _parsed_lanes
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance")
+    first = c.compile(spec_from_request(choice=["a"]))
+    one_parse = c._lru.bytes
+    assert one_parse == first.nbytes > 0
+    first.matcher(1), first.matcher(2)
+    _parsed_lanes(first, [1, 2])
+    assert first.nbytes == 3 * one_parse
+    assert c.compile(spec_from_request(choice=["a"])) is first  # (the cache hit reads its size again)
+    assert c._lru.bytes == 3 * one_parse
+
+    c._lru.max_bytes = 3 * one_parse + first.nbytes // 3 + 1  # room for it and one parse of another
+    second = c.compile(spec_from_request(choice=["b"]))
+    assert c._lru.bytes == 3 * one_parse + second.nbytes and len(c._lru) == 2
+    second.matcher(1)
+    _parsed_lanes(second, [1])
+    c.compile(spec_from_request(choice=["b"]))  # now two parses of "b": "a", the least recently used, goes
+    assert len(c._lru) == 1 and c._lru.bytes == second.nbytes
+    assert c.compile(spec_from_request(choice=["a"])) is not first
+    c.close()
