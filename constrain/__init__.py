@@ -7,6 +7,13 @@ without importing torch.
 from __future__ import annotations
 
 import importlib
+import warnings
+
+# Python's `re` warns (FutureWarning) of a pattern whose meaning a future version may change: `[[a-z]]`, `[a--b]`,
+# `[a&&b]`. The patterns here are clients' (schemas' `pattern`s, `regex`, formats), compiled by this package and
+# by jsonschema, so these warnings said nothing to whoever reads the server's log, and filled it, once per pattern.
+warnings.filterwarnings("ignore", category=FutureWarning,
+                        message=r"Possible (nested set|set difference|set intersection|set symmetric difference)")
 
 _EXPORTS = {
     "GrammarCompiler": "constrain.compiler",

@@ -241,3 +241,35 @@ def test_search_region_names_the_same_strings_without_a_long_count_at_an_unancho
 def test_the_finitely_many_names_a_pattern_matches(pattern, names):
     found = finite_language(pattern, 64)
     assert (sorted(found) if found is not None else None) == names
+
+
+
+def test_patterns_that_python_warns_about_compile_without_a_warning(tmp_path):
+    """A client's `[[a-z]]` or `[a--b]` made Python's `re` warn (FutureWarning: "Possible nested set") wherever the
+    pattern was compiled (jsonschema's schema check, the spec's regex check, the late checks): the server's log
+    filled with them. Such patterns are compiled and enforced as before, silently. (In a process of its own: pytest
+    resets the warning filters the package installs when imported.)"""
+    import subprocess
+    import sys
+
+    from tests.conftest import TOKENIZERS
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[[a-z]]+$"},
+                                               "b": {"type": "string", "pattern": "^[a-z--b]+$"},
+                                               "c": {"type": "string", "pattern": "^[x&&y]+$"}},
+              "required": ["a", "b", "c"]}
+    script = f"""
+from transformers import AutoTokenizer
+from constrain import GrammarCompiler, Vocabulary, spec_from_request
+tokenizer = AutoTokenizer.from_pretrained({str(TOKENIZERS["gpt2"])!r})
+vocab = Vocabulary.from_tokenizer(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+compiler = GrammarCompiler(vocab, tokenizer, backend="llguidance", cache_dir={str(tmp_path)!r})
+for request in ({{"response_format": {{"type": "json_schema", "json_schema": {{"name": "s", "schema": {schema!r}}}}}}},
+                {{"regex": "[[a-z]]{{3}}"}}):
+    compiler.compile(spec_from_request(**request)).matcher()
+compiler.close()
+print("compiled")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr[-2000:]
+    assert "Warning" not in done.stderr, done.stderr[-2000:]
