@@ -25,6 +25,7 @@ import logging
 import math
 import re
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,8 +61,12 @@ _CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the g
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
 _CLOSING_LONG = 64  # a completion of more tokens than this and twice the tokens left is retried as rarely
-# Sampled tokens are vetted from twice the completion plus this many tokens before the budget runs out.
+# The completion is measured every step from twice its length plus this many tokens before the budget runs out
+# (`_near`), and sampled tokens are vetted from there on (`_near_for`), but those inside a JSON string value, number
+# or literal only from _CLOSING_NEAR_FACTOR times (completion + margin): such a token seldom makes the completion
+# much longer, and one that does is seen by the next step's measure.
 _CLOSING_MARGIN = 8
+_CLOSING_NEAR_FACTOR = 1.25
 # A token holding one of these bytes can open a member, an item or a value with required parts: before any growth
 # is seen with a schema, such a token is vetted as if the completion could grow by _CLOSING_GROWTH tokens at once.
 _OPENERS = frozenset(b"{[,:")
@@ -138,6 +143,35 @@ def required_names(schema: Any) -> tuple[bytes, ...]:
     return tuple(spelled[:_MAX_KEY_NAMES])
 
 
+@dataclass(frozen=True)
+class _WalkBytes:
+    """A vocabulary's byte tokens as the closing walk uses them: made once per vocabulary (~23 us a walk, a third
+    of a short walk's time, when made each time)."""
+
+    byte_tokens: dict[int, int]
+    order: tuple[int, ...]  # byte tokens in _CLOSING_PREFERENCE order
+    closers: frozenset[int]
+    quote: int | None
+    letter: int | None
+    null_byte: int | None
+
+
+_WALK_BYTES: "weakref.WeakKeyDictionary[Vocabulary, _WalkBytes]" = weakref.WeakKeyDictionary()
+
+
+def _walk_bytes(vocab: Vocabulary) -> _WalkBytes:
+    found = _WALK_BYTES.get(vocab)
+    if found is None:
+        byte_tokens = vocab.byte_tokens()
+        found = _WalkBytes(byte_tokens=byte_tokens,
+                           order=tuple(byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens),
+                           closers=frozenset(byte_tokens[b] for b in b'}]",:' if b in byte_tokens),
+                           quote=byte_tokens.get(ord('"')), letter=byte_tokens.get(ord("q")),
+                           null_byte=byte_tokens.get(ord("n")))
+        _WALK_BYTES[vocab] = found  # (two threads may both make it: the same value)
+    return found
+
+
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
                    hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                    key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = ()) -> list[int] | None:
@@ -153,12 +187,11 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     takes it. `endings` are byte strings that end a part of the output (a tag after a value that is not JSON): at
     each step the first that the grammar takes whole is written. Special tokens the grammar forces, and those in
     `endings`, are written `\\xff[id]`, as llguidance writes forced bytes; they stay themselves in the result."""
-    byte_tokens = vocab.byte_tokens()
+    tables = _walk_bytes(vocab)
+    byte_tokens, order, closers = tables.byte_tokens, tables.order, tables.closers
+    quote, letter, null_byte = tables.quote, tables.letter, tables.null_byte
     ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
     specials = {int(i) for data in endings for i in _SPECIAL_MARK.findall(data)}  # (kept as they are)
-    order = [byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens]
-    quote, letter, null_byte = byte_tokens.get(ord('"')), byte_tokens.get(ord("q")), byte_tokens.get(ord("n"))
-    closers = {byte_tokens[b] for b in b'}]",:' if b in byte_tokens}
     walk = matcher.deep_copy()
     keys = keys.copy() if keys is not None else None
     out: list[int] = []
@@ -1112,11 +1145,11 @@ class LlgMatcher(Matcher):
             self._unfed.clear()
         return self._keys
 
-    def _near(self, tokens_left: int, allowance: int = 0) -> bool:
+    def _near(self, tokens_left: int, allowance: int = 0, factor: float = 2) -> bool:
         """Close enough to the budget that a token may no longer leave room for the completion (`allowance`:
-        growth to allow for beyond what was seen)."""
+        growth to allow for beyond what was seen; `factor`: on the completion's length, see _CLOSING_MARGIN)."""
         return self._closing_len is not None and \
-            tokens_left <= 2 * (self._closing_len + _CLOSING_MARGIN) + max(self._g.closing_growth, allowance)
+            tokens_left <= factor * (self._closing_len + _CLOSING_MARGIN) + max(self._g.closing_growth, allowance)
 
     def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None,
                  tokens_left: int | None = None) -> list[int] | None:
@@ -1226,7 +1259,7 @@ class LlgMatcher(Matcher):
         # (a newline where the output may end is how a further call begins, after a call or after free text)
         opens_call = self._g.call_tag is not None and (self._g.call_tag in data
                                                         or (b"\n" in data and self._m.is_accepting()))
-        if not opens_call and not self._near(tokens_left, _CLOSING_GROWTH if _OPENERS.intersection(data) else 0):
+        if not opens_call and not self._near_for(data, tokens_left):
             return token_id
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:
             self._vetted = (token_id, self._closing[1:])  # the completion's own next token: its rest fits
@@ -1258,6 +1291,24 @@ class LlgMatcher(Matcher):
         if here == [] and self._g.vocab.eos_token_ids:
             return min(self._g.vocab.eos_token_ids)  # complete here, and the token would leave it incomplete
         return token_id  # no completion fits either way: the output ends at the limit
+
+    def _near_for(self, data: bytes, tokens_left: int) -> bool:
+        """Whether a sampled token of bytes `data` is vetted (`_near`, by what it may do to the completion): one that
+        may open a member, an item or a value (`_OPENERS`), or that writes a key's name, which picks the member's
+        value (`"c` -> `"created_at"`, whose date-time needs 24 more tokens), from twice the completion plus growth
+        of _CLOSING_GROWTH; one inside a JSON string value, number or literal, which seldom makes the completion
+        much longer, from _CLOSING_NEAR_FACTOR times; any other from twice."""
+        if not self._near(tokens_left, _CLOSING_GROWTH):  # (the widest of the three: far from it, none is vetted)
+            return False
+        if _OPENERS.intersection(data):
+            return True
+        keys = self._followed()
+        mode = keys.mode if keys is not None else None
+        if mode in ("key", "member"):
+            return True
+        if mode in ("string", "number", "literal"):
+            return self._near(tokens_left, factor=_CLOSING_NEAR_FACTOR)
+        return self._near(tokens_left)
 
     def _calls_after_tag(self, probe: "llguidance.LLMatcher", keys: KeySets | None,
                          walked: list[int] | None) -> list[list[int] | None]:

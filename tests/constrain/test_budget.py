@@ -12,7 +12,7 @@ import pytest
 
 from constrain import ConstraintSpec, spec_from_request
 from constrain.token_dfa import INF
-from tests.constrain.conftest import decode, random_walk
+from tests.constrain.conftest import decode, offered_walk, random_walk
 
 SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a", "b"],
@@ -472,3 +472,70 @@ def test_llguidance_completions_write_null_where_a_value_may_be_null(gpt2_compil
         toks, ended = random_walk(g, vocabs["gpt2"], rng, len(closing) + 2, budget=True)
         assert ended
         jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+AUDIT_EVENT = {"type": "object", "required": ["id", "type", "acknowledged"],
+               "properties": {"acknowledged": {"type": "boolean"}, "created_at": {"type": "string", "format": "date-time"},
+                              "id": {"type": "integer"}, "type": {"type": "string"}}}
+
+
+def test_a_key_name_that_chooses_a_long_value_is_vetted_before_it_is_written(tokenizers, vocabs):
+    """Tokens inside a string value are vetted later than those that open something (`_CLOSING_NEAR_FACTOR`), but
+    a key's name chooses the member's value: `"c` (an extra property, 7 tokens to close) then `reated` (a
+    date-time, 31) made the completion grow by 24 in one token. Offered that walk (a random walk of JSONSchemaBench
+    Github_easy o21082), the output still ends complete and valid within 40 tokens: the key's tokens are vetted
+    as openers are."""
+    from constrain import GrammarCompiler
+
+    vocab = vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tokenizers["qwen2"], backend="llguidance")
+    grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=AUDIT_EVENT, strict=True))
+    ids = vocab.ids_by_bytes()
+    pieces = [b'{', b'"a', b'ck', b'nowled', b'ged', b'"', b':f', b'alse', b' ,"', b'c', b'reated', b'_at', b'":"',
+              *(bytes([c]) for c in b"4089-06-03T08:07:32-23:22")]
+    written = offered_walk(grammar, vocab, [], [ids[p] for p in pieces], 40)
+    compiler.close()
+    jsonschema.validate(json.loads(decode(vocab, written)), AUDIT_EVENT)
+
+
+def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokenizers, vocabs, monkeypatch):
+    """Each vet of a sampled token walks to a completion on the engine thread (~50-100 us). Inside a string
+    value a token seldom makes the completion longer, so such tokens are vetted from 1.25 x (completion + margin)
+    tokens before the budget's end, not 2 x; from 2 x on, the completion is measured each step in `fill_bitmask`
+    instead (on the mask threads), so a token that did make it longer is seen at the next step."""
+    import torch
+
+    from constrain import GrammarCompiler, llg_backend
+
+    vocab = vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tokenizers["gpt2"], backend="llguidance")  # (no growth seen yet)
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"],
+              "additionalProperties": False}
+    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True)).matcher()
+    ids = vocab.ids_by_bytes()
+    assert all(m.accept(ids[p]) for p in (b'{"', b's', b'":"'))
+    walks: list[str] = []
+    real_vet, real_walk = llg_backend.LlgMatcher.vet, llg_backend.closing_tokens
+    vetting = []
+
+    def vet(self, *args):
+        vetting.append(1)
+        try:
+            return real_vet(self, *args)
+        finally:
+            vetting.clear()
+
+    monkeypatch.setattr(llg_backend.LlgMatcher, "vet", vet)
+    monkeypatch.setattr(llg_backend, "closing_tokens",
+                        lambda *args: walks.append("vet" if vetting else "fill") or real_walk(*args))
+    bm = torch.zeros((1, vocab.words), dtype=torch.int32)
+    assert ids[b'"}'] in real_walk(m._m, vocab)  # (the completion: one token)
+    walks.clear()
+    for tokens_left in (17, 16, 15, 12):  # 2 x (1 + 8) = 18 >= tokens left > 1.25 x (1 + 8) = 11.25
+        m.fill_bitmask(bm, 0, tokens_left=tokens_left)
+        assert m.vet(ids[b"abc"], tokens_left) == ids[b"abc"] and m.accept(ids[b"abc"])
+    assert walks == ["fill"] * 4
+    m.fill_bitmask(bm, 0, tokens_left=11)
+    assert m.vet(ids[b"abc"], 11) == ids[b"abc"] and m.accept(ids[b"abc"])
+    assert walks == ["fill"] * 5 + ["vet"]
+    compiler.close()
