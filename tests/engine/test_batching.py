@@ -338,3 +338,31 @@ def test_an_engine_thread_stopped_by_a_failure_ends_every_request_and_refuses_ne
             assert choice.last.finish_reason == "error" and choice.last.error_code == "engine_failed"
             assert "restarted" in choice.last.error
     assert len(running[0].tokens) < 50 and waiting[0].tokens == [] and sorted(later) == [0, 1]
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_ends_running_requests_and_a_later_request_as_unavailable(builtin):
+    """At shutdown the running request ends with an "unavailable" error (the server answers 503
+    server_shutting_down), and a request made after it ends at once the same way (it raised a RuntimeError, a 500)."""
+    import threading
+
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=2)
+    eng.start()
+    real_step, steps = eng.step, []
+
+    def step():
+        steps.append(1)
+        if len(steps) == 3:
+            threading.Thread(target=eng.shutdown).start()  # (as the server's lifespan does, from another thread)
+        real_step()
+
+    eng.step = step
+    running, = run_all(eng, request("running", PROMPT_A, max_tokens=200, ignore_eos=True))
+    assert not eng.alive and eng.failure is None
+    later, = run_all(eng, request("later", PROMPT_A, max_tokens=5))
+    for choice in (running[0], later[0]):
+        assert choice.last.finish_reason == "error" and choice.last.error_code == "unavailable"
+        assert choice.last.error == "the server is shutting down"
+    assert 0 < len(running[0].tokens) < 200 and later[0].tokens == []
