@@ -13,7 +13,7 @@ import warnings
 # `[a&&b]`. The patterns here are clients' (schemas' `pattern`s, `regex`, formats), compiled by this package and
 # by jsonschema, so these warnings said nothing to whoever reads the server's log, and filled it, once per pattern.
 warnings.filterwarnings("ignore", category=FutureWarning,
-                        message=r"Possible (nested set|set difference|set intersection|set symmetric difference)")
+                        message=r"Possible (nested set|set (difference|intersection|symmetric difference|union))")
 
 _EXPORTS = {
     "GrammarCompiler": "constrain.compiler",

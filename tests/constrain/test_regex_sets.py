@@ -256,8 +256,9 @@ def test_patterns_that_python_warns_about_compile_without_a_warning(tmp_path):
 
     schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[[a-z]]+$"},
                                                "b": {"type": "string", "pattern": "^[a-z--b]+$"},
-                                               "c": {"type": "string", "pattern": "^[x&&y]+$"}},
-              "required": ["a", "b", "c"]}
+                                               "c": {"type": "string", "pattern": "^[x&&y]+$"},
+                                               "d": {"type": "string", "pattern": "^[x||y~~z]+$"}},
+              "required": ["a", "b", "c", "d"]}
     script = f"""
 from transformers import AutoTokenizer
 from constrain import GrammarCompiler, Vocabulary, spec_from_request
