@@ -156,7 +156,7 @@ class Engine:
                 "steps": self._steps, "tokens_generated": self._tokens_generated,
                 "requests_finished": self._requests_finished, "prefill_tokens": self._prefill_tokens,
                 "prefill_chunks": self._prefill_chunks, "max_batch_size": self.max_batch_size,
-                "mask_threads": self.mask_threads,
+                "mask_threads": self.mask_threads, "alive": int(self.alive),
                 "step_seconds": dict(self._step_seconds)}
 
     # ---- engine thread ------------------------------------------------------------------------------------

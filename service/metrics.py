@@ -58,6 +58,9 @@ class _LiveStats:
                                   value=_read(engine, "prefill_chunks"))
         yield GaugeMetricFamily("structgen_engine_mask_threads", "Threads that fill the constraints' token masks "
                                 "(--mask-threads)", value=_read(engine, "mask_threads"))
+        yield GaugeMetricFamily("structgen_engine_alive", "1 while the engine serves requests; 0 once a failure "
+                                "stopped it (/health answers 503, the server must be restarted)",
+                                value=_read(engine, "alive"))
         phases = CounterMetricFamily("structgen_engine_step_seconds",
                                      "Seconds the engine thread spent in each phase of its decode steps "
                                      "(on a GPU, 'sample' includes waiting for the device)", labels=["phase"])

@@ -1,6 +1,7 @@
 """A server whose engine thread stopped after a failure it cannot go on from says so and can still stop: the
 request being streamed ends with an error chunk, later requests get a 503 in the OpenAI error shape, /health a 503
-(the container's HEALTHCHECK marks it unhealthy), and one shutdown request stops the server. Before, the streamed
+(the container's HEALTHCHECK marks it unhealthy), /metrics `structgen_engine_alive` 0, and one shutdown request
+stops the server. Before, the streamed
 request waited forever, and so did the server's shutdown (it needed a second SIGTERM).
 
 The real app runs on uvicorn on 127.0.0.1, in this process: the engine's step is replaced by one that raises
@@ -22,6 +23,7 @@ from service.app import create_app
 from service.config import ServerConfig
 from service.errors import OpenAIErrorH11Protocol
 from tests.serverproc import free_port
+from tests.service.conftest import metric
 
 
 @pytest.fixture
@@ -59,6 +61,7 @@ def test_a_failed_engine_ends_the_stream_refuses_requests_fails_health_and_lets_
     body = {"model": BUILTIN_MODEL, "messages": [{"role": "user", "content": "Talk."}], "max_tokens": 2000,
             "ignore_eos": True}
     assert httpx.get(base_url + "/health").status_code == 200
+    assert metric(httpx.get(base_url + "/metrics").text, "structgen_engine_alive") == 1
     chunks = []
     with httpx.Client(base_url=base_url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
@@ -74,6 +77,7 @@ def test_a_failed_engine_ends_the_stream_refuses_requests_fails_health_and_lets_
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["error"]["code"] == "engine_unavailable"
         assert "KeyboardInterrupt" in health.json()["error"]["message"]
+        assert metric(http.get("/metrics").text, "structgen_engine_alive") == 0
 
     client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
     with pytest.raises(APIStatusError) as refused:
