@@ -64,6 +64,19 @@ def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, templa
     return engine, compiler
 
 
+async def _stop_with_the_engine(app: FastAPI, engine) -> None:
+    """Once a failure has stopped the engine thread (its requests end with 503s), stop the server as a SIGTERM
+    would (`app.state.stop_server`, set by service/server.py), so that whatever supervises the process restarts
+    it: a server that can only answer 503s helps nobody, and a plain `docker run --restart` reacts to an exit,
+    not to a failing /health."""
+    while engine.alive:
+        await asyncio.sleep(0.5)
+    stop = getattr(app.state, "stop_server", None)
+    if engine.failure is not None and stop is not None:
+        log.critical("the engine stopped after a failure (%s): the server stops", engine.failure)
+        stop()
+
+
 def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     template = ChatTemplate(loaded.tokenizer, tool_format=config.tool_call_format, reasoning=config.reasoning)
     engine, compiler = _build_engine_and_compiler(config, loaded, template)
@@ -84,9 +97,11 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             if asyncio.iscoroutine(result):
                 await result
         log.info("engine started, named schemas precompiled in %.1f s", time.monotonic() - started)
+        watcher = asyncio.create_task(_stop_with_the_engine(app, engine))
         try:
             yield
         finally:
+            watcher.cancel()
             engine.shutdown()
             app.state.generation.close()
             close = getattr(compiler, "close", None)
@@ -103,8 +118,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        """200 while requests can be served; 503 once the engine thread has stopped after a failure (the
-        container's HEALTHCHECK then marks it unhealthy, for a restart)."""
+        """200 while requests can be served; 503 once the engine thread has stopped after a failure (while the
+        server stops with it: `_stop_with_the_engine`)."""
         if not engine.alive:
             raise APIError(503, f"the engine is not running ({engine.failure or 'stopped'}); restart the server",
                            code="engine_unavailable")

@@ -109,7 +109,7 @@ def _add_serve(subparsers) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from engine.model_loader import ModelLoadError
-    from service.server import run_server
+    from service.server import EngineStopped, run_server
 
     config = ServerConfig(
         model=args.model, host=args.host, port=int(args.port), api_key=args.api_key or None,
@@ -124,7 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         run_server(config)
-    except ModelLoadError as exc:
+    except (ModelLoadError, EngineStopped) as exc:
         print(f"structgen: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -187,3 +187,17 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_a_port_already_in_use_exits_nonzero_naming_it():
+    """uvicorn's start-up failure keeps its exit status (3) now that the server is run as a `uvicorn.Server` (to
+    be stopped with a failed engine)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _serve("--host", "127.0.0.1", "--port", str(port))
+    assert result.returncode == 3
+    assert "address already in use" in result.stderr

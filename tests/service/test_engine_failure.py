@@ -1,11 +1,12 @@
-"""A server whose engine thread stopped after a failure it cannot go on from says so and can still stop: the
-request being streamed ends with an error chunk, later requests get a 503 in the OpenAI error shape, /health a 503
-(the container's HEALTHCHECK marks it unhealthy), /metrics `structgen_engine_alive` 0, and one shutdown request
-stops the server. Before, the streamed
-request waited forever, and so did the server's shutdown (it needed a second SIGTERM).
+"""A server whose engine thread stopped after a failure it cannot go on from says so and stops: the request being
+streamed ends with an error chunk, later requests get a 503 in the OpenAI error shape, /health a 503, /metrics
+`structgen_engine_alive` 0, and the server can stop (before, the streamed request waited forever, and so did the
+server's shutdown: it needed a second SIGTERM). `structgen serve` then stops by itself and exits with status 1.
 
-The real app runs on uvicorn on 127.0.0.1, in this process: the engine's step is replaced by one that raises
-KeyboardInterrupt (what `engine.engine.recoverable` does not recover from) when the test says so."""
+The first test runs the real app on uvicorn on 127.0.0.1 in this process (its server is not told to stop with the
+engine, so the 503s can be read): the engine's step is replaced by one that raises KeyboardInterrupt (what
+`engine.engine.recoverable` does not recover from) when the test says so. The second runs the real command, its
+engine's step failing likewise."""
 
 from __future__ import annotations
 
@@ -89,3 +90,62 @@ def test_a_failed_engine_ends_the_stream_refuses_requests_fails_health_and_lets_
     server.should_exit = True  # what one SIGTERM does
     thread.join(60)
     assert not thread.is_alive()
+
+
+FAILING_SERVER = """
+import sys
+import engine.engine
+
+real_step = engine.engine.Engine.step
+
+
+def step(self):  # the third step of the first request fails as nothing in a step can (the engine thread ends)
+    if self._steps >= 2:
+        raise KeyboardInterrupt("the engine's failure, for this test")
+    real_step(self)
+
+
+engine.engine.Engine.step = step
+from service.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_server_whose_engine_failed_answers_its_request_then_stops_and_exits_nonzero(tmp_path):
+    """The real `structgen serve` process, its engine's step failing as the test script makes it: the request
+    in flight gets its 503, then the server stops by itself (so that a supervisor restarts it) and exits with
+    status 1 and a one-line reason."""
+    import os
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", FAILING_SERVER, "serve", "--host", "127.0.0.1", "--port",
+                             str(port), "--cache-dir", str(tmp_path / "cache"), "--log-level", "warning"],
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        answer = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+            "model": BUILTIN_MODEL, "messages": [{"role": "user", "content": "Talk."}], "max_tokens": 50,
+            "ignore_eos": True})
+        assert answer.status_code == 503 and answer.json()["error"]["code"] == "engine_unavailable"
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines[-1] == ("structgen: error: the engine stopped after a failure "
+                         "(KeyboardInterrupt: the engine's failure, for this test)")
