@@ -21,10 +21,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`structgen serve ARGS` on a free port; waits for /health; stops it on exit (context manager)."""
+    """`structgen serve ARGS` on a free port; waits for /health; stops it on exit (context manager). `launcher`:
+    what Python runs for `structgen ARGS` (a test's `-c SCRIPT` that changes something first, then calls
+    `service.cli.main(sys.argv[1:])`)."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, startup_timeout: float = 180.0,
-                 log_path: Path | None = None):
+                 log_path: Path | None = None, launcher: tuple[str, ...] = ("-m", "service.cli")):
+        self.launcher = launcher
         self.port = free_port()
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
         # Its own cache directory: a grammar cache left by an earlier run never leaks into a test; removed on exit.
@@ -41,7 +44,7 @@ class ServerProcess:
 
     def __enter__(self) -> "ServerProcess":
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *self.args],
+        self.proc = subprocess.Popen([sys.executable, *self.launcher, "serve", *self.args],
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

@@ -23,7 +23,7 @@ from engine.model_loader import BUILTIN_MODEL, load_model
 from service.app import create_app
 from service.config import ServerConfig
 from service.errors import OpenAIErrorH11Protocol
-from tests.serverproc import free_port
+from tests.serverproc import ServerProcess, free_port
 from tests.service.conftest import metric
 
 
@@ -117,35 +117,13 @@ def test_a_server_whose_engine_failed_answers_its_request_then_stops_and_exits_n
     """The real `structgen serve` process, its engine's step failing as the test script makes it: the request
     in flight gets its 503, then the server stops by itself (so that a supervisor restarts it) and exits with
     status 1 and a one-line reason."""
-    import os
-    import subprocess
-    import sys
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", FAILING_SERVER, "serve", "--host", "127.0.0.1", "--port",
-                             str(port), "--cache-dir", str(tmp_path / "cache"), "--log-level", "warning"],
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(base_url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.25)
-        answer = httpx.post(base_url + "/v1/chat/completions", timeout=60, json={
+    log = tmp_path / "server.log"
+    with ServerProcess("--log-level", "warning", launcher=("-c", FAILING_SERVER), log_path=log) as server:
+        answer = httpx.post(server.base_url + "/v1/chat/completions", timeout=60, json={
             "model": BUILTIN_MODEL, "messages": [{"role": "user", "content": "Talk."}], "max_tokens": 50,
             "ignore_eos": True})
         assert answer.status_code == 503 and answer.json()["error"]["code"] == "engine_unavailable"
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1
-    lines = [line for line in stderr.splitlines() if line.strip()]
+        assert server.proc.wait(timeout=60) == 1
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
     assert lines[-1] == ("structgen: error: the engine stopped after a failure "
                          "(KeyboardInterrupt: the engine's failure, for this test)")
