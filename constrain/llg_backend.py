@@ -1064,7 +1064,7 @@ class LlgGrammar(Grammar):
         other copies of that parse (the lexer's states are built once for all of them, and so is its limit on how
         many it may build), and whether that parse forces bytes (`stop_forcing`). A lane not parsed yet is parsed
         in the background (`_parse_lane`); until then its matchers copy lane 0's parse (correct, but their masks
-        wait for lane 0's lexer)."""
+        wait for lane 0's lexer), and they move to the lane's own at their first fill after it came."""
         with self._proto_lock:
             if lane not in self._lanes:
                 if lane not in self._parsing:
@@ -1073,6 +1073,10 @@ class LlgGrammar(Grammar):
                 lane = 0
             proto, generation = self._lanes[lane]
             return proto.deep_copy(), lane, generation, self.forcing
+
+    def parsed(self, lane: int) -> bool:
+        """Whether `lane` has a parse of its own (its first matchers copied lane 0's until it came)."""
+        return lane in self._lanes
 
     def _parse_lane(self, lane: int, text: str) -> None:
         try:
@@ -1119,7 +1123,9 @@ def _lexer_limit(matcher: "llguidance.LLMatcher") -> str | None:
 class LlgMatcher(Matcher):
     def __init__(self, grammar: LlgGrammar, lane: int = 0):
         self._g = grammar
-        self._lane = lane  # the lane asked for; `_parsed_lane`: the lane whose parse (and lexer) `_m` copies
+        # The lane asked for; `_parsed_lane`: the lane whose parse (and lexer) `_m` copies, lane 0's until the lane's
+        # own parse comes (LlgGrammar.fresh_copy), then the lane's (at the next fill, on the lane's mask thread).
+        self._lane = lane
         self._m, self._parsed_lane, self._lexer_generation, self._forcing = grammar.fresh_copy(lane)
         self._consumed: list[int] = []  # the output's tokens, to replay on a fresh lexer (`_on_fresh_lexer`)
         self._closing: list[int] | None = None  # a completion from the current state, when known this step
@@ -1177,6 +1183,8 @@ class LlgMatcher(Matcher):
         if _lexer_limit(self._m):  # (a probe of this matcher's lexer ran into its limit)
             self._on_fresh_lexer()
         self._raise_if_gave_up()
+        if self._parsed_lane != self._lane and self._g.parsed(self._lane) and not self._m.is_stopped():
+            self._replayed()  # its lane's own parse came: its masks no longer wait for lane 0's lexer
         if tokens_left is not None and not self._m.is_stopped():
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
@@ -1211,6 +1219,11 @@ class LlgMatcher(Matcher):
         (`LlgGrammar.lexer_spent`), with the output so far replayed."""
         self._g.lexer_spent(self._parsed_lane, self._lexer_generation)
         self._replayed()
+
+    @property
+    def parse_lane(self) -> int:
+        """The lane whose parse this matcher copies, and whose lexer (and its lock) it shares."""
+        return self._parsed_lane
 
     def _replayed(self) -> None:
         """This matcher on a fresh copy of its grammar's current parse, with the output so far replayed."""

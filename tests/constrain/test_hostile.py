@@ -236,6 +236,41 @@ def test_a_lane_is_parsed_in_the_background_and_its_first_matchers_copy_lane_0(g
     assert g.fresh_copy(5)[1] == 5 and g.fresh_copy(4)[1] == 0
 
 
+def test_a_matcher_made_before_its_lane_was_parsed_moves_to_the_lanes_parse_at_its_next_fill(gpt2_compiler, vocabs,
+                                                                                            monkeypatch):
+    """A new grammar's first rows (a burst of requests for a new schema) copy lane 0's parse and share its lexer,
+    whose lock makes their masks one at a time: once their own lane's parse comes, each moves to it at its next
+    fill, with its output so far replayed, and its masks and its end are those of a matcher that never moved."""
+    import threading
+
+    import torch
+
+    from constrain.llg_backend import LlgGrammar
+
+    parse_may_end = threading.Event()  # (the lane's parse, ~1 ms here, is held until the output is under way)
+    parse_lane = LlgGrammar._parse_lane
+    monkeypatch.setattr(LlgGrammar, "_parse_lane",
+                        lambda self, lane, text: parse_may_end.wait(60) and parse_lane(self, lane, text))
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", backend="llguidance", schema={
+        "type": "object", "properties": {"moved": {"type": "string", "maxLength": 11}}, "required": ["moved"]}))
+    g = getattr(g, "inner", g)
+    early, reference = g.matcher(6), g.matcher(0)
+    assert early.parse_lane == 0
+    byte = vocabs["gpt2"].byte_tokens()
+    bm = torch.zeros((2, vocabs["gpt2"].words), dtype=torch.int32)
+    text = b'{"moved": "yes"}'
+    for i, b in enumerate(text):
+        if i == 4:
+            parse_may_end.set()
+            _parsed_lanes(g, [6])
+        early.fill_bitmask(bm, 0, tokens_left=64)
+        reference.fill_bitmask(bm, 1, tokens_left=64)
+        assert torch.equal(bm[0], bm[1])
+        assert early.parse_lane == (6 if i >= 4 else 0)
+        assert early.accept(byte[b]) and reference.accept(byte[b])
+    assert early.can_end() and reference.can_end()
+
+
 def test_a_lane_whose_lexer_is_spent_is_parsed_anew_and_the_other_lanes_keep_theirs(gpt2_compiler, vocabs):
     """Matchers of different lanes copy different parses (Grammar.matcher): an output that spends its lane's lexer
     has that lane parsed anew, and the next matcher of another lane still copies that lane's first parse."""
