@@ -71,6 +71,11 @@ _CLOSING_NEAR_FACTOR = 1.25
 # is seen with a schema, such a token is vetted as if the completion could grow by _CLOSING_GROWTH tokens at once.
 _OPENERS = frozenset(b"{[,:")
 _CLOSING_GROWTH = 32
+# Where completions write no key twice (`LlgMatcher.write_distinct_keys`), the completion measured before a token
+# is taken as one after it only for a token inside one of these (a JSON string value, number or literal) that holds
+# none of _STRUCTURE: the keys written so far and the one being written stay as they were.
+_VALUE_MODES = frozenset({"string", "number", "literal"})
+_STRUCTURE = frozenset(b'"\\{}[],:')
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 # ... or this many bytes without a closer, in a cycle the run misses (`((ab)*c)+`: a picked `a`, a forced `b`)
 _STUCK_CYCLE = 16
@@ -1129,8 +1134,14 @@ class LlgMatcher(Matcher):
         self._m, self._parsed_lane, self._lexer_generation, self._forcing = grammar.fresh_copy(lane)
         self._consumed: list[int] = []  # the output's tokens, to replay on a fresh lexer (`_on_fresh_lexer`)
         self._closing: list[int] | None = None  # a completion from the current state, when known this step
+        # `_closing` was carried over from an earlier state (`_still_completes`), not walked from this one: a valid
+        # completion, maybe longer than a walk from here would find (steering walks afresh before giving up).
+        self._closing_kept = False
+        # (the completion before the last token, its bytes, the follower's mode before it): for the next fill
+        self._before_last: tuple[list[int], bytes, str | None] | None = None
         self._closing_len: int | None = None  # its length when last measured (a hint once stale)
-        self._vetted: tuple[int, list[int] | None] | None = None  # (token vet passed, the completion after it)
+        # (the token vet passed, the completion after it, whether that completion was carried over)
+        self._vetted: tuple[int, list[int] | None, bool] | None = None
         self._measure_every = _CLOSING_RECHECK_STEPS
         self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
         # JSON output: the lexical state and keys so far, for completions (`closing_tokens`); fed lazily, from
@@ -1188,7 +1199,12 @@ class LlgMatcher(Matcher):
         if tokens_left is not None and not self._m.is_stopped():
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
-                self._closing = self._measure(self._m, self._followed(), tokens_left)
+                kept = self._still_completes(self._m, *self._before_last) if self._before_last else None
+                if kept is not None:
+                    self._closing, self._closing_kept, self._since_measure = kept, True, 0
+                else:
+                    self._closing = self._measure(self._m, self._followed(), tokens_left)
+                    self._closing_kept = False
                 self._closing_len = len(self._closing) if self._closing is not None else None
         self._write_mask(self._m, v)
         if _lexer_limit(self._m):  # once more on a fresh lexer: if this output itself needs more, it gives up
@@ -1275,35 +1291,56 @@ class LlgMatcher(Matcher):
         if not opens_call and not self._near_for(data, tokens_left):
             return token_id
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:
-            self._vetted = (token_id, self._closing[1:])  # the completion's own next token: its rest fits
+            self._vetted = (token_id, self._closing[1:], self._closing_kept)  # the completion's next token
             return token_id
         probe = self._m.deep_copy()
         if not probe.consume_token(token_id):
             return token_id  # not allowed at all: accept refuses it
-        keys = self._followed()
+        before = self._followed()
+        keys = before.copy() if before is not None else None
         if keys is not None:
-            keys = keys.copy()
             keys.feed(data)
-        after = self._measure(probe, keys)
+        after = self._still_completes(probe, self._closing, data, before.mode if before is not None else None)
+        kept = after is not None
+        if not kept:
+            after = self._measure(probe, keys)
         if opens_call and (after is None or len(after) > tokens_left - 1):
             # The walk writes the function it comes to first, which may be the longest: the shortest through
             # each function's name (the call is then steered to it near the limit).
             after = min((c for c in self._calls_after_tag(probe, keys, after) if c is not None), key=len,
                         default=after)
         if after is not None and len(after) <= tokens_left - 1:
-            self._vetted = (token_id, after)
+            self._vetted = (token_id, after, kept)
             return token_id
         if opens_call and after is None:  # (no completion found: the call goes on, as any token far from the limit)
             return token_id
-        here = self._closing if self._closing is not None else \
-            closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,
-                           self._g.key_names, self._g.endings)
+        here, kept = self._closing, self._closing_kept
+        if here is None or (kept and len(here) > tokens_left):  # (a walk from here may find a shorter one)
+            walked = closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,
+                                    self._g.key_names, self._g.endings)
+            if here is None or (walked is not None and len(walked) < len(here)):
+                here, kept = walked, False
         if here and len(here) <= tokens_left:
-            self._vetted = (here[0], here[1:])
+            self._vetted = (here[0], here[1:], kept)
             return here[0]
         if here == [] and self._g.vocab.eos_token_ids:
             return min(self._g.vocab.eos_token_ids)  # complete here, and the token would leave it incomplete
         return token_id  # no completion fits either way: the output ends at the limit
+
+    def _still_completes(self, after: "llguidance.LLMatcher", closing: list[int] | None, data: bytes,
+                         mode: str | None) -> list[int] | None:
+        """`closing`, a completion measured before a token of bytes `data`, when it also completes the output
+        after that token (`after`: the matcher there), else None: one check by llguidance (the completion and an
+        EOS validated, ~3 us) where a walk costs 60-150 us, and inside a string or a number most tokens leave the
+        completion as it was. Where completions write no key twice, only for a token inside a value that leaves
+        the keys as they were (_VALUE_MODES, _STRUCTURE; `mode`: the follower's before the token, None if not
+        known)."""
+        eos = self._g.lltok.eos_token
+        if not closing or eos is None:
+            return None
+        if self._distinct_keys and (mode not in _VALUE_MODES or _STRUCTURE.intersection(data)):
+            return None
+        return closing if after.validate_tokens(closing + [eos]) == len(closing) + 1 else None
 
     def _near_for(self, data: bytes, tokens_left: int) -> bool:
         """Whether a sampled token of bytes `data` is vetted (`_near`, by what it may do to the completion): one that
@@ -1385,7 +1422,10 @@ class LlgMatcher(Matcher):
             if self._m.validate_tokens([token_id]) != 1:  # the fresh lexer's limit too: this output gives up
                 self._m.consume_token(token_id)
                 self._raise_if_gave_up()
-        self._closing = vetted[1] if vetted is not None and vetted[0] == token_id else None
+        carried = vetted is not None and vetted[0] == token_id
+        mode = self._keys.mode if self._keys is not None and not self._unfed else None
+        self._before_last = (self._closing, tb[token_id], mode) if self._closing and not carried else None
+        self._closing, self._closing_kept = (vetted[1], vetted[2]) if carried else (None, False)
         if self._closing is not None:
             self._closing_len = len(self._closing)
         if self._keys is not None:
@@ -1406,7 +1446,10 @@ class LlgMatcher(Matcher):
     def min_tokens_to_end(self) -> int | None:
         if self._m.is_stopped():
             return 0
-        if self._closing is None:  # (kept for this state's fills, as a fill's own measure is)
-            self._closing = self._measure(self._m, self._followed())
+        if self._closing is None or self._closing_kept:  # (kept for this state's fills, as a fill's own measure is)
+            walked = self._measure(self._m, self._followed())
+            if self._closing is None or (walked is not None and len(walked) < len(self._closing)):
+                self._closing = walked
+            self._closing_kept = False  # (a walk from here finds none shorter: once is enough)
             self._closing_len = len(self._closing) if self._closing is not None else None
         return None if self._closing is None else len(self._closing)

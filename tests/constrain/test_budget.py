@@ -499,10 +499,11 @@ def test_a_key_name_that_chooses_a_long_value_is_vetted_before_it_is_written(tok
 
 
 def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokenizers, vocabs, monkeypatch):
-    """Each vet of a sampled token walks to a completion on the engine thread (~50-100 us). Inside a string
-    value a token seldom makes the completion longer, so such tokens are vetted from 1.25 x (completion + margin)
-    tokens before the budget's end, not 2 x; from 2 x on, the completion is measured each step in `fill_bitmask`
-    instead (on the mask threads), so a token that did make it longer is seen at the next step."""
+    """Each vet of a sampled token probes it on the engine thread. Inside a string value a token seldom makes the
+    completion longer, so such tokens are vetted from 1.25 x (completion + margin) tokens before the budget's end,
+    not 2 x; from 2 x on, the completion is known at each step in `fill_bitmask` instead (on the mask threads), so
+    a token that did make it longer is seen at the next step. Known there, and in `vet`, without a walk (~60-150
+    us) where the completion before the token still completes the output after it (one check, ~3 us)."""
     import torch
 
     from constrain import GrammarCompiler, llg_backend
@@ -514,8 +515,9 @@ def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokeni
     m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True)).matcher()
     ids = vocab.ids_by_bytes()
     assert all(m.accept(ids[p]) for p in (b'{"', b's', b'":"'))
-    walks: list[str] = []
-    real_vet, real_walk = llg_backend.LlgMatcher.vet, llg_backend.closing_tokens
+    events: list[str] = []
+    real_vet, real_walk, real_check = llg_backend.LlgMatcher.vet, llg_backend.closing_tokens, \
+        llg_backend.LlgMatcher._still_completes
     vetting = []
 
     def vet(self, *args):
@@ -527,15 +529,71 @@ def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokeni
 
     monkeypatch.setattr(llg_backend.LlgMatcher, "vet", vet)
     monkeypatch.setattr(llg_backend, "closing_tokens",
-                        lambda *args: walks.append("vet" if vetting else "fill") or real_walk(*args))
+                        lambda *args: events.append("vet walk" if vetting else "fill walk") or real_walk(*args))
+    monkeypatch.setattr(llg_backend.LlgMatcher, "_still_completes", lambda self, *args: events.append(
+        "vet check" if vetting else "fill check") or real_check(self, *args))
     bm = torch.zeros((1, vocab.words), dtype=torch.int32)
     assert ids[b'"}'] in real_walk(m._m, vocab)  # (the completion: one token)
-    walks.clear()
+    events.clear()
     for tokens_left in (17, 16, 15, 12):  # 2 x (1 + 8) = 18 >= tokens left > 1.25 x (1 + 8) = 11.25
         m.fill_bitmask(bm, 0, tokens_left=tokens_left)
         assert m.vet(ids[b"abc"], tokens_left) == ids[b"abc"] and m.accept(ids[b"abc"])
-    assert walks == ["fill"] * 4
+    assert events == ["fill walk"] + ["fill check"] * 3
     m.fill_bitmask(bm, 0, tokens_left=11)
     assert m.vet(ids[b"abc"], 11) == ids[b"abc"] and m.accept(ids[b"abc"])
-    assert walks == ["fill"] * 5 + ["vet"]
+    assert events == ["fill walk"] + ["fill check"] * 4 + ["vet check"]
+    m.fill_bitmask(bm, 0, tokens_left=10)
+    assert m.vet(ids[b'"'], 10) == ids[b'"']  # (`"}` no longer completes the output after it: a walk)
+    assert events == ["fill walk"] + ["fill check"] * 4 + ["vet check"] + ["vet check", "vet walk"]
+    compiler.close()
+
+
+def test_a_completion_carried_over_that_does_not_fit_is_walked_afresh_before_the_rule_gives_up(tokenizers, vocabs):
+    """A completion carried over from before a token (`_still_completes`) is a valid one, not always the shortest:
+    where the sampled token leaves none that fits and the carried one does not fit either, the rule walks from
+    here before it gives up, and steers to that walk's first token when it fits."""
+    import torch
+
+    from constrain import GrammarCompiler, llg_backend
+
+    vocab = vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tokenizers["gpt2"], backend="llguidance")
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"],
+              "additionalProperties": False}
+    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True)).matcher()
+    ids = vocab.ids_by_bytes()
+    assert all(m.accept(ids[p]) for p in (b'{"', b's', b'":"'))
+    m.fill_bitmask(torch.zeros((1, vocab.words), dtype=torch.int32), 0, tokens_left=64)
+    carried = [ids[b"x"]] * 10 + [ids[b'"}']]  # (valid from here, as a completion carried over through 10 x's is)
+    inner = getattr(m, "inner", m)  # (under the distinct-keys check every llguidance JSON output has)
+    assert isinstance(inner, llg_backend.LlgMatcher)
+    inner._closing, inner._closing_len, inner._closing_kept = carried, len(carried), True
+    assert m.vet(ids[b"abc"], 1) == ids[b'"}'] and m.accept(ids[b'"}']) and m.can_end()
+    compiler.close()
+
+
+def test_the_fewest_tokens_to_end_are_walked_once_where_a_completion_was_carried_over(tokenizers, vocabs,
+                                                                                        monkeypatch):
+    """`min_tokens_to_end` (which choices fit, constrain/either.py) does not report a carried-over completion that a
+    walk from here beats, and walks once for a state, not at each call."""
+    import torch
+
+    from constrain import GrammarCompiler, llg_backend
+
+    vocab = vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tokenizers["gpt2"], backend="llguidance")
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"],
+              "additionalProperties": False}
+    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True)).matcher()
+    ids = vocab.ids_by_bytes()
+    assert all(m.accept(ids[p]) for p in (b'{"', b's', b'":"'))
+    m.fill_bitmask(torch.zeros((1, vocab.words), dtype=torch.int32), 0, tokens_left=64)
+    carried = [ids[b"x"]] * 10 + [ids[b'"}']]
+    inner = getattr(m, "inner", m)  # (under the distinct-keys check every llguidance JSON output has)
+    assert isinstance(inner, llg_backend.LlgMatcher)
+    inner._closing, inner._closing_len, inner._closing_kept = carried, len(carried), True
+    walks = []
+    real_walk = llg_backend.closing_tokens
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real_walk(*args))
+    assert m.min_tokens_to_end() == 1 and m.min_tokens_to_end() == 1 and len(walks) == 1
     compiler.close()
