@@ -37,7 +37,7 @@ import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
-from constrain.pattern_dialects import portable_pattern, without_edge_anchors
+from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import ANNOTATIONS, STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk
 from constrain.vocabulary import Vocabulary
@@ -485,9 +485,18 @@ def llguidance_schema(schema):
                 node[key] = _quote_safe(portable_pattern(value))
         elif key == "patternProperties" and isinstance(value, dict):
             # Narrowing a name's pattern to what every regex dialect reads only refuses names where no other
-            # key is taken; elsewhere it would move a name some dialect matches to the other keys' schema.
-            closed = node.get("additionalProperties") is False
-            node[key] = {_quote_safe(portable_pattern(k) if closed else k): v for k, v in value.items()}
+            # key is taken. Where other keys may hold anything, widening it to what any dialect reads gives a
+            # name some dialect matches the pattern's schema, as that dialect asks (`{"é": ""}` under `^\w+$`:
+            # llguidance's ASCII `\w` let any value through, Python's asks for the pattern's schema). Elsewhere
+            # (other keys under a schema of their own) either would move some names to the wrong schema.
+            other = node.get("additionalProperties", True)
+            if other is False:
+                spell = portable_pattern
+            elif other in (True, {}) and node.get("unevaluatedProperties", True) in (True, {}):
+                spell = widest_pattern
+            else:
+                spell = str
+            node[key] = {_quote_safe(spell(k)): v for k, v in value.items()}
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
 

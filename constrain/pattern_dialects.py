@@ -73,14 +73,41 @@ def _holds(chars: Ranges, part: Ranges) -> bool:
 _SHORTHANDS = frozenset("dDwWsS")
 _CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D}
 _DOT = "[^\\n\\r\\u2028\\u2029]"  # ECMA-262's `.`, which the other dialects' also take
+_ANY_DOT = "[^\\n]"  # Python's and Rust's `.`, which holds ECMA-262's
+
+
+_BEYOND_ASCII: Ranges = ((0x80, 0x10FFFF),)
+
+
+def _taken(readings: list[Ranges], widest: bool) -> Ranges:
+    """The characters every reading takes; with `widest`, a set that holds those any reading takes: ASCII as the
+    readings give it, and beyond ASCII every character where one is taken (a Unicode class written out, ~12 KB for
+    `\\w`, made llguidance's lexer give up on unanchored names' patterns, JSONSchemaBench's Github_medium o65507)."""
+    if not widest:
+        return _intersection(*readings)
+    taken = union_ranges(*readings)
+    return union_ranges(taken, _BEYOND_ASCII) if taken and taken[-1][1] >= 0x80 else taken
 
 
 @functools.lru_cache(maxsize=4096)
 def portable_pattern(pattern: str) -> str:
-    """`pattern` with `.` and every shorthand (alone or in a class) spelled as explicit characters. A class whose
-    members this cannot read with certainty (`\\p{..}`, `\\a`, octal) stays as written, the rest is still
-    rewritten; a pattern whose classes' extent the dialects read differently (a class holding `[`, or opening with
-    `]`) is returned as it is."""
+    """`pattern` with `.` and every shorthand (alone or in a class) spelled as explicit characters: those every
+    dialect takes. A class whose members this cannot read with certainty (`\\p{..}`, `\\a`, octal) stays as
+    written, the rest is still rewritten; a pattern whose classes' extent the dialects read differently (a class
+    holding `[`, or opening with `]`) is returned as it is."""
+    return _spelled(pattern, widest=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def widest_pattern(pattern: str) -> str:
+    """`pattern` spelled as `portable_pattern` spells it, but with classes that hold the characters any dialect
+    takes (`_taken`): a name that some dialect's reading matches, this matches. For the names' patterns of an object
+    whose other keys may hold anything: such a name's value then gets the pattern's schema, which every dialect
+    finds valid (a dialect that does not match the name asks nothing of its value)."""
+    return _spelled(pattern, widest=True)
+
+
+def _spelled(pattern: str, widest: bool) -> str:
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
@@ -88,15 +115,15 @@ def portable_pattern(pattern: str) -> str:
         if ch == "\\":
             e = pattern[i + 1:i + 2]
             if e in _SHORTHANDS:
-                out.append(_write_class(_intersection(*(reading[e] for reading in _dialects()))))
+                out.append(_write_class(_taken([reading[e] for reading in _dialects()], widest)))
             else:
                 out.append(pattern[i:i + 2])
             i += 2
         elif ch == ".":
-            out.append(_DOT)
+            out.append(_ANY_DOT if widest else _DOT)
             i += 1
         elif ch == "[":
-            end, written = _rewrite_class(pattern, i)
+            end, written = _rewrite_class(pattern, i, widest)
             if end is None:
                 return pattern
             out.append(written)
@@ -112,10 +139,10 @@ def portable_pattern(pattern: str) -> str:
 _SET_OPERATORS = ("&&", "--", "~~")
 
 
-def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
+def _rewrite_class(pattern: str, start: int, widest: bool) -> tuple[int | None, str]:
     """(index after the class opening at `start`, its spelling): the class as written where it names no
-    shorthand or holds a member not read here, else the characters it takes in every dialect, as one positive
-    class. (None, "") where the dialects may not agree on where the class ends."""
+    shorthand or holds a member not read here, else the characters it takes in every dialect (with `widest`: in
+    any dialect), as one positive class. (None, "") where the dialects may not agree on where the class ends."""
     i, n = start + 1, len(pattern)
     negated = pattern.startswith("^", i)
     i += negated
@@ -144,9 +171,9 @@ def _rewrite_class(pattern: str, start: int) -> tuple[int | None, str]:
     end = i + 1
     if not shorthands and not any(op in pattern[start:end] for op in _SET_OPERATORS):
         return end, pattern[start:end]
-    # What each dialect reads the class's members as; the class takes what every dialect's reading takes.
+    # What each dialect reads the class's members as; the class takes what every (or any) dialect's reading takes.
     read = [union_ranges(*literal, *(reading[k] for k in shorthands)) for reading in _dialects()]
-    taken = negate_ranges(union_ranges(*read)) if negated else _intersection(*read)
+    taken = _taken([negate_ranges(r) for r in read] if negated else read, widest)
     return (end, _write_class(taken)) if taken else (None, "")
 
 

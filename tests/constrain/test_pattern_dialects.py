@@ -140,6 +140,24 @@ def test_a_closed_object_writes_only_names_every_dialect_matches(qwen2, names, r
     assert [k for k in accepted if not _accepts_document(qwen2, schema, {k: 1})] == []
 
 
+@pytest.mark.parametrize("pattern, matched, unmatched", [
+    ("^\\w+$", "\u00e9", "-"),  # Python's and Rust's \w take é; ECMA-262's and llguidance's do not
+    ("^\\d+$", "\u0663", "x"),  # an Arabic-Indic digit
+    ("^.+$", "\r", ""),  # Python's and Rust's `.` take \r
+    ("^\\s+$", "\x85", "x"),  # so do their \s U+0085
+    ("^[\\w-]+$", "\u00e9-", " "),
+])
+def test_an_open_object_gives_a_name_any_dialect_matches_the_patterns_schema(qwen2, pattern, matched, unmatched):
+    """Where the other keys may hold anything, a name that some dialect's reading of a pattern matches takes the
+    pattern's schema: that dialect asks for it, and one that does not match the name asks nothing of its value.
+    (llguidance's ASCII `\\w` let `{"é": ""}` through under an object schema, which jsonschema refuses: a random
+    walk under JSONSchemaBench's Github_medium o76905 wrote such keys.)"""
+    schema = {"type": "object", "patternProperties": {pattern: {"type": "object"}}}
+    assert not _accepts_document(qwen2, schema, {matched: ""})
+    assert _accepts_document(qwen2, schema, {matched: {}})
+    assert _accepts_document(qwen2, schema, {unmatched: ""})
+
+
 def test_a_name_pattern_llguidance_cannot_read_is_a_400_naming_it(qwen2):
     """`^\\ud83d\\ude00$` names two lone surrogates, which no JSON key spells: it was compiled as six U+FFFD."""
     schema = {"type": "object", "patternProperties": {"^\\ud83d\\ude00$": {}}, "additionalProperties": False}
