@@ -119,6 +119,44 @@ def test_a_request_gets_the_same_tokens_whichever_mask_threads_fill_its_rows(bui
         jsonschema.validate(json.loads(c[0].text), SCHEMA)
 
 
+def test_a_new_grammars_first_rows_move_to_their_lanes_parses_and_keep_their_tokens(builtin, compilers, monkeypatch):
+    """A burst of requests for a new schema makes its rows before their lanes' parses come (their matchers copy
+    lane 0's, and wait for its lexer): each moves to its lane's own parse at a fill after that came, its output so
+    far replayed, and every request gets the tokens it gets alone."""
+    from constrain.llg_backend import LlgGrammar, LlgMatcher
+
+    parse_may_end, accepted, moved = threading.Event(), [], []
+    real_parse, real_accept, real_replayed = LlgGrammar._parse_lane, LlgMatcher.accept, LlgMatcher._replayed
+
+    def accept(self, token_id):
+        accepted.append(token_id)
+        if len(accepted) == 12:  # (three tokens a row: the lanes' parses come while the outputs are under way)
+            parse_may_end.set()
+        return real_accept(self, token_id)
+
+    monkeypatch.setattr(LlgGrammar, "_parse_lane",
+                        lambda self, lane, text: parse_may_end.wait(60) and real_parse(self, lane, text))
+    monkeypatch.setattr(LlgMatcher, "accept", accept)
+    monkeypatch.setattr(LlgMatcher, "_replayed", lambda self: moved.append(self._lane) or real_replayed(self))
+    schema = dict(SCHEMA, title="a schema not compiled before")
+    grammar = compilers["llguidance"].compile(ConstraintSpec(kind="json_schema", schema=schema))
+    targets = [request(f"b{i}", list(range(2000 + 30 * i, 2012 + 30 * i)), grammar=grammar, temperature=1.0,
+                       seed=40 + i, max_tokens=40) for i in range(4)]
+    results = {}
+    for threads in (4, 1):
+        eng = Engine(builtin, max_batch_size=8, overlap_fill=True, mask_threads=threads)
+        eng.start()
+        try:
+            results[threads] = run_all(eng, *targets) if threads == 4 else [run_all(eng, t)[0] for t in targets]
+        finally:
+            eng.shutdown()
+        if threads == 4:
+            assert sorted(set(moved)) == [1, 2, 3]
+    assert [c[0].tokens for c in results[4]] == [c[0].tokens for c in results[1]]
+    for c in results[4]:
+        jsonschema.validate(json.loads(c[0].text), SCHEMA)
+
+
 class _MeetingMatcher(Matcher):
     """Allows every token; its first fill waits at `barrier` for the other rows' first fills and notes the thread
     it ran on: the barrier is passed only if the rows are filled at the same time."""
