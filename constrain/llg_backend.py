@@ -1341,15 +1341,25 @@ class LlgMatcher(Matcher):
         """`closing`, a completion measured before a token of bytes `data`, when it also completes the output
         after that token (`after`: the matcher there), else None: one check by llguidance (the completion and an
         EOS validated, ~3 us) where a walk costs 60-150 us, and inside a string or a number most tokens leave the
-        completion as it was. Where completions write no key twice, only for a token inside a value that leaves
-        the keys as they were (_VALUE_MODES, _STRUCTURE; `mode`: the follower's before the token, None if not
-        known)."""
+        completion as it was. Else, for a token that wrote the completion's first bytes, the rest of it. Where
+        completions write no key twice, only for a token inside a value that leaves the keys as they were
+        (_VALUE_MODES, _STRUCTURE; `mode`: the follower's before the token, None if not known)."""
         eos = self._g.lltok.eos_token
         if not closing or eos is None:
             return None
         if self._distinct_keys and (mode not in _VALUE_MODES or _STRUCTURE.intersection(data)):
             return None
-        return closing if after.validate_tokens(closing + [eos]) == len(closing) + 1 else None
+        if after.validate_tokens(closing + [eos]) == len(closing) + 1:
+            return closing
+        # The token wrote the completion's first bytes (`"` of `"]}`, `,` of `,""]}`): the rest of it, spelled anew.
+        token_bytes = self._g.vocab.token_bytes
+        if not data or any(token_bytes[t] is None for t in closing):
+            return None
+        spelled = b"".join(token_bytes[t] for t in closing)
+        if not spelled.startswith(data):
+            return None
+        rest = self._g.vocab.spell(spelled[len(data):]) if len(spelled) > len(data) else []
+        return rest if rest is not None and after.validate_tokens(rest + [eos]) == len(rest) + 1 else None
 
     def _near_for(self, data: bytes, tokens_left: int) -> bool:
         """Whether a sampled token of bytes `data` is vetted (`_near`, by what it may do to the completion): one that

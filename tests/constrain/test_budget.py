@@ -503,7 +503,8 @@ def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokeni
     completion longer, so such tokens are vetted from 1.25 x (completion + margin) tokens before the budget's end,
     not 2 x; from 2 x on, the completion is known at each step in `fill_bitmask` instead (on the mask threads), so
     a token that did make it longer is seen at the next step. Known there, and in `vet`, without a walk (~60-150
-    us) where the completion before the token still completes the output after it (one check, ~3 us)."""
+    us) where the completion before the token still completes the output after it, or the token wrote its first
+    bytes and the rest does (one check, ~3 us)."""
     import torch
 
     from constrain import GrammarCompiler, llg_backend
@@ -543,8 +544,12 @@ def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokeni
     assert m.vet(ids[b"abc"], 11) == ids[b"abc"] and m.accept(ids[b"abc"])
     assert events == ["fill walk"] + ["fill check"] * 4 + ["vet check"]
     m.fill_bitmask(bm, 0, tokens_left=10)
-    assert m.vet(ids[b'"'], 10) == ids[b'"']  # (`"}` no longer completes the output after it: a walk)
-    assert events == ["fill walk"] + ["fill check"] * 4 + ["vet check"] + ["vet check", "vet walk"]
+    assert m.vet(ids[b"\\"], 10) == ids[b"\\"]  # (after it `"}` writes an escaped quote: a walk)
+    assert events[6:] == ["vet check", "vet walk"]
+    assert m.vet(ids[b'"'], 10) == ids[b'"'] and m.accept(ids[b'"'])  # (it writes `"}`'s first byte: `}` is left)
+    assert events[8:] == ["vet check"]
+    m.fill_bitmask(bm, 0, tokens_left=9)
+    assert events[9:] == [] and m.vet(ids[b"}"], 9) == ids[b"}"] and m.accept(ids[b"}"]) and m.can_end()
     compiler.close()
 
 
