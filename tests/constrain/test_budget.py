@@ -553,34 +553,10 @@ def test_tokens_inside_a_string_value_are_vetted_only_close_to_the_budget(tokeni
     compiler.close()
 
 
-def test_a_completion_carried_over_that_does_not_fit_is_walked_afresh_before_the_rule_gives_up(tokenizers, vocabs):
-    """A completion carried over from before a token (`_still_completes`) is a valid one, not always the shortest:
-    where the sampled token leaves none that fits and the carried one does not fit either, the rule walks from
-    here before it gives up, and steers to that walk's first token when it fits."""
-    import torch
-
-    from constrain import GrammarCompiler, llg_backend
-
-    vocab = vocabs["gpt2"]
-    compiler = GrammarCompiler(vocab, tokenizers["gpt2"], backend="llguidance")
-    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"],
-              "additionalProperties": False}
-    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True)).matcher()
-    ids = vocab.ids_by_bytes()
-    assert all(m.accept(ids[p]) for p in (b'{"', b's', b'":"'))
-    m.fill_bitmask(torch.zeros((1, vocab.words), dtype=torch.int32), 0, tokens_left=64)
-    carried = [ids[b"x"]] * 10 + [ids[b'"}']]  # (valid from here, as a completion carried over through 10 x's is)
-    inner = getattr(m, "inner", m)  # (under the distinct-keys check every llguidance JSON output has)
-    assert isinstance(inner, llg_backend.LlgMatcher)
-    inner._closing, inner._closing_len, inner._closing_kept = carried, len(carried), True
-    assert m.vet(ids[b"abc"], 1) == ids[b'"}'] and m.accept(ids[b'"}']) and m.can_end()
-    compiler.close()
-
-
-def test_the_fewest_tokens_to_end_are_walked_once_where_a_completion_was_carried_over(tokenizers, vocabs,
-                                                                                        monkeypatch):
-    """`min_tokens_to_end` (which choices fit, constrain/either.py) does not report a carried-over completion that a
-    walk from here beats, and walks once for a state, not at each call."""
+@pytest.fixture
+def carried_inside_a_string(tokenizers, vocabs):
+    """(matcher, ids by bytes) of a strict `{"s": string}` output at `{"s":"`, whose known completion is a valid one
+    carried over from an earlier state (as `_still_completes` keeps them) but not the shortest: ten x's, then `"}`."""
     import torch
 
     from constrain import GrammarCompiler, llg_backend
@@ -597,8 +573,27 @@ def test_the_fewest_tokens_to_end_are_walked_once_where_a_completion_was_carried
     inner = getattr(m, "inner", m)  # (under the distinct-keys check every llguidance JSON output has)
     assert isinstance(inner, llg_backend.LlgMatcher)
     inner._closing, inner._closing_len, inner._closing_kept = carried, len(carried), True
+    yield m, ids
+    compiler.close()
+
+
+def test_a_completion_carried_over_that_does_not_fit_is_walked_afresh_before_the_rule_gives_up(
+        carried_inside_a_string):
+    """A completion carried over from before a token (`_still_completes`) is a valid one, not always the shortest:
+    where the sampled token leaves none that fits and the carried one does not fit either, the rule walks from
+    here before it gives up, and steers to that walk's first token when it fits."""
+    m, ids = carried_inside_a_string
+    assert m.vet(ids[b"abc"], 1) == ids[b'"}'] and m.accept(ids[b'"}']) and m.can_end()
+
+
+def test_the_fewest_tokens_to_end_are_walked_once_where_a_completion_was_carried_over(carried_inside_a_string,
+                                                                                        monkeypatch):
+    """`min_tokens_to_end` (which choices fit, constrain/either.py) does not report a carried-over completion that a
+    walk from here beats, and walks once for a state, not at each call."""
+    from constrain import llg_backend
+
+    m, _ = carried_inside_a_string
     walks = []
     real_walk = llg_backend.closing_tokens
     monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real_walk(*args))
     assert m.min_tokens_to_end() == 1 and m.min_tokens_to_end() == 1 and len(walks) == 1
-    compiler.close()
