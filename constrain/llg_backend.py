@@ -71,9 +71,10 @@ _CLOSING_NEAR_FACTOR = 1.25
 # is seen with a schema, such a token is vetted as if the completion could grow by _CLOSING_GROWTH tokens at once.
 _OPENERS = frozenset(b"{[,:")
 _CLOSING_GROWTH = 32
-# Where completions write no key twice (`LlgMatcher.write_distinct_keys`), the completion measured before a token
-# is taken as one after it only for a token inside one of these (a JSON string value, number or literal) that holds
-# none of _STRUCTURE: the keys written so far and the one being written stay as they were.
+# The follower's modes inside a JSON string value, number or literal (`_near_for`). Where completions write no key
+# twice (`LlgMatcher.write_distinct_keys`), the completion measured before a token is taken as one after it only for
+# a token inside one of these that holds none of _STRUCTURE: the keys written so far and the one being written stay
+# as they were.
 _VALUE_MODES = frozenset({"string", "number", "literal"})
 _STRUCTURE = frozenset(b'"\\{}[],:')
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
@@ -1375,7 +1376,7 @@ class LlgMatcher(Matcher):
         mode = keys.mode if keys is not None else None
         if mode in ("key", "member"):
             return True
-        if mode in ("string", "number", "literal"):
+        if mode in _VALUE_MODES:
             return self._near(tokens_left, factor=_CLOSING_NEAR_FACTOR)
         return self._near(tokens_left)
 

@@ -74,8 +74,6 @@ _SHORTHANDS = frozenset("dDwWsS")
 _CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D}
 _DOT = "[^\\n\\r\\u2028\\u2029]"  # ECMA-262's `.`, which the other dialects' also take
 _ANY_DOT = "[^\\n]"  # Python's and Rust's `.`, which holds ECMA-262's
-
-
 _BEYOND_ASCII: Ranges = ((0x80, 0x10FFFF),)
 
 
@@ -95,7 +93,7 @@ def portable_pattern(pattern: str) -> str:
     dialect takes. A class whose members this cannot read with certainty (`\\p{..}`, `\\a`, octal) stays as
     written, the rest is still rewritten; a pattern whose classes' extent the dialects read differently (a class
     holding `[`, or opening with `]`) is returned as it is."""
-    return _spelled(pattern, widest=False)
+    return _spell_classes(pattern, widest=False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -104,10 +102,10 @@ def widest_pattern(pattern: str) -> str:
     takes (`_taken`): a name that some dialect's reading matches, this matches. For the names' patterns of an object
     whose other keys may hold anything: such a name's value then gets the pattern's schema, which every dialect
     finds valid (a dialect that does not match the name asks nothing of its value)."""
-    return _spelled(pattern, widest=True)
+    return _spell_classes(pattern, widest=True)
 
 
-def _spelled(pattern: str, widest: bool) -> str:
+def _spell_classes(pattern: str, widest: bool) -> str:
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
