@@ -53,7 +53,7 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _ref_siblings(with_python_patterns(schema))
+    out = _endless_references_false(_ref_siblings(with_python_patterns(schema)))
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -66,6 +66,25 @@ def normalise_schema(schema: Any) -> Any:
             while len(_normal) > _NORMAL_MAX:
                 _normal.popitem(last=False)
     return out
+
+
+def _endless_references_false(schema: Any) -> Any:
+    """`schema` with each subschema that refers (`$ref`) into a recursion no finite value ends (`_endless`) written
+    `false`, which accepts the same documents: none. The rest of an endless recursion is then a schema with a
+    `false` part the backends know (`properties: {"a": false}` beside `required: ["a"]`), and every pointer a
+    `$ref` may hold still names what it named."""
+    if not isinstance(schema, dict) or not references_followable(schema):
+        return schema
+    endless = _endless(schema)
+
+    def rewrite(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if id(node) in endless and "$ref" in node:
+            return False
+        return map_subschemas(node, rewrite)
+
+    return rewrite(schema) if endless else schema
 
 
 def _ref_siblings(schema: Any) -> Any:
@@ -207,6 +226,28 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
                               "schema it is part of, at the same place in the value, so checking a value against "
                               "it never ends", param=param, pointer=base + loop)
+    endless = _endless_at(schema)
+    if endless is not None:
+        raise ConstraintError(f"no JSON document satisfies the schema: each value of the schema at "
+                              f"{base + endless or '/'} must hold another of its values (through required "
+                              f"properties, minItems or contains, and $ref), without end", param=param,
+                              pointer=base + endless)
+
+
+def _endless_at(root: dict) -> str | None:
+    """Where the recursion is, when no finite value satisfies the whole schema (`_endless`): the pointer of the
+    first endless `$ref` target reached from the root."""
+    if not references_followable(root):
+        return None
+    endless = _endless(root)
+    if id(root) not in endless:
+        return None
+    for _, key, node in _reached(root):
+        if key == "$ref" and id(node) in endless and isinstance(node[key], str):
+            target = resolve_ref(root, node[key])
+            if isinstance(target, dict) and id(target) in endless:
+                return node[key][1:]
+    return ""
 
 
 def _reference_loop(root: dict) -> str | None:
@@ -295,38 +336,90 @@ def _in_place_loop(root: dict) -> str | None:
 
 def _never_a_schema(root: dict) -> set[int]:
     """The ids of the subschemas that never reach a schema: the rest, found from those without `$ref`, allOf, anyOf
-    and oneOf, are those whose `$ref` target reaches one, and every allOf member, and some anyOf (and oneOf) member.
-    A worklist over the reverse edges: linear in the references and members (chains of thousands of `$ref`s)."""
-    nodes = {id(node): node for _, _, node in walk(root)}
+    and oneOf, are those whose `$ref` target reaches one, and every allOf member, and some anyOf (and oneOf) member."""
+    return _least_fixpoint(root, lambda node: _combined(root, node),
+                           lambda node, ok: _combinators_hold(root, node, ok))
+
+
+def _endless(root: dict) -> set[int]:
+    """The ids of the subschemas no finite JSON value satisfies: each value they take must hold another value of
+    them, without end, through a recursive `$ref` (`{"$defs": {"n": {"type": "object", "properties": {"a": {"$ref":
+    "#/$defs/n"}}, "required": ["a"]}}}`: `{"a": {"a": ...`). A JSON document is finite, so such a subschema
+    accepts none, as `false` does; llguidance compiled it all the same, and an output that entered it ran to
+    `max_tokens` unfinished. Read generously: a subschema counts as having a finite value unless its `$ref`, every
+    member of an anyOf/oneOf, one of an allOf, or each type it allows needs a value of one already counted
+    endless (an object's required properties, an array's first `minItems` items or its `contains`). So only a
+    recursion is ever found endless, never a schema the other checks refuse for what it asks."""
+    def needed(node: dict) -> list[list]:
+        """Per type the node allows: the subschemas a value of that type must satisfy, inside it."""
+        types = _types(node)
+        if types is None or types - {"object", "array"} or "const" in node or "enum" in node:
+            return [[]]
+        out = []
+        if "object" in types:
+            properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            others = node.get("additionalProperties") if "patternProperties" not in node else None
+            required = node.get("required") if isinstance(node.get("required"), list) else []
+            out.append([properties[name] if name in properties else others for name in required
+                        if isinstance(name, str)])
+        if "array" in types:
+            least = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
+            prefix = next((node[k] for k in ("prefixItems", "items") if isinstance(node.get(k), list)), [])
+            rest = node.get("items") if not isinstance(node.get("items"), list) else node.get("additionalItems")
+            items = prefix[:least] + ([rest] if least > len(prefix) else [])
+            contains = node.get("contains") if node.get("minContains", 1) != 0 else None
+            out.append(items + [contains])
+        return out
 
     def edges(node: dict) -> list:
-        ref = node.get("$ref")
-        found = [resolve_ref(root, ref)] if isinstance(ref, str) else []
-        return found + [m for key in ("allOf", "anyOf", "oneOf") if isinstance(node.get(key), list) for m in node[key]]
+        return _combined(root, node) + [sub for subs in needed(node) for sub in subs]
 
-    def reaches(node: dict, reached: set[int]) -> bool:
-        def ok(sub) -> bool:  # (`{}`, booleans and unresolved references are not followed: they count as schemas)
-            return not isinstance(sub, dict) or id(sub) not in nodes or id(sub) in reached
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ok(resolve_ref(root, ref)):
+    def finite(node: dict, ok) -> bool:
+        return _combinators_hold(root, node, ok) and any(all(ok(sub) for sub in subs) for subs in needed(node))
+
+    return _least_fixpoint(root, edges, finite)
+
+
+def _combined(root: dict, node: dict) -> list:
+    """The subschemas `node` applies to the same value: its `$ref` target and its allOf/anyOf/oneOf members."""
+    ref = node.get("$ref")
+    found = [resolve_ref(root, ref)] if isinstance(ref, str) else []
+    return found + [m for key in ("allOf", "anyOf", "oneOf") if isinstance(node.get(key), list) for m in node[key]]
+
+
+def _combinators_hold(root: dict, node: dict, ok) -> bool:
+    """`ok` holds for `node`'s `$ref` target, every allOf member and some anyOf (and oneOf) member."""
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ok(resolve_ref(root, ref)):
+        return False
+    for key, every in (("allOf", True), ("anyOf", False), ("oneOf", False)):
+        members = node.get(key)
+        if isinstance(members, list) and members and not (all if every else any)(ok(m) for m in members):
             return False
-        for key, every in (("allOf", True), ("anyOf", False), ("oneOf", False)):
-            members = node.get(key)
-            if isinstance(members, list) and members and not (all if every else any)(ok(m) for m in members):
-                return False
-        return True
+    return True
+
+
+def _least_fixpoint(root: dict, edges, holds) -> set[int]:
+    """The ids of `root`'s subschemas for which `holds(node, ok)` never becomes true, where `ok(sub)` says whether
+    it holds for a subschema (`{}`, booleans, None and unresolved references count as holding). Found from the
+    nodes it holds for without help, through the reverse of `edges` (the subschemas `holds` looks at): a worklist,
+    linear in the references and members (chains of thousands of `$ref`s)."""
+    nodes = {id(node): node for _, _, node in walk(root)}
+    reached: set[int] = set()
+
+    def ok(sub) -> bool:
+        return not isinstance(sub, dict) or id(sub) not in nodes or id(sub) in reached
 
     before: dict[int, list[dict]] = {}
     for node in nodes.values():
         for sub in edges(node):
             if isinstance(sub, dict) and id(sub) in nodes:
                 before.setdefault(id(sub), []).append(node)
-    reached: set[int] = set()
-    work = [node for node in nodes.values() if reaches(node, reached)]
+    work = [node for node in nodes.values() if holds(node, ok)]
     reached.update(id(node) for node in work)
     while work:
         for node in before.get(id(work.pop()), ()):
-            if id(node) not in reached and reaches(node, reached):
+            if id(node) not in reached and holds(node, ok):
                 reached.add(id(node))
                 work.append(node)
     return set(nodes) - reached

@@ -290,6 +290,53 @@ def test_a_number_json_cannot_write_is_refused_naming_it(schema, pointer):
     assert "a number JSON cannot write" in exc.value.message
 
 
+_ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"$defs": {"n": _ENDLESS}, "$ref": "#/$defs/n"}, "/$defs/n"),
+    ({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}}, "$ref": "#/$defs/n"},
+     "/$defs/n"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, ""),
+    ({"$defs": {"n": {"anyOf": [{"type": "array", "prefixItems": [{"type": "null"}, {"$ref": "#/$defs/n"}],
+                                 "minItems": 2}, {"type": "array", "contains": {"$ref": "#/$defs/n"}}]}},
+      "type": "object", "properties": {"v": {"$ref": "#/$defs/n"}}, "required": ["v"]}, "/$defs/n"),
+])
+def test_a_schema_no_finite_document_satisfies_is_refused_naming_the_recursion(schema, pointer):
+    """Each value must hold another without end: llguidance compiled it, and the answer ran to the end of the
+    context (4,077 tokens on the built-in model) as `{"a":{"a":{"a": ...`, cut there, not JSON."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert exc.value.pointer == "/json_schema/schema" + pointer, exc.value.pointer
+    assert "no JSON document satisfies the schema" in exc.value.message
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"n": {**_ENDLESS, "type": ["object", "null"]}}, "$ref": "#/$defs/n"},
+    {"$defs": {"n": {"anyOf": [_ENDLESS, {"type": "string"}]}}, "$ref": "#/$defs/n"},
+    {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"},
+    {"$defs": {"n": {"type": "array", "contains": {"$ref": "#/$defs/n"}, "minContains": 0}}, "$ref": "#/$defs/n"},
+    {"$defs": {"n": {**_ENDLESS, "required": []}}, "$ref": "#/$defs/n"},
+])
+def test_a_recursion_a_value_can_leave_is_taken(schema):
+    assert spec_from_request(response_format={"type": "json_object", "schema": schema}).schema == schema
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_an_optional_part_no_finite_value_satisfies_is_never_begun(gpt2_compiler, tokenizers, vocabs, backend):
+    """An optional property whose schema has no finite value is served as `false`: llguidance let the output
+    begin it, and such an output could never end."""
+    schema = {"$defs": {"n": _ENDLESS}, "type": "object", "additionalProperties": False,
+              "properties": {"x": {"$ref": "#/$defs/n"}, "y": {"type": "integer"}}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema},
+                                                      backend=backend))
+    tokenizer, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert accepts_document(grammar, tokenizer, vocab, {"y": 1})
+    matcher = grammar.matcher()
+    assert not all(matcher.accept(t) for t in tokenizer.encode('{"x": {"a": {"a'))
+    assert ended_walks_valid(grammar, vocab, schema, seed=3, walks=10, max_tokens=30) == 10
+
+
 def test_recursion_into_the_value_is_taken():
     """Recursion through properties, items or additionalProperties moves into the value, and ends."""
     for schema in ({"$defs": {"t": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
