@@ -20,6 +20,7 @@ _EXPORTS = {
     "ConstraintError": "constrain.grammar", "ConstraintSpec": "constrain.grammar", "Grammar": "constrain.grammar",
     "Matcher": "constrain.grammar",
     "spec_from_request": "constrain.spec", "COMPAT_CONSTRAINT_FIELDS": "constrain.spec",
+    "compat_options_ignored": "constrain.spec",
     "ToolCall": "constrain.tools", "parse_tool_calls": "constrain.tools", "tools_system_prompt": "constrain.tools",
     "Vocabulary": "constrain.vocabulary",
 }

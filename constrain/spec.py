@@ -428,11 +428,32 @@ def _least_fixpoint(root: dict, edges, holds) -> set[int]:
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
+# The fields each `response_format` type reads, and those of its `json_schema` object (OpenAI's shapes, and the
+# hosted-provider `{"type": "json_object", "schema": ...}`).
+_RESPONSE_FORMAT_FIELDS = {"text": ("type",), "json_object": ("type", "schema"), "json_schema": ("type", "json_schema")}
+_JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
+
+
+def _refuse_unread_fields(obj: dict, known: tuple[str, ...], param: str, hint: str = "") -> None:
+    """A field of a constraint's object that this server does not read is a 400 naming it (`param.field`), as
+    OpenAI answers: a schema sent under a key the shape does not have would otherwise leave the output silently
+    unconstrained. A field set to null counts as not sent."""
+    for name, value in obj.items():
+        if name not in known and value is not None:
+            raise ConstraintError(f"Unknown parameter: '{param}.{name}': {param} takes "
+                                  f"{', '.join(repr(k) for k in known)}{hint}", param=f"{param}.{name}",
+                                  code="unknown_parameter")
+
+
 def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | None:
     p = "response_format"
     if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
         raise ConstraintError("response_format must be an object with a string 'type'", param=p)
     kind = rf["type"]
+    if kind in _RESPONSE_FORMAT_FIELDS:
+        _refuse_unread_fields(rf, _RESPONSE_FORMAT_FIELDS[kind], p, f" with type {kind!r} (a schema goes in "
+                              f"'schema' with type 'json_object', in 'json_schema': {{'name', 'schema', 'strict'}} "
+                              f"with type 'json_schema')")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -445,6 +466,7 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         js = rf.get("json_schema")
         if not isinstance(js, dict):
             raise ConstraintError("response_format.json_schema must be an object with 'name' and 'schema'", param=p)
+        _refuse_unread_fields(js, _JSON_SCHEMA_FIELDS, "response_format.json_schema")
         name = js.get("name")
         if name is not None and not (isinstance(name, str) and SCHEMA_NAME.fullmatch(name)):
             # (OpenAI's rule; a client that omits the name is let through, as other compatible servers do)
@@ -509,6 +531,11 @@ def _from_field(param: str, usual: str) -> dict[str, Any]:
 # Grammars written in a grammar language (GBNF, EBNF, Lark, structural tags) are refused, never ignored.
 COMPAT_CONSTRAINT_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
                             "json_schema", "grammar", "ebnf", "structural_tag")
+# vLLM's `structured_outputs`: the constraints it may name (one of them; those of a grammar language are refused),
+# and its options that change nothing this server enforces (accepted, named in `x-structgen-ignored-fields`).
+_STRUCTURED_OUTPUTS_KINDS = {"json": "schema", "regex": "regex", "choice": "choice", "json_object": "json_object"}
+_STRUCTURED_OUTPUTS_CONSTRAINTS = ("json", "regex", "choice", "json_object", "grammar", "structural_tag")
+STRUCTURED_OUTPUTS_OPTIONS = ("disable_fallback", "disable_any_whitespace", "whitespace_pattern")
 _GRAMMAR_LANGUAGE = "grammars in a grammar language (GBNF, EBNF, Lark, structural tags) are not supported by this " \
                     "server: send a JSON schema (response_format), a `regex` or a `choice`"
 
@@ -524,6 +551,15 @@ def _compat_schema(value: Any, param: str) -> ConstraintSpec:
     validate_schema(value, param)
     return ConstraintSpec(kind="json_schema", schema=normalise_schema(value),
                           extra={"source": value, "param": param})
+
+
+def compat_options_ignored(fields: dict[str, Any]) -> list[str]:
+    """The options of the compatibility fields among `fields` that are accepted but change nothing here, as
+    `field.option`, for the `x-structgen-ignored-fields` header."""
+    outputs = fields.get("structured_outputs")
+    if not isinstance(outputs, dict):
+        return []
+    return [f"structured_outputs.{name}" for name in STRUCTURED_OUTPUTS_OPTIONS if outputs.get(name) is not None]
 
 
 def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpec]]:
@@ -554,14 +590,28 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
     if outputs is not None:
         if not isinstance(outputs, dict):
             raise ConstraintError("structured_outputs must be an object", param="structured_outputs")
-        for key, kind in (("json", "schema"), ("regex", "regex"), ("choice", "choice"),
-                          ("json_object", "json_object"), ("grammar", "grammar"), ("structural_tag", "grammar")):
-            add(f"structured_outputs.{key}", kind, outputs.get(key))
+        if outputs.get("disable_additional_properties"):  # (vLLM: objects closed to keys the schema does not name)
+            raise ConstraintError("structured_outputs.disable_additional_properties is not supported by this server: "
+                                  "close the objects in the schema (`additionalProperties: false`)",
+                                  param="structured_outputs.disable_additional_properties",
+                                  code="unsupported_parameter")
+        _refuse_unread_fields(outputs, _STRUCTURED_OUTPUTS_CONSTRAINTS + STRUCTURED_OUTPUTS_OPTIONS
+                              + ("disable_additional_properties",), "structured_outputs")
+        for key in _STRUCTURED_OUTPUTS_CONSTRAINTS:
+            add(f"structured_outputs.{key}", _STRUCTURED_OUTPUTS_KINDS.get(key, "grammar"), outputs.get(key))
+        if all(outputs.get(key) is None for key in _STRUCTURED_OUTPUTS_CONSTRAINTS):  # (`json_object: false` is one)
+            raise ConstraintError("structured_outputs names no constraint: it takes one of "
+                                  f"{', '.join(repr(k) for k in _STRUCTURED_OUTPUTS_CONSTRAINTS)}",
+                                  param="structured_outputs")
     grammar = fields.get("grammar")
     if isinstance(grammar, dict):  # TGI
         kind = {"json": "schema", "regex": "regex", "json_object": "json_object"}.get(grammar.get("type"))
         if kind is None:
             raise ConstraintError("grammar.type must be 'json', 'regex' or 'json_object'", param="grammar")
+        _refuse_unread_fields(grammar, ("type", "value"), "grammar")
+        if kind != "json_object" and grammar.get("value") is None:
+            raise ConstraintError(f"grammar.value is required with grammar.type {grammar['type']!r}: the "
+                                  f"{'schema' if kind == 'schema' else 'pattern'} to follow", param="grammar.value")
         add("grammar", kind, True if kind == "json_object" else grammar.get("value"))
     elif grammar is not None:  # llama.cpp: GBNF text
         add("grammar", "grammar", grammar)

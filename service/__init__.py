@@ -11,7 +11,8 @@ Beyond OpenAI, documented for clients:
 - Request field `constraint_backend` (`auto`, `outlines`, `llguidance`) overrides the server's choice for one
   request; response header `x-structgen-constraint-backend` names the backend that served the constraint.
 - Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored; a
-  message's as `messages.N.field`, likewise `stream_options.field`, `tools.N.field`, `tools.N.function.field`).
+  message's as `messages.N.field`, likewise `stream_options.field`, `tools.N.field`, `tools.N.function.field`;
+  one that several messages carry as `messages.*.field`; past 2,000 characters the list ends `+N more`).
 - Response header `x-structgen-unenforced`: JSON Pointers of schema keywords accepted but not enforced
   (non-strict schemas only; strict ones with such keywords are a 400). Both lists percent-encode what a header
   cannot carry (`generation.header_list`).

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import string
 import time
 import uuid
@@ -42,12 +43,44 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # seed 002; chat defaults to the room left 
 _HEADER_SAFE = "".join(c for c in string.punctuation if c not in "%,")  # (with letters and digits)
 
 
+# Characters a header list may take: all of a response's headers must fit proxies' buffers (nginx's proxy_buffer_size
+# is 4 or 8 KB) and clients' limits (httpx, so the OpenAI SDK, refused a 140 KB header outright).
+HEADER_LIST_MAX = 2000
+
+
 def header_list(items) -> str:
     """A response header's comma-separated list of client strings (field names, JSON Pointers into the client's
     schema). Each item is percent-encoded as UTF-8 (RFC 3986) where it holds a character other than printable
     ASCII, a space, a `%` or a `,`: header values are Latin-1 and end at a newline, so a property named `名前` or
-    `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form."""
-    return ",".join(quote(item, safe=_HEADER_SAFE) for item in items)
+    `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form. A list longer than
+    HEADER_LIST_MAX characters ends with `+N more`, N the items left out."""
+    items = list(items)
+    written, size = [], 0
+    for i, item in enumerate(items):
+        encoded = quote(item, safe=_HEADER_SAFE)
+        if size + len(encoded) > HEADER_LIST_MAX - len(f",+{len(items)} more"):
+            written.append(f"+{len(items) - i} more")
+            break
+        written.append(encoded)
+        size += len(encoded) + 1
+    return ",".join(written)
+
+
+_LISTED_FIELD = re.compile(r"(messages|tools|functions)\.([0-9]+)\.(.+)")
+
+
+def _per_entry_fields_collapsed(names: list[str]) -> list[str]:
+    """`messages.*.id` for a field that two or more messages carry (`messages.0.id`, `messages.1.id`, ...: clients
+    keep their own ids and timestamps on each message), likewise for tools; in the order first met."""
+    entries: dict[tuple[str, str], int] = {}
+    for name in names:
+        if m := _LISTED_FIELD.fullmatch(name):
+            entries[m[1], m[3]] = entries.get((m[1], m[3]), 0) + 1
+    out: dict[str, None] = {}
+    for name in names:
+        m = _LISTED_FIELD.fullmatch(name)
+        out[f"{m[1]}.*.{m[3]}" if m and entries[m[1], m[3]] > 1 else name] = None
+    return list(out)
 
 
 # OpenAI's `reasoning_effort` values -> gpt-oss's (its template writes "Reasoning: low|medium|high").
@@ -162,7 +195,8 @@ class Generation:
         ignored = [f for f in req.extra_fields
                    if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS
                    and not (f == "reasoning_effort" and harmony_effort)]
-        return {"x-structgen-ignored-fields": header_list(ignored)} if ignored else {}
+        ignored += constrain.compat_options_ignored(req.model_extra or {})
+        return {"x-structgen-ignored-fields": header_list(_per_entry_fields_collapsed(ignored))} if ignored else {}
 
     async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None,
                        tool_format="json_array"):

@@ -35,6 +35,30 @@ def test_malformed_response_format_is_a_client_error(rf):
     assert exc.value.param == "response_format"
 
 
+@pytest.mark.parametrize("rf, param", [
+    ({"type": "json_object", "json_schema": {"name": "x", "schema": {"type": "integer"}}},
+     "response_format.json_schema"),
+    ({"type": "text", "schema": {"type": "integer"}}, "response_format.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": S}, "schema": S}, "response_format.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "json_schema": S}},
+     "response_format.json_schema.json_schema"),
+    ({"type": "json_object", "strict": True}, "response_format.strict"),
+])
+def test_a_field_of_response_format_the_server_does_not_read_is_refused_naming_it(rf, param):
+    """A schema under a key its shape does not have (OpenAI's `json_schema` beside `json_object`) left the output
+    unconstrained, and said nothing."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format=rf)
+    assert exc.value.param == param and exc.value.code == "unknown_parameter"
+    assert f"Unknown parameter: '{param}'" in exc.value.message
+
+
+def test_a_field_of_response_format_set_to_null_counts_as_not_sent():
+    assert spec_from_request(response_format={"type": "json_object", "json_schema": None}).kind == "json_object"
+    assert spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": S, "description": None}}).schema == S
+
+
 def test_named_schema_reference():
     spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "user"}},
                              named_schemas={"user": S})
@@ -98,6 +122,15 @@ def test_other_servers_constraint_fields_are_the_same_constraints(fields, kind, 
     ({"structured_outputs": "json"}, "structured_outputs", "must be an object"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs.json_object", "must be a boolean"),
     ({"grammar": {"type": "lark", "value": "x"}}, "grammar", "grammar.type must be"),
+    ({"structured_outputs": {"json_schema": S}}, "structured_outputs.json_schema", "Unknown parameter"),
+    ({"structured_outputs": {"schema": S}}, "structured_outputs.schema", "Unknown parameter"),
+    ({"structured_outputs": {}}, "structured_outputs", "names no constraint"),
+    ({"structured_outputs": {"disable_fallback": True}}, "structured_outputs", "names no constraint"),
+    ({"structured_outputs": {"json": S, "disable_additional_properties": True}},
+     "structured_outputs.disable_additional_properties", "additionalProperties: false"),
+    ({"grammar": {"type": "json"}}, "grammar.value", "grammar.value is required"),
+    ({"grammar": {"type": "regex", "value": None}}, "grammar.value", "grammar.value is required"),
+    ({"grammar": {"type": "json", "value": S, "schema": S}}, "grammar.schema", "Unknown parameter"),
     ({"guided_json": "{not json"}, "guided_json", "JSON text"),
     ({"guided_json": {"type": "strin"}}, "guided_json", "invalid JSON Schema at /type"),
     ({"guided_regex": "(a"}, "guided_regex", "invalid regex in guided_regex"),

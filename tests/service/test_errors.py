@@ -351,6 +351,35 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "prediction"
 
 
+def test_a_field_many_messages_carry_is_named_once_and_the_list_is_bounded(http):
+    """Clients keep their own `id` on every message: 200 of them made a header past nginx's proxy buffer, and
+    5,000 unknown fields one that httpx (the OpenAI SDK) would not read."""
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi", "id": f"m{i}",
+                 "created_at": i} for i in range(301)]
+    messages[3]["weight"] = 1
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": messages})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-ignored-fields"] == "messages.*.created_at,messages.*.id,messages.3.weight"
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1,
+                                          **{f"field_{i:04d}": 1 for i in range(5000)}})
+    assert r.status_code == 200, r.text
+    named = r.headers["x-structgen-ignored-fields"]
+    *fields, more = named.split(",")
+    assert len(named) <= 2000 and fields == [f"field_{i:04d}" for i in range(len(fields))]
+    assert more == f"+{5000 - len(fields)} more"
+
+
+def test_options_of_vllms_structured_outputs_that_change_nothing_are_named(http):
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "structured_outputs": {
+        "choice": ["yes", "no"], "whitespace_pattern": " ?", "disable_fallback": True}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no")
+    assert r.headers["x-structgen-ignored-fields"] == \
+        "structured_outputs.disable_fallback,structured_outputs.whitespace_pattern"
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3,
+                                          "structured_outputs": {"json_schema": {"type": "integer"}}})
+    assert _assert_error(r, 400)["param"] == "structured_outputs.json_schema"
+
+
 def test_a_tool_message_must_answer_an_assistants_tool_calls(http):
     # OpenAI: "messages with role 'tool' must be a response to a preceding message with 'tool_calls'"
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -438,9 +467,9 @@ def test_an_assistants_earlier_reasoning_is_not_named_as_ignored(http):
         {"role": "assistant", "content": "Hello", "reasoning": {"summary": "not text"}},
         {"role": "user", "content": "again"}]})
     assert r.status_code == 200, r.text
-    # (message 1 sends both names: the template gets reasoning_content, and `reasoning` beside it is ignored)
-    assert r.headers["x-structgen-ignored-fields"] == \
-        "messages.0.reasoning_content,messages.1.reasoning,messages.2.reasoning"
+    # (message 1 sends both names: the template gets reasoning_content, and `reasoning` beside it is ignored;
+    # message 2's is not text: ignored too, and named once with message 1's)
+    assert r.headers["x-structgen-ignored-fields"] == "messages.0.reasoning_content,messages.*.reasoning"
 
 
 def test_other_servers_grammar_fields_are_refused_not_ignored(http):
