@@ -108,10 +108,12 @@ class ToolCallStream:
     """
 
     def __init__(self, tool_format: str = "json_array", forms: dict[str, dict[str, ValueForm]] | None = None,
-                 object_answer: bool = False):
+                 object_answer: bool = False, calls_only: bool = False):
         """`forms`: for the XML formats (qwen3_coder, glm45, glm47), how each function's parameter values are
         written (`constrain.xml_calls.function_forms`). `object_answer`: a response_format's answer may come
-        instead of calls, so a `{` opens the answer (content), not a call (calls are then an array)."""
+        instead of calls, so a `{` opens the answer (content), not a call (calls are then an array).
+        `calls_only`: the output is calls and nothing else (tool_choice "required" or a named function)."""
+        self.calls_only = calls_only
         self.hermes = tool_format == "hermes"
         self.xml = _XmlCalls(forms or {}, SHAPES[tool_format]) if tool_format in SHAPES else None
         self.args_calls = NAME_THEN_ARGS.get(tool_format)  # (mistral_args, harmony: the tags around the name)
@@ -168,9 +170,10 @@ class ToolCallStream:
         return self._merge(deltas)
 
     def finish(self) -> list[dict]:
-        """What is still held when the output ends: the end of a text answer."""
+        """What is still held when the output ends: the end of a text answer. Where the output is calls only, what
+        is held is the beginning of a call's tag that max_tokens cut (`<tool_call` became the answer's content)."""
         rest = self.pending_ws if self.mode is None else self.held if self.mode == "content" else ""
-        rest = self.lead_held + rest
+        rest = "" if self.calls_only else self.lead_held + rest
         self.pending_ws = self.held = self.lead_held = ""
         return [{"content": rest}] if rest else []
 
@@ -401,7 +404,8 @@ def tool_stream_for(spec) -> ToolCallStream:
     whether a response_format's answer may come instead of calls)."""
     tool_format = getattr(spec, "tool_format", "json_array")
     forms = function_forms(spec) if tool_format in XML_FORMATS else None
-    return ToolCallStream(tool_format, forms, object_answer=getattr(spec, "answer", None) is not None)
+    return ToolCallStream(tool_format, forms, object_answer=getattr(spec, "answer", None) is not None,
+                          calls_only=getattr(spec, "tool_choice", "auto") != "auto")
 
 
 def answer_calls(parsed: ParsedCalls | None, text: str, spec, finish_reason: str | None) -> ParsedCalls | None:

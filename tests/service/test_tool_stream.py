@@ -81,6 +81,24 @@ def test_hermes_text_answer_is_sent_whole_by_the_end():
     assert not stream.made_calls
 
 
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+@pytest.mark.parametrize("cut", ["<", "<tool", "<tool_call"])
+def test_a_call_tag_max_tokens_cut_is_no_content_where_the_answer_is_calls_only(tool_choice, cut):
+    """Under tool_choice "required" (or a named function) with a tag of several tokens, an output cut inside the
+    tag came back as `content: "<tool_call"`, streamed and not: the answer can only be calls."""
+    from constrain import spec_from_request
+    from service.tool_stream import as_streamed, tool_stream_for
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    spec = spec_from_request(tools=tools, tool_choice=tool_choice, tool_format="hermes")
+    stream = tool_stream_for(spec)
+    assert stream.feed(cut) + stream.finish() == []
+    parsed = as_streamed(cut, spec)
+    assert parsed.content is None and parsed.calls == []
+    auto = spec_from_request(tools=tools, tool_choice="auto", tool_format="hermes")
+    assert as_streamed(cut, auto).content == cut  # (under "auto" it may be text)
+
+
 LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Pa\\"ris}", "arguments": [1]}}'
 
 
