@@ -356,10 +356,10 @@ class Generation:
     def _fit(self, req: _SamplingFields, prompt_len: int, default_max: int | None) -> int:
         """`fit_max_tokens` for this request, its errors naming the fields it sent."""
         chat_messages = isinstance(req, ChatCompletionRequest) and req.messages is not None
-        return fit_max_tokens(prompt_len, req.max_completion_tokens or req.max_tokens, default_max,
+        tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        return fit_max_tokens(prompt_len, getattr(req, tokens_param), default_max,
                               self.loaded.context_length, req.context_length_exceeded_behavior or "truncate",
-                              prompt_param="messages" if chat_messages else "prompt",
-                              tokens_param="max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+                              prompt_param="messages" if chat_messages else "prompt", tokens_param=tokens_param)
 
     def _tools_prompt(self, tools: list[dict]) -> str:
         return constrain.tools_system_prompt(tools)

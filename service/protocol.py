@@ -446,12 +446,13 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=5, strict=True)
     # (0 with `echo`: the prompt scored, nothing generated; seed 002, and lm-evaluation-harness's loglikelihood)
     max_tokens: int | None = Field(default=None, ge=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=0, strict=True)  # (seed 003: max_tokens' synonym)
 
     @model_validator(mode="after")
     def _nothing_generated_only_to_echo(self):
-        if self.max_tokens == 0 and not self.echo:
-            raise ParamError("max_tokens", "`max_tokens: 0` generates nothing: it is only for `echo`, to score the "
-                                           "prompt")
+        field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        if getattr(self, field) == 0 and not self.echo:
+            raise ParamError(field, f"`{field}: 0` generates nothing: it is only for `echo`, to score the prompt")
         return self
 
     @field_validator("prompt", mode="before")

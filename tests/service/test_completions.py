@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from unittest.mock import ANY
 
 import pytest
 
@@ -104,6 +105,11 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(http):
     assert len(ids["logprobs"]["tokens"]) == 3 and ids["logprobs"]["token_logprobs"][0] is None
     refused = http.post("/v1/completions", json={**body, "echo": False})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+    # `max_completion_tokens` (max_tokens' synonym in seed 003) likewise: it was refused as "less than 1"
+    synonym = {k: v for k, v in body.items() if k != "max_tokens"} | {"max_completion_tokens": 0}
+    assert http.post("/v1/completions", json=synonym).json() == {**out, "id": ANY, "created": ANY}
+    refused = http.post("/v1/completions", json={**synonym, "echo": False})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_completion_tokens"
 
 
 def test_return_tokens_as_token_ids(http):
