@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import string
 from typing import Any, Callable
 
@@ -107,11 +108,47 @@ LLAMA3_JSON_INSTRUCTION = re.compile(r'"name": [^\n"]{0,80}"parameters": ')
 REASONING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 
 
+class _HeldText:
+    """The special tokens' text (`<|im_end|>`) found in messages' content, held out of the chat template as
+    placeholders and put back after it, where it is text: a message may not open or close turns. Placeholders
+    carry a nonce, so that no client text can pass for one."""
+
+    def __init__(self, special_text: re.Pattern):
+        self.special_text = special_text
+        self.nonce = secrets.token_hex(6)
+        self.texts: list[str] = []
+
+    def hold(self, text: str) -> str:
+        return self.special_text.sub(self._placeholder, text)
+
+    def _placeholder(self, match: re.Match) -> str:
+        self.texts.append(match[0])
+        return f"\ue000{self.nonce}.{len(self.texts) - 1}\ue001"
+
+    def put_back(self, rendered: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """`rendered` with the text in place of each placeholder, and where that text now lies (start, end)."""
+        if not self.texts:
+            return rendered, ()
+        out, spans, at, length = [], [], 0, 0
+        for m in re.finditer(f"\ue000{self.nonce}\\.([0-9]+)\ue001", rendered):
+            text = self.texts[int(m[1])]
+            out += [rendered[at:m.start()], text]
+            length += m.start() - at
+            spans.append((length, length + len(text)))
+            length += len(text)
+            at = m.end()
+        out.append(rendered[at:])
+        return "".join(out), tuple(spans)
+
+
 class ChatTemplate:
     """Renders a conversation for one tokenizer."""
 
     def __init__(self, tokenizer, tool_format: str = "auto", reasoning: str = "auto"):
         self.tokenizer = tokenizer
+        specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special and t.content},
+                          key=len, reverse=True)
+        self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
         self.knows_tools = "tools" in self.template and self._renders_tools()
@@ -263,11 +300,17 @@ class ChatTemplate:
             out.append({"role": "user", "content": "\n\n".join(system)})
         return out
 
-    def _message_dicts(self, messages: list[ChatMessage]) -> list[dict]:
+    def _message_dicts(self, messages: list[ChatMessage], held: _HeldText | None = None) -> list[dict]:
+        """The messages as the template reads them; with `held`, the special tokens' text in the content of
+        messages other than the assistant's held out as placeholders (an assistant message's is the model's own
+        writing, and a prefill the answer continues may open its channels, as gpt-oss's do)."""
         out = []
         for m in messages:
             role = "system" if m.role == "developer" else m.role
-            item: dict[str, Any] = {"role": role, "content": m.text}
+            content = m.text
+            if held is not None and role != "assistant" and isinstance(content, str):
+                content = held.hold(content)
+            item: dict[str, Any] = {"role": role, "content": content}
             if m.role == "assistant" and m.tool_calls:
                 if self.knows_tool_calls:
                     item["tool_calls"] = [
@@ -295,7 +338,21 @@ class ChatTemplate:
         """The prompt text: the conversation, then the assistant's turn opened (`generation_prompt`), or the last
         (assistant) message left open so the answer continues it (`continue_final_message`, a prefill).
         `template_kwargs` are extra variables for the model's template."""
-        dicts = self._message_dicts(messages)
+        return self.render_with_text_spans(messages, tools, tools_prompt, generation_prompt=generation_prompt,
+                                           continue_final_message=continue_final_message,
+                                           template_kwargs=template_kwargs)[0]
+
+    def render_with_text_spans(self, messages: list[ChatMessage], tools: list[dict] | None = None,
+                               tools_prompt: Callable[[list[dict]], str] | None = None, *,
+                               generation_prompt: bool = True, continue_final_message: bool = False,
+                               template_kwargs: dict[str, Any] | None = None
+                               ) -> tuple[str, tuple[tuple[int, int], ...]]:
+        """`render`'s text, and where in it messages' content spells special tokens (`<|im_end|>` in a tool's
+        result), which are text, not tokens (service/prompts.encode_chat_prompt): OpenAI's models read message
+        content as text, and so a message cannot end its turn and begin another (an injected system or assistant
+        turn). The template's own tokens, and text a raw `prompt` sends, stay tokens."""
+        held = _HeldText(self._special_text) if self._special_text is not None else None
+        dicts = self._message_dicts(messages, held)
         kwargs: dict[str, Any] = dict(template_kwargs or {})
         if tools:
             if self.knows_tools:
@@ -310,9 +367,10 @@ class ChatTemplate:
         options = dict(add_generation_prompt=generation_prompt, continue_final_message=continue_final_message,
                        **kwargs)
         try:
-            return self._apply(dicts, options)
+            rendered = self._apply(dicts, options)
         except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
             raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+        return held.put_back(rendered) if held is not None else (rendered, ())
 
     def _apply(self, dicts: list[dict], options: dict[str, Any]) -> str:
         """The template applied; where it refuses the conversation and that holds tool call ids, applied again

@@ -33,7 +33,7 @@ from engine.types import GenerationRequest, ReasoningTags, TokenEvent
 from service.chat_template import ChatTemplate
 from service.errors import APIError, invalid
 from service.metrics import Metrics
-from service.prompts import Prompt, completion_prompts, encode_prompt, fit_max_tokens
+from service.prompts import Prompt, completion_prompts, encode_chat_prompt, encode_prompt, fit_max_tokens
 from service.protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest, _SamplingFields
 from service.sampling import sampling_params
 
@@ -299,17 +299,16 @@ class Generation:
                      ) -> tuple[str, list[int], ReasoningTags | None, str]:
         """The rendered conversation, its token ids, the reasoning block the output may open or is inside (if
         any), and of an assistant message continued, the part that is the answer (the constraint's beginning)."""
-        text = self.template.render(req.messages, tools=tools if req.tool_choice != "none" else None,
-                                    tools_prompt=self._tools_prompt, generation_prompt=req.generation_prompt,
-                                    continue_final_message=bool(req.continue_final_message),
-                                    template_kwargs=self._template_kwargs(req))
+        text, text_spans = self.template.render_with_text_spans(
+            req.messages, tools=tools if req.tool_choice != "none" else None, tools_prompt=self._tools_prompt,
+            generation_prompt=req.generation_prompt, continue_final_message=bool(req.continue_final_message),
+            template_kwargs=self._template_kwargs(req))
         reasoning, answer_prefill = None, ""
         if req.continue_final_message:
             reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
         elif req.generation_prompt:
             reasoning = self.template.reasoning_for(text)
-        ids = encode_prompt(self.template.tokenizer, text, self.loaded.context_length, add_special_tokens=False,
-                            param="messages")
+        ids = encode_chat_prompt(self.template.tokenizer, text, text_spans, self.loaded.context_length)
         return text, ids, reasoning, answer_prefill
 
     def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:

@@ -39,6 +39,35 @@ def encode_prompt(tokenizer, text: str, context_length: int, *, add_special_toke
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
+def encode_chat_prompt(tokenizer, text: str, text_spans: tuple[tuple[int, int], ...], context_length: int
+                       ) -> list[int]:
+    """The token ids of a rendered conversation (`encode_prompt`), where the special tokens that fall inside
+    `text_spans` (what messages' content spelled: ChatTemplate.render_with_text_spans) are spelled as text."""
+    ids = encode_prompt(tokenizer, text, context_length, add_special_tokens=False, param="messages")
+    if not text_spans:
+        return ids
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    out: list[int] = []
+    for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
+        if token in special and any(a <= start and end <= b for a, b in text_spans):
+            out += _as_text(tokenizer, text[start:end])
+        else:
+            out.append(token)
+    return out
+
+
+def _as_text(tokenizer, text: str) -> list[int]:
+    """The ids of `text` read as text even where it spells a special token, with no word-start marker that a
+    SentencePiece tokenizer puts at the start of what it encodes (`▁<`): encoded after a newline, whose ids are then
+    dropped, where they are a prefix of the whole."""
+    def encode(t: str) -> list[int]:
+        return list(tokenizer.encode(t, add_special_tokens=False, split_special_tokens=True))
+
+    lead, whole = encode("\n"), encode("\n" + text)
+    return whole[len(lead):] if whole[:len(lead)] == lead else encode(text)
+
+
 def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int) -> list[Prompt]:
     """One `Prompt` per prompt in the request, in order."""
     if isinstance(prompt, str):
