@@ -557,8 +557,11 @@ class Engine:
         top_p = [1.0 if m else p.top_p for p, m in zip(params, mirostat)]
         min_p = [0.0 if m else p.min_p for p, m in zip(params, mirostat)]
         bias_rows, bias_cols, bias_values = [], [], []
-        for row, p in enumerate(params):
-            for token, value in p.logit_bias.items():
+        for row, seq in enumerate(self.seqs):
+            entries = list(seq.params.logit_bias.items())
+            if seq.may_not_end_yet:  # (until min_tokens: rebuilt in _postprocess when it is reached)
+                entries += [(token, -math.inf) for token in seq.eos_ids]
+            for token, value in entries:
                 if 0 <= int(token) < self.width:
                     bias_rows.append(row)
                     bias_cols.append(int(token))
@@ -627,6 +630,8 @@ class Engine:
             events.append((seq, event))
             if seq.finished is None:
                 keep.append(row)
+                if seq.matcher is None and len(seq.output_ids) == seq.params.min_tokens:
+                    self._sampling = None  # its end tokens are no longer banned
         self._keep_rows(keep)  # before emitting, so a consumer that sees its last event sees its row gone
         for seq, event in events:
             self._emit(seq, event)

@@ -82,6 +82,12 @@ class Sequence:
     def tokens_left(self) -> int:
         return self.max_new_tokens - len(self.output_ids)
 
+    @property
+    def may_not_end_yet(self) -> bool:
+        """`min_tokens` not reached: the output's end tokens are banned. Not under a constraint, whose document
+        ends where it is complete (a grammar that may only end would leave no token)."""
+        return self.matcher is None and len(self.output_ids) < self.params.min_tokens
+
     def take_token(self, token: int, logprob: TokenLogprob | None, chosen_prob: float) -> TokenEvent:
         """Apply one sampled token: grammar, detokenize, stop strings, limits. Returns this step's event."""
         params = self.params

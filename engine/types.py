@@ -44,6 +44,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0  # EOS and stop_token_ids are banned until this many tokens (unconstrained rows: vLLM's)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     mirostat_target: float | None = None  # mirostat v2 when set (seed 002)

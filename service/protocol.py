@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt,
+                      field_validator, model_validator)
 
 # Fields OpenAI (or the seed pages) define that this server cannot honour: sending them is a 400, not a silent
 # drop. The value is the reason, which becomes the error message.
@@ -19,6 +19,11 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "images": "this model does not accept images",
     "audio": "audio output is not supported by this server",
     "web_search_options": "web search is not supported by this server",
+    # (vLLM's token-level constraints: an empty list asks for nothing)
+    "allowed_token_ids": "`allowed_token_ids` is not supported by this server: constrain the output with a "
+                         "`regex`, a `choice` or a `response_format` schema",
+    "bad_words": "`bad_words` is not supported by this server: constrain the output with a `regex`, a `choice` "
+                 "or a `response_format` schema",
 }
 
 
@@ -237,6 +242,9 @@ class _SamplingFields(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0, strict=True)
     logit_bias: dict[str, StrictFloat] | None = None
     ignore_eos: StrictBool | None = False
+    # vLLM's: more token ids that end the output, and the fewest tokens before an end token may come
+    stop_token_ids: list[StrictInt] | None = Field(default=None, max_length=1024)
+    min_tokens: int | None = Field(default=None, ge=0, strict=True)
     response_format: dict[str, Any] | None = None
     regex: str | None = None
     choice: list[str] | None = None

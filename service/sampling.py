@@ -25,6 +25,15 @@ def logit_bias(req: _SamplingFields, vocab_size: int) -> dict[int, float]:
     return out
 
 
+def stop_token_ids(req: _SamplingFields, vocab_size: int) -> tuple[int, ...]:
+    """vLLM's `stop_token_ids`: ids of the tokenizer's vocabulary, as `logit_bias` keys are."""
+    for token in req.stop_token_ids or ():
+        if not 0 <= token < vocab_size:
+            raise invalid(f"stop_token_ids holds {token}, not a token id: the vocabulary has {vocab_size} tokens",
+                          "stop_token_ids")
+    return tuple(dict.fromkeys(req.stop_token_ids or ()))
+
+
 def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int, vocab_size: int,
                     logprobs: bool = False, top_logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
     temperature = 1.0 if req.temperature is None else req.temperature
@@ -52,6 +61,8 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int,
         top_logprobs=top_logprobs,
         prompt_logprobs=prompt_logprobs,
         ignore_eos=bool(req.ignore_eos),
+        stop_token_ids=stop_token_ids(req, vocab_size),
+        min_tokens=req.min_tokens or 0,
         stop=req.stop_list,
         include_stop_str_in_output=bool(req.include_stop_str_in_output),
         skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,

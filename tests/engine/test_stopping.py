@@ -55,6 +55,39 @@ def test_stop_token_ids_end_the_choice(engine):
     assert out[0].last.finish_reason == "stop"
 
 
+def test_min_tokens_bans_the_end_tokens_until_reached_in_a_batch_that_goes_on(engine, builtin):
+    """vLLM's `min_tokens`: EOS and stop_token_ids are banned until that many tokens (a +100 bias on EOS loses),
+    then allowed again (the batch's sampling settings are rebuilt) while the other rows go on."""
+    eos = min(builtin.eos_token_ids)
+    stop = 1000
+    forced_end, forced_stop, other = run_all(
+        engine,
+        request("e", PROMPT, temperature=0.0, max_tokens=10, min_tokens=3, logit_bias={eos: 100.0}),
+        request("s", PROMPT, temperature=0.7, seed=3, max_tokens=10, min_tokens=5, stop_token_ids=(stop,),
+                logit_bias={stop: 100.0}),
+        request("o", PROMPT, max_tokens=12, **VARIED))
+    assert len(forced_end[0].tokens) == 4 and forced_end[0].tokens[-1] == eos and eos not in forced_end[0].tokens[:3]
+    assert forced_end[0].last.finish_reason == "stop"
+    assert len(forced_stop[0].tokens) == 6 and forced_stop[0].tokens[-1] == stop
+    assert stop not in forced_stop[0].tokens[:5] and forced_stop[0].last.finish_reason == "stop"
+    (alone,) = run_all(engine, request("o", PROMPT, max_tokens=12, **VARIED))
+    assert other[0].tokens == alone[0].tokens
+
+
+def test_min_tokens_leaves_a_constrained_answer_to_end_where_its_document_does(engine, builtin):
+    """A grammar that may only end would leave no token: the document's end is the answer's."""
+    from constrain import GrammarCompiler, Vocabulary, spec_from_request
+
+    vocab = Vocabulary.from_tokenizer(builtin.tokenizer, builtin.logits_width, builtin.eos_token_ids)
+    compiler = GrammarCompiler(vocab, builtin.tokenizer, backend="llguidance", background_outlines=False)
+    try:
+        grammar = compiler.compile(spec_from_request(choice=["yes", "no"]))
+    finally:
+        compiler.close()
+    (out,) = run_all(engine, request("c", PROMPT, grammar=grammar, temperature=0.0, max_tokens=10, min_tokens=8))
+    assert out[0].last.finish_reason == "stop" and out[0].text in ("yes", "no")
+
+
 def test_max_tokens_and_context_length_end_with_length(builtin):
     small = dataclasses.replace(builtin, context_length=len(PROMPT) + 3)
     eng = Engine(small)

@@ -112,6 +112,25 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(http):
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_completion_tokens"
 
 
+def test_vllms_stop_token_ids_and_min_tokens_are_honoured_and_its_token_constraints_refused(http):
+    """They were accepted and only named as ignored: `min_tokens` gave a 1-token answer, and `allowed_token_ids`
+    and `bad_words` (constraints) left the output free."""
+    eos = "151643"
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 8, "logit_bias": {eos: 100}}
+    r = http.post("/v1/completions", json={**body, "min_tokens": 3})
+    assert r.status_code == 200 and "x-structgen-ignored-fields" not in r.headers
+    assert r.json()["usage"]["completion_tokens"] == 4 and r.json()["choices"][0]["finish_reason"] == "stop"
+    r = http.post("/v1/completions", json={**body, "logit_bias": {"64": 100}, "stop_token_ids": [64]})
+    assert r.json()["usage"]["completion_tokens"] == 1 and r.json()["choices"][0]["finish_reason"] == "stop"
+    r = http.post("/v1/completions", json={**body, "stop_token_ids": [151936]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids"
+    for field in ("allowed_token_ids", "bad_words"):
+        r = http.post("/v1/completions", json={**body, field: [64] if field == "allowed_token_ids" else ["a"]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
+        assert r.json()["error"]["param"] == field
+        assert http.post("/v1/completions", json={**body, field: []}).status_code == 200
+
+
 def test_return_tokens_as_token_ids(http):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3, "logprobs": 0,
                                           "return_tokens_as_token_ids": True})
