@@ -595,7 +595,7 @@ class Engine:
         for row, seq in enumerate(self.seqs):  # a grammar's budget rule may replace a sampled token
             token = out.tokens[row]
             if seq.matcher is not None and seq.grammar_error is None and not out.empty[row] \
-                    and token not in seq.eos_ids:
+                    and not seq.ends_on(token):
                 try:
                     vetted = seq.matcher.vet(token, seq.tokens_left)
                 except BaseException as exc:  # noqa: BLE001 - a backend failure ends this choice only

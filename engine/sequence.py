@@ -82,6 +82,12 @@ class Sequence:
     def tokens_left(self) -> int:
         return self.max_new_tokens - len(self.output_ids)
 
+    def ends_on(self, token: int) -> bool:
+        """`token` ends the output: an EOS id, or one of `stop_token_ids`, but under a constraint only where its
+        document may end (elsewhere the grammar's token is written: a document or a call is never cut there)."""
+        return token in self.eos_ids and (self.matcher is None or token not in self.params.stop_token_ids
+                                          or self.matcher.can_end())
+
     @property
     def may_not_end_yet(self) -> bool:
         """`min_tokens` not reached: the output's end tokens are banned. Not under a constraint, whose document
@@ -94,7 +100,7 @@ class Sequence:
         self.output_ids.append(token)
         text = reasoning = ""
         start = self._answer_in  # (where this token's answer text begins)
-        is_stop_token = token in self.eos_ids
+        is_stop_token = self.ends_on(token)
         in_answer = True  # the token belongs to the answer (not to a reasoning block, nor stripped after one)
         if params.mirostat_target is not None:
             surprise = -math.log2(max(chosen_prob, 1e-30))

@@ -74,18 +74,34 @@ def test_min_tokens_bans_the_end_tokens_until_reached_in_a_batch_that_goes_on(en
     assert other[0].tokens == alone[0].tokens
 
 
-def test_min_tokens_leaves_a_constrained_answer_to_end_where_its_document_does(engine, builtin):
-    """A grammar that may only end would leave no token: the document's end is the answer's."""
+def _grammar(builtin, **constraint):
     from constrain import GrammarCompiler, Vocabulary, spec_from_request
 
     vocab = Vocabulary.from_tokenizer(builtin.tokenizer, builtin.logits_width, builtin.eos_token_ids)
     compiler = GrammarCompiler(vocab, builtin.tokenizer, backend="llguidance", background_outlines=False)
     try:
-        grammar = compiler.compile(spec_from_request(choice=["yes", "no"]))
+        return compiler.compile(spec_from_request(**constraint))
     finally:
         compiler.close()
+
+
+def test_min_tokens_leaves_a_constrained_answer_to_end_where_its_document_does(engine, builtin):
+    """A grammar that may only end would leave no token: the document's end is the answer's."""
+    grammar = _grammar(builtin, choice=["yes", "no"])
     (out,) = run_all(engine, request("c", PROMPT, grammar=grammar, temperature=0.0, max_tokens=10, min_tokens=8))
     assert out[0].last.finish_reason == "stop" and out[0].text in ("yes", "no")
+
+
+def test_a_stop_token_id_never_cuts_a_constrained_document(engine, builtin):
+    """Under a constraint a stop token id ends the output only where the document may end; elsewhere it is the
+    grammar's token, written (every digit a stop id under `[0-9]{4}` ended the answer at its first digit)."""
+    digits = tuple(builtin.tokenizer.convert_tokens_to_ids(list("0123456789")))
+    (out,) = run_all(engine, request("d", PROMPT, grammar=_grammar(builtin, regex="[0-9]{4}"), temperature=0.8,
+                                     seed=5, max_tokens=10, stop_token_ids=digits))
+    assert out[0].last.finish_reason == "stop" and len(out[0].text) == 4 and out[0].text.isdigit()
+    (cut,) = run_all(engine, request("u", PROMPT, temperature=0.0, max_tokens=10, stop_token_ids=digits,
+                                     logit_bias={digits[3]: 100.0}))
+    assert cut[0].tokens == [digits[3]] and cut[0].text == ""  # (unconstrained, it ends the output at once)
 
 
 def test_max_tokens_and_context_length_end_with_length(builtin):
