@@ -27,6 +27,15 @@ _PAD_ARTEFACT = re.compile(r"^\[PAD\d+\]$")
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
+def unsampled_ids(tokenizer, logits_width: int) -> tuple[int, ...]:
+    """The ids that are no token of the model's text, which a row free of any constraint is never to sample either:
+    those past the tokenizer's vocabulary (padded logits) and the `[PADnnnn]` artefacts (a random model, the
+    built-in one, wrote `[PAD151697]` in its answers)."""
+    artefacts = [int(i) for i, t in tokenizer.added_tokens_decoder.items()
+                 if not t.special and _PAD_ARTEFACT.match(t.content) and int(i) < logits_width]
+    return tuple(sorted(artefacts)) + tuple(range(len(tokenizer), logits_width))
+
+
 def _gpt2_unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 onwards."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 
 from constrain.grammar import ConstraintError
 from constrain.stops import StopMatcher
+from constrain.vocabulary import unsampled_ids
 from engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from engine.kv_batch import KVBatch
 from engine.model_loader import LoadedModel
@@ -62,6 +63,8 @@ class Engine:
         self.vocab_rows = loaded.model.get_input_embeddings().num_embeddings
         self.runner = ModelRunner(loaded)
         self.texts = TokenTexts(loaded.tokenizer)
+        self._unsampled_on_device = torch.tensor(unsampled_ids(loaded.tokenizer, self.width), dtype=torch.long,
+                                                 device=self.device)  # (banned in rows free of a constraint)
         self.scheduler = Scheduler(max_batch_size, max_prefill_tokens)
         self.max_batch_size = max_batch_size
         self._shared_generator = torch.Generator(device=self.device)
@@ -566,6 +569,14 @@ class Engine:
                     bias_rows.append(row)
                     bias_cols.append(int(token))
                     bias_values.append(float(value))
+        # ids that are no token, banned in the rows free of a constraint (whose mask holds none of them)
+        free = [row for row, seq in enumerate(self.seqs) if seq.matcher is None]
+        unsampled = self._unsampled_on_device
+        bias_rows = torch.cat([torch.tensor(bias_rows, dtype=torch.long, device=dev),
+                               torch.tensor(free, dtype=torch.long, device=dev).repeat_interleave(len(unsampled))])
+        bias_cols = torch.cat([torch.tensor(bias_cols, dtype=torch.long, device=dev), unsampled.repeat(len(free))])
+        bias_values = torch.cat([floats(bias_values),
+                                 torch.full((len(free) * len(unsampled),), -math.inf, device=dev)])
         sampled = [not g for g in greedy]
         temperature = [1.0 if g else max(p.temperature, 1e-5) for p, g in zip(params, greedy)]
         return SamplingBatch(
@@ -575,8 +586,7 @@ class Engine:
             repetition=floats([p.repetition_penalty for p in params]),
             frequency=floats([p.frequency_penalty for p in params]),
             presence=floats([p.presence_penalty for p in params]),
-            bias_rows=torch.tensor(bias_rows, dtype=torch.long, device=dev),
-            bias_cols=torch.tensor(bias_cols, dtype=torch.long, device=dev), bias_values=floats(bias_values),
+            bias_rows=bias_rows, bias_cols=bias_cols, bias_values=bias_values,
             mirostat=torch.tensor(mirostat, device=dev),
             mirostat_mu=floats([seq.mirostat_mu for seq in self.seqs]),
             generators=[seq.generator for seq in self.seqs],

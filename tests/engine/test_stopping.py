@@ -104,6 +104,20 @@ def test_a_stop_token_id_never_cuts_a_constrained_document(engine, builtin):
     assert cut[0].tokens == [digits[3]] and cut[0].text == ""  # (unconstrained, it ends the output at once)
 
 
+def test_ids_that_are_no_token_are_never_sampled_without_a_constraint(engine, builtin):
+    """The built-in tokenizer's `[PADnnnn]` artefacts (GGUF padding) were sampled by the random model, which wrote
+    `[PAD151697]` in its answers; a bias of +100 on one does not bring it back."""
+    from constrain.vocabulary import unsampled_ids
+
+    pads = unsampled_ids(builtin.tokenizer, builtin.logits_width)
+    assert len(pads) == 290 and builtin.tokenizer.convert_ids_to_tokens(pads[0]).startswith("[PAD")
+    forced, sampled = run_all(engine, request("p", PROMPT, temperature=0.0, max_tokens=4, logit_bias={pads[7]: 100.0}),
+                              request("s", PROMPT, temperature=1.5, seed=11, max_tokens=40,
+                                      logit_bias={p: 5.0 for p in pads[:50]}))
+    assert not set(forced[0].tokens + sampled[0].tokens) & set(pads)
+    assert len(forced[0].tokens) == 4 and "[PAD" not in forced[0].text + sampled[0].text
+
+
 def test_max_tokens_and_context_length_end_with_length(builtin):
     small = dataclasses.replace(builtin, context_length=len(PROMPT) + 3)
     eng = Engine(small)
