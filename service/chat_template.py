@@ -108,6 +108,11 @@ LLAMA3_JSON_INSTRUCTION = re.compile(r'"name": [^\n"]{0,80}"parameters": ')
 REASONING_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 
 
+# A message's fields whose text stays as it is: values the template compares (`tool_call_id`: Mistral's templates
+# check its length) and the role.
+_NOT_HELD = ("role", "tool_call_id")
+
+
 class _HeldText:
     """The special tokens' text (`<|im_end|>`) found in messages' content, held out of the chat template as
     placeholders and put back after it, where it is text: a message may not open or close turns. Placeholders
@@ -118,8 +123,15 @@ class _HeldText:
         self.nonce = secrets.token_hex(6)
         self.texts: list[str] = []
 
-    def hold(self, text: str) -> str:
-        return self.special_text.sub(self._placeholder, text)
+    def hold(self, value: Any) -> Any:
+        """`value` (a string, or the strings inside lists and dicts) with the special tokens' text held."""
+        if isinstance(value, str):
+            return self.special_text.sub(self._placeholder, value)
+        if isinstance(value, list):
+            return [self.hold(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.hold(v) for k, v in value.items()}
+        return value
 
     def _placeholder(self, match: re.Match) -> str:
         self.texts.append(match[0])
@@ -300,17 +312,15 @@ class ChatTemplate:
             out.append({"role": "user", "content": "\n\n".join(system)})
         return out
 
-    def _message_dicts(self, messages: list[ChatMessage], held: _HeldText | None = None) -> list[dict]:
-        """The messages as the template reads them; with `held`, the special tokens' text in the content of
-        messages other than the assistant's held out as placeholders (an assistant message's is the model's own
-        writing, and a prefill the answer continues may open its channels, as gpt-oss's do)."""
+    def _message_dicts(self, messages: list[ChatMessage], held: _HeldText | None = None,
+                       prefill: bool = False) -> list[dict]:
+        """The messages as the template reads them; with `held`, the special tokens' text in what they say (content,
+        reasoning, calls' arguments, names) held out as placeholders, but in a final assistant message the answer
+        continues (`prefill`): that one may open the model's channels, as gpt-oss's do."""
         out = []
-        for m in messages:
+        for i, m in enumerate(messages):
             role = "system" if m.role == "developer" else m.role
-            content = m.text
-            if held is not None and role != "assistant" and isinstance(content, str):
-                content = held.hold(content)
-            item: dict[str, Any] = {"role": role, "content": content}
+            item: dict[str, Any] = {"role": role, "content": m.text}
             if m.role == "assistant" and m.tool_calls:
                 if self.knows_tool_calls:
                     item["tool_calls"] = [
@@ -329,6 +339,8 @@ class ChatTemplate:
                 item["tool_call_id"] = m.tool_call_id
             if m.name:  # (a participant's name: templates that write names get it; the others leave it out)
                 item["name"] = m.name
+            if held is not None and not (prefill and i == len(messages) - 1):
+                item = {key: value if key in _NOT_HELD else held.hold(value) for key, value in item.items()}
             out.extend(_one_call_each(item) if self.harmony else [item])
         return out
 
@@ -352,13 +364,15 @@ class ChatTemplate:
         content as text, and so a message cannot end its turn and begin another (an injected system or assistant
         turn). The template's own tokens, and text a raw `prompt` sends, stay tokens."""
         held = _HeldText(self._special_text) if self._special_text is not None else None
-        dicts = self._message_dicts(messages, held)
+        dicts = self._message_dicts(messages, held, prefill=continue_final_message)
         kwargs: dict[str, Any] = dict(template_kwargs or {})
         if tools:
             if self.knows_tools:
                 kwargs["tools"] = [_with_description(t) for t in tools] if self.harmony else tools
+                if held is not None:  # (descriptions come from whoever wrote the tools: an MCP server's, say)
+                    kwargs["tools"] = held.hold(kwargs["tools"])
             elif tools_prompt is not None:
-                text = tools_prompt(tools)
+                text = tools_prompt(tools) if held is None else held.hold(tools_prompt(tools))
                 if dicts and dicts[0]["role"] == "system":
                     dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + text}
                 else:

@@ -6,6 +6,7 @@ of token-id lists (one prompt each). No sampling and no tensors here.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from service.errors import APIError, invalid
@@ -41,31 +42,63 @@ def encode_prompt(tokenizer, text: str, context_length: int, *, add_special_toke
 
 def encode_chat_prompt(tokenizer, text: str, text_spans: tuple[tuple[int, int], ...], context_length: int
                        ) -> list[int]:
-    """The token ids of a rendered conversation (`encode_prompt`), where the special tokens that fall inside
-    `text_spans` (what messages' content spelled: ChatTemplate.render_with_text_spans) are spelled as text."""
+    """The token ids of a rendered conversation (`encode_prompt`), where the text within `text_spans` (special
+    tokens' text that messages spelled: ChatTemplate.render_with_text_spans) is text: the special tokens no span
+    overlaps are the template's, and each stretch of text between two of them that a span lies in is tokenized
+    again with special tokens read as text (one encode a stretch, as the tokenizer reads the text between two
+    special tokens: a token that took in the whitespace beside it, `rstrip`, overlaps its span too)."""
     ids = encode_prompt(tokenizer, text, context_length, add_special_tokens=False, param="messages")
     if not text_spans:
         return ids
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = sorted(text_spans)
+    starts = [a for a, _ in spans]
     out: list[int] = []
-    for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
-        if token in special and any(a <= start and end <= b for a, b in text_spans):
-            out += _as_text(tokenizer, text[start:end])
+    stretch: list[int] = []  # ids of the text since the last template token
+    stretch_start, k = 0, 0  # (where that text begins; the first span that does not end before a token)
+
+    def close_stretch(end: int) -> None:
+        at = bisect.bisect_left(starts, stretch_start)
+        if at < len(spans) and spans[at][0] < end:  # a span lies in it: its text read again
+            out.extend(_stretch_as_text(tokenizer, text[stretch_start:end], first=stretch_start == 0))
         else:
+            out.extend(stretch)
+        stretch.clear()
+
+    for token, (start, end) in zip(encoding["input_ids"], encoding["offset_mapping"]):
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        if token in special and not (k < len(spans) and spans[k][0] < end):  # the template's own
+            close_stretch(start)
             out.append(token)
+            stretch_start = end
+        else:
+            stretch.append(token)
+    close_stretch(len(text))
     return out
 
 
-def _as_text(tokenizer, text: str) -> list[int]:
-    """The ids of `text` read as text even where it spells a special token, with no word-start marker that a
-    SentencePiece tokenizer puts at the start of what it encodes (`▁<`): encoded after a newline, whose ids are then
-    dropped, where they are a prefix of the whole."""
+def _stretch_as_text(tokenizer, text: str, first: bool) -> list[int]:
+    """The ids of `text`, special tokens' text read as text, as the tokenizer reads text that follows a special
+    token (`first`: text at the start of the prompt): encoded alone, or, for a tokenizer that marks only the start
+    of the whole input as a word's (SentencePiece's Metaspace "first": `▁`), after a newline whose ids are dropped.
+    Which of the two is found by trying both on a probe against the tokenizer's own reading."""
     def encode(t: str) -> list[int]:
         return list(tokenizer.encode(t, add_special_tokens=False, split_special_tokens=True))
 
-    lead, whole = encode("\n"), encode("\n" + text)
-    return whole[len(lead):] if whole[:len(lead)] == lead else encode(text)
+    def after_newline(t: str) -> list[int] | None:
+        lead, whole = encode("\n"), encode("\n" + t)
+        return whole[len(lead):] if whole[:len(lead)] == lead else None
+
+    if first:
+        return encode(text)
+    probe = "\nfoo bar"
+    marker = next(t.content for t in tokenizer.added_tokens_decoder.values() if t.special)
+    read = list(tokenizer.encode(marker + probe, add_special_tokens=False))[1:]
+    if encode(probe) != read and after_newline(probe) == read:
+        return after_newline(text) or encode(text)
+    return encode(text)
 
 
 def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int) -> list[Prompt]:
