@@ -22,8 +22,8 @@ from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
-from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, map_subschemas, references_followable, resolve_ref,
-                               walk)
+from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, map_subschemas, pointer_child, references_followable,
+                               resolve_ref, walk)
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,14 @@ def normalise_schema(schema: Any) -> Any:
 def _endless_references_false(schema: Any) -> Any:
     """`schema` with each subschema that refers (`$ref`) into a recursion no finite value ends (`_endless`) written
     `false`, which accepts the same documents: none. The rest of an endless recursion is then a schema with a
-    `false` part the backends know (`properties: {"a": false}` beside `required: ["a"]`), and every pointer a
-    `$ref` may hold still names what it named."""
+    `false` part the backends know (`properties: {"a": false}` beside `required: ["a"]`). Where a `$ref` points
+    inside an endless subschema (`#/$defs/n/properties/x`), the schema is left as it is: the rewrites would turn
+    the subschema `false`, and the pointer would name nothing."""
     if not isinstance(schema, dict) or not references_followable(schema):
         return schema
     endless = _endless(schema)
+    if endless & _holding_targets(schema):  # (a `$ref` into one must still find its target: left as it is)
+        return schema
 
     def rewrite(node: Any) -> Any:
         if not isinstance(node, dict):
@@ -85,6 +88,20 @@ def _endless_references_false(schema: Any) -> Any:
         return map_subschemas(node, rewrite)
 
     return rewrite(schema) if endless else schema
+
+
+def _holding_targets(root: dict) -> set[int]:
+    """The ids of the subschemas that hold the target of a local `$ref` below them (`#/$defs/n/properties/x`)."""
+    holding: set[int] = set()
+    for _, key, node in walk(root):
+        if key == "$ref" and isinstance(node[key], str) and node[key].startswith("#/"):
+            at: Any = root
+            for part in node[key][2:].split("/")[:-1]:
+                found, at = pointer_child(at, part)
+                if not found:
+                    break
+                holding.add(id(at))
+    return holding
 
 
 def _ref_siblings(schema: Any) -> Any:
@@ -226,7 +243,7 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
                               "schema it is part of, at the same place in the value, so checking a value against "
                               "it never ends", param=param, pointer=base + loop)
-    endless = _endless_at(schema)
+    endless = _endless_at(_ref_siblings(schema))  # (as compiled: drafts 4-7 drop a recursive $ref's siblings)
     if endless is not None:
         raise ConstraintError(f"no JSON document satisfies the schema: each value of the schema at "
                               f"{base + endless or '/'} must hold another of its values (through required "
@@ -350,8 +367,14 @@ def _endless(root: dict) -> set[int]:
     member of an anyOf/oneOf, one of an allOf, or each type it allows needs a value of one already counted
     endless (an object's required properties, an array's first `minItems` items or its `contains`). So only a
     recursion is ever found endless, never a schema the other checks refuse for what it asks."""
+    draft = str(root.get("$schema", ""))
+    old = any(d in draft for d in _OLD_DRAFTS)  # (list `items` and additionalItems; no prefixItems, minContains)
+    before_2020 = old or "2019-09" in draft
+    has_contains = not any(d in draft for d in ("draft-03", "draft-04"))
+
     def needed(node: dict) -> list[list]:
-        """Per type the node allows: the subschemas a value of that type must satisfy, inside it."""
+        """Per type the node allows: the subschemas a value of that type must satisfy, inside it (the keywords of
+        the schema's draft)."""
         types = _types(node)
         if types is None or types - {"object", "array"} or "const" in node or "enum" in node:
             return [[]]
@@ -364,10 +387,12 @@ def _endless(root: dict) -> set[int]:
                         if isinstance(name, str)])
         if "array" in types:
             least = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
-            prefix = next((node[k] for k in ("prefixItems", "items") if isinstance(node.get(k), list)), [])
-            rest = node.get("items") if not isinstance(node.get("items"), list) else node.get("additionalItems")
+            listed = "items" if before_2020 else "prefixItems"
+            prefix = node.get(listed) if isinstance(node.get(listed), list) else []
+            rest = node.get("additionalItems") if isinstance(node.get("items"), list) else node.get("items")
             items = prefix[:least] + ([rest] if least > len(prefix) else [])
-            contains = node.get("contains") if node.get("minContains", 1) != 0 else None
+            least_contained = 1 if old else node.get("minContains", 1)
+            contains = node.get("contains") if has_contains and least_contained != 0 else None
             out.append(items + [contains])
         return out
 

@@ -355,6 +355,42 @@ def test_a_recursion_a_value_can_leave_is_taken(schema):
     assert spec_from_request(response_format={"type": "json_object", "schema": schema}).schema == schema
 
 
+_D4, _D7 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-07/schema#"
+_D2019 = "https://json-schema.org/draft/2019-09/schema"
+
+
+@pytest.mark.parametrize("schema, instance", [
+    ({"$schema": _D7, "type": "array", "minItems": 1, "prefixItems": [{"$ref": "#"}]}, [1]),
+    ({"$schema": _D2019, "type": "array", "minItems": 1, "prefixItems": [{"$ref": "#"}]}, [1]),
+    ({"$schema": _D2019, "type": "array", "minItems": 1, "items": [{"type": "integer"}], "prefixItems": [
+        {"$ref": "#"}]}, [1]),
+    ({"$schema": _D4, "type": "array", "contains": {"$ref": "#"}}, []),
+    ({"$schema": _D7, "definitions": {"tree": {"type": "object", "properties": {
+        "kids": {"type": "array", "items": {"$ref": "#/definitions/tree"}}}}},
+      "$ref": "#/definitions/tree", "type": "object", "required": ["root"], "properties": {"root": {"$ref": "#"}}}, {}),
+])
+def test_a_recursion_only_a_later_drafts_keyword_would_make_endless_is_taken(gpt2_compiler, tokenizers, vocabs,
+                                                                               schema, instance):
+    """The check read `prefixItems` and `contains` in drafts that do not have them, and a draft-07 `$ref`'s
+    siblings, which the draft ignores (and the compiled schema drops beside a recursive reference): a 400 "no
+    JSON document satisfies" for schemas whose instances validate."""
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema},
+                                                      backend="llguidance"))
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], instance)
+
+
+def test_a_ref_into_an_endless_subschema_leaves_the_schema_as_it_was(gpt2_compiler, tokenizers, vocabs):
+    """Written `false`, the endless `n` (and its `properties`) was gone, and `#/$defs/n/properties/x` named
+    nothing: a 400 for a schema `{"y": 1}` satisfies."""
+    schema = {"$defs": {"n": {"$ref": "#/$defs/m", "properties": {"x": {"type": "integer"}}},
+                        "m": {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/$defs/n"}}}},
+              "type": "object", "additionalProperties": False, "required": ["y"],
+              "properties": {"opt": {"$ref": "#/$defs/n"}, "y": {"$ref": "#/$defs/n/properties/x"}}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema},
+                                                      backend="llguidance"))
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"y": 1})
+
+
 @pytest.mark.parametrize("backend", ["llguidance", "auto"])
 def test_an_optional_part_no_finite_value_satisfies_is_never_begun(gpt2_compiler, tokenizers, vocabs, backend):
     """An optional property whose schema has no finite value is served as `false`: llguidance let the output
