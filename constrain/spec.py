@@ -561,6 +561,7 @@ COMPAT_CONSTRAINT_FIELDS = ("guided_json", "guided_regex", "guided_choice", "gui
 _STRUCTURED_OUTPUTS_KINDS = {"json": "schema", "regex": "regex", "choice": "choice", "json_object": "json_object"}
 _STRUCTURED_OUTPUTS_CONSTRAINTS = ("json", "regex", "choice", "json_object", "grammar", "structural_tag")
 STRUCTURED_OUTPUTS_OPTIONS = ("disable_fallback", "disable_any_whitespace", "whitespace_pattern")
+_STRUCTURED_OUTPUTS_INTERNAL = ("_backend", "_backend_was_auto")  # (vLLM's own, in a serialised params object)
 _GRAMMAR_LANGUAGE = "grammars in a grammar language (GBNF, EBNF, Lark, structural tags) are not supported by this " \
                     "server: send a JSON schema (response_format), a `regex` or a `choice`"
 
@@ -584,7 +585,8 @@ def compat_options_ignored(fields: dict[str, Any]) -> list[str]:
     outputs = fields.get("structured_outputs")
     if not isinstance(outputs, dict):
         return []
-    return [f"structured_outputs.{name}" for name in STRUCTURED_OUTPUTS_OPTIONS if outputs.get(name) is not None]
+    return [f"structured_outputs.{name}" for name in STRUCTURED_OUTPUTS_OPTIONS
+            if outputs.get(name) not in (None, False)]  # (false: the default, which asks for nothing)
 
 
 def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpec]]:
@@ -621,7 +623,8 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
                                   param="structured_outputs.disable_additional_properties",
                                   code="unsupported_parameter")
         _refuse_unread_fields(outputs, _STRUCTURED_OUTPUTS_CONSTRAINTS + STRUCTURED_OUTPUTS_OPTIONS
-                              + ("disable_additional_properties",), "structured_outputs")
+                              + _STRUCTURED_OUTPUTS_INTERNAL + ("disable_additional_properties",),
+                              "structured_outputs")
         for key in _STRUCTURED_OUTPUTS_CONSTRAINTS:
             add(f"structured_outputs.{key}", _STRUCTURED_OUTPUTS_KINDS.get(key, "grammar"), outputs.get(key))
         if all(outputs.get(key) is None for key in _STRUCTURED_OUTPUTS_CONSTRAINTS):  # (`json_object: false` is one)

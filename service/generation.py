@@ -54,15 +54,17 @@ def header_list(items) -> str:
     ASCII, a space, a `%` or a `,`: header values are Latin-1 and end at a newline, so a property named `名前` or
     `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form. A list longer than
     HEADER_LIST_MAX characters ends with `+N more`, N the items left out."""
-    items = list(items)
+    encoded = [quote(item, safe=_HEADER_SAFE) for item in items]
+    whole = ",".join(encoded)
+    if len(whole) <= HEADER_LIST_MAX:
+        return whole
     written, size = [], 0
-    for i, item in enumerate(items):
-        encoded = quote(item, safe=_HEADER_SAFE)
-        if size + len(encoded) > HEADER_LIST_MAX - len(f",+{len(items)} more"):
-            written.append(f"+{len(items) - i} more")
+    for i, item in enumerate(encoded):
+        if size + len(item) > HEADER_LIST_MAX - len(f",+{len(encoded)} more"):
+            written.append(f"+{len(encoded) - i} more")
             break
-        written.append(encoded)
-        size += len(encoded) + 1
+        written.append(item)
+        size += len(item) + 1
     return ",".join(written)
 
 

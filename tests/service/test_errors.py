@@ -369,12 +369,28 @@ def test_a_field_many_messages_carry_is_named_once_and_the_list_is_bounded(http)
     assert more == f"+{5000 - len(fields)} more"
 
 
+def test_a_header_list_that_fits_is_whole_and_one_that_does_not_says_how_many_it_left_out():
+    from service.generation import HEADER_LIST_MAX, header_list
+
+    fits = ["a" * 9] * 199 + ["b" * 9]  # (1,999 characters joined)
+    assert header_list(fits) == ",".join(fits)  # (the room for `+N more` was kept even where nothing was left out)
+    long = [f"f{i:05d}" for i in range(400)]
+    written = header_list(long)
+    *named, more = written.split(",")
+    assert len(written) <= HEADER_LIST_MAX and named == long[:len(named)] and more == f"+{400 - len(named)} more"
+
+
 def test_options_of_vllms_structured_outputs_that_change_nothing_are_named(http):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "structured_outputs": {
         "choice": ["yes", "no"], "whitespace_pattern": " ?", "disable_fallback": True}})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("yes", "no")
     assert r.headers["x-structgen-ignored-fields"] == \
         "structured_outputs.disable_fallback,structured_outputs.whitespace_pattern"
+    # at its default an option asks for nothing; vLLM's own fields of a serialised params object are its own
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "structured_outputs": {
+        "choice": ["yes", "no"], "disable_fallback": False, "disable_any_whitespace": False,
+        "_backend": None, "_backend_was_auto": False}})
+    assert r.status_code == 200 and "x-structgen-ignored-fields" not in r.headers
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3,
                                           "structured_outputs": {"json_schema": {"type": "integer"}}})
     assert _assert_error(r, 400)["param"] == "structured_outputs.json_schema"
