@@ -95,10 +95,10 @@ class ReasoningMatcher(Matcher):
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         if self.phase == _ANSWER:
             return
-        # before: the open tag, if the close tag and the shortest answer still fit after it; gap: whitespace, if
-        # the answer does
+        # before: the open tag, if the close tag and the shortest answer still fit after it; gap: whitespace, up to
+        # GAP_TOKENS (as `_takes_itself` takes it), if the answer does
         room = tokens_left is None or tokens_left - 1 >= self._answer_min() + (1 if self.phase == _BEFORE else 0)
-        if room:
+        if room and (self.phase == _BEFORE or self.gap < GAP_TOKENS):
             out |= t.open_row if self.phase == _BEFORE else t.whitespace_row
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:

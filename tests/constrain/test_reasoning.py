@@ -88,6 +88,26 @@ def test_inside_the_block_any_token_but_eos_until_only_the_close_tag_fits(backen
     assert tokenizer_id(vocab, b"\n\n") not in set(allowed_ids(bitmask).tolist())
 
 
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_the_mask_offers_no_more_whitespace_after_the_block_than_the_matcher_takes(backend, thinking):
+    """After GAP_TOKENS whitespace tokens the mask still offered more, which `accept` passed to the answer's
+    grammar, which refused them: a 500 ("sampled but the grammar rejected it") for any constrained request on a
+    reasoning model that wrote a third blank token after `</think>` (greedy, every time)."""
+    compiler, vocab, tokens = thinking
+    inner = compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMA, backend=backend))
+    m = ReasoningGrammar(inner, tokens, opened=True).matcher()
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    blank = tokenizer_id(vocab, b"\n\n")
+    assert m.accept(CLOSE)
+    for _ in range(GAP_TOKENS):
+        m.fill_bitmask(bitmask, 0, tokens_left=40)
+        assert blank in allowed_ids(bitmask) and m.accept(blank)
+    m.fill_bitmask(bitmask, 0, tokens_left=40)
+    ids = allowed_ids(bitmask)
+    assert blank not in ids and tokenizer_id(vocab, b"{") in ids
+    assert not m.accept(blank) and m.accept(tokenizer_id(vocab, b"{"))
+
+
 def test_the_open_tag_is_offered_only_as_the_first_token_and_only_with_room(thinking):
     compiler, vocab, tokens = thinking
     inner = compiler.compile(ConstraintSpec(kind="json_schema", schema=SCHEMA, backend="outlines"))
