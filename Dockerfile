@@ -17,6 +17,10 @@ COPY engine engine
 COPY schemas schemas
 # The README's install command, unchanged (CI runs the same line).
 RUN python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 ".[test]"
+# The cache volume's mount point, made here and owned by the user: Docker gives a new volume the image's owner
+# of its mount point (root, had it not been made), and the server could not write its caches.
+RUN mkdir -p /home/structgen/.cache/structgen /home/structgen/.cache/huggingface \
+    && chown -R structgen:structgen /home/structgen/.cache
 
 USER structgen
 ENV STRUCTGEN_HOST=0.0.0.0 \

@@ -13,11 +13,36 @@ _DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "engine" / "builti
 _STOP_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
 
 
+def _directory(text: str) -> Path:
+    """A directory that exists: a typo ran a benchmark over no case, `cases=0`, exit status 0."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {text}")
+    return path
+
+
+def _writable_file(text: str) -> Path:
+    """A file that can be written where it is named: `--json` is written at the end of a run (35-85 minutes for the
+    whole walkbench), which a wrong folder lost."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"no such directory for {text}: {path.parent}")
+    return path
+
+
+def _tokenizer_dir(text: str) -> Path:
+    """A local tokenizer directory (a path that is none was read as a hub id, and failed with a traceback)."""
+    path = Path(text)
+    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise argparse.ArgumentTypeError(f"not a tokenizer directory (no tokenizer.json): {text}")
+    return path
+
+
 def add_commands(subparsers) -> None:
     """Add this package's subcommands to the `structgen` parser."""
     p = subparsers.add_parser("check-schema", help="say whether a JSON schema is supported, and by which backend")
     p.add_argument("file", type=Path, help="a JSON Schema file")
-    p.add_argument("--tokenizer", type=Path, default=_DEFAULT_TOKENIZER,
+    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER,
                    help="tokenizer directory (default: the built-in model's Qwen2 tokenizer)")
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--strict", action="store_true", help="check as a strict schema (every keyword enforced)")
@@ -25,18 +50,19 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=_check_schema)
 
     p = subparsers.add_parser("maskbench", help="run the MaskBench method over JSONSchemaBench cases")
-    p.add_argument("cases_dir", type=Path, help="directory searched recursively for *.json cases")
-    p.add_argument("--tokenizer", type=Path, default=_DEFAULT_TOKENIZER)
+    p.add_argument("cases_dir", type=_directory, help="directory searched recursively for *.json cases")
+    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=float, default=60.0, help="compile time limit per case, seconds")
-    p.add_argument("--json", type=Path, default=None, help="write one JSON object per case (JSON lines) here")
+    p.add_argument("--json", type=_writable_file, default=None,
+                   help="write one JSON object per case (JSON lines) here")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases (sorted by path)")
     p.set_defaults(func=_maskbench)
 
     p = subparsers.add_parser("walkbench", help="random walks through each compiled case's mask, every finished "
                                                 "document validated against its schema")
-    p.add_argument("cases_dir", type=Path, help="directory searched recursively for *.json cases")
-    p.add_argument("--tokenizer", type=Path, default=_DEFAULT_TOKENIZER)
+    p.add_argument("cases_dir", type=_directory, help="directory searched recursively for *.json cases")
+    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=float, default=60.0, help="compile time limit per case, seconds")
     p.add_argument("--walks", type=int, default=3, help="walks per case")
@@ -44,7 +70,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--not-strict", action="store_true",
                    help="compile as the server compiles a schema sent without `strict` (OpenAI's default)")
-    p.add_argument("--json", type=Path, default=None, help="write one JSON object per case (JSON lines) here")
+    p.add_argument("--json", type=_writable_file, default=None,
+                   help="write one JSON object per case (JSON lines) here")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases (sorted by path)")
     p.set_defaults(func=_walkbench)
 

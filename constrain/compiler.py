@@ -165,7 +165,12 @@ class GrammarCompiler:
         self._tmp_dir: str | None = None
         self.named_schemas: dict[str, dict] = self._load_named()
         if self.cache_dir:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.cache_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # (a read-only home, a file in its place: the cache is only a speed-up)
+                log.warning("no on-disk grammar cache: %s cannot be made (%s); compiled grammars are kept in "
+                            "memory only", self.cache_dir, exc)
+                self.cache_dir = None
 
     # ---- public -------------------------------------------------------------------------------------------
     def compile(self, spec: ConstraintSpec) -> Grammar:

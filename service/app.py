@@ -116,7 +116,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # (load balancers and uptime probes may send HEAD)
     async def health() -> dict:
         """200 while requests can be served; 503 once the engine thread has stopped after a failure (while the
         server stops with it: `_stop_with_the_engine`)."""

@@ -44,6 +44,25 @@ def _port(text: str) -> int:
     return value
 
 
+def _one_of(*values: str):
+    """An option's check that its value is one of `values`. argparse checks `choices` only against what the
+    command line gives; a `type` is also applied to a default given as text, the STRUCTGEN_<OPTION> value, which
+    a typo there so reaches as a one-line error too (`STRUCTGEN_LOG_LEVEL=bogus` ended in a traceback)."""
+    def check(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(values)})")
+        return text
+    return check
+
+
+def _directory(text: str) -> Path:
+    """A directory that exists (`--schemas-dir`: one that did not was silently taken as holding no schemas)."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {text}")
+    return path
+
+
 def _whitespace(text: str) -> str:
     from constrain.whitespace import check_whitespace_pattern
 
@@ -63,8 +82,8 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--port", type=_port, default=_env("port", "8000"))
     p.add_argument("--api-key", default=_env("api_key"), help="require 'Authorization: Bearer KEY'")
     p.add_argument("--device", default=_env("device", "auto"), help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default=_env("dtype", "auto"), choices=["auto", "float32", "fp32", "float16",
-                                                                       "fp16", "bfloat16", "bf16"])
+    dtypes = ["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"]
+    p.add_argument("--dtype", default=_env("dtype", "auto"), type=_one_of(*dtypes), choices=dtypes)
     p.add_argument("--max-batch-size", type=_positive_int, default=_env("max_batch_size", "16"))
     p.add_argument("--max-prefill-tokens", type=_positive_int, default=_env("max_prefill_tokens", "4096"),
                    help="prompt positions prefilled in one engine step for the waiting prompts that join together "
@@ -78,9 +97,10 @@ def _add_serve(subparsers) -> None:
                    help="context length (default: the model's)")
     p.add_argument("--served-model-name", default=_env("served_model_name"),
                    help="the name clients send as `model` (default: --model)")
-    p.add_argument("--constraint-backend", default=_env("constraint_backend", "auto"),
-                   choices=["auto", "outlines", "llguidance"])
-    p.add_argument("--schemas-dir", type=Path, default=_env("schemas_dir"),
+    backends = ["auto", "outlines", "llguidance"]
+    p.add_argument("--constraint-backend", default=_env("constraint_backend", "auto"), type=_one_of(*backends),
+                   choices=backends)
+    p.add_argument("--schemas-dir", type=_directory, default=_env("schemas_dir"),
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
                    help="on-disk grammar cache (default: ~/.cache/structgen)")
@@ -88,22 +108,26 @@ def _add_serve(subparsers) -> None:
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
                         "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
     p.add_argument("--tool-call-format", default=_env("tool_call_format", "auto"),
-                   choices=["auto", *TOOL_FORMATS],
+                   type=_one_of("auto", *TOOL_FORMATS), choices=["auto", *TOOL_FORMATS],
                    help="how the model writes tool calls: 'hermes' between <tool_call> tags, 'llama3_json' as "
                         "Llama 3's one {\"name\", \"parameters\"} object, 'mistral' as a JSON array after the "
                         "[TOOL_CALLS] token, 'granite' after <|tool_call|>, 'mistral_args' as "
                         "[TOOL_CALLS]name[ARGS]{...} per call, 'qwen3_coder', 'glm45' and 'glm47' as tags around "
                         "each argument, 'harmony' as gpt-oss's commentary-channel call, 'json_array' as a JSON array "
                         "(default 'auto': the format the chat template describes)")
-    p.add_argument("--reasoning", default=_env("reasoning", "auto"), choices=["auto", "none"],
+    p.add_argument("--reasoning", default=_env("reasoning", "auto"), type=_one_of("auto", "none"),
+                   choices=["auto", "none"],
                    help="'auto': a model whose chat template writes <think> (or Magistral's [THINK]) blocks, and "
                         "whose tokenizer has both tags as single tokens, may think before answering; the block "
                         "comes back as `reasoning_content` and constraints apply after it. 'none': the output is all "
                         "answer")
     p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
                    help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
-    p.add_argument("--log-level", default=_env("log_level", "info"),
-                   choices=["critical", "error", "warning", "info", "debug"])
+    levels = ["critical", "error", "warning", "info", "debug"]
+    p.add_argument("--log-level", default=_env("log_level", "info"), type=_one_of(*levels), choices=levels)
+    p.add_argument("--shutdown-timeout", type=_positive_int, default=_env("shutdown_timeout", "25"),
+                   help="seconds to finish the requests in flight after SIGTERM, after which those left are cut "
+                        "(default: 25, within Kubernetes' 30-second grace period)")
     p.set_defaults(func=_serve)
 
 
@@ -121,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, log_level=args.log_level,
         max_body_bytes=int(args.max_body_bytes), json_whitespace=args.json_whitespace,
         tool_call_format=args.tool_call_format, reasoning=args.reasoning,
+        shutdown_timeout=int(args.shutdown_timeout),
     )
     try:
         run_server(config)

@@ -31,6 +31,7 @@ class ServerConfig:
     reasoning: str = "auto"  # auto: split <think> / [THINK] blocks into reasoning_content when written | none
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "info"
+    shutdown_timeout: int = 25  # seconds for the requests in flight after SIGTERM; those left then are cut
 
     @property
     def grammar_cache_dir(self) -> Path:

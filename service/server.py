@@ -25,8 +25,10 @@ def run_server(config: ServerConfig) -> None:
                         max_model_len=config.max_model_len)
     log.info("model loaded on %s (%s), context length %d", loaded.device, loaded.dtype, loaded.context_length)
     app = create_app(config, loaded)
+    # (without a deadline, one client that stopped reading held a SIGTERMed server for as long as it stayed)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           http=OpenAIErrorH11Protocol))
+                                           http=OpenAIErrorH11Protocol,
+                                           timeout_graceful_shutdown=config.shutdown_timeout))
     app.state.stop_server = lambda: setattr(server, "should_exit", True)  # (as a SIGTERM does)
     try:
         server.run()

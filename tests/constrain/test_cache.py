@@ -75,6 +75,20 @@ def test_disk_cache_survives_a_restart(tmp_path, tokenizers, vocabs):
     restarted.close()
 
 
+def test_a_cache_directory_that_cannot_be_made_leaves_the_cache_in_memory(tmp_path, tokenizers, vocabs, caplog):
+    """A read-only home (the Docker image's cache volume, owned by root) or a file in its place: the server's
+    start-up ended in a traceback, though the disk cache only saves compile time."""
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=in_the_way / "cache")
+    try:
+        assert c.cache_dir is None and "no on-disk grammar cache" in caplog.text
+        assert c.compile(_spec()).backend == "outlines" and c.compile(_spec()) is not None
+        assert c.stats.compiles == 1
+    finally:
+        c.close()
+
+
 def test_disk_cache_is_not_served_to_other_code(tmp_path, tokenizers, vocabs, monkeypatch):
     """An automaton on disk was built by the code of its day: after an upgrade (another code fingerprint) the
     schema is compiled again, so a fix to how schemas become regexes reaches the repeats of cached schemas too."""

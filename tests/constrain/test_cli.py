@@ -7,10 +7,25 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from service.cli import main
 from tests.conftest import TOKENIZERS
 
 CASES = Path(__file__).parent / "maskbench_cases"
+
+
+@pytest.mark.parametrize("args", [
+    ["maskbench", "/no/such/cases"], ["walkbench", "/no/such/cases"],
+    ["maskbench", str(CASES), "--json", "/no/such/dir/out.jsonl"],
+    ["check-schema", str(CASES / "Github_trivial"), "--tokenizer", "/no/such/tokenizer"],
+])
+def test_a_path_that_is_not_there_is_a_one_line_error_before_any_work(args, capsys):
+    """A wrong cases folder ran over no case (`cases=0`, exit status 0); a wrong `--json` folder failed with a
+    traceback after the whole run; a tokenizer path that is none was read as a hub id, with a traceback."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2 and "/no/such/" in capsys.readouterr().err
 
 
 def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):

@@ -22,6 +22,7 @@ def test_default_server_answers_health(default_server):
     response = httpx.get(default_server.base_url + "/health")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
+    assert httpx.head(default_server.base_url + "/health").status_code == 200  # (load balancers' probes; was 405)
 
 
 def test_default_server_lists_builtin_model_with_context_length(default_server):
@@ -51,9 +52,9 @@ def test_command_line_wins_over_environment(tiny_model_dirs):
     assert model["context_length"] == 2048  # the saved config's max_position_embeddings
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess:
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service.cli", "serve", *args], capture_output=True,
-                          text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+                          text=True, timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def test_missing_model_directory_exits_nonzero_with_one_line_reason(tmp_path):
@@ -78,6 +79,42 @@ def test_bad_option_exits_nonzero_naming_it(args):
     result = _serve(*args)
     assert result.returncode == 2
     assert args[0] in result.stderr
+
+
+@pytest.mark.parametrize("name, value", [("LOG_LEVEL", "bogus"), ("CONSTRAINT_BACKEND", "Auto"),
+                                         ("TOOL_CALL_FORMAT", "bogus"), ("REASONING", "nonee"),
+                                         ("SCHEMAS_DIR", "/no/such/schemas")])
+def test_a_bad_option_from_the_environment_exits_nonzero_naming_it_as_on_the_command_line(name, value):
+    """argparse checks `choices` only on the command line: STRUCTGEN_LOG_LEVEL=bogus ended in a traceback, a bad
+    STRUCTGEN_TOOL_CALL_FORMAT served 400s that blamed the clients, a misspelt STRUCTGEN_REASONING was taken, and a
+    --schemas-dir that is not there was taken as holding no schema."""
+    option = "--" + name.lower().replace("_", "-")
+    for result in (_serve(env={f"STRUCTGEN_{name}": value}), _serve(option, value)):
+        assert result.returncode == 2, result.stderr
+        assert option in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_sigterm_ends_the_server_within_its_shutdown_timeout_though_a_client_stopped_reading():
+    """A stream whose client stopped reading held a SIGTERMed server for as long as the client stayed (90 s in
+    QA, for ever in principle): systemd or Docker then killed it mid-stream."""
+    import signal
+    import socket
+
+    with ServerProcess("--shutdown-timeout", "2") as server:
+        body = json.dumps({"model": "structgen-builtin", "prompt": "x", "max_tokens": 3000, "stream": True,
+                           "ignore_eos": True, "logprobs": 5}).encode()
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", server.port))
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert stalled.recv(100)  # the stream began; nothing more is read
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout=60)
+        finally:
+            stalled.close()
+        assert server.proc.returncode is not None
 
 
 def _whitespace_outside_strings(text: str) -> str:
