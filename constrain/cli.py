@@ -13,8 +13,9 @@ _DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "engine" / "builti
 _STOP_NAMES = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>")
 
 
-def _directory(text: str) -> Path:
-    """A directory that exists: a typo ran a benchmark over no case, `cases=0`, exit status 0."""
+def existing_directory(text: str) -> Path:
+    """A directory that exists, as an argparse `type`: a typo ran a benchmark over no case (`cases=0`, exit status
+    0), and `serve --schemas-dir` took it as holding no schema."""
     path = Path(text)
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"not a directory: {text}")
@@ -50,7 +51,7 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=_check_schema)
 
     p = subparsers.add_parser("maskbench", help="run the MaskBench method over JSONSchemaBench cases")
-    p.add_argument("cases_dir", type=_directory, help="directory searched recursively for *.json cases")
+    p.add_argument("cases_dir", type=existing_directory, help="directory searched recursively for *.json cases")
     p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=float, default=60.0, help="compile time limit per case, seconds")
@@ -61,7 +62,7 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("walkbench", help="random walks through each compiled case's mask, every finished "
                                                 "document validated against its schema")
-    p.add_argument("cases_dir", type=_directory, help="directory searched recursively for *.json cases")
+    p.add_argument("cases_dir", type=existing_directory, help="directory searched recursively for *.json cases")
     p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=float, default=60.0, help="compile time limit per case, seconds")

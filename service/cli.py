@@ -18,6 +18,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from constrain.cli import existing_directory  # noqa: E402
 from constrain.tools import TOOL_FORMATS  # noqa: E402
 from engine.model_loader import BUILTIN_MODEL  # noqa: E402
 from service.config import ServerConfig  # noqa: E402
@@ -53,14 +54,6 @@ def _one_of(*values: str):
             raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(values)})")
         return text
     return check
-
-
-def _directory(text: str) -> Path:
-    """A directory that exists (`--schemas-dir`: one that did not was silently taken as holding no schemas)."""
-    path = Path(text)
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"not a directory: {text}")
-    return path
 
 
 def _whitespace(text: str) -> str:
@@ -100,7 +93,7 @@ def _add_serve(subparsers) -> None:
     backends = ["auto", "outlines", "llguidance"]
     p.add_argument("--constraint-backend", default=_env("constraint_backend", "auto"), type=_one_of(*backends),
                    choices=backends)
-    p.add_argument("--schemas-dir", type=_directory, default=_env("schemas_dir"),
+    p.add_argument("--schemas-dir", type=existing_directory, default=_env("schemas_dir"),
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
                    help="on-disk grammar cache (default: ~/.cache/structgen)")
