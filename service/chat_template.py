@@ -114,7 +114,7 @@ _NOT_HELD = ("role", "tool_call_id")
 
 
 class _HeldText:
-    """The special tokens' text (`<|im_end|>`) found in messages' content, held out of the chat template as
+    """The special tokens' text (`<|im_end|>`) found in what messages and tools say, held out of the chat template as
     placeholders and put back after it, where it is text: a message may not open or close turns. Placeholders
     carry a nonce, so that no client text can pass for one."""
 
@@ -359,10 +359,11 @@ class ChatTemplate:
                                generation_prompt: bool = True, continue_final_message: bool = False,
                                template_kwargs: dict[str, Any] | None = None
                                ) -> tuple[str, tuple[tuple[int, int], ...]]:
-        """`render`'s text, and where in it messages' content spells special tokens (`<|im_end|>` in a tool's
-        result), which are text, not tokens (service/prompts.encode_chat_prompt): OpenAI's models read message
-        content as text, and so a message cannot end its turn and begin another (an injected system or assistant
-        turn). The template's own tokens, and text a raw `prompt` sends, stay tokens."""
+        """`render`'s text, and where in it what the messages and tools say spells special tokens (`<|im_end|>` in
+        a tool's result or description), which are text, not tokens (service/prompts.encode_chat_prompt): OpenAI's
+        models read content as text, and so a message cannot end its turn and begin another (an injected system or
+        assistant turn). The template's own tokens, a prefill's (`_message_dicts`) and a raw `prompt`'s stay
+        tokens."""
         held = _HeldText(self._special_text) if self._special_text is not None else None
         dicts = self._message_dicts(messages, held, prefill=continue_final_message)
         kwargs: dict[str, Any] = dict(template_kwargs or {})
