@@ -124,6 +124,8 @@ def test_vllms_stop_token_ids_and_min_tokens_are_honoured_and_its_token_constrai
     assert r.json()["usage"]["completion_tokens"] == 1 and r.json()["choices"][0]["finish_reason"] == "stop"
     r = http.post("/v1/completions", json={**body, "stop_token_ids": [151936]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop_token_ids"
+    r = http.post("/v1/completions", json={**body, "min_tokens": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
     for field in ("allowed_token_ids", "bad_words"):
         r = http.post("/v1/completions", json={**body, field: [64] if field == "allowed_token_ids" else ["a"]})
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
