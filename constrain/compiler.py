@@ -13,12 +13,14 @@ Never imports HTTP or model code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -122,7 +124,7 @@ class GrammarCompiler:
 
     def __init__(self, vocab: Vocabulary, tokenizer, *, backend: str = "auto", cache_dir: Path | None = None,
                  schemas_dir: Path | None = None, max_workers: int = 2, compile_timeout_s: float = 60.0,
-                 whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 1 << 30,
+                 whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 1 << 30, disk_max_bytes: int = 4 << 30,
                  limits: Limits = DEFAULT_LIMITS, background_outlines: bool = True,
                  max_outlines_regex_chars: int = 30_000, max_outlines_repeat: int = 24,
                  compile_memory_mb: int = 8192):
@@ -132,6 +134,8 @@ class GrammarCompiler:
         self.tokenizer = tokenizer
         self.backend = backend
         self.cache_dir = Path(cache_dir) / vocab.fingerprint / code_fingerprint() if cache_dir else None
+        self._cache_root = Path(cache_dir) if cache_dir else None  # (every vocabulary's and code version's)
+        self.disk_max_bytes = disk_max_bytes
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
         self.compile_timeout_s = compile_timeout_s
         self.whitespace_pattern = whitespace_pattern
@@ -654,6 +658,8 @@ class GrammarCompiler:
             seconds = self.workers.build(regex, path, self.compile_timeout_s)
             dfa = TokenDFA.load(path)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
+            if self.cache_dir:
+                self._prune_disk()
             self.stats.compiles += 1
             log.debug("outlines compile %.2f s", seconds)
             self._lru.put(key, g)
@@ -700,8 +706,27 @@ class GrammarCompiler:
         except (OSError, ValueError, KeyError) as exc:
             log.warning("ignoring unreadable cache file %s: %s", path, exc)
             return None
+        with contextlib.suppress(OSError):  # (its time says it was used: `_prune_disk` keeps it longer)
+            os.utime(path)
         self.stats.disk_hits += 1
         return g
+
+    def _prune_disk(self) -> None:
+        """The on-disk cache kept within `disk_max_bytes`: the automata least recently written or read go first,
+        those of other vocabularies and of older code (which this server never reads) included. A 152k-token
+        automaton takes ~6 MB, and each schema sent twice left one for ever (10,000 such schemas: ~60 GB)."""
+        files = []
+        for path in self._cache_root.rglob("*.npz"):
+            with contextlib.suppress(OSError):  # (another server may prune the same folder)
+                stat = path.stat()
+                files.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.disk_max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
 
     def _load_named(self) -> dict[str, dict]:
         from constrain.spec import SCHEMA_NAME, validate_schema

@@ -89,6 +89,40 @@ def test_a_cache_directory_that_cannot_be_made_leaves_the_cache_in_memory(tmp_pa
         c.close()
 
 
+def test_the_disk_cache_stays_within_its_bound_dropping_the_automata_least_recently_used(tmp_path, tokenizers,
+                                                                                        vocabs):
+    """Each schema sent twice left its automaton on disk for ever (~6 MB on a 152k vocabulary): QA watched the
+    folder grow 6 MB a schema. Past the bound the least recently written or read go first."""
+    import time
+
+    def compiler(bound: int) -> GrammarCompiler:
+        return GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path,
+                               disk_max_bytes=bound)
+
+    specs = [spec_from_request(regex=pattern) for pattern in ("a[0-9]{3}", "b[0-9]{3}", "c[0-9]{3}")]  # (one size)
+    first = compiler(1 << 40)
+    first.compile(specs[0])
+    [written] = list(tmp_path.rglob("*.npz"))
+    bound = 2 * written.stat().st_size + written.stat().st_size // 2  # (two automata fit, not three)
+    time.sleep(0.05)
+    first.compile(specs[1])
+    first.close()
+    time.sleep(0.05)
+    again = compiler(bound)
+    again.compile(specs[0])  # read from disk: now the most recently used
+    assert again.stats.disk_hits == 1
+    time.sleep(0.05)
+    again.compile(specs[2])
+    again.close()
+    files = list(tmp_path.rglob("*.npz"))
+    assert len(files) == 2 and sum(f.stat().st_size for f in files) <= bound
+    last = compiler(bound)
+    for spec in (specs[0], specs[2]):
+        last.compile(spec)
+    assert last.stats.disk_hits == 2 and last.stats.compiles == 0  # the one dropped: specs[1], used least recently
+    last.close()
+
+
 def test_disk_cache_is_not_served_to_other_code(tmp_path, tokenizers, vocabs, monkeypatch):
     """An automaton on disk was built by the code of its day: after an upgrade (another code fingerprint) the
     schema is compiled again, so a fix to how schemas become regexes reaches the repeats of cached schemas too."""
