@@ -69,8 +69,9 @@ class CompileStats:
     cache_hits: int = 0
     disk_hits: int = 0
     errors: int = 0
-    compile_seconds_total: float = 0.0
+    compile_seconds_total: float = 0.0  # what requests' compiles took (a wait on an outlines build included)
     background_compiles: int = 0
+    build_seconds_total: float = 0.0  # what the outlines automaton builds took, in the background or not
 
 
 def choice_regex(choices: tuple[str, ...]) -> str:
@@ -656,6 +657,7 @@ class GrammarCompiler:
             path = Path(self._tmp_dir) / f"{key}.npz"
         try:
             seconds = self.workers.build(regex, path, self.compile_timeout_s)
+            self.stats.build_seconds_total += seconds
             dfa = TokenDFA.load(path)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
             if self.cache_dir:

@@ -73,8 +73,15 @@ class _LiveStats:
                                   value=_read(compiler, "cache_hits"))
         yield CounterMetricFamily("structgen_grammar_disk_hits", "Grammars loaded from the on-disk cache",
                                   value=_read(compiler, "disk_hits"))
-        yield CounterMetricFamily("structgen_grammar_compile_seconds", "Total seconds spent compiling grammars",
+        yield CounterMetricFamily("structgen_grammar_compile_seconds", "Seconds requests' grammar compiles took "
+                                  "(a wait on an outlines build included)",
                                   value=_read(compiler, "compile_seconds_total"))
+        yield CounterMetricFamily("structgen_grammar_outlines_builds", "Outlines automata built in the background "
+                                  "(for a schema's repeats: the auto policy)",
+                                  value=_read(compiler, "background_compiles"))
+        yield CounterMetricFamily("structgen_grammar_outlines_build_seconds", "Seconds the outlines automaton "
+                                  "builds took, in worker processes (background ones included)",
+                                  value=_read(compiler, "build_seconds_total"))
 
 
 class Metrics:

@@ -147,6 +147,8 @@ def test_auto_serves_new_schemas_with_llguidance_and_builds_outlines_from_the_se
     for fut in list(c._pending.values()):
         fut.result(timeout=120)
     assert c.compile(_spec()).backend == "outlines"
+    # the build's time is counted (/metrics' outlines build seconds: it read 0 though builds ran for seconds)
+    assert c.stats.background_compiles == 1 and c.stats.build_seconds_total > 0
     c.close()
 
 
