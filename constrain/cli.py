@@ -116,6 +116,10 @@ def _check_schema(args: argparse.Namespace) -> int:
     bad = outlines_unsupported(plan.schema if plan is not None else schema)
     print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
     spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict)
+    if args.backend != "outlines":  # (what a server pays once, at start-up: llguidance's tokenizer and tables)
+        t0 = time.perf_counter()
+        compiler.compile(ConstraintSpec(kind="json_schema", schema={"type": "string"}, backend="llguidance"))
+        print(f"set-up {1000 * (time.perf_counter() - t0):.1f} ms (once per server start, not per schema)")
     t0 = time.perf_counter()
     try:
         grammar = compiler.compile(spec)
