@@ -357,10 +357,9 @@ class Generation:
     def _fit(self, req: _SamplingFields, prompt_len: int, default_max: int | None) -> int:
         """`fit_max_tokens` for this request, its errors naming the fields it sent."""
         chat_messages = isinstance(req, ChatCompletionRequest) and req.messages is not None
-        tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        return fit_max_tokens(prompt_len, getattr(req, tokens_param), default_max,
+        return fit_max_tokens(prompt_len, getattr(req, req.tokens_field), default_max,
                               self.loaded.context_length, req.context_length_exceeded_behavior or "truncate",
-                              prompt_param="messages" if chat_messages else "prompt", tokens_param=tokens_param)
+                              prompt_param="messages" if chat_messages else "prompt", tokens_param=req.tokens_field)
 
     def _tools_prompt(self, tools: list[dict]) -> str:
         return constrain.tools_system_prompt(tools)

@@ -302,7 +302,7 @@ class _SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _min_tokens_within_max_tokens(self):
-        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        limit = getattr(self, self.tokens_field)
         if self.min_tokens and limit is not None and self.min_tokens > limit:
             raise ParamError("min_tokens", f"`min_tokens` ({self.min_tokens}) may not exceed the output's limit "
                                            f"({limit}), as vLLM answers")
@@ -319,6 +319,11 @@ class _SamplingFields(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def tokens_field(self) -> str:
+        """The field that sets the output's limit: `max_completion_tokens` where sent (it wins), else `max_tokens`."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     @property
     def include_usage(self) -> bool:
@@ -466,7 +471,7 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _nothing_generated_only_to_echo(self):
-        field = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        field = self.tokens_field
         if getattr(self, field) == 0 and not self.echo:
             raise ParamError(field, f"`{field}: 0` generates nothing: it is only for `echo`, to score the prompt")
         return self
