@@ -95,10 +95,10 @@ class ReasoningMatcher(Matcher):
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         if self.phase == _ANSWER:
             return
-        # before: the open tag, if the close tag and the shortest answer still fit after it; gap: whitespace, up to
-        # GAP_TOKENS (as `_takes_itself` takes it), if the answer does
+        # before: the open tag, if the close tag and the shortest answer still fit after it; gap: whitespace while
+        # this matcher takes it, if the answer does
         room = tokens_left is None or tokens_left - 1 >= self._answer_min() + (1 if self.phase == _BEFORE else 0)
-        if room and (self.phase == _BEFORE or self.gap < GAP_TOKENS):
+        if room and (self.phase == _BEFORE or self._takes_whitespace):
             out |= t.open_row if self.phase == _BEFORE else t.whitespace_row
 
     def vet(self, token_id: int, tokens_left: int | None) -> int:
@@ -106,11 +106,17 @@ class ReasoningMatcher(Matcher):
             return token_id
         return self.inner.vet(token_id, tokens_left)
 
+    @property
+    def _takes_whitespace(self) -> bool:
+        """After the close tag, up to GAP_TOKENS whitespace tokens are this matcher's (the mask offers them only
+        then: offered past it, `accept` handed the next to the answer's grammar, which refused it)."""
+        return self.phase == _GAP and self.gap < GAP_TOKENS
+
     def _takes_itself(self, token_id: int) -> bool:
         """The token is the open tag before the block or a gap token: this matcher's, not the answer's."""
         if self.phase == _BEFORE:
             return token_id == self.tokens.open_id
-        return self.phase == _GAP and self.gap < GAP_TOKENS and token_id in self.tokens.whitespace_ids
+        return self._takes_whitespace and token_id in self.tokens.whitespace_ids
 
     def accept(self, token_id: int) -> bool:
         if self.phase == _INSIDE:
