@@ -70,17 +70,27 @@ def error_response(exc: APIError) -> JSONResponse:
 _NOT_AN_OBJECT = "the request body must be a JSON object"
 
 
+def param_path(parts: list[str | int]) -> str:
+    """A place in the request body as OpenAI's errors name it: a list's index in brackets, an object's key after a
+    dot (`messages[0].content`, `logit_bias.9707`)."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """The first validation error as one sentence naming the parameter (e.g. `temperature`)."""
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [p for p in first.get("loc", ()) if p != "body"]
     # drop pydantic's union-branch names ("str", "list[int]", "function-after[...]") from the location
-    loc = [p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int", "float", "bool", "dict")]
+    loc = [p for p in loc if isinstance(p, int) or not (any(ch in p for ch in "[]")
+                                                         or p in ("str", "int", "float", "bool", "dict"))]
     named = getattr((first.get("ctx") or {}).get("error"), "param", None)  # a check across fields names its own
-    param = ".".join(loc + ([named] if named else [])) or None
+    param = param_path(loc + ([named] if named else [])) or None
     msg = str(first.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
     if first.get("type") == "json_invalid":

@@ -40,7 +40,7 @@ RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_pr
 
 class ParamError(ValueError):
     """A check across fields, naming the parameter it is about: the OpenAI error's `param` (service/errors.py).
-    Nested inside a list or object of the body, the place of that part comes first (`messages.2.tool_call_id`)."""
+    Nested inside a list or object of the body, the place of that part comes first (`messages[2].tool_call_id`)."""
 
     def __init__(self, param: str, message: str):
         super().__init__(message)
@@ -207,7 +207,7 @@ def _first_invalid_text(value, path: str = "") -> str | None:
             if any(isinstance(k, str) and _first_invalid_text(k) for k in node):
                 return where or "body"
         elif isinstance(node, list):
-            stack.extend((v, f"{where}.{i}") for i, v in enumerate(node))  # (pydantic's `loc` style)
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))  # (as errors.param_path writes it)
     return None
 
 
@@ -366,12 +366,12 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("messages", "`messages` must not be empty")
         for i, message in enumerate(self.messages or ()):
             if message.role == "tool" and not _answers_tool_calls(self.messages, i):
-                raise ParamError(f"messages.{i}", "a 'tool' message must answer a preceding assistant message's "
+                raise ParamError(f"messages[{i}]", "a 'tool' message must answer a preceding assistant message's "
                                                   "`tool_calls`, by one of their ids (as OpenAI requires)")
             continued = self.continue_final_message and i == len(self.messages) - 1
             unanswered = [] if continued or message.role != "assistant" else _unanswered_calls(self.messages, i)
             if unanswered:
-                raise ParamError(f"messages.{i}", "an assistant message with `tool_calls` must be followed by a "
+                raise ParamError(f"messages[{i}]", "an assistant message with `tool_calls` must be followed by a "
                                  "'tool' message answering each call (as OpenAI requires); no answer for "
                                  + ", ".join(unanswered))
         if self.top_logprobs and not self.logprobs:

@@ -66,14 +66,26 @@ def test_top_logprobs_without_logprobs_is_refused(http):
     ({"messages": HELLO, "prompt": "x"}, "prompt"),
     ({"messages": HELLO, "modalities": ["text", "audio"]}, "modalities"),
     ({"messages": HELLO, "n": 2, "best_of": 3}, "best_of"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}, "messages.1.content"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id"),
-    ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.name"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}, "messages[1].content"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].name"),
 ])
 def test_checks_across_fields_name_their_parameter(http, body, param):
     """Checks that read several fields (pydantic model validators) name the parameter too, not `param: null`."""
     error = _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, **body}), 400, param)
     assert not error["message"].startswith("invalid value for"), error  # the check's own sentence
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0].function.name"),
+    ({"messages": HELLO, "logit_bias": {"12": "x"}}, "logit_bias.12"),  # (an object's key, not an index)
+])
+def test_param_names_a_list_item_in_brackets_as_openai_does(http, body, param):
+    """`messages[0].role`, as OpenAI's own errors write it (clients and logs read it so), where this server
+    wrote pydantic's `messages.0.role`."""
+    error = _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, **body}), 400, param)
+    assert f"'{param}'" in error["message"], error
 
 
 def test_invalid_json_and_non_object_bodies_are_400_saying_so(http):
@@ -120,7 +132,7 @@ def test_an_empty_content_list_is_a_400_naming_content(http):
     for role in ("user", "system", "assistant"):
         r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [
             {"role": "user", "content": "hi"}, {"role": role, "content": []}], "max_tokens": 1})
-        assert "empty list" in _assert_error(r, 400, "messages.1.content")["message"]
+        assert "empty list" in _assert_error(r, 400, "messages[1].content")["message"]
     # an assistant's calls carry the turn: an empty content beside them is no content
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
@@ -134,10 +146,10 @@ def test_tool_calls_on_a_message_other_than_an_assistants_are_a_400(http):
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
         {"role": "user", "content": "hi", "tool_calls": [call]}]})
-    assert "'assistant'" in _assert_error(r, 400, "messages.0.tool_calls")["message"]
+    assert "'assistant'" in _assert_error(r, 400, "messages[0].tool_calls")["message"]
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
         {"role": "user", "content": "hi", "function_call": {"name": "f", "arguments": "{}"}}]})
-    _assert_error(r, 400, "messages.0.function_call")
+    _assert_error(r, 400, "messages[0].function_call")
 
 
 def test_image_content_is_refused_for_a_text_model(http):
@@ -403,7 +415,7 @@ def test_a_tool_message_must_answer_an_assistants_tool_calls(http):
     for messages in ([{"role": "user", "content": "hi"}, result],
                      [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no call"}, result]):
         r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": messages})
-        assert "'tool' message must answer" in _assert_error(r, 400, f"messages.{len(messages) - 1}")["message"]
+        assert "'tool' message must answer" in _assert_error(r, 400, f"messages[{len(messages) - 1}]")["message"]
     answered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
         call, {**call, "id": "call_2"}]}, result, {**result, "tool_call_id": "call_2"}]
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": answered})
@@ -434,10 +446,10 @@ def test_each_tool_call_in_history_needs_its_answer_by_id(http):
     two_calls = {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "call_2"}]}
     hi, more = {"role": "user", "content": "hi"}, {"role": "user", "content": "and then?"}
     for messages, param, said in (
-            ([hi, two_calls, result, more], "messages.1", "no answer for call_2"),
-            ([hi, two_calls, more], "messages.1", "no answer for call_1, call_2"),
-            ([hi, two_calls], "messages.1", "no answer for call_1, call_2"),
-            ([hi, {**two_calls, "tool_calls": [call]}, result, {**result, "tool_call_id": "call_9"}], "messages.3",
+            ([hi, two_calls, result, more], "messages[1]", "no answer for call_2"),
+            ([hi, two_calls, more], "messages[1]", "no answer for call_1, call_2"),
+            ([hi, two_calls], "messages[1]", "no answer for call_1, call_2"),
+            ([hi, {**two_calls, "tool_calls": [call]}, result, {**result, "tool_call_id": "call_9"}], "messages[3]",
              "by one of their ids")):
         r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": messages})
         assert said in _assert_error(r, 400, param)["message"]
@@ -531,9 +543,9 @@ def test_malformed_text_and_deep_nesting_are_400_not_500(http):
             r = http.post(path, content=body, headers={"content-type": "application/json"})
             _assert_error(r, 400)
     lone = http.post("/v1/chat/completions", content=bodies[0], headers={"content-type": "application/json"})
-    _assert_error(lone, 400, "messages.0.content")
+    _assert_error(lone, 400, "messages[0].content")
     lone = http.post("/v1/completions", content=bodies[1], headers={"content-type": "application/json"})
-    _assert_error(lone, 400, "prompt.1")
+    _assert_error(lone, 400, "prompt[1]")
 
 
 def test_extreme_sampling_values_are_served_and_never_fail_the_batch(http):
