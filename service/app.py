@@ -31,15 +31,21 @@ log = logging.getLogger(__name__)
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}
 
 
+def _endpoint(path: str) -> str | None:
+    """The endpoint label of an API path (`/v1/models/{id}` counts as `models`); None for other paths."""
+    return _ENDPOINTS.get(path) or ("models" if path.startswith("/v1/models/") else None)
+
+
 class _CountRequests:
-    """Counts every API response by endpoint and status (errors included) for /metrics."""
+    """Counts every API response by endpoint and status (errors included: the outermost middleware, so the 413s
+    and 401s the body limit and auth send count too) for /metrics."""
 
     def __init__(self, app, metrics: Metrics):
         self.app = app
         self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
-        endpoint = _ENDPOINTS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        endpoint = _endpoint(scope.get("path", "")) if scope["type"] == "http" else None
         if endpoint is None:
             return await self.app(scope, receive, send)
 
@@ -139,10 +145,10 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
         return _model_card(config, loaded, created)
 
-    # outermost first: body limit, then auth, then counting
-    app.add_middleware(_CountRequests, metrics=metrics)
+    # the last added is the outermost: counting, then the body limit, then auth
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(_CountRequests, metrics=metrics)
     return app
 
 

@@ -32,6 +32,9 @@ def test_requests_without_the_key_are_401(auth_server_small, headers):
         r = httpx.request(method, auth_server_small.base_url + path, headers=headers, json={})
         assert r.status_code == 401
         assert r.json()["error"]["type"] == "authentication_error"
+    metrics = httpx.get(auth_server_small.base_url + "/metrics", headers={"authorization": "Bearer " + API_KEY})
+    assert metrics.status_code == 200
+    assert 'structgen_requests_total{endpoint="chat",status="401"}' in metrics.text  # (auth answers before the app)
 
 
 def test_the_right_key_is_accepted_and_never_logged(auth_server_small):

@@ -102,6 +102,24 @@ def test_metrics_are_prometheus_text_with_the_serving_numbers(http):
     assert 'structgen_requests_total{endpoint="chat",status="400"}' in text
 
 
+def test_metrics_count_the_body_limits_413s_and_model_lookups(http):
+    """The body limit answers before the app (it was counted by nothing), and `/v1/models/{id}` is the models
+    endpoint too."""
+    def count(endpoint: str, status: int) -> float:
+        try:
+            return metric(http.get("/metrics").text,
+                          f'structgen_requests_total{{endpoint="{endpoint}",status="{status}"}}')
+        except KeyError:
+            return 0.0
+
+    before = {(e, s): count(e, s) for e, s in (("chat", 413), ("models", 200), ("models", 404))}
+    assert http.post("/v1/chat/completions", content=b"x" * (9 << 20)).status_code == 413
+    assert http.get(f"/v1/models/{MODEL}").status_code == 200
+    assert http.get("/v1/models/no-such-model").status_code == 404
+    for key, was in before.items():
+        assert count(*key) == was + 1, key
+
+
 def _step_seconds(http) -> dict[str, float]:
     text = http.get("/metrics").text
     return {phase: metric(text, f'structgen_engine_step_seconds_total{{phase="{phase}"}}')
