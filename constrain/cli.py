@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,10 @@ def _writable_file(text: str) -> Path:
     path = Path(text)
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"no such directory for {text}: {path.parent}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text} cannot be written")
     return path
 
 

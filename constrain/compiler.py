@@ -13,14 +13,12 @@ Never imports HTTP or model code.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -36,6 +34,7 @@ from pathlib import Path
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
+from constrain.disk_cache import DiskCache
 from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
@@ -70,8 +69,8 @@ class CompileStats:
     disk_hits: int = 0
     errors: int = 0
     compile_seconds_total: float = 0.0  # what requests' compiles took (a wait on an outlines build included)
-    background_compiles: int = 0
-    build_seconds_total: float = 0.0  # what the outlines automaton builds took, in the background or not
+    outlines_builds: int = 0  # outlines automata builds started, in the background (the auto policy) or not
+    build_seconds_total: float = 0.0  # what those builds took, failed and timed-out ones included
 
 
 def choice_regex(choices: tuple[str, ...]) -> str:
@@ -134,9 +133,8 @@ class GrammarCompiler:
         self.vocab = vocab
         self.tokenizer = tokenizer
         self.backend = backend
-        self.cache_dir = Path(cache_dir) / vocab.fingerprint / code_fingerprint() if cache_dir else None
-        self._cache_root = Path(cache_dir) if cache_dir else None  # (every vocabulary's and code version's)
-        self.disk_max_bytes = disk_max_bytes
+        self.disk = (DiskCache.open(Path(cache_dir), vocab.fingerprint, code_fingerprint(), disk_max_bytes)
+                     if cache_dir else None)
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
         self.compile_timeout_s = compile_timeout_s
         self.whitespace_pattern = whitespace_pattern
@@ -169,13 +167,6 @@ class GrammarCompiler:
         self._harmony_tokens: HarmonyTokens | None = None
         self._tmp_dir: str | None = None
         self.named_schemas: dict[str, dict] = self._load_named()
-        if self.cache_dir:
-            try:
-                self.cache_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # (a read-only home, a file in its place: the cache is only a speed-up)
-                log.warning("no on-disk grammar cache: %s cannot be made (%s); compiled grammars are kept in "
-                            "memory only", self.cache_dir, exc)
-                self.cache_dir = None
 
     # ---- public -------------------------------------------------------------------------------------------
     def compile(self, spec: ConstraintSpec) -> Grammar:
@@ -465,14 +456,14 @@ class GrammarCompiler:
         self._builds.shutdown(wait=False, cancel_futures=True)
         if self._tmp_dir:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
+        if self.disk is not None:
+            self.disk.close()
 
     # ---- policy -------------------------------------------------------------------------------------------
     def _auto(self, spec: ConstraintSpec) -> Grammar:
         okey = self._key(spec, "outlines")
-        g = self._lru.get(okey) or self._load_disk(okey, _call_tag(spec))
+        g = self._cached_outlines(okey, _call_tag(spec))
         if g is not None:
-            self.stats.cache_hits += 1
-            self._lru.put(okey, g)
             return g
         outlines_ok = self._outlines_supported(spec)
         try:
@@ -616,10 +607,8 @@ class GrammarCompiler:
 
     def _outlines(self, spec: ConstraintSpec, wait: bool) -> Grammar | None:
         key = self._key(spec, "outlines")
-        g = self._lru.get(key) or self._load_disk(key, _call_tag(spec))
+        g = self._cached_outlines(key, _call_tag(spec))
         if g is not None:
-            self.stats.cache_hits += 1
-            self._lru.put(key, g)
             return g
         failed = self._failed.get(key)
         if failed is not None:
@@ -630,8 +619,6 @@ class GrammarCompiler:
             if fut is None:
                 fut = self._builds.submit(self._build_outlines, key, regex, _call_tag(spec))
                 self._pending[key] = fut
-                if not wait:
-                    self.stats.background_compiles += 1
         if not wait:
             return None
         try:
@@ -648,22 +635,23 @@ class GrammarCompiler:
 
     def _build_outlines(self, key: str, regex: str, call_tag: bytes | None) -> Grammar:
         """Runs on a `_builds` thread, which only waits: the work happens in a worker process."""
-        if self.cache_dir:
-            path = self.cache_dir / f"{key}.outlines.npz"
+        if self.disk is not None:
+            path = self.disk.unfinished_path(key)
         else:
             with self._lock:
                 if self._tmp_dir is None:
                     self._tmp_dir = tempfile.mkdtemp(prefix="structgen-dfa-")
             path = Path(self._tmp_dir) / f"{key}.npz"
+        self.stats.outlines_builds += 1
+        started = time.monotonic()
         try:
-            seconds = self.workers.build(regex, path, self.compile_timeout_s)
-            self.stats.build_seconds_total += seconds
+            self.workers.build(regex, path, self.compile_timeout_s)
             dfa = TokenDFA.load(path)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
-            if self.cache_dir:
-                self._prune_disk()
+            if self.disk is not None:
+                self.disk.finished(path, key)
             self.stats.compiles += 1
-            log.debug("outlines compile %.2f s", seconds)
+            log.debug("outlines compile %.2f s", time.monotonic() - started)
             self._lru.put(key, g)
             return g
         except BuildTimeout:
@@ -680,8 +668,8 @@ class GrammarCompiler:
                 err = ConstraintError(f"the outlines compile failed: {exc.message}", code="compile_failed")
             raise self._remember(key, err) from None
         finally:
-            if not self.cache_dir:
-                path.unlink(missing_ok=True)
+            self.stats.build_seconds_total += time.monotonic() - started  # (failed and timed-out builds too)
+            path.unlink(missing_ok=True)  # (moved into the disk cache where it was read; else no more use)
             with self._lock:
                 self._pending.pop(key, None)
 
@@ -697,10 +685,24 @@ class GrammarCompiler:
         raw = json.dumps([spec.key, backend, self.whitespace_pattern, self.vocab.fingerprint])
         return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
+    def _cached_outlines(self, key: str, call_tag: bytes | None) -> Grammar | None:
+        """The outlines grammar of a key from memory, else from disk (then kept in memory), else None."""
+        g = self._lru.get(key)
+        if g is not None:
+            if self.disk is not None:
+                self.disk.used(key)
+        else:
+            g = self._load_disk(key, call_tag)
+            if g is None:
+                return None
+        self.stats.cache_hits += 1
+        self._lru.put(key, g)
+        return g
+
     def _load_disk(self, key: str, call_tag: bytes | None) -> Grammar | None:
-        if not self.cache_dir:
+        if self.disk is None:
             return None
-        path = self.cache_dir / f"{key}.outlines.npz"
+        path = self.disk.path(key)
         if not path.exists():
             return None
         try:
@@ -708,27 +710,9 @@ class GrammarCompiler:
         except (OSError, ValueError, KeyError) as exc:
             log.warning("ignoring unreadable cache file %s: %s", path, exc)
             return None
-        with contextlib.suppress(OSError):  # (its time says it was used: `_prune_disk` keeps it longer)
-            os.utime(path)
+        self.disk.used(key)
         self.stats.disk_hits += 1
         return g
-
-    def _prune_disk(self) -> None:
-        """The on-disk cache kept within `disk_max_bytes`: the automata least recently written or read go first,
-        those of other vocabularies and of older code (which this server never reads) included. A 152k-token
-        automaton takes ~6 MB, and each schema sent twice left one for ever (10,000 such schemas: ~60 GB)."""
-        files = []
-        for path in self._cache_root.rglob("*.npz"):
-            with contextlib.suppress(OSError):  # (another server may prune the same folder)
-                stat = path.stat()
-                files.append((stat.st_mtime, stat.st_size, path))
-        total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if total <= self.disk_max_bytes:
-                break
-            with contextlib.suppress(OSError):
-                path.unlink()
-                total -= size
 
     def _load_named(self) -> dict[str, dict]:
         from constrain.spec import SCHEMA_NAME, validate_schema

@@ -25,7 +25,9 @@ from service.config import ServerConfig  # noqa: E402
 
 
 def _env(name: str, default=None):
-    return os.environ.get("STRUCTGEN_" + name.upper().replace("-", "_"), default)
+    """An option's value from `STRUCTGEN_<NAME>`; an empty one is unset (env files and charts leave values empty,
+    and an empty `STRUCTGEN_CACHE_DIR` made the working directory the cache)."""
+    return os.environ.get("STRUCTGEN_" + name.upper().replace("-", "_")) or default
 
 
 def _positive_int(text: str) -> int:

@@ -76,11 +76,11 @@ class _LiveStats:
         yield CounterMetricFamily("structgen_grammar_compile_seconds", "Seconds requests' grammar compiles took "
                                   "(a wait on an outlines build included)",
                                   value=_read(compiler, "compile_seconds_total"))
-        yield CounterMetricFamily("structgen_grammar_outlines_builds", "Outlines automata built in the background "
-                                  "(for a schema's repeats: the auto policy)",
-                                  value=_read(compiler, "background_compiles"))
-        yield CounterMetricFamily("structgen_grammar_outlines_build_seconds", "Seconds the outlines automaton "
-                                  "builds took, in worker processes (background ones included)",
+        yield CounterMetricFamily("structgen_grammar_outlines_builds", "Outlines automata builds started, in the "
+                                  "background (for a schema's repeats: the auto policy) or not",
+                                  value=_read(compiler, "outlines_builds"))
+        yield CounterMetricFamily("structgen_grammar_outlines_build_seconds", "Seconds those outlines automaton "
+                                  "builds took (failed and timed-out ones included)",
                                   value=_read(compiler, "build_seconds_total"))
 
 

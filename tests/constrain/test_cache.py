@@ -82,7 +82,7 @@ def test_a_cache_directory_that_cannot_be_made_leaves_the_cache_in_memory(tmp_pa
     in_the_way.write_text("")
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=in_the_way / "cache")
     try:
-        assert c.cache_dir is None and "no on-disk grammar cache" in caplog.text
+        assert c.disk is None and "no on-disk grammar cache" in caplog.text
         assert c.compile(_spec()).backend == "outlines" and c.compile(_spec()) is not None
         assert c.stats.compiles == 1
     finally:
@@ -123,6 +123,131 @@ def test_the_disk_cache_stays_within_its_bound_dropping_the_automata_least_recen
     last.close()
 
 
+def test_a_cache_directory_that_cannot_be_written_leaves_the_cache_in_memory(tmp_path, tokenizers, vocabs, caplog,
+                                                                             monkeypatch):
+    """A folder that exists but refuses writes (a read-only volume, a cache baked into an image): only `mkdir` was
+    checked, so every outlines build failed writing its file, and the failure was remembered for the schema."""
+    from constrain import disk_cache
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(disk_cache.tempfile, "NamedTemporaryFile", refuse)
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    try:
+        assert c.disk is None and "cannot be made or written" in caplog.text
+        assert c.compile(_spec()).backend == "outlines" and c.stats.compiles == 1
+    finally:
+        c.close()
+
+
+def test_the_disk_cache_prunes_only_its_own_automata(tmp_path, tokenizers, vocabs):
+    """`--cache-dir` is a folder the user names (`~/.cache`, `/data`): the prune took every `*.npz` below it, a
+    user's NumPy data set first (QA: a 1.6 MB `my_dataset/train_shard0.npz` was deleted after one build)."""
+    data = tmp_path / "my_dataset" / "train_shard0.npz"
+    data.parent.mkdir()
+    data.write_bytes(b"\0" * 100_000)
+    deeper = tmp_path / "a" / "b" / "c.outlines.npz.bak"
+    deeper.parent.mkdir(parents=True)
+    deeper.write_bytes(b"\0" * 100_000)
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path,
+                        disk_max_bytes=1)  # (no automaton fits: each is pruned once written)
+    c.compile(_spec())
+    c.close()
+    assert data.stat().st_size == 100_000 and deeper.stat().st_size == 100_000
+
+
+def test_an_automaton_served_from_memory_is_used_as_the_disk_cache_counts_use(tmp_path, tokenizers, vocabs,
+                                                                               monkeypatch):
+    """Only a read from disk touched a file, and a schema in use is served from memory: the hottest schema was
+    the first the prune dropped (and rebuilt after a restart)."""
+    import time
+
+    from constrain.disk_cache import DiskCache
+
+    monkeypatch.setattr(DiskCache, "touch_every_s", 0.0)
+    hot, once, new = (spec_from_request(regex=pattern) for pattern in ("a[0-9]{3}", "b[0-9]{3}", "c[0-9]{3}"))
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    c.compile(hot)
+    [written] = list(tmp_path.rglob("*.outlines.npz"))
+    c.disk.max_bytes = 2 * written.stat().st_size + written.stat().st_size // 2  # (two automata fit, not three)
+    time.sleep(0.05)
+    c.compile(once)
+    time.sleep(0.05)
+    assert c.compile(hot) is not None and c.stats.cache_hits == 1  # from memory
+    time.sleep(0.05)
+    c.compile(new)
+    c.close()
+    restarted = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    restarted.compile(hot)
+    assert restarted.stats.disk_hits == 1 and restarted.stats.compiles == 0
+    restarted.close()
+
+
+def test_keeping_the_disk_bound_scans_the_cache_once_not_at_every_build(tmp_path, tokenizers, vocabs,
+                                                                        monkeypatch):
+    """Every build listed and read the whole cache on the thread the request waits on (~2 s at 20,000 files):
+    a running total says when a prune is due."""
+    from constrain.disk_cache import DiskCache
+
+    scans = []
+    keep = DiskCache._keep_the_bound
+    monkeypatch.setattr(DiskCache, "_keep_the_bound", lambda self: scans.append(1) or keep(self))
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    for pattern in ("a[0-9]{3}", "b[0-9]{3}", "c[0-9]{3}"):
+        c.compile(spec_from_request(regex=pattern))
+    c.close()
+    assert len(scans) == 1 and len(list(tmp_path.rglob("*.outlines.npz"))) == 3
+
+
+def test_a_prune_by_another_server_between_a_build_and_its_read_loses_nothing(tmp_path, tokenizers, vocabs,
+                                                                               monkeypatch):
+    """Servers sharing a cache root prune each other's files: one pruned right after a worker wrote it was a
+    FileNotFoundError for the request. A build's file is moved into place only once it has been read."""
+    from constrain.disk_cache import DiskCache
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    other = DiskCache.open(tmp_path, "another-vocabulary", "another-code", max_bytes=0)
+    build = c.workers.build
+
+    def build_then_prune(*args, **kwargs):
+        seconds = build(*args, **kwargs)
+        other._keep_the_bound()  # (the other server's bound is 0: it removes every automaton it counts)
+        return seconds
+
+    monkeypatch.setattr(c.workers, "build", build_then_prune)
+    assert c.compile(_spec()).backend == "outlines"
+    c.close()
+    other.close()
+    assert len(list(tmp_path.glob("*/*/*.outlines.npz"))) == 1
+
+
+def test_unfinished_files_are_removed_once_no_build_can_be_writing_them(tmp_path):
+    """A worker killed mid-write (a time-out, the memory limit) left its file, which nothing counted or removed."""
+    import os
+    import time
+
+    from constrain.disk_cache import DiskCache
+
+    disk = DiskCache.open(tmp_path, "vocab", "code", max_bytes=1 << 30)
+    stale, fresh = disk.unfinished_path("k1"), disk.unfinished_path("k2")
+    for path in (stale, fresh):
+        path.write_bytes(b"partial")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(stale, (hours_ago, hours_ago))
+    disk._keep_the_bound()
+    disk.close()
+    assert not stale.exists() and fresh.exists()
+
+
+def test_foreground_outlines_builds_are_counted_with_their_time(tokenizers, vocabs):
+    """/metrics read 0 builds but seconds of build time: the count was of background builds only."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines")
+    c.compile(_spec())
+    assert c.stats.outlines_builds == 1 and c.stats.build_seconds_total > 0
+    c.close()
+
+
 def test_disk_cache_is_not_served_to_other_code(tmp_path, tokenizers, vocabs, monkeypatch):
     """An automaton on disk was built by the code of its day: after an upgrade (another code fingerprint) the
     schema is compiled again, so a fix to how schemas become regexes reaches the repeats of cached schemas too."""
@@ -141,14 +266,14 @@ def test_disk_cache_is_not_served_to_other_code(tmp_path, tokenizers, vocabs, mo
 def test_auto_serves_new_schemas_with_llguidance_and_builds_outlines_from_the_second_request(tokenizers, vocabs):
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto")
     assert c.compile(_spec()).backend == "llguidance"
-    assert not c._pending and c.stats.background_compiles == 0  # a one-off schema costs no outlines build
+    assert not c._pending and c.stats.outlines_builds == 0  # a one-off schema costs no outlines build
     assert c.compile(_spec()).backend == "llguidance"  # a repeat: the build starts
     assert len(c._pending) == 1
     for fut in list(c._pending.values()):
         fut.result(timeout=120)
     assert c.compile(_spec()).backend == "outlines"
     # the build's time is counted (/metrics' outlines build seconds: it read 0 though builds ran for seconds)
-    assert c.stats.background_compiles == 1 and c.stats.build_seconds_total > 0
+    assert c.stats.outlines_builds == 1 and c.stats.build_seconds_total > 0
     c.close()
 
 

@@ -28,6 +28,13 @@ def test_a_path_that_is_not_there_is_a_one_line_error_before_any_work(args, caps
     assert exc.value.code == 2 and "/no/such/" in capsys.readouterr().err
 
 
+def test_a_json_path_that_is_a_directory_is_refused_before_any_work(tmp_path, capsys):
+    """It passed the check (its parent is a folder), and the run failed writing it at the end, with a traceback."""
+    with pytest.raises(SystemExit) as exc:
+        main(["maskbench", str(CASES), "--json", str(tmp_path)])
+    assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
+
+
 def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
     for name in ("Github_trivial", "BFCL"):
         (tmp_path / name).mkdir()

@@ -95,6 +95,22 @@ def test_a_bad_option_from_the_environment_exits_nonzero_naming_it_as_on_the_com
         assert option in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_empty_option_from_the_environment_is_unset(monkeypatch):
+    """Env files and charts leave values empty: `STRUCTGEN_CACHE_DIR=` made the working directory the grammar
+    cache's root, and `STRUCTGEN_SCHEMAS_DIR=` read the working directory's JSON files as named schemas."""
+    from service.cli import build_parser
+
+    for name in ("CACHE_DIR", "SCHEMAS_DIR", "SERVED_MODEL_NAME", "MAX_BATCH_SIZE"):
+        monkeypatch.setenv(f"STRUCTGEN_{name}", "")
+    monkeypatch.delenv("STRUCTGEN_MODEL", raising=False)
+    args = build_parser().parse_args(["serve"])
+    assert args.cache_dir is None and args.schemas_dir is None
+    monkeypatch.delenv("STRUCTGEN_SERVED_MODEL_NAME")
+    monkeypatch.delenv("STRUCTGEN_MAX_BATCH_SIZE")
+    unset = build_parser().parse_args(["serve"])
+    assert (args.served_model_name, args.max_batch_size) == (unset.served_model_name, unset.max_batch_size)
+
+
 def test_a_sigterm_ends_the_server_within_its_shutdown_timeout_though_a_client_stopped_reading():
     """A stream whose client stopped reading held a SIGTERMed server for as long as the client stayed (90 s in
     QA, for ever in principle): systemd or Docker then killed it mid-stream."""
