@@ -90,6 +90,9 @@ class Matcher(abc.ABC):
     # text then begins with `call_text`). None: the engine decides (the answer, or constrain/reasoning.py's tags).
     token_role: str | None = None
     call_text: str = ""
+    # False while the tokens accepted are a wrapper's own, before the answer's grammar has taken one
+    # (constrain/reasoning.py: the block and the whitespace after it): the engine strips whitespace only then.
+    answer_begun: bool = True
 
     @abc.abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:

@@ -135,6 +135,10 @@ class ReasoningMatcher(Matcher):
         self.phase = _ANSWER
         return True
 
+    @property
+    def answer_begun(self) -> bool:
+        return self.phase == _ANSWER
+
     def is_terminated(self) -> bool:
         return self.phase in (_GAP, _ANSWER) and self.inner.is_terminated()
 

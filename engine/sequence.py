@@ -208,7 +208,11 @@ class Sequence:
         return tail, self.matcher.call_text if role == "call_header" else ""
 
     def _answer_text(self, delta: str) -> str:
-        """The whitespace between a reasoning block and the answer is not part of the answer."""
+        """The whitespace between a reasoning block and the answer is not part of the answer; under a constraint,
+        only what the reasoning matcher took itself: text the answer's grammar wrote is the answer's (a regex
+        `' [a-z]{3}'` lost its space)."""
+        if self._strip_leading and self.matcher is not None and self.matcher.answer_begun:
+            self._strip_leading = False
         if self._strip_leading:
             delta = delta.lstrip()
             self._strip_leading = not delta

@@ -73,6 +73,18 @@ def test_a_constrained_answer_follows_the_block_whatever_the_budget(client, max_
         assert 0 < details.reasoning_tokens < out.usage.completion_tokens <= max_tokens
 
 
+@pytest.mark.parametrize("pattern", [" [a-z]{3}", "\n[0-9]{2}", "  +x"])
+def test_whitespace_the_answers_grammar_writes_after_the_block_is_the_answers(http, pattern):
+    """Whitespace after the block was stripped from the answer whatever wrote it: a regex `' [a-z]{3}'` answered
+    `'eql'`, which does not match it. Only the whitespace the reasoning matcher takes itself is dropped."""
+    import re
+
+    body = _chat(http, regex=pattern, max_tokens=40, temperature=0, logit_bias={str(CLOSE): 100},
+                 chat_template_kwargs=OPENED)
+    content = body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "stop" and re.fullmatch(pattern, content), content
+
+
 def test_the_model_may_open_the_block_itself(http):
     """Qwen3's template leaves the block to the model: its first token may be the open tag (here by logit_bias,
     which also fills the block with open tags, ordinary text inside it); the answer after the block is valid."""
