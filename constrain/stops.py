@@ -9,6 +9,7 @@ Rules:
 - A complete match is not decided while an earlier start could still grow into a match.
 - Tool calls are never cut (`calls`, from constrain/tools.py): stop strings are matched in the text before the
   calls begin, and a match is not decided while calls may still begin at or before it.
+- Text pushed with `may_stop=False` (vLLM's `min_tokens` not reached) ends nothing: a match must end past it.
 """
 
 from __future__ import annotations
@@ -30,18 +31,23 @@ class StopMatcher:
         self.include = include_stop_str_in_output
         self.calls = calls
         self._held = ""
+        self._held_at = 0  # where the held text begins in the whole text pushed
+        self._ends_after = 0  # a match must end past this position of the whole text (`push(may_stop=False)`)
         self._first_decided = False  # the output's first character but whitespace did not open calls
         self._in_calls = False
         self.stopped = False
         self.matched: str | None = None
 
-    def push(self, text_delta: str) -> tuple[str, bool]:
-        """Return (text safe to emit now, stopped?). After a stop, further pushes emit nothing."""
+    def push(self, text_delta: str, may_stop: bool = True) -> tuple[str, bool]:
+        """Return (text safe to emit now, stopped?). After a stop, further pushes emit nothing. With `may_stop`
+        false no stop string ends in the text so far; one that begins in it and ends in later text still does."""
         if self.stopped:
             return "", True
         if not self.stops or self._in_calls:
             return text_delta, False
         buf = self._held + text_delta
+        if not may_stop:
+            self._ends_after = self._held_at + len(buf)
         calls_at, pending = self._calls_start(buf)
         if calls_at is not None:  # the text before the calls is final: a match in it stops, else the calls run
             match = self._earliest_match(buf[:calls_at])
@@ -58,6 +64,7 @@ class StopMatcher:
             return self._finish(buf, match), True
         cut = hold_from if hold_from is not None else len(buf)
         self._held = buf[cut:]
+        self._held_at += cut
         return buf[:cut], False
 
     def flush(self) -> str:
@@ -77,9 +84,11 @@ class StopMatcher:
         return buf[: start + len(stop)] if self.include else buf[:start]
 
     def _earliest_match(self, buf: str) -> tuple[int, str] | None:
+        """The earliest match in `buf` (the held text onwards) that ends past `_ends_after`."""
         best: tuple[int, str] | None = None
+        ends_after = self._ends_after - self._held_at
         for stop in self.stops:
-            pos = buf.find(stop)
+            pos = buf.find(stop, max(0, ends_after - len(stop) + 1))
             if pos >= 0 and (best is None or pos < best[0] or (pos == best[0] and len(stop) < len(best[1]))):
                 best = (pos, stop)
         return best

@@ -31,7 +31,7 @@ from engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from engine.kv_batch import KVBatch
 from engine.model_loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.sampler import SamplingBatch, StepOutput, sample_step, unmask_empty_rows
+from engine.sampler import SamplingBatch, StepOutput, ban_unless_alone, sample_step, unmask_empty_rows
 from engine.scheduler import Scheduler
 from engine.sequence import RequestState, Sequence
 from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
@@ -537,6 +537,9 @@ class Engine:
                     raise
                 _grammar_failed(seq, exc)
                 bitmask[row].fill_(-1)
+                continue
+            if seq.may_not_end_yet:  # (rows free of a constraint: by the bias, `_build_sampling_batch`)
+                ban_unless_alone(bitmask[row], seq.eos_ids)
 
     def _sampling_batch(self) -> SamplingBatch:
         """Per-row settings as device tensors; rebuilt only when the batch's rows change (mirostat mu: each step)."""
@@ -562,7 +565,7 @@ class Engine:
         bias_rows, bias_cols, bias_values = [], [], []
         for row, seq in enumerate(self.seqs):
             entries = list(seq.params.logit_bias.items())
-            if seq.may_not_end_yet:  # (until min_tokens: rebuilt in _postprocess when it is reached)
+            if seq.matcher is None and seq.may_not_end_yet:  # (rebuilt in _postprocess once min_tokens is reached)
                 entries += [(token, -math.inf) for token in seq.eos_ids]
             for token, value in entries:
                 if 0 <= int(token) < self.width:

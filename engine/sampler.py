@@ -61,6 +61,18 @@ def unmask_empty_rows(bitmask: torch.Tensor, width: int) -> list[bool]:
     return empty.tolist()
 
 
+def ban_unless_alone(row: torch.Tensor, ids) -> None:
+    """Clears the bits of `ids` in one packed host mask row, in place, unless they are all the row allows: a
+    grammar's row keeps its end tokens where it may only end (`min_tokens` gives way to the document's end)."""
+    words = row.numpy().view("uint32")
+    before = words.copy()
+    for token in ids:
+        if token >> 5 < len(words):
+            words[token >> 5] &= 0xFFFFFFFF ^ (1 << (token & 31))
+    if not words.any():
+        words[:] = before
+
+
 def apply_logit_bias(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                      values: torch.Tensor) -> torch.Tensor:
     """OpenAI logit_bias: added to the logit (so +-100 forces or bans); -inf stays -inf (the mask wins)."""

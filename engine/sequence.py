@@ -90,9 +90,9 @@ class Sequence:
 
     @property
     def may_not_end_yet(self) -> bool:
-        """`min_tokens` not reached: the output's end tokens are banned. Not under a constraint, whose document
-        ends where it is complete (a grammar that may only end would leave no token)."""
-        return self.matcher is None and len(self.output_ids) < self.params.min_tokens
+        """`min_tokens` not reached: the output's end tokens are banned (under a constraint, wherever the grammar
+        allows another token: a document that may only end, ends), and stop strings do not end it yet."""
+        return len(self.output_ids) < self.params.min_tokens
 
     def take_token(self, token: int, logprob: TokenLogprob | None, chosen_prob: float) -> TokenEvent:
         """Apply one sampled token: grammar, detokenize, stop strings, limits. Returns this step's event."""
@@ -144,8 +144,9 @@ class Sequence:
         return self._event(text, (token,), self._logprobs_out(logprob if in_answer else None, start), reasoning)
 
     def _push_answer(self, answer: str) -> tuple[str, bool]:
-        """Answer text through the stop matcher: (text to emit now, stopped?), counted for `_logprobs_out`."""
-        text, stopped = self.stops.push(answer)
+        """Answer text through the stop matcher: (text to emit now, stopped?), counted for `_logprobs_out`. Until
+        `min_tokens` a stop string ends nothing (vLLM's rule: one that ends in a later token's text does)."""
+        text, stopped = self.stops.push(answer, may_stop=len(self.output_ids) > self.params.min_tokens)
         self._answer_in += len(answer)
         self._answer_out += len(text)
         return text, stopped

@@ -355,11 +355,20 @@ class Generation:
                           prefix="cmpl")
 
     def _fit(self, req: _SamplingFields, prompt_len: int, default_max: int | None) -> int:
-        """`fit_max_tokens` for this request, its errors naming the fields it sent."""
+        """`fit_max_tokens` for this request, its errors naming the fields it sent. `min_tokens` past the limit
+        so found (sent, the endpoint's default or the context's room) is a 400, as vLLM answers."""
         chat_messages = isinstance(req, ChatCompletionRequest) and req.messages is not None
-        return fit_max_tokens(prompt_len, getattr(req, req.tokens_field), default_max,
-                              self.loaded.context_length, req.context_length_exceeded_behavior or "truncate",
-                              prompt_param="messages" if chat_messages else "prompt", tokens_param=req.tokens_field)
+        sent = getattr(req, req.tokens_field)
+        limit = fit_max_tokens(prompt_len, sent, default_max, self.loaded.context_length,
+                               req.context_length_exceeded_behavior or "truncate",
+                               prompt_param="messages" if chat_messages else "prompt", tokens_param=req.tokens_field)
+        if req.min_tokens and req.min_tokens > limit:
+            source = (f"`{req.tokens_field}`" if limit == sent else
+                      f"the default `max_tokens` of {default_max}" if sent is None and limit == default_max else
+                      "the room the context leaves after the prompt")
+            raise APIError(400, f"`min_tokens` ({req.min_tokens}) may not exceed the output's limit ({limit}: "
+                                f"{source}), as vLLM answers", param="min_tokens", code="invalid_value")
+        return limit
 
     def _tools_prompt(self, tools: list[dict]) -> str:
         return constrain.tools_system_prompt(tools)

@@ -301,14 +301,6 @@ class _SamplingFields(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _min_tokens_within_max_tokens(self):
-        limit = getattr(self, self.tokens_field)
-        if self.min_tokens and limit is not None and self.min_tokens > limit:
-            raise ParamError("min_tokens", f"`min_tokens` ({self.min_tokens}) may not exceed the output's limit "
-                                           f"({limit}), as vLLM answers")
-        return self
-
-    @model_validator(mode="after")
     def _stream_options_with_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "`stream_options` is only allowed when `stream` is true")

@@ -171,3 +171,16 @@ def test_every_format_s_calls_pass_stop_strings_whole(tool_format, calls):
     stops = sorted(set(calls) - set("Hi"))
     out, stopped = stream(StopMatcher(stops, calls=calls_opening(tool_format, "auto")), list(calls))
     assert not stopped and "".join(out) == calls
+
+
+def test_text_pushed_before_stops_may_end_the_output_ends_nothing_but_a_match_ending_later_does():
+    """vLLM's `min_tokens`: no stop string ends the output within its first tokens' text; one that begins there
+    and ends in a later token's text does, and nothing of it has been emitted."""
+    m = StopMatcher(["ab", "xyz"])
+    assert m.push("ab a", may_stop=False) == ("ab ", False)  # ("a" held: it may begin "ab")
+    assert m.push("b", may_stop=True) == ("", True) and m.matched == "ab"
+    m = StopMatcher(["xyz"])
+    assert m.push("1xy", may_stop=False) == ("1", False)
+    assert m.push("z2") == ("", True)
+    m = StopMatcher(["xyz"], include_stop_str_in_output=True)
+    assert m.push("xyz", may_stop=False) == ("xyz", False) and m.flush() == ""

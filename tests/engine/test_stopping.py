@@ -74,6 +74,23 @@ def test_min_tokens_bans_the_end_tokens_until_reached_in_a_batch_that_goes_on(en
     assert other[0].tokens == alone[0].tokens
 
 
+def test_min_tokens_defers_stop_strings_as_vllm_does(engine, builtin):
+    """A stop string ends the output only once `min_tokens` are written (vLLM's rule, which the README and 8df0cd4
+    claimed this server followed while a stop string in the first token's text ended it); one that begins before
+    that point and ends after it does."""
+    tok = builtin.tokenizer
+    (alone,) = run_all(engine, request("a", PROMPT, max_tokens=16, **VARIED))
+    full = alone[0].text
+    stop = tok.decode(alone[0].tokens[:2])[-2:]  # (ends in the second token's text)
+    (cut,) = run_all(engine, request("s", PROMPT, max_tokens=16, stop=(stop,), **VARIED))
+    assert cut[0].text == full[: full.find(stop)] and cut[0].last.finish_reason == "stop"
+    (deferred,) = run_all(engine, request("m", PROMPT, max_tokens=16, stop=(stop,), min_tokens=5, **VARIED))
+    boundary = len(tok.decode(alone[0].tokens[:5]))
+    later = [p for p in range(len(full)) if full.startswith(stop, p) and p + len(stop) > boundary]
+    assert deferred[0].text == (full[: later[0]] if later else full)
+    assert len(deferred[0].tokens) >= 5
+
+
 def _grammar(builtin, **constraint):
     from constrain import GrammarCompiler, Vocabulary, spec_from_request
 
@@ -90,6 +107,17 @@ def test_min_tokens_leaves_a_constrained_answer_to_end_where_its_document_does(e
     grammar = _grammar(builtin, choice=["yes", "no"])
     (out,) = run_all(engine, request("c", PROMPT, grammar=grammar, temperature=0.0, max_tokens=10, min_tokens=8))
     assert out[0].last.finish_reason == "stop" and out[0].text in ("yes", "no")
+
+
+def test_min_tokens_bans_the_end_under_a_constraint_that_leaves_other_tokens(engine, builtin):
+    """A constrained answer that may end at any point (free text or calls under tools `auto`, a regex) ended at
+    once whatever `min_tokens` said: the end tokens are banned in its mask while the grammar allows another."""
+    eos = min(builtin.eos_token_ids)
+    grammar = _grammar(builtin, regex="[a-z ]{0,200}")
+    (out,) = run_all(engine, request("r", PROMPT, grammar=grammar, temperature=0.0, max_tokens=12, min_tokens=6,
+                                     logit_bias={eos: 100.0}))
+    assert len(out[0].tokens) == 7 and out[0].tokens[-1] in builtin.eos_token_ids
+    assert eos not in out[0].tokens[:6] and out[0].last.finish_reason == "stop"
 
 
 def test_a_stop_token_id_never_cuts_a_constrained_document(engine, builtin):
