@@ -64,6 +64,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     streams = {i: tool_stream_for(plan.spec) for i in range(plan.choices)} if tools else {}
     unsent_logprobs: dict[int, list] = {i: [] for i in range(plan.choices)}  # (tools: of text not sent yet)
     unopened = set(range(plan.choices)) if tools else set()
+    unsaid = set(unopened)  # (choices that sent no delta but perhaps a role chunk in front of a later choice's)
 
     def opened(index: int, delta: dict) -> dict:
         """`delta`, with the role in front where it is the choice's first."""
@@ -71,6 +72,17 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
             return delta
         unopened.discard(index)
         return {"role": "assistant", "content": None, **delta}
+
+    def chunk_of(index: int, delta: dict, logprobs_entry, finish_reason) -> list[bytes]:
+        """The choice's chunk (the role in front where it is its first), after a role chunk for each choice below
+        it not opened yet: choices first appear in index order, as OpenAI streams them (the SDK's stream helper
+        adds a choice where its index first appears, and failed with an IndexError on 0, 2, 1)."""
+        out = [chunks.chunk([{"index": j, "delta": opened(j, {}), "logprobs": None, "finish_reason": None}])
+               for j in sorted(j for j in unopened if j < index)]
+        out.append(chunks.chunk([{"index": index, "delta": opened(index, delta), "logprobs": logprobs_entry,
+                                  "finish_reason": finish_reason}]))
+        unsaid.discard(index)
+        return out
 
     if not tools:
         for i in range(plan.choices):
@@ -83,8 +95,8 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 state.add(event)
                 lp = chat_logprobs(list(event.logprobs), as_ids) if logprobs and event.logprobs else None
                 if event.reasoning:  # (a reasoning block's tokens carry no logprobs: those are the answer's)
-                    yield chunks.chunk([{"index": index, "delta": opened(index, reasoning_fields(event.reasoning)),
-                                         "logprobs": None, "finish_reason": None}])
+                    for chunk in chunk_of(index, reasoning_fields(event.reasoning), None, None):
+                        yield chunk
                 if tools:
                     unsent_logprobs[index].extend(event.logprobs)
                     deltas = streams[index].feed(event.text)
@@ -94,8 +106,8 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                         lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs else None
                         unsent_logprobs[index].clear()
                         delta = function_call_delta(delta) if uses_functions else delta
-                        yield chunks.chunk([{"index": index, "delta": opened(index, delta), "logprobs": lp,
-                                             "finish_reason": None}])
+                        for chunk in chunk_of(index, delta, lp, None):
+                            yield chunk
                 elif event.text or lp:
                     yield chunks.chunk([{"index": index, "delta": {"content": event.text},
                                          "logprobs": lp, "finish_reason": None}])
@@ -107,11 +119,11 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 # (the tokens no delta spelled, as a call's closing tag: their logprobs go with the last chunk)
                 lp = chat_logprobs(unsent_logprobs[index], as_ids) if logprobs and unsent_logprobs[index] else None
                 last = {}
-                if index in unopened:  # nothing sent: an empty answer, or a call max_tokens cut before its name
+                if index in unsaid:  # nothing sent: an empty answer, or a call max_tokens cut before its name
                     cut = answer_calls(calls, state.text, plan.spec, state.finish_reason)
-                    last = opened(index, {"content": cut.content if cut else state.text})
-                yield chunks.chunk([{"index": index, "delta": last, "logprobs": lp,
-                                     "finish_reason": finish_for(state, calls, uses_functions)}])
+                    last = {"content": cut.content if cut else state.text}
+                for chunk in chunk_of(index, last, lp, finish_for(state, calls, uses_functions)):
+                    yield chunk
     except APIError as exc:
         yield _error_chunk(exc)
         yield DONE

@@ -413,3 +413,32 @@ def test_min_tokens_holds_under_tools_auto_whose_answer_may_end_at_once(http):
     assert r.status_code == 200, r.text
     answer = r.json()
     assert answer["choices"][0]["finish_reason"] == "tool_calls" or answer["usage"]["completion_tokens"] >= 7, answer
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_choices_first_appear_in_index_order_in_a_stream_with_tools(client, http, seed):
+    """With tools a choice's first chunk waits for its first delta, which came whenever its call's name was known:
+    0, 2, 1 (the SDK's stream helper, which adds a choice where its index first appears, failed with an
+    IndexError). A choice's role chunk now goes out before any chunk of a choice above it."""
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required", "n": 4, "max_tokens": 40,
+            "seed": seed, "temperature": 1.5}
+    first_seen = []
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    if choice["index"] not in first_seen:
+                        first_seen.append(choice["index"])
+                        assert choice["delta"]["role"] == "assistant"
+    assert first_seen == [0, 1, 2, 3]
+    extra = {key: body[key] for key in ("n", "seed")}
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                        max_tokens=40, temperature=1.5, **extra) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    whole = http.post("/v1/chat/completions", json=body).json()
+    assert [[(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
+            for choice in final.choices] == [
+        [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or ()]
+        for choice in whole["choices"]]
