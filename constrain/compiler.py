@@ -81,12 +81,14 @@ def choice_regex(choices: tuple[str, ...]) -> str:
 
 
 class _LRU:
-    """Grammars by key, evicting least recently used beyond `max_bytes`. Each grammar reports its size (`nbytes`),
-    which may grow while it is cached (an llguidance grammar parses a lane per mask thread as rows use them): it
-    is read again each time the grammar is used."""
+    """Grammars by key, evicting least recently used beyond `max_bytes` or `max_entries`. Each grammar reports its
+    size (`nbytes`), which may grow while it is cached (an llguidance grammar parses a lane per mask thread as rows
+    use them): it is read again each time the grammar is used. The bound on entries holds the cache however far
+    a size is off."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, max_entries: int = 8192):
         self.max_bytes = max_bytes
+        self.max_entries = max_entries
         self.bytes = 0
         self._d: OrderedDict[str, tuple[Grammar, int]] = OrderedDict()  # key -> (grammar, the size counted)
         self._lock = threading.Lock()
@@ -111,7 +113,7 @@ class _LRU:
         size = g.nbytes
         self._d[key] = (g, size)
         self.bytes += size
-        while self.bytes > self.max_bytes and len(self._d) > 1:
+        while (self.bytes > self.max_bytes or len(self._d) > self.max_entries) and len(self._d) > 1:
             _, (_, evicted) = self._d.popitem(last=False)
             self.bytes -= evicted
 
@@ -124,7 +126,7 @@ class GrammarCompiler:
 
     def __init__(self, vocab: Vocabulary, tokenizer, *, backend: str = "auto", cache_dir: Path | None = None,
                  schemas_dir: Path | None = None, max_workers: int = 2, compile_timeout_s: float = 60.0,
-                 whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 1 << 30, disk_max_bytes: int = 4 << 30,
+                 whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 512 << 20, disk_max_bytes: int = 4 << 30,
                  limits: Limits = DEFAULT_LIMITS, background_outlines: bool = True,
                  max_outlines_regex_chars: int = 30_000, max_outlines_repeat: int = 24,
                  compile_memory_mb: int = 8192):

@@ -61,7 +61,8 @@ def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, templa
     vocab = constrain.Vocabulary.from_tokenizer(loaded.tokenizer, loaded.logits_width, loaded.eos_token_ids,
                                                 writable_special=template.written_special_tags)
     kwargs = {"backend": config.constraint_backend, "cache_dir": config.grammar_cache_dir,
-              "whitespace_pattern": config.json_whitespace, "disk_max_bytes": config.cache_max_mb << 20}
+              "whitespace_pattern": config.json_whitespace, "disk_max_bytes": config.cache_max_mb << 20,
+              "lru_max_bytes": config.grammar_cache_mb << 20}
     if config.schemas_dir is not None:
         kwargs["schemas_dir"] = config.schemas_dir
     compiler = constrain.GrammarCompiler(vocab, loaded.tokenizer, **kwargs)

@@ -102,6 +102,10 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--cache-max-mb", type=_positive_int, default=_env("cache_max_mb", "4096"),
                    help="the on-disk grammar cache's size bound, in MiB: the automata least recently used go first "
                         "(one takes ~6 MB on a 152k-token vocabulary; default: 4096)")
+    p.add_argument("--grammar-cache-mb", type=_positive_int, default=_env("grammar_cache_mb", "512"),
+                   help="the in-memory grammar cache's size bound, in MiB: the grammars least recently used go "
+                        "first (an llguidance one takes ~0.2 MB, an outlines automaton ~6 MB on a 152k-token "
+                        "vocabulary; default: 512)")
     p.add_argument("--json-whitespace", type=_whitespace, default=_env("json_whitespace", "[ ]?"),
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
                         "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
@@ -141,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_model_len=int(args.max_model_len) if args.max_model_len else None,
         served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, cache_max_mb=int(args.cache_max_mb),
+        grammar_cache_mb=int(args.grammar_cache_mb),
         log_level=args.log_level,
         max_body_bytes=int(args.max_body_bytes), json_whitespace=args.json_whitespace,
         tool_call_format=args.tool_call_format, reasoning=args.reasoning,

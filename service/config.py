@@ -27,6 +27,7 @@ class ServerConfig:
     schemas_dir: Path | None = None  # named schemas precompiled at start-up (none by default)
     cache_dir: Path | None = None  # on-disk grammar cache; None: grammar_cache_dir's default
     cache_max_mb: int = 4096  # the on-disk grammar cache's bound (least recently used automata go first)
+    grammar_cache_mb: int = 512  # the in-memory grammar cache's bound (least recently used grammars go first)
     json_whitespace: str = DEFAULT_WHITESPACE  # whitespace JSON constraints allow between tokens (bounded regex)
     tool_call_format: str = "auto"  # auto (from the chat template) | constrain.tools.TOOL_FORMATS
     reasoning: str = "auto"  # auto: split <think> / [THINK] blocks into reasoning_content when written | none

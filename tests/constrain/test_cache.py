@@ -332,3 +332,23 @@ def test_the_lru_counts_the_lanes_an_llguidance_grammar_parses_while_cached(toke
     assert len(c._lru) == 1 and c._lru.bytes == second.nbytes
     assert c.compile(spec_from_request(choice=["a"])) is not first
     c.close()
+
+
+def test_the_memory_cache_holds_its_bounds_in_bytes_and_in_entries(tokenizers, vocabs):
+    """QA watched RSS climb ~200 KB per distinct schema with no plateau: the cache counted an llguidance grammar
+    at ~66 KB (a third of what it holds) against a 1 GiB bound no option could lower. A grammar's size is counted
+    nearer the truth (~160 KB and more), and the number of grammars is bounded too."""
+    from constrain.compiler import _LRU
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance", lru_max_bytes=1 << 20)
+    try:
+        for i in range(12):
+            c.compile(spec_from_request(regex=f"x{i}[a-z]{{3}}"))
+        assert 0 < c._lru.bytes <= 1 << 20 and len(c._lru) <= 6  # (~160 KB or more each)
+    finally:
+        c.close()
+    lru = _LRU(max_bytes=1 << 40, max_entries=3)
+    grammars = [type("G", (), {"nbytes": 1})() for _ in range(5)]
+    for i, g in enumerate(grammars):
+        lru.put(str(i), g)
+    assert len(lru) == 3 and lru.get("0") is None and lru.get("4") is grammars[4]

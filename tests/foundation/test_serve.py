@@ -73,7 +73,7 @@ def test_directory_without_a_model_exits_nonzero_with_one_line_reason(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--port", "http"], ["--max-batch-size", "0"], ["--dtype", "float8"],
-                                  ["--cache-max-mb", "0"],
+                                  ["--cache-max-mb", "0"], ["--grammar-cache-mb", "0"],
                                   ["--no-such-option"], ["--json-whitespace", "[ ]*"],
                                   ["--json-whitespace", "[ x]?"]])
 def test_bad_option_exits_nonzero_naming_it(args):
@@ -93,6 +93,22 @@ def test_a_bad_option_from_the_environment_exits_nonzero_naming_it_as_on_the_com
     for result in (_serve(env={f"STRUCTGEN_{name}": value}), _serve(option, value)):
         assert result.returncode == 2, result.stderr
         assert option in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_grammar_cache_bound_reaches_the_compiler(tmp_path):
+    """`--grammar-cache-mb` (the in-memory cache was 1 GiB, and no option could lower it)."""
+    from engine.model_loader import BUILTIN_MODEL, load_model
+    from service.app import create_app
+    from service.cli import build_parser
+    from service.config import ServerConfig
+
+    assert build_parser().parse_args(["serve", "--grammar-cache-mb", "64"]).grammar_cache_mb == 64
+    app = create_app(ServerConfig(cache_dir=tmp_path, grammar_cache_mb=64), load_model(BUILTIN_MODEL, device="cpu"))
+    compiler = app.state.generation.compiler
+    try:
+        assert compiler._lru.max_bytes == 64 << 20
+    finally:
+        compiler.close()
 
 
 def test_an_empty_option_from_the_environment_is_unset(monkeypatch):
