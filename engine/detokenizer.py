@@ -12,6 +12,7 @@ from functools import lru_cache
 from constrain.vocabulary import is_byte_level, piece_bytes
 
 _CONTEXT_TOKENS = 5
+_MAX_WINDOW = 64  # tokens one decode reads at most: past that many writing nothing, the window moves on anyway
 
 
 class IncrementalDetokenizer:
@@ -39,8 +40,12 @@ class IncrementalDetokenizer:
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
         if not final and (after.endswith("\ufffd") or len(after) <= len(before)):
             if len(after) <= len(before) and not after.endswith("\ufffd"):
-                # The token wrote nothing (e.g. a skipped special token): move on without emitting.
-                self.prefix, self.read = self.read, len(self.ids)
+                # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins
+                # on written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space
+                # as a text's first ("назна<s> communes" came out "назнаcommunes").
+                self.read = len(self.ids)
+                if self.read - self.prefix > _MAX_WINDOW:
+                    self.prefix = self.read
             return ""
         delta = after[len(before):]
         self.prefix, self.read = self.read, len(self.ids)
