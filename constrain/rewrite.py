@@ -552,6 +552,9 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
         if not isinstance(node, dict):
             return node
         node = drop_implied_type(node)
+        # keywords JSON Schema does not know assert nothing (pydantic's `discriminator`, `x-order`, `nullable`),
+        # but llguidance counts them as sibling keys of a `$ref`: they are left out
+        node = {k: v for k, v in node.items() if k in ASSERTIONS or k in _ANNOT}
         siblings = len(set(node) - _ANNOT) > 1
         out = map_subschemas(node, go)
         for key in ("allOf", "anyOf", "oneOf"):

@@ -391,6 +391,34 @@ def test_a_ref_into_an_endless_subschema_leaves_the_schema_as_it_was(gpt2_compil
     assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"y": 1})
 
 
+@pytest.mark.parametrize("unknown", [{"discriminator": {"propertyName": "kind"}}, {"x-order": 1},
+                                     {"nullable": True}])
+def test_a_keyword_json_schema_does_not_know_beside_a_recursive_reference_is_no_sibling(gpt2_compiler, tokenizers,
+                                                                                        vocabs, unknown):
+    """pydantic writes `discriminator` beside the `oneOf` of a recursive discriminated union (a tree, an AST), and
+    generators write `x-*` keys beside `$ref`s: llguidance counted them as sibling keys of a reference it was
+    still compiling, a 400 "circular references with sibling keys" for `client.chat.completions.parse(Tree)`.
+    They assert nothing (validators ignore them) and are left out."""
+    leaf = {"type": "object", "properties": {"kind": {"const": "leaf"}, "v": {"type": "integer"}},
+            "required": ["kind", "v"], "additionalProperties": False}
+    kid = {**unknown, "oneOf": [{"$ref": "#/$defs/Leaf"}, {"$ref": "#/$defs/Br"}]}
+    branch = {"type": "object", "properties": {"kind": {"const": "br"}, "kids": {"type": "array", "items": kid}},
+              "required": ["kind", "kids"], "additionalProperties": False}
+    schema = {"$defs": {"Leaf": leaf, "Br": branch}, "type": "object", "properties": {"root": kid},
+              "required": ["root"], "additionalProperties": False}
+    tree = {"root": {"kind": "br", "kids": [{"kind": "leaf", "v": 1}, {"kind": "br", "kids": []}]}}
+    for strict in (True, False):
+        grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "tree", "schema": schema, "strict": strict}}, backend="llguidance"))
+        assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], tree)
+        assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"root": {"kind": "br"}})
+    node = {"$defs": {"Node": {"type": "object", "properties": {"kids": {"type": "array", "items": {
+        "$ref": "#/$defs/Node", **unknown}}}}}, "$ref": "#/$defs/Node"}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": node},
+                                                      backend="llguidance"))
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"kids": [{"kids": []}, {}]})
+
+
 @pytest.mark.parametrize("backend", ["llguidance", "auto"])
 def test_an_optional_part_no_finite_value_satisfies_is_never_begun(gpt2_compiler, tokenizers, vocabs, backend):
     """An optional property whose schema has no finite value is served as `false`: llguidance let the output
