@@ -39,6 +39,7 @@ from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob,
 log = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
 # Prompt-logprob requests are prefilled this many positions a step: the logits of a chunk (positions x
 # vocabulary, ~155 MB at 152k) exist at once, never the whole prompt's, and scoring them (~0.25 s on 2 CPU cores)
 # holds the running rows up for one chunk's time, not the whole prompt's.
@@ -586,7 +587,8 @@ class Engine:
             temperature=floats(temperature),
             greedy=torch.tensor(greedy, device=dev),
             top_k=torch.tensor(top_k, dtype=torch.long, device=dev), top_p=floats(top_p), min_p=floats(min_p),
-            repetition=floats([p.repetition_penalty for p in params]),
+            # (a penalty float32 rounds to 0 made a banned token's -inf times 0 NaN, which argmax takes first)
+            repetition=floats([max(p.repetition_penalty, _FLOAT32_TINY) for p in params]),
             frequency=floats([p.frequency_penalty for p in params]),
             presence=floats([p.presence_penalty for p in params]),
             bias_rows=bias_rows, bias_cols=bias_cols, bias_values=bias_values,

@@ -120,6 +120,20 @@ def test_min_tokens_bans_the_end_under_a_constraint_that_leaves_other_tokens(eng
     assert eos not in out[0].tokens[:6] and out[0].last.finish_reason == "stop"
 
 
+def test_a_repetition_penalty_float32_rounds_to_zero_never_makes_nan(engine, builtin):
+    """1e-300 passes `> 0` but is 0 in float32: a banned token's -inf times 0 was NaN, which argmax takes first
+    (a 500 "sampled but the grammar rejected it" under a choice; `[PAD...]` ids written without one)."""
+    from constrain.vocabulary import unsampled_ids
+
+    pads = set(unsampled_ids(builtin.tokenizer, builtin.logits_width))
+    prompt = PROMPT + [1000, 1001]  # (repeated ids: the penalty applies to them)
+    chosen, free = run_all(engine, request("c", prompt, grammar=_grammar(builtin, choice=["yes", "no"]),
+                                           temperature=0.0, max_tokens=5, repetition_penalty=1e-300),
+                           request("f", prompt, temperature=0.0, max_tokens=5, repetition_penalty=1e-300))
+    assert chosen[0].last.finish_reason == "stop" and chosen[0].text in ("yes", "no")
+    assert len(free[0].tokens) == 5 and not set(free[0].tokens) & pads
+
+
 def test_a_stop_token_id_never_cuts_a_constrained_document(engine, builtin):
     """Under a constraint a stop token id ends the output only where the document may end; elsewhere it is the
     grammar's token, written (every digit a stop id under `[0-9]{4}` ended the answer at its first digit)."""
