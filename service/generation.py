@@ -185,7 +185,7 @@ class Generation:
             raise APIError(404, f"the model '{req.model}' does not exist: this server serves "
                                 f"'{self.config.model_name}'", param="model", code="model_not_found")
         for name in req.extra_fields:
-            if name in UNSUPPORTED_FIELDS and (req.model_extra or {}).get(name) not in (None, []):
+            if name in UNSUPPORTED_FIELDS and (req.model_extra or {}).get(name) not in (None, [], ""):
                 raise invalid(UNSUPPORTED_FIELDS[name], name, code="unsupported_parameter")
         if (req.n or 1) > self.config.max_batch_size:
             raise invalid(f"n={req.n} is more than this server's batch size ({self.config.max_batch_size}): "

@@ -129,6 +129,9 @@ def test_vllms_stop_token_ids_and_min_tokens_are_honoured_and_its_token_constrai
     # past the default max_tokens (16) it was taken, and the answer ended at 16 tokens (vLLM refuses it)
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "min_tokens": 17})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens" and "default" in r.text
+    r = http.post("/v1/completions", json={**body, "suffix": ""})  # (asks for nothing, as `suffix: null`)
+    assert r.status_code == 200 and "x-structgen-ignored-fields" not in r.headers, r.text
+    assert http.post("/v1/completions", json={**body, "suffix": "x"}).json()["error"]["code"] == "unsupported_parameter"
     for field in ("allowed_token_ids", "bad_words"):
         r = http.post("/v1/completions", json={**body, field: [64] if field == "allowed_token_ids" else ["a"]})
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
