@@ -810,7 +810,7 @@ class LateMatcher(CheckedMatcher):
         item: only ` ` may follow, and only `}` after it)."""
         base = backend_matcher(self.inner)
         data = b"".join(self.token_bytes[t] or b"" for t in path)
-        if not isinstance(base, LlgMatcher) or not data:
+        if not data:
             return False
         try:
             words = base.mask_after(path)

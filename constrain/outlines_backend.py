@@ -161,14 +161,29 @@ class OutlinesMatcher(Matcher):
             out[:] = g.budget_row(s, max(tokens_left - 1, -1))
 
     def accept(self, token_id: int) -> bool:
+        state = self._next(self._state, token_id)
+        if state is None:
+            return False
+        self._state = state
+        return True
+
+    def _next(self, state: int, token_id: int) -> int | None:
+        """The state `token_id` leads to from `state`, where it leads on to acceptance; else None."""
         d = self._g.dfa
-        lo, hi = d.offsets[self._state], d.offsets[self._state + 1]
+        lo, hi = d.offsets[state], d.offsets[state + 1]
         # (an int32 needle: a Python int makes numpy cast the state's whole int32 slice first, ~20x slower)
         i = lo + np.searchsorted(d.tokens[lo:hi], np.int32(token_id))
         if i >= hi or d.tokens[i] != token_id or d.dist[d.nexts[i]] == _INF:
-            return False
-        self._state = int(d.nexts[i])
-        return True
+            return None
+        return int(d.nexts[i])
+
+    def mask_after(self, tokens: list[int]) -> np.ndarray | None:
+        state = self._state
+        for token in tokens:
+            state = self._next(state, token)
+            if state is None:
+                return None
+        return self._g.row(state).view(np.uint32).copy()
 
     def is_terminated(self) -> bool:
         d, s = self._g.dfa, self._state

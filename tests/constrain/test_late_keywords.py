@@ -449,17 +449,27 @@ UNIQUE_DIGITS = {"type": "array", "uniqueItems": True, "maxItems": 4, "items": {
     "additionalProperties": False}}
 
 
-def test_the_lookahead_sees_past_whitespace(gpt2_compiler, tokenizers, vocabs):
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_the_lookahead_sees_past_whitespace(backend, tokenizers, vocabs):
     """After `[{"a": 0}, {"a": 0` only a space may follow, and after it only `}`, which would repeat an item:
-    the `0` is a dead end two tokens deep, past the whitespace, and is replaced by another digit."""
+    the `0` is a dead end two tokens deep, past the whitespace, and is replaced by another digit. (On outlines
+    the lookahead was skipped: repeats of such a schema, which `auto` serves with outlines, ended in a 400
+    `constraint_too_complex` mid-answer, 4 seeds in 30.)"""
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
-    m = _compile(gpt2_compiler, UNIQUE_DIGITS).matcher()
-    _write_vetted(m, tok, vocab, '[{"a": 0}, {"a": ')
-    zero = tok.convert_tokens_to_ids("0")
-    replaced = m.vet(zero, None)
-    assert replaced != zero and vocab.token_bytes[replaced][:1].isdigit() and m.accept(replaced)
-    _write_vetted(m, tok, vocab, "}]")
-    assert m.can_end()
+    compiler = GrammarCompiler(vocab, tok, backend=backend, background_outlines=False)
+    try:
+        digits = {**UNIQUE_DIGITS, "items": {**UNIQUE_DIGITS["items"], "properties": {"a": {"enum": list(range(10))}}}}
+        grammar = _compile(compiler, digits, backend)  # (outlines enforces no minimum or maximum)
+        assert grammar.backend == backend
+        m = grammar.matcher()
+        _write_vetted(m, tok, vocab, '[{"a": 0}, {"a": ')
+        zero = tok.convert_tokens_to_ids("0")
+        replaced = m.vet(zero, None)
+        assert replaced != zero and vocab.token_bytes[replaced][:1].isdigit() and m.accept(replaced)
+        _write_vetted(m, tok, vocab, "}]")
+        assert m.can_end()
+    finally:
+        compiler.close()
 
 
 @pytest.mark.parametrize("schema, ended", [(INTEGER_OR_NONNEGATIVE, 150),
