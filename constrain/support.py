@@ -219,6 +219,24 @@ def _fully_anchored(pattern) -> bool:
     return True
 
 
+def _word_boundary(pattern: str) -> bool:
+    """Whether the pattern asserts a word boundary (`\\b`, `\\B` outside a class), which outlines-core cannot build
+    into its automaton ("cannot build DFAs for regexes with Unicode word boundaries")."""
+    cls, esc = False, False
+    for ch in pattern:
+        if esc:
+            if ch in "bB" and not cls:
+                return True
+            esc = False
+        elif ch == "\\":
+            esc = True
+        elif cls:
+            cls = ch != "]"
+        elif ch == "[":
+            cls = True
+    return False
+
+
 _JSON_ESCAPED = frozenset(range(0x20)) | {0x22, 0x5C}  # characters a JSON string must escape
 
 
@@ -473,7 +491,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
             bad.append(ptr)
         elif key in ("minLength", "maxLength", "format") and "pattern" in node:
             bad.append(ptr)  # outlines uses the pattern alone
-        elif key == "pattern" and not (_fully_anchored(value) and json_safe_pattern(value)):
+        elif key == "pattern" and not (_fully_anchored(value) and json_safe_pattern(value)
+                                       and not _word_boundary(value)):
             bad.append(ptr)  # outlines matches the whole string (JSON Schema searches), and does not escape
         elif key == "$ref" and not (isinstance(value, str) and _outlines_target(schema, value, walked)):
             bad.append(ptr)  # outlines compiles the target: it must be a subschema checked here

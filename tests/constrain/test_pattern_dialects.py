@@ -297,3 +297,21 @@ def test_a_shorthand_beside_a_spelled_property_is_still_made_portable():
     `[\\p{L}\\d]` was left as written (Unicode digits on the backends)."""
     assert "\\d" not in portable_pattern(unicode_properties("[\\p{L}\\d]"))
     assert portable_pattern("[\\U0001F600\\d]") == "[0-9\\U0001F600]"
+
+
+def test_an_anchored_pattern_with_a_word_boundary_is_served_as_llguidance_serves_it_under_auto(gpt2_compiler):
+    """outlines-core cannot build a word boundary into its automaton, but an anchored pattern went to it under
+    `auto` (the exact backend for anchored patterns): a 400 from its build, strict or not. It is llguidance's, which
+    leaves `\\b` out and names it (strict: a 400 with the pointer)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^\\bfoo\\b$"}}, "required": ["s"],
+              "additionalProperties": False}
+
+    def spec(strict: bool):
+        return spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "s", "schema": schema, "strict": strict}})
+
+    grammar = gpt2_compiler.compile(spec(False))
+    assert grammar.backend == "llguidance" and grammar.unenforced == ("/properties/s/pattern",)
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(spec(True))
+    assert refused.value.pointer == "/properties/s/pattern"
