@@ -101,7 +101,9 @@ class Sequence:
         text = reasoning = ""
         start = self._answer_in  # (where this token's answer text begins)
         is_stop_token = self.ends_on(token)
-        in_answer = True  # the token belongs to the answer (not to a reasoning block, nor stripped after one)
+        # the token belongs to the answer (not to a reasoning block, nor stripped after one, nor the end token,
+        # which is not in the text: OpenAI lists no end token among the logprobs)
+        in_answer = not is_stop_token
         if params.mirostat_target is not None:
             surprise = -math.log2(max(chosen_prob, 1e-30))
             self.mirostat_mu -= params.mirostat_lr * (surprise - params.mirostat_target)

@@ -237,3 +237,20 @@ def test_token_ids_out_of_the_vocabulary_are_refused(http):
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": [1, 10_000_000]})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "prompt"
+
+
+def test_the_token_that_ends_the_output_is_not_among_the_logprobs(http):
+    """EOS (and a `stop_token_ids` token) is not in the text, and OpenAI lists no end token: `<|endoftext|>` was
+    listed, and chat's `logprobs.content` joined to `...<|im_end|>`, not to the content."""
+    eos = "151643"
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 8, "logprobs": 1,
+                                           "min_tokens": 2, "logit_bias": {eos: 100}}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 3
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"] and len(lp["tokens"]) == 2 == len(lp["text_offset"])
+    chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                   "max_tokens": 8, "logprobs": True, "min_tokens": 2,
+                                                   "logit_bias": {"151645": 100}}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert bytes(b for entry in content for b in entry["bytes"]).decode() == chat["choices"][0]["message"]["content"]
+    assert len(content) == 2 and chat["choices"][0]["finish_reason"] == "stop"
