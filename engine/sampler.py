@@ -6,8 +6,9 @@ the exponential race in two levels, on every device; per-row torch.Generator for
 device-to-host copy. Never touches Python per-token state, the model or the grammar objects; each function is
 tested against a plain reference.
 
-Raw logprobs (documented choice): log_softmax of the model's logits after the grammar mask only, before bias,
-penalties and temperature. Disallowed tokens have logprob -inf and are never listed among the alternatives.
+Raw logprobs (documented choice): log_softmax of the model's logits after the grammar mask (and the ids that are no
+token) only, before bias, penalties and temperature. Disallowed tokens have logprob -inf and are never listed among
+the alternatives.
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ class SamplingBatch:
     bias_rows: torch.Tensor  # long [N]
     bias_cols: torch.Tensor  # long [N]
     bias_values: torch.Tensor  # float [N]
+    unsampled: torch.Tensor  # long [U]: ids that are no token (padded logits, `[PADnnnn]` artefacts), never sampled
     mirostat: torch.Tensor  # bool [B]
     mirostat_mu: torch.Tensor  # float [B]
     generators: list[torch.Generator | None]
@@ -272,6 +274,8 @@ def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tenso
     logits = logits.float()
     if bitmask is not None:
         apply_bitmask(logits, bitmask)
+    if batch.unsampled.numel():  # (as a mask, before the logprobs: no alternative listed is one of them)
+        logits.index_fill_(1, batch.unsampled, NEG_INF)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.want_logprobs else None
 
     logits = apply_logit_bias(logits, batch.bias_rows, batch.bias_cols, batch.bias_values)

@@ -28,6 +28,7 @@ class RequestState:
     open_choices: int = 0
     cancelled: bool = False
     prompt_logprobs: tuple | None = None
+    logit_bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (columns, values) on the device: Engine._logit_bias
 
 
 @dataclass

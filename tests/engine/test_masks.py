@@ -260,6 +260,10 @@ def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
     assert out[0].tokens == [token] * 3
     with torch.inference_mode():
         logits = builtin.model(torch.tensor([PROMPT + [token] * 2], device=builtin.device)).logits[0, -3:].float()
+    from constrain.vocabulary import unsampled_ids
+
+    pads = torch.tensor(unsampled_ids(builtin.tokenizer, builtin.logits_width), device=logits.device)
+    logits = logits.index_fill(-1, pads, float("-inf"))  # (no token: never listed)
     expected = torch.log_softmax(logits, -1)[:, token].tolist()
     got = [lp for ev in out[0].events for lp in ev.logprobs]
     assert [lp.token_id for lp in got] == [token] * 3

@@ -250,7 +250,7 @@ def make_batch(rows, **over) -> SamplingBatch:
         top_k=torch.zeros(rows, dtype=torch.long), top_p=torch.ones(rows), min_p=torch.zeros(rows),
         repetition=torch.ones(rows), frequency=torch.zeros(rows), presence=torch.zeros(rows),
         bias_rows=torch.zeros(0, dtype=torch.long), bias_cols=torch.zeros(0, dtype=torch.long),
-        bias_values=torch.zeros(0), mirostat=torch.zeros(rows, dtype=torch.bool), mirostat_mu=torch.zeros(rows),
+        bias_values=torch.zeros(0), unsampled=torch.zeros(0, dtype=torch.long), mirostat=torch.zeros(rows, dtype=torch.bool), mirostat_mu=torch.zeros(rows),
         generators=[None] * rows, any_penalty=False, any_top_k=False, any_top_p=False, any_min_p=False,
         any_mirostat=False, any_temperature=False, all_greedy=False, any_greedy=False, top_logprobs=0,
         want_logprobs=False)

@@ -191,6 +191,10 @@ def test_logprobs_are_raw_and_the_greedy_token_is_the_top_alternative(engine, bu
     assert [len(ev.logprobs) for ev in events] == [1, 1, 1, 1]
     with torch.inference_mode():
         logits = builtin.model(torch.tensor([PROMPT], device=builtin.device)).logits[0, -1].float()
+    from constrain.vocabulary import unsampled_ids
+
+    pads = torch.tensor(unsampled_ids(builtin.tokenizer, builtin.logits_width), device=logits.device)
+    logits = logits.index_fill(-1, pads, float("-inf"))  # (no token: never listed)
     expected = torch.log_softmax(logits, -1)
     first = events[0].logprobs[0]
     assert first.token_id == out[0].tokens[0] == int(expected.argmax())

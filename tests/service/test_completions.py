@@ -254,3 +254,12 @@ def test_the_token_that_ends_the_output_is_not_among_the_logprobs(http):
     content = chat["choices"][0]["logprobs"]["content"]
     assert bytes(b for entry in content for b in entry["bytes"]).decode() == chat["choices"][0]["message"]["content"]
     assert len(content) == 2 and chat["choices"][0]["finish_reason"] == "stop"
+
+
+def test_ids_that_are_no_token_are_never_listed_among_the_alternatives(http):
+    """The built-in tokenizer's `[PADnnnn]` artefacts were banned after the logprobs were taken: one was listed
+    as the second most likely alternative, and they counted in the distribution the logprobs are read from."""
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "The sky is", "max_tokens": 40, "logprobs": 5,
+                                           "temperature": 1.0, "seed": 3, "ignore_eos": True}).json()
+    listed = [token for top in r["choices"][0]["logprobs"]["top_logprobs"] for token in top]
+    assert len(listed) >= 40 * 5 and not [t for t in listed if t.startswith("[PAD")]
