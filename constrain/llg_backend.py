@@ -1231,11 +1231,15 @@ class LlgMatcher(Matcher):
 
     def _forced_a_refused_token(self, out: np.ndarray) -> bool:
         """The mask `out` allows a single token though the output cannot end here, and the grammar refuses that
-        token: what llguidance's forcing does where a token's bytes differ from those it forced (see
-        `LlgGrammar.stop_forcing`). (An empty mask is not that: a grammar that requires a special token the output
-        may not write, `choice: ["<|im_end|>"]`, leaves nothing, a 400.) Costs a scan of the row (~2 us on 152k
-        tokens)."""
-        if np.count_nonzero(out) != 1 or self._m.is_accepting() or self._m.is_stopped() or self._m.is_error():
+        token, or allows none: what llguidance's forcing does where a token's bytes differ from those it forced
+        (see `LlgGrammar.stop_forcing`), or where the tokenizer makes a special token of them, which no output
+        writes (`<s>` in HTML under a Phi-3 tokenizer, `choice: ["<|im_end|>"]`: without forcing, ordinary tokens
+        spell the text). Costs a scan of the row (~2 us on 152k tokens)."""
+        if self._m.is_accepting() or self._m.is_stopped() or self._m.is_error():
+            return False
+        if not out.any():
+            return True
+        if np.count_nonzero(out) != 1:
             return False
         words = np.flatnonzero(out)
         word = int(out[words[0]]) & 0xFFFFFFFF

@@ -645,8 +645,7 @@ class Engine:
                                               seq.grammar_error_code)
             elif out.empty[row]:
                 event = seq.finish_with_error("no token is allowed here: the constraint leaves none the model may "
-                                              "write (text that is one of the model's special tokens, such as its "
-                                              "end-of-turn tag, cannot be written)", "empty_allowed_set")
+                                              "write", "empty_allowed_set")
             events.append((seq, event))
             if seq.finished is None:
                 keep.append(row)

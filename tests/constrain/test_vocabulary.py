@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from constrain import Vocabulary
@@ -95,3 +97,24 @@ def test_special_tokens_named_writable_write_their_content(tmp_path):
     assert [tags.token_bytes[tid] for tid in QWEN_TOOL_TAGS] == [b"<tool_call>", b"</tool_call>"]
     assert tags.token_bytes[tok.convert_tokens_to_ids("<|im_start|>")] is None
     assert tags.fingerprint != plain.fingerprint
+
+
+@pytest.mark.parametrize("name, text", [("phi3", "<s>old</s> new"), ("qwen2", "x<|im_start|>y")])
+def test_text_that_spells_a_special_token_is_written_with_ordinary_tokens(name, text, tokenizers, vocabs):
+    """llguidance forces the bytes a grammar leaves no choice over as the tokens its tokenizer makes of them: `<s>`
+    (Phi-3's BOS) became the special token, which the mask removes, and the answer failed with no token allowed
+    (a 400, or an error event mid-stream), where outlines wrote the text. The grammar then runs without forcing."""
+    from constrain import GrammarCompiler, spec_from_request
+    from tests.constrain.conftest import offered_walk
+
+    compiler = GrammarCompiler(vocabs[name], tokenizers[name], backend="llguidance", background_outlines=False)
+    try:
+        schema = {"type": "object", "properties": {"html": {"const": text}}, "required": ["html"],
+                  "additionalProperties": False}
+        for spec in (spec_from_request(choice=[text]), spec_from_request(response_format={
+                "type": "json_object", "schema": schema})):
+            out = offered_walk(compiler.compile(spec), vocabs[name], [], [], 40)
+            written = tokenizers[name].decode(out, skip_special_tokens=True)
+            assert written == text or json.loads(written) == {"html": text}, written
+    finally:
+        compiler.close()
