@@ -25,6 +25,11 @@ class IncrementalDetokenizer:
         self.prefix = 0
         self.read = len(self.ids)
 
+    @property
+    def holding(self) -> bool:
+        """Tokens are read whose text is not out yet (the bytes of a character split across tokens)."""
+        return self.read < len(self.ids)
+
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
         return self._delta(final=False)

@@ -162,7 +162,8 @@ class Sequence:
             self._held_logprobs.append((start, logprob))
         if not self._held_logprobs:
             return ()
-        if self.finished is not None and not self.stops.stopped or self._answer_in == self._answer_out:
+        held = self._answer_in != self._answer_out or self.detok.holding  # (a character's first bytes: no text yet)
+        if self.finished is not None and not self.stops.stopped or not held:
             out, self._held_logprobs = self._held_logprobs, []
         else:
             out = [h for h in self._held_logprobs if h[0] < self._answer_out]

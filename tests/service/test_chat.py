@@ -555,3 +555,17 @@ def test_a_pattern_with_named_groups_and_a_code_point_escape_is_served_as_ecma_r
         assert r.status_code == 200, r.text
         when = json.loads(r.json()["choices"][0]["message"]["content"])["when"]
         assert re.fullmatch("[0-9]{4}\u2013(0[1-9]|1[0-2])", when), when
+
+
+def test_logprobs_never_list_the_bytes_of_a_character_a_stop_string_cut_off(http):
+    """A stop string that cuts at a character spelled by several byte tokens: the first bytes' logprobs went out
+    before their character existed (nothing was held then), and were listed though the cut dropped their text
+    (content "" with two entries). The tokens listed spell the text; only the last may go on past it."""
+    for seed in range(8):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 14, "seed": seed,
+                "temperature": 2.0, "regex": "(🫠|𝄞|x|🦜)+", "stop": ["𝄞x", "🫠"], "logprobs": True}
+        choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+        entries = choice["logprobs"]["content"]
+        data, text = b"".join(bytes(e["bytes"]) for e in entries), choice["message"]["content"].encode()
+        assert data.startswith(text), (seed, data, text)
+        assert not entries or len(data) - len(text) < len(bytes(entries[-1]["bytes"])), (seed, data, text)
