@@ -789,7 +789,9 @@ def _function_unenforced(arguments: dict[str, Grammar]) -> tuple[str, ...]:
 def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintError:
     """`exc` with its pointer, and the places llguidance's message names, told in terms of what the client sent
     (see `_client_pointer`): `tools` errors name `/1/function/parameters/...`, never the call schema's
-    `/$defs/tool1`."""
+    `/$defs/tool1`. An error raised where the request's field is not known (a grammar's start) gets it."""
+    if exc.param is None:
+        exc = ConstraintError(exc.message, param=spec.param, pointer=exc.pointer, code=exc.code)
     if spec.kind == "tools" and _SCHEMA_URI.search(exc.message):
         message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, m.group(1))[0], exc.message)
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer, code=exc.code)

@@ -1073,8 +1073,9 @@ class LlgGrammar(Grammar):
 
     def _parse(self) -> "llguidance.LLMatcher":
         proto = llguidance.LLMatcher(self.lltok, self.text, log_level=0)
-        if proto.is_error():
-            raise ConstraintError(f"cannot start matcher: {proto.get_error()[:300]}")
+        if proto.is_error():  # (its lexer's limits at the start: `multipleOf: 1000000007` ran out of fuel)
+            raise ConstraintError(f"llguidance cannot start this constraint: {proto.get_error()[:300]}",
+                                  code="constraint_too_complex")
         return proto
 
     def fresh_copy(self, lane: int = 0) -> tuple["llguidance.LLMatcher", int, int, bool]:

@@ -347,3 +347,15 @@ def test_property_counts_over_many_optional_properties_are_not_enumerated(gpt2_c
     for count in (14, 15, 17, 18):
         document = {f"p{i}": "x" for i in range(count)}
         assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], document) == (15 <= count <= 17)
+
+
+def test_a_constraint_llguidance_cannot_start_is_refused_naming_its_field(gpt2_compiler):
+    """`multipleOf: 1000000007` compiles, but llguidance's lexer runs out of fuel starting its matcher: that was a
+    400 with `param: null` and llguidance's words alone."""
+    from constrain import ConstraintError, spec_from_request
+
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": {
+            "type": "integer", "multipleOf": 1000000007}}))
+    assert refused.value.param == "response_format" and refused.value.code == "constraint_too_complex"
+    assert "cannot start" in refused.value.message
