@@ -136,6 +136,40 @@ def string_hints(schema: Any) -> tuple[bytes, ...]:
     return tuple(found)[:_MAX_HINTS]
 
 
+def integer_divisors(schema: Any) -> tuple[int, ...]:
+    """The schema's whole `multipleOf`s above 1, for closing walks inside an integer that may not end as it is
+    (`_multiple_tail`)."""
+    found: dict[int, None] = {}
+    for _, key, node in walk(schema):
+        value = node.get("multipleOf") if key == "multipleOf" else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1 \
+                and float(value).is_integer():
+            found[int(value)] = None
+    return tuple(found)[:_MAX_HINTS]
+
+
+_INTEGER = re.compile(rb"-?[1-9][0-9]*")
+
+
+def _multiple_tail(walk: "llguidance.LLMatcher", divisors: tuple[int, ...], number: bytes,
+                   byte_tokens: dict[int, int], closers: frozenset[int]) -> list[int] | None:
+    """Digits after which the integer being written (`number`) is a multiple of one of `divisors`, where it may
+    not end as it is. The walk's first choice, a `0`, never gets there under a divisor prime to 10 (`multipleOf:
+    101` ran 200 tokens of digits to max_tokens) and takes ten of them under 1024; a number a·10^k + d is a multiple
+    of m for d = -a·10^k mod m, which has k digits once 10^k >= m."""
+    if not _INTEGER.fullmatch(number) or any(walk.validate_tokens([c]) == 1 for c in closers):
+        return None
+    magnitude = int(number.lstrip(b"-"))
+    for m in divisors:
+        for k in range(1, len(str(m)) + 1):
+            d = -magnitude * 10 ** k % m
+            if d < 10 ** k:
+                tail = [byte_tokens[b] for b in str(d).zfill(k).encode()]
+                if walk.validate_tokens(tail) == len(tail):
+                    return tail
+    return None
+
+
 def required_names(schema: Any) -> tuple[bytes, ...]:
     """The names the schema's objects require, as a JSON string holds them (escaped), shortest first: a closing
     walk that must write a key writes one of these where the grammar takes it, not the first letters that fit
@@ -180,7 +214,8 @@ def _walk_bytes(vocab: Vocabulary) -> _WalkBytes:
 
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
                    hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
-                   key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = ()) -> list[int] | None:
+                   key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
+                   divisors: tuple[int, ...] = ()) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
     Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON
@@ -192,7 +227,9 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     (`required_names`) and `keys`, a key being written is finished as one of those names where the grammar
     takes it. `endings` are byte strings that end a part of the output (a tag after a value that is not JSON): at
     each step the first that the grammar takes whole is written. Special tokens the grammar forces, and those in
-    `endings`, are written `\\xff[id]`, as llguidance writes forced bytes; they stay themselves in the result."""
+    `endings`, are written `\\xff[id]`, as llguidance writes forced bytes; they stay themselves in the result. With
+    `divisors` (`integer_divisors`) and `keys`, an integer that may not end as it is gets the digits that make it a
+    multiple of one (`_multiple_tail`)."""
     tables = _walk_bytes(vocab)
     byte_tokens, order, closers = tables.byte_tokens, tables.order, tables.closers
     quote, letter, null_byte = tables.quote, tables.letter, tables.null_byte
@@ -228,6 +265,14 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                 keys.feed(_SPECIAL_MARK.sub(b"", forced))
             run, written = 0, written + len(ids)
             continue
+        if divisors and keys is not None and keys.mode == "number":
+            tail = _multiple_tail(walk, divisors, bytes(keys.buf), byte_tokens, closers)
+            if tail:
+                walk.consume_tokens(tail)
+                out.extend(tail)
+                keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
+                run, last = 0, None
+                continue
         if run >= try_at or written >= cycle_at:
             tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
                 if hints else None
@@ -670,7 +715,8 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
                                             base_pointer=base_pointer)
     hints = string_hints(schema) if kind == "json" else regex_hints(regex) if kind == "regex" else ()
     return LlgGrammar(lltok, text, vocab, unenforced, hints, json_output=kind == "json",
-                      key_names=required_names(schema) if kind == "json" else ())
+                      key_names=required_names(schema) if kind == "json" else (),
+                      divisors=integer_divisors(schema) if kind == "json" else ())
 
 
 def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = None, strict_under: tuple[str, ...] = (),
@@ -821,7 +867,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
-                      key_names=required_names(schema))
+                      key_names=required_names(schema), divisors=integer_divisors(schema))
 
 
 def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
@@ -856,7 +902,8 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     variants = schema["items"].get("anyOf", [schema["items"]])
     names = tuple(json.dumps(v["properties"]["name"]["const"], ensure_ascii=False).encode() for v in variants)
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
-                      key_names=required_names(schema), call_tag=HERMES_OPEN.encode(), call_names=names)
+                      key_names=required_names(schema), call_tag=HERMES_OPEN.encode(), call_names=names,
+                      divisors=integer_divisors(schema))
 
 
 def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str) -> "LlgGrammar":
@@ -1037,8 +1084,10 @@ class LlgGrammar(Grammar):
 
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
                  hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = (),
-                 call_tag: bytes | None = None, endings: tuple[bytes, ...] = (), call_names: tuple[bytes, ...] = ()):
+                 call_tag: bytes | None = None, endings: tuple[bytes, ...] = (), call_names: tuple[bytes, ...] = (),
+                 divisors: tuple[int, ...] = ()):
         self.lltok = lltok
+        self.divisors = divisors  # the schema's whole multipleOfs, for closing walks (`integer_divisors`)
         self.call_names = call_names  # each function's name as the output spells it after `call_tag` (`vet`)
         self.endings = endings  # byte strings that end parts of the output, for closing walks (`closing_tokens`)
         self.call_tag = call_tag
@@ -1188,7 +1237,7 @@ class LlgMatcher(Matcher):
         `tokens_left`, a long completion (`_CLOSING_LONG`) more than twice that long counts as none found: it
         costs milliseconds to walk, and the budget rule can seldom steer to it (the output ends at the limit)."""
         closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys, self._g.key_names,
-                                 self._g.endings)
+                                 self._g.endings, self._g.divisors)
         if closing is not None and self._closing_len is not None:
             self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
         if closing is not None and tokens_left is not None and len(closing) > max(2 * tokens_left, _CLOSING_LONG):
@@ -1335,7 +1384,7 @@ class LlgMatcher(Matcher):
         here, kept = self._closing, self._closing_kept
         if here is None or (kept and len(here) > tokens_left):  # (a walk from here may find a shorter one)
             walked = closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,
-                                    self._g.key_names, self._g.endings)
+                                    self._g.key_names, self._g.endings, self._g.divisors)
             if here is None or (walked is not None and len(walked) < len(here)):
                 here, kept = walked, False
         if here and len(here) <= tokens_left:

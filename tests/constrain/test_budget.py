@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from constrain import ConstraintSpec, spec_from_request
+from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.token_dfa import INF
 from tests.constrain.conftest import decode, offered_walk, random_walk
 
@@ -597,3 +597,22 @@ def test_the_fewest_tokens_to_end_are_walked_once_where_a_completion_was_carried
     real_walk = llg_backend.closing_tokens
     monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real_walk(*args))
     assert m.min_tokens_to_end() == 1 and m.min_tokens_to_end() == 1 and len(walks) == 1
+
+
+@pytest.mark.parametrize("divisor", [1024, 101, 10007, 1000003, 60])
+def test_an_integer_under_a_multiple_of_closes_within_the_budget(divisor, tokenizers, vocabs):
+    """The closing walk wrote zeros after an integer that could not end as it was: under a divisor prime to 10
+    they never make a multiple, and 1024 needs ten, so no completion was found and the answer ran to max_tokens
+    (`{"n": -984387613711126...`, finish_reason length, at 200 tokens). The walk now writes the digits that do."""
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
+    try:
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": divisor}},
+                  "required": ["n"], "additionalProperties": False}
+        grammar = compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema}))
+        prefix = tok.encode('{"n": -984387613711126', add_special_tokens=False)
+        out = offered_walk(grammar, vocab, prefix, [], 12)
+        document = json.loads(tok.decode(prefix + out))
+        assert document["n"] % divisor == 0, document
+    finally:
+        compiler.close()
