@@ -79,6 +79,50 @@ def _with_short_call_ids(dicts: list[dict]) -> list[dict] | None:
     return out if changed else None
 
 
+def _whole_members(text: str) -> dict:
+    """What a cut-off JSON object's text holds whole: its members up to the last one complete (`{"a": 1, "b": "x`
+    -> {"a": 1}); {} where none is, or the text does not begin an object."""
+    s = text.lstrip()
+    if not s.startswith("{"):
+        return {}
+    depth, in_string, escaped, last_comma = 0, False, False, None
+    for i, ch in enumerate(s):
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 1:
+            last_comma = i
+    if last_comma is None:
+        return {}
+    try:
+        value = json.loads(s[:last_comma] + "}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _with_arguments_objects(dicts: list[dict]) -> list[dict] | None:
+    """The conversation with each call's `arguments` that is not a JSON object (a call max_tokens cut: `{"a": `)
+    made one, of its whole members; or None when every call's is one. The templates that walk the arguments as a
+    mapping (Qwen3-Coder's, GLM's) refused the server's own cut calls sent back, as agent loops send them."""
+    out, changed = [], False
+    for d in dicts:
+        calls = d.get("tool_calls")
+        if calls and any(not isinstance(c["function"]["arguments"], dict) for c in calls):
+            d = {**d, "tool_calls": [c if isinstance(c["function"]["arguments"], dict) else
+                                     {**c, "function": {**c["function"],
+                                                        "arguments": _whole_members(str(c["function"]["arguments"]))}}
+                                     for c in calls]}
+            changed = True
+        out.append(d)
+    return out if changed else None
+
+
 def _with_description(tool: dict) -> dict:
     """A tool with a `description` ("" where it had none): gpt-oss's template adds it to a string, which fails where
     it is missing (OpenAI's API does not require one)."""
@@ -388,18 +432,20 @@ class ChatTemplate:
         return held.put_back(rendered) if held is not None else (rendered, ())
 
     def _apply(self, dicts: list[dict], options: dict[str, Any]) -> str:
-        """The template applied; where it refuses the conversation and that holds tool call ids, applied again
-        with the ids made `short_call_id`s (`_with_short_call_ids`), and the first error raised if that fails
-        too."""
+        """The template applied; where it refuses the conversation, applied again with the tool call ids made
+        `short_call_id`s (`_with_short_call_ids`), with the calls' arguments made objects
+        (`_with_arguments_objects`), then with both, and the first error raised if every one fails."""
         try:
             return self.tokenizer.apply_chat_template(dicts, chat_template=self.template, tokenize=False, **options)
         except Exception:
-            short = _with_short_call_ids(dicts)
-            if short is None:
-                raise
-            try:
-                return self.tokenizer.apply_chat_template(short, chat_template=self.template, tokenize=False,
-                                                          **options)
-            except Exception:  # noqa: BLE001 - the ids were not what it refused
-                pass
+            short, objects = _with_short_call_ids(dicts), _with_arguments_objects(dicts)
+            both = _with_arguments_objects(short) if short is not None else None
+            for retry in (short, objects, both):
+                if retry is None:
+                    continue
+                try:
+                    return self.tokenizer.apply_chat_template(retry, chat_template=self.template, tokenize=False,
+                                                              **options)
+                except Exception:  # noqa: BLE001 - not what it refused
+                    pass
             raise

@@ -229,7 +229,11 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
     out = []
     for c in choices:
         calls = parsed_calls.get(c.index)
-        message: dict = {"role": "assistant", "content": calls.content if calls else c.text, "refusal": None}
+        content = calls.content if calls else c.text
+        if content is None and not (calls and calls.calls):
+            content = ""  # (a call max_tokens cut before its name: no call, and null content is no message to send
+            # back, as agent loops send every answer: "an 'assistant' message needs `content`")
+        message: dict = {"role": "assistant", "content": content, "refusal": None}
         if reasoning:
             message.update(reasoning_fields(c.reasoning or None))
         if calls and calls.calls and uses_functions:

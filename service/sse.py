@@ -121,7 +121,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 last = {}
                 if index in unsaid:  # nothing sent: an empty answer, or a call max_tokens cut before its name
                     cut = answer_calls(calls, state.text, plan.spec, state.finish_reason)
-                    last = {"content": cut.content if cut else state.text}
+                    last = {"content": (cut.content if cut else state.text) or ""}  # (as chat_body: never null)
                 for chunk in chunk_of(index, last, lp, finish_for(state, calls, uses_functions)):
                     yield chunk
     except APIError as exc:

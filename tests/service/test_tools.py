@@ -201,8 +201,10 @@ def test_a_streamed_answer_assembles_to_the_whole_answers_content(client, tool_c
             assert whole.content is None and first.choices[0].delta.tool_calls
 
 
-def test_a_call_cut_before_its_name_streams_content_null_as_the_whole_answer_does(client):
-    """Nothing was sent before the last chunk, which opened the choice with `content: ""` (helper-22's review)."""
+def test_a_call_cut_before_its_name_streams_as_the_whole_answer_does(client):
+    """Nothing was sent before the last chunk, which opened the choice with `content: ""` where the whole answer
+    had null (helper-22's review). Both are "" (no call, and null content is no message an agent loop can send
+    back: "an 'assistant' message needs `content`")."""
     body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=2, seed=1)
     whole = client.chat.completions.create(**body).choices[0]
     with client.chat.completions.stream(**body) as stream:
@@ -211,7 +213,8 @@ def test_a_call_cut_before_its_name_streams_content_null_as_the_whole_answer_doe
         except openai.LengthFinishReasonError as exc:
             streamed = exc.completion.choices[0]
     assert whole.finish_reason == streamed.finish_reason == "length"
-    assert whole.message.content is None and streamed.message.content is None
+    assert whole.message.content == "" and streamed.message.content == ""
+    assert not whole.message.tool_calls and not streamed.message.tool_calls
 
 
 def test_streamed_tool_calls_assemble_like_openai(client):

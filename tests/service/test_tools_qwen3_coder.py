@@ -140,3 +140,26 @@ def test_a_strict_function_the_format_cannot_write_is_refused_with_its_pointer(c
     error = exc.value.body  # (minProperties is rewritten into required sets: the pointer names where it was)
     assert error["param"] == "tools" and error["code"] == "unsupported_schema"
     assert "at /1/function/parameters in the qwen3_coder tool-call format" in error["message"]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 16])
+def test_the_servers_own_answer_cut_by_max_tokens_goes_back_in_history(client, max_tokens):
+    """Agent loops append every answer as returned and answer each call. A call max_tokens cut (arguments `{"a": `)
+    was a 400 on the next turn ("Can only get item pairs from a mapping": this template walks the arguments as a
+    mapping), and so was an answer cut before any call's name (`content: null`, no calls: "an 'assistant' message
+    needs `content`"). The cut call goes back with its whole members; the empty answer's content is ""."""
+    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=max_tokens, seed=1)
+    choice = first.choices[0]
+    assert choice.finish_reason == "length"
+    message = choice.message.model_dump(exclude_none=True)
+    history = [*ASK, message]
+    if max_tokens == 1:
+        assert choice.message.content == "" and not choice.message.tool_calls
+    else:
+        [call] = choice.message.tool_calls
+        with pytest.raises(ValueError):  # (cut: not JSON)
+            json.loads(call.function.arguments)
+        history.append({"role": "tool", "tool_call_id": call.id, "content": "error: cut"})
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=4)
+    assert second.choices[0].message.role == "assistant"
