@@ -507,6 +507,9 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
     recursive = recursive_targets(root)
     if not recursive:
         return root
+    # the names a reference steps through (`#/components/Color`): a key by such a name may hold a reference's target
+    referenced = {part.replace("~1", "/").replace("~0", "~") for n in _iter_nodes(root)
+                  if isinstance(n.get("$ref"), str) for part in n["$ref"].split("#", 1)[-1].split("/")}
     left = [_MAX_INLINED_NODES]
     copies: dict[str, Any] = {}
     making: set[str] = set()
@@ -552,9 +555,11 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
         if not isinstance(node, dict):
             return node
         node = drop_implied_type(node)
-        # keywords JSON Schema does not know assert nothing (pydantic's `discriminator`, `x-order`, `nullable`),
-        # but llguidance counts them as sibling keys of a `$ref`: they are left out
-        node = {k: v for k, v in node.items() if k in ASSERTIONS or k in _ANNOT}
+        if any(k in node for k in ("$ref", "allOf", "anyOf", "oneOf")):
+            # keywords JSON Schema does not know assert nothing (pydantic's `discriminator` beside a oneOf,
+            # `x-order` or `nullable` beside a `$ref`), but llguidance counts them as sibling keys of a reference:
+            # they are left out there, unless a reference may point into one
+            node = {k: v for k, v in node.items() if k in ASSERTIONS or k in _ANNOT or k in referenced}
         siblings = len(set(node) - _ANNOT) > 1
         out = map_subschemas(node, go)
         for key in ("allOf", "anyOf", "oneOf"):

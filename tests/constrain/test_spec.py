@@ -419,6 +419,20 @@ def test_a_keyword_json_schema_does_not_know_beside_a_recursive_reference_is_no_
     assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"kids": [{"kids": []}, {}]})
 
 
+def test_a_key_json_schema_does_not_know_that_a_reference_points_into_is_kept(gpt2_compiler, tokenizers, vocabs):
+    """The keywords left out beside a recursive reference (above) were left out of every object, the root's
+    `components` too, which OpenAPI-style schemas keep their definitions in: a 400 "Pointer '/components/Color'
+    does not exist" for a valid recursive schema."""
+    schema = {"type": "object", "properties": {"color": {"$ref": "#/components/Color"},
+                                               "child": {"allOf": [{"$ref": "#"}, {"x-order": 2}]},
+                                               "next": {"$ref": "#", "x-order": 1}},
+              "required": ["color"], "components": {"Color": {"enum": ["red", "green"]}}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema},
+                                                      backend="llguidance"))
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"color": "red", "next": {"color": "green"}})
+    assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"color": "blue"})
+
+
 @pytest.mark.parametrize("backend", ["llguidance", "auto"])
 def test_an_optional_part_no_finite_value_satisfies_is_never_begun(gpt2_compiler, tokenizers, vocabs, backend):
     """An optional property whose schema has no finite value is served as `false`: llguidance let the output
