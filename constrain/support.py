@@ -220,12 +220,13 @@ def _fully_anchored(pattern) -> bool:
 
 
 def _word_boundary(pattern: str) -> bool:
-    """Whether the pattern asserts a word boundary (`\\b`, `\\B` outside a class), which outlines-core cannot build
-    into its automaton ("cannot build DFAs for regexes with Unicode word boundaries")."""
+    """Whether the pattern asserts a word boundary (`\\b`, `\\B`, and `\\<`, `\\>` as outlines-core's regex syntax reads
+    them, outside a class), which outlines-core cannot build into its automaton ("cannot build DFAs for regexes with
+    Unicode word boundaries")."""
     cls, esc = False, False
     for ch in pattern:
         if esc:
-            if ch in "bB" and not cls:
+            if ch in "bB<>" and not cls:
                 return True
             esc = False
         elif ch == "\\":

@@ -299,11 +299,13 @@ def test_a_shorthand_beside_a_spelled_property_is_still_made_portable():
     assert portable_pattern("[\\U0001F600\\d]") == "[0-9\\U0001F600]"
 
 
-def test_an_anchored_pattern_with_a_word_boundary_is_served_as_llguidance_serves_it_under_auto(gpt2_compiler):
-    """outlines-core cannot build a word boundary into its automaton, but an anchored pattern went to it under
-    `auto` (the exact backend for anchored patterns): a 400 from its build, strict or not. It is llguidance's, which
-    leaves `\\b` out and names it (strict: a 400 with the pointer)."""
-    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^\\bfoo\\b$"}}, "required": ["s"],
+@pytest.mark.parametrize("pattern", ["^\\bfoo\\b$", "^\\<ab$", "^ab\\>$"])
+def test_an_anchored_pattern_with_a_word_boundary_is_served_as_llguidance_serves_it_under_auto(gpt2_compiler,
+                                                                                                pattern):
+    """outlines-core cannot build a word boundary into its automaton (its syntax reads `\\<` and `\\>` as ones too),
+    but an anchored pattern went to it under `auto` (the exact backend for anchored patterns): a 400 from its build,
+    strict or not. It is llguidance's, which leaves the pattern out and names it (strict: a 400 with the pointer)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"],
               "additionalProperties": False}
 
     def spec(strict: bool):
