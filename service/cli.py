@@ -24,10 +24,12 @@ from engine.model_loader import BUILTIN_MODEL  # noqa: E402
 from service.config import ServerConfig  # noqa: E402
 
 
-def _env(name: str, default=None):
+def _env(name: str, default=None, empty_is_a_value: bool = False):
     """An option's value from `STRUCTGEN_<NAME>`; an empty one is unset (env files and charts leave values empty,
-    and an empty `STRUCTGEN_CACHE_DIR` made the working directory the cache)."""
-    return os.environ.get("STRUCTGEN_" + name.upper().replace("-", "_")) or default
+    and an empty `STRUCTGEN_CACHE_DIR` made the working directory the cache), but for an option whose empty value
+    means something (`--json-whitespace ''`: compact JSON)."""
+    value = os.environ.get("STRUCTGEN_" + name.upper().replace("-", "_"))
+    return value if value or (empty_is_a_value and value is not None) else default
 
 
 def _positive_int(text: str) -> int:
@@ -106,7 +108,7 @@ def _add_serve(subparsers) -> None:
                    help="the in-memory grammar cache's size bound, in MiB: the grammars least recently used go "
                         "first (an llguidance one takes ~0.2 MB, an outlines automaton ~6 MB on a 152k-token "
                         "vocabulary; default: 512)")
-    p.add_argument("--json-whitespace", type=_whitespace, default=_env("json_whitespace", "[ ]?"),
+    p.add_argument("--json-whitespace", type=_whitespace, default=_env("json_whitespace", "[ ]?", empty_is_a_value=True),
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
                         "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
     p.add_argument("--tool-call-format", default=_env("tool_call_format", "auto"),

@@ -125,6 +125,8 @@ def test_an_empty_option_from_the_environment_is_unset(monkeypatch):
     monkeypatch.delenv("STRUCTGEN_MAX_BATCH_SIZE")
     unset = build_parser().parse_args(["serve"])
     assert (args.served_model_name, args.max_batch_size) == (unset.served_model_name, unset.max_batch_size)
+    monkeypatch.setenv("STRUCTGEN_JSON_WHITESPACE", "")  # (but where empty means something: compact JSON)
+    assert build_parser().parse_args(["serve"]).json_whitespace == ""
 
 
 def test_a_sigterm_ends_the_server_within_its_shutdown_timeout_though_a_client_stopped_reading():
