@@ -675,7 +675,10 @@ class Engine:
         if count <= 0:
             return []
         k = min(int(state.request.params.prompt_logprobs or 0), MAX_TOP_LOGPROBS)
-        logp = torch.log_softmax(logits[:count].float(), dim=-1)
+        logits = logits[:count].float()
+        if self._unsampled_on_device.numel():  # (as for the output: `sample_step`; a prompt's own gets -9999.0)
+            logits = logits.index_fill(1, self._unsampled_on_device, float("-inf"))
+        logp = torch.log_softmax(logits, dim=-1)
         tokens = prompt[start + 1: start + 1 + count]
         targets = torch.tensor(tokens, dtype=torch.long, device=logp.device).clamp(0, logp.shape[-1] - 1)
         chosen = logp.gather(1, targets.unsqueeze(1)).squeeze(1).cpu().tolist()

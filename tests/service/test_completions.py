@@ -259,7 +259,17 @@ def test_the_token_that_ends_the_output_is_not_among_the_logprobs(http):
 def test_ids_that_are_no_token_are_never_listed_among_the_alternatives(http):
     """The built-in tokenizer's `[PADnnnn]` artefacts were banned after the logprobs were taken: one was listed
     as the second most likely alternative, and they counted in the distribution the logprobs are read from."""
+    import random
+
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "The sky is", "max_tokens": 40, "logprobs": 5,
                                            "temperature": 1.0, "seed": 3, "ignore_eos": True}).json()
     listed = [token for top in r["choices"][0]["logprobs"]["top_logprobs"] for token in top]
     assert len(listed) >= 40 * 5 and not [t for t in listed if t.startswith("[PAD")]
+    rng = random.Random(0)
+    words = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
+             "word but not what all were we when your can said there use an each which she do how their if").split()
+    prompt = " ".join(rng.choice(words) for _ in range(1500))  # (the prompt's alternatives too: 3 were [PAD...])
+    echoed = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True,
+                                                "logprobs": 5}).json()
+    listed = [token for top in echoed["choices"][0]["logprobs"]["top_logprobs"][1:] for token in top]
+    assert len(listed) >= 1400 * 5 and not [t for t in listed if t.startswith("[PAD")]
