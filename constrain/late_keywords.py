@@ -822,6 +822,14 @@ class LateMatcher(CheckedMatcher):
         self.tracker = here.fork()
         try:
             self._feed(data)
+            suspects = self._suspects()
+            if suspects is not None:  # a token that can finish no value and is no whitespace is a way on (cheap:
+                # most rows have one, and `_refused` judges each suspect in turn)
+                free = words.copy()
+                clear_ids(free, suspects)
+                clear_ids(free, self.tokens.blank)
+                if free.any():
+                    return False
             refused = self._refused(words)
         finally:
             self.tracker = here
