@@ -637,9 +637,8 @@ class GrammarCompiler:
 
     def _build_outlines(self, key: str, regex: str, call_tag: bytes | None) -> Grammar:
         """Runs on a `_builds` thread, which only waits: the work happens in a worker process."""
-        if self.disk is not None:
-            path = self.disk.unfinished_path(key)
-        else:
+        path = self.disk.unfinished_path(key) if self.disk is not None else None
+        if path is None:
             with self._lock:
                 if self._tmp_dir is None:
                     self._tmp_dir = tempfile.mkdtemp(prefix="structgen-dfa-")
@@ -650,7 +649,7 @@ class GrammarCompiler:
             self.workers.build(regex, path, self.compile_timeout_s)
             dfa = TokenDFA.load(path)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
-            if self.disk is not None:
+            if self.disk is not None and path.parent == self.disk.folder:
                 self.disk.finished(path, key)
             self.stats.compiles += 1
             log.debug("outlines compile %.2f s", time.monotonic() - started)

@@ -68,9 +68,16 @@ class DiskCache:
     def path(self, key: str) -> Path:
         return self.folder / f"{key}{SUFFIX}"
 
-    def unfinished_path(self, key: str) -> Path:
+    def unfinished_path(self, key: str) -> Path | None:
         """Where a build writes its automaton: moved into place (`finished`) once read, so that no prune of
-        another server sharing the root removes it in between."""
+        another server sharing the root removes it in between. The folder is made again where it was deleted
+        (a cache wiper, a user: older folders may be deleted); None where it cannot be."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("the grammar cache folder %s cannot be made (%s): this automaton is kept in memory only",
+                        self.folder, exc)
+            return None
         return self.folder / f"{key}{SUFFIX}.{uuid.uuid4().hex[:12]}"
 
     def finished(self, unfinished: Path, key: str) -> None:

@@ -352,3 +352,18 @@ def test_the_memory_cache_holds_its_bounds_in_bytes_and_in_entries(tokenizers, v
     for i, g in enumerate(grammars):
         lru.put(str(i), g)
     assert len(lru) == 3 and lru.get("0") is None and lru.get("4") is grammars[4]
+
+
+def test_a_cache_folder_deleted_while_the_server_runs_is_made_again(tmp_path, tokenizers, vocabs):
+    """Older folders may be deleted, and cache wipers delete them: every outlines build after that failed
+    (FileNotFoundError writing the automaton), a 400 blaming the request, remembered for the schema."""
+    import shutil
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    try:
+        c.compile(spec_from_request(regex="a[0-9]{3}"))
+        shutil.rmtree(c.disk.folder)
+        assert c.compile(spec_from_request(regex="b[0-9]{3}")).backend == "outlines"
+        assert len(list(c.disk.folder.glob("*.outlines.npz"))) == 1
+    finally:
+        c.close()
