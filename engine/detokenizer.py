@@ -13,6 +13,7 @@ from constrain.vocabulary import is_byte_level, piece_bytes
 
 _CONTEXT_TOKENS = 5
 _MAX_WINDOW = 64  # tokens one decode reads at most: past that many writing nothing, the window moves on anyway
+_MAX_HELD = 8  # tokens held for an unfinished character at most (one has 4 bytes): past that, its U+FFFD goes out
 
 
 class IncrementalDetokenizer:
@@ -43,7 +44,8 @@ class IncrementalDetokenizer:
             return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
-        if not final and (after.endswith("\ufffd") or len(after) <= len(before)):
+        holding_too_long = len(self.ids) - self.read > _MAX_HELD  # (invalid bytes: no character would come)
+        if not final and ((after.endswith("\ufffd") and not holding_too_long) or len(after) <= len(before)):
             if len(after) <= len(before) and not after.endswith("\ufffd"):
                 # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins
                 # on written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space

@@ -108,6 +108,22 @@ def test_incremental_text_is_the_tokenizers_own_decode_with_special_tokens_among
     assert not mismatches, mismatches[:3]
 
 
+def test_a_run_of_bytes_that_spell_no_character_comes_out_as_it_goes_not_at_the_end():
+    """A continuation byte repeated (Phi-3's `<0x80>`) never completes a character: the detokenizer held it all
+    to the end, re-decoding the whole held run at every token (4,000 tokens: 2.45 s on the engine thread, and a
+    stream said nothing until then). Past a few tokens its U+FFFD goes out."""
+    from transformers import AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS["phi3"]))
+    byte = tok.convert_tokens_to_ids("<0x80>")
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    deltas = [detok.push(byte) for _ in range(200)]
+    assert sum(1 for d in deltas if d) > 10 and len(detok.ids) - detok.read <= 10
+    assert "".join(deltas) + detok.flush() == tok.decode([byte] * 200)
+
+
 def test_forwards_run_without_cudnn_attention(tiny_model):
     """cuDNN attention builds a graph for every new key length, i.e. at every decode step (60 ms a step on an
     H100): the runner's forwards never use it, and leave the process's setting as they found it."""
