@@ -64,7 +64,8 @@ def test_outlines_takes_only_patterns_that_cannot_match_what_json_escapes():
     assert [p for p in UNSAFE if json_safe_pattern(p)] == []
     for p in SAFE + UNSAFE:
         schema = _object({"type": "string", "pattern": p})
-        assert outlines_unsupported(schema) == ([] if p in SAFE else ["/properties/v/pattern"]), p
+        takes = p in SAFE and "\\b" not in p  # (safe, but outlines-core builds no word boundary: ad6dc11)
+        assert outlines_unsupported(schema) == ([] if takes else ["/properties/v/pattern"]), p
 
 
 def test_outlines_takes_no_property_name_json_escapes():
