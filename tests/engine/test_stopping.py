@@ -205,15 +205,23 @@ def test_logprobs_are_raw_and_the_greedy_token_is_the_top_alternative(engine, bu
     assert data == builtin.tokenizer.decode([tid]).encode() or text == data.decode("utf-8", "replace")
 
 
+def _reference_logprobs(builtin, prompt: list[int]) -> torch.Tensor:
+    """log_softmax of one forward's logits, the ids that are no token masked as the engine masks them."""
+    from constrain.vocabulary import unsampled_ids
+
+    with torch.inference_mode():
+        logits = builtin.model(torch.tensor([prompt], device=builtin.device)).logits[0].float()
+    pads = torch.tensor(unsampled_ids(builtin.tokenizer, builtin.logits_width), device=logits.device)
+    return torch.log_softmax(logits.index_fill(-1, pads, float("-inf")), -1)
+
+
 def test_prompt_logprobs_come_with_the_first_event_only(engine, builtin):
     (out,) = run_all(engine, request("p", PROMPT, temperature=0.0, max_tokens=2, prompt_logprobs=2))
     first, second = out[0].events
     assert second.prompt_logprobs is None
     plp = first.prompt_logprobs
     assert len(plp) == len(PROMPT) and plp[0] is None
-    with torch.inference_mode():
-        logits = builtin.model(torch.tensor([PROMPT], device=builtin.device)).logits[0].float()
-    expected = torch.log_softmax(logits, -1)
+    expected = _reference_logprobs(builtin, PROMPT)
     for pos in range(1, len(PROMPT)):
         assert plp[pos].token_id == PROMPT[pos]
         assert abs(plp[pos].logprob - float(expected[pos - 1, PROMPT[pos]])) < 1e-4
@@ -322,8 +330,7 @@ def test_prompt_logprobs_of_a_prompt_prefilled_in_chunks_match_one_full_forward(
     (scored,) = run_all(engine, request("c", PROMPT, temperature=0.0, max_tokens=6, prompt_logprobs=3))
     (plain,) = run_all(engine, request("p", PROMPT, temperature=0.0, max_tokens=6))
     plp = scored[0].events[0].prompt_logprobs
-    with torch.inference_mode():
-        expected = torch.log_softmax(builtin.model(torch.tensor([PROMPT], device=builtin.device)).logits[0].float(), -1)
+    expected = _reference_logprobs(builtin, PROMPT)
     assert len(plp) == len(PROMPT) and plp[0] is None
     for pos in range(1, len(PROMPT)):
         assert plp[pos].token_id == PROMPT[pos]
