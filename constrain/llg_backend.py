@@ -242,6 +242,14 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     try_at = _STUCK_RUN  # the run at which hints are tried next (doubling after a miss)
     written, cycle_at = 0, _STUCK_CYCLE  # bytes since a closer or a hint; likewise
     avoid: set[int] = set()  # bytes the walk got stuck writing: others first, until it writes a closer
+
+    def take(tail: list[int]) -> None:
+        """Writes `tail` (a hint's, a multiple's or a name's bytes) on the walk and `keys`."""
+        walk.consume_tokens(tail)
+        out.extend(tail)
+        if keys is not None:
+            keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
+
     while not walk.is_accepting():
         if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
             return None
@@ -268,9 +276,7 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
         if divisors and keys is not None and keys.mode == "number":
             tail = _multiple_tail(walk, divisors, bytes(keys.buf), byte_tokens, closers)
             if tail:
-                walk.consume_tokens(tail)
-                out.extend(tail)
-                keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
+                take(tail)
                 run, last = 0, None
                 continue
         if run >= try_at or written >= cycle_at:
@@ -280,18 +286,13 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
             cycle_at = cycle_at * 2 if written >= cycle_at else cycle_at
             if tail:
                 run, last, try_at, written, cycle_at = 0, None, _STUCK_RUN, 0, _STUCK_CYCLE
-                walk.consume_tokens(tail)
-                out.extend(tail)
-                if keys is not None:
-                    keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
+                take(tail)
                 continue
             avoid.add(last)
         if key_names and keys is not None and keys.mode == "key" and not keys.escaped:
             name = _required_name_tail(walk, key_names, keys, byte_tokens, quote)
             if name:
-                walk.consume_tokens(name)
-                out.extend(name)
-                keys.feed(b"".join(vocab.token_bytes[t] for t in name))
+                take(name)
                 run, last = 0, None
                 continue
         # Inside a string (known from `keys`, else guessed: both a letter and '"' fit), close it rather than write

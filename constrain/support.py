@@ -195,22 +195,35 @@ def _any_value(schema) -> bool:
     return schema is True or (isinstance(schema, dict) and not any(k in ASSERTIONS for k in schema))
 
 
-def _fully_anchored(pattern) -> bool:
-    """^...$ with no other anchor or top-level alternation: search and full match agree."""
-    if not (isinstance(pattern, str) and pattern.startswith("^") and pattern.endswith("$")
-            and not pattern.endswith("\\$")):
-        return False
-    body, depth, cls, esc = pattern[1:-1], 0, False, False
-    for ch in body:
+def _unclassed(pattern: str):
+    """Each character of `pattern` outside its character classes (`[...]`, which are skipped whole), with whether
+    a backslash escapes it."""
+    cls, esc = False, False
+    for ch in pattern:
         if esc:
             esc = False
+            if not cls:
+                yield ch, True
         elif ch == "\\":
             esc = True
         elif cls:
             cls = ch != "]"
         elif ch == "[":
             cls = True
-        elif ch == "(":
+        else:
+            yield ch, False
+
+
+def _fully_anchored(pattern) -> bool:
+    """^...$ with no other anchor or top-level alternation: search and full match agree."""
+    if not (isinstance(pattern, str) and pattern.startswith("^") and pattern.endswith("$")
+            and not pattern.endswith("\\$")):
+        return False
+    depth = 0
+    for ch, escaped in _unclassed(pattern[1:-1]):
+        if escaped:
+            continue
+        if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
@@ -223,19 +236,7 @@ def _word_boundary(pattern: str) -> bool:
     """Whether the pattern asserts a word boundary (`\\b`, `\\B`, and `\\<`, `\\>` as outlines-core's regex syntax reads
     them, outside a class), which outlines-core cannot build into its automaton ("cannot build DFAs for regexes with
     Unicode word boundaries")."""
-    cls, esc = False, False
-    for ch in pattern:
-        if esc:
-            if ch in "bB<>" and not cls:
-                return True
-            esc = False
-        elif ch == "\\":
-            esc = True
-        elif cls:
-            cls = ch != "]"
-        elif ch == "[":
-            cls = True
-    return False
+    return any(escaped and ch in "bB<>" for ch, escaped in _unclassed(pattern))
 
 
 _JSON_ESCAPED = frozenset(range(0x20)) | {0x22, 0x5C}  # characters a JSON string must escape
