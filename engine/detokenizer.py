@@ -13,7 +13,12 @@ from constrain.vocabulary import is_byte_level, piece_bytes
 
 _CONTEXT_TOKENS = 5
 _MAX_WINDOW = 64  # tokens one decode reads at most: past that many writing nothing, the window moves on anyway
-_MAX_HELD = 8  # tokens held for an unfinished character at most (one has 4 bytes): past that, its U+FFFD goes out
+# Bytes that spell no character (a run of continuation bytes) are held at most this many tokens, and go out as
+# decoded where the decode ends in 4 U+FFFD or more. Both are needed: a valid character's bytes decode as up to 4
+# U+FFFD where SentencePiece's byte fallback meets bytes of another before it, and valid text sampled as byte-level
+# tokens each ending inside a character holds many tokens, ending in one U+FFFD.
+_MAX_HELD = 8
+_NO_CHARACTER = "\ufffd" * 4
 
 
 class IncrementalDetokenizer:
@@ -44,8 +49,8 @@ class IncrementalDetokenizer:
             return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
-        holding_too_long = len(self.ids) - self.read > _MAX_HELD  # (invalid bytes: no character would come)
-        if not final and ((after.endswith("\ufffd") and not holding_too_long) or len(after) <= len(before)):
+        no_character = len(self.ids) - self.read > _MAX_HELD and after.endswith(_NO_CHARACTER)
+        if not final and ((after.endswith("\ufffd") and not no_character) or len(after) <= len(before)):
             if len(after) <= len(before) and not after.endswith("\ufffd"):
                 # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins
                 # on written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space

@@ -124,6 +124,51 @@ def test_a_run_of_bytes_that_spell_no_character_comes_out_as_it_goes_not_at_the_
     assert "".join(deltas) + detok.flush() == tok.decode([byte] * 200)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_a_long_run_of_tokens_each_ending_inside_a_character_loses_none(name):
+    """Byte-level tokens that each end part way through a character (valid text, spelled unusually): the bound on
+    held bytes sent the ninth token's unfinished character out as U+FFFD, and its end never came. Only bytes that
+    spell no character go out unfinished."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from constrain.vocabulary import is_byte_level, piece_bytes
+    from tests.conftest import TOKENIZERS
+
+    def ends_inside_a_character(data: bytes) -> bool:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return exc.reason == "unexpected end of data"
+        return False
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+    byte_level = is_byte_level(tok)
+    pieces = sorted((i, data) for piece, i in tok.get_vocab().items() if i not in tok.all_special_ids
+                    and (data := piece_bytes(piece, byte_level)))
+    rng = random.Random(0)
+    ids, data = [], b" "
+    ids.append(tok.convert_tokens_to_ids(tok.tokenize(" ")[0]))
+    continuing = [(i, d) for i, d in pieces if d[0] >= 0x80]
+    while len(ids) < 15:
+        rng.shuffle(continuing)
+        i, d = next((i, d) for i, d in continuing if ends_inside_a_character(data + d))
+        ids.append(i)
+        data += d
+    def whole(data: bytes) -> bool:
+        try:
+            return data.decode("utf-8").isprintable()
+        except UnicodeDecodeError:
+            return False
+
+    ids.append(next(i for i, d in pieces if whole(data + d)))
+    ids += tok.encode(" end", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    text = "".join(detok.push(i) for i in ids) + detok.flush()
+    assert "\ufffd" not in text and text == tok.decode(ids, skip_special_tokens=True)
+
+
 def test_forwards_run_without_cudnn_attention(tiny_model):
     """cuDNN attention builds a graph for every new key length, i.e. at every decode step (60 ms a step on an
     H100): the runner's forwards never use it, and leave the process's setting as they found it."""
