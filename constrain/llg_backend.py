@@ -160,14 +160,22 @@ def _multiple_tail(walk: "llguidance.LLMatcher", divisors: tuple[int, ...], numb
     if not _INTEGER.fullmatch(number) or any(walk.validate_tokens([c]) == 1 for c in closers):
         return None
     magnitude = int(number.lstrip(b"-"))
-    for m in divisors:
+    for m in divisors:  # (the schema's: only one whose multiple may end the number here will do)
         for k in range(1, len(str(m)) + 1):
             d = -magnitude * 10 ** k % m
             if d < 10 ** k:
                 tail = [byte_tokens[b] for b in str(d).zfill(k).encode()]
-                if walk.validate_tokens(tail) == len(tail):
+                if walk.validate_tokens(tail) == len(tail) and _ends_after(walk, tail, closers):
                     return tail
     return None
+
+
+def _ends_after(walk: "llguidance.LLMatcher", tail: list[int], closers: frozenset[int]) -> bool:
+    """Whether the number may end after `tail`: a closer follows it, or (a number at the root) the output ends."""
+    if any(walk.validate_tokens([*tail, c]) == len(tail) + 1 for c in closers):
+        return True
+    probe = walk.deep_copy()
+    return probe.consume_tokens(tail) and probe.is_accepting()
 
 
 def required_names(schema: Any) -> tuple[bytes, ...]:

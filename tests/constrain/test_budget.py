@@ -616,3 +616,21 @@ def test_an_integer_under_a_multiple_of_closes_within_the_budget(divisor, tokeni
         assert document["n"] % divisor == 0, document
     finally:
         compiler.close()
+
+
+def test_the_multiple_written_is_of_the_number_s_own_divisor(tokenizers, vocabs):
+    """The walk took the schema's first divisor whose digits the grammar took, another property's (7 for `k`
+    inside `n`, under 10007): its multiples never let `n` end, and no completion was found (42 ms a walk)."""
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
+    try:
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 10007},
+                                                   "k": {"type": "integer", "multipleOf": 7}},
+                  "required": ["n"], "additionalProperties": False}
+        grammar = compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema}))
+        for start in ('{"n": 3', '{"n": 42', '{"n": 123'):
+            prefix = tok.encode(start, add_special_tokens=False)
+            document = json.loads(tok.decode(prefix + offered_walk(grammar, vocab, prefix, [], 12)))
+            assert document["n"] % 10007 == 0, document
+    finally:
+        compiler.close()
