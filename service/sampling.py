@@ -52,7 +52,7 @@ def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int,
         top_p=top_p,
         top_k=top_k,
         min_p=req.min_p or 0.0,
-        seed=req.seed,
+        seed=None if req.seed == -1 else req.seed,  # (-1: no seed, as vLLM and llama.cpp read it)
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,

@@ -258,6 +258,17 @@ def test_same_seed_gives_the_same_sample(client):
     assert any(sample(s) != first for s in (1, 2, 3))
 
 
+def test_seed_minus_one_is_no_seed(client):
+    """vLLM and llama.cpp read `seed: -1` as no seed (llama.cpp's default); it was a fixed seed here, so a client
+    that sends -1 for "random" got the same answer every time."""
+    def sample(**extra):
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0,
+                                              extra_body={"ignore_eos": True}, **extra).choices[0].message.content
+
+    assert len({sample(seed=-1) for _ in range(3)}) > 1
+    assert sample(seed=-2) == sample(seed=-2)
+
+
 def test_stop_string_ends_the_answer_before_it(client):
     base = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0,
                                           extra_body={"ignore_eos": True})
