@@ -168,13 +168,14 @@ class _HeldText:
         self.texts: list[str] = []
 
     def hold(self, value: Any) -> Any:
-        """`value` (a string, or the strings inside lists and dicts) with the special tokens' text held."""
+        """`value` (a string, or the strings inside lists and dicts, their keys too: a call's argument names, a
+        tool's property names) with the special tokens' text held."""
         if isinstance(value, str):
             return self.special_text.sub(self._placeholder, value)
         if isinstance(value, list):
             return [self.hold(v) for v in value]
         if isinstance(value, dict):
-            return {k: self.hold(v) for k, v in value.items()}
+            return {self.hold(k): self.hold(v) for k, v in value.items()}
         return value
 
     def _placeholder(self, match: re.Match) -> str:
