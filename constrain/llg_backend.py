@@ -870,7 +870,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
             "calls: LEAD? json\n"
             "LEAD: /[ \\t\\r\\n]{1,4}/\n"
             f"json: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
-            f"text: /[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/\n")
+            f"text: /[ \\t\\r\\n]+|[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:
@@ -903,7 +903,7 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
             f"open: {_tag_rule(HERMES_OPEN, open_token)}\n"
             f"close: {_tag_rule(HERMES_CLOSE, _tag_token(lltok, HERMES_CLOSE))}\n"
             f"item: %json {json.dumps({**item, 'x-guidance': options})}\n"
-            f"TEXT: /\\s*[^\\s][\\s\\S]*/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/\n")
+            f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:
@@ -1009,7 +1009,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         f"open: {_tag_rule(HERMES_OPEN, open_token)}",
         f"close: {_tag_rule(HERMES_CLOSE, _tag_token(lltok, HERMES_CLOSE))}",
         *rules,
-        f"TEXT: /\\s*[^\\s][\\s\\S]*/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/",
+        f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/",
     ]) + "\n"
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, lltok)

@@ -68,10 +68,11 @@ LEAD_TAGS = {"mistral": MISTRAL_CALLS, "granite": GRANITE_CALLS, "llama3_json": 
 TOKEN_THEN_ARRAY = ("mistral", "granite")
 # Free text under tool_choice "auto" where calls are told apart by their token: it may not start as calls would
 # once that token is left out of the decoded text (see `parse_tool_calls`), after any whitespace.
-# Both may also be empty: an answer with nothing to say (and the budget rule's shortest answer, so a reasoning
-# model whose thinking ran to max_tokens ends its block with no answer, not with a closing walk's one token).
-MISTRAL_FREE_TEXT = r"([ \t\r\n]*[^\[{ \t\r\n][\s\S]*)?"
-ANY_TEXT = r"(\s*\S[\s\S]*)?"  # free text where calls are told apart by tags: anything but whitespace alone
+# Both may also be empty or whitespace alone: an answer with nothing to say (and the budget rule's shortest answer,
+# so a reasoning model whose thinking ran to max_tokens ends its block with no answer, and a model that wrote
+# only newlines is cut there, not closed by a walk's one character).
+MISTRAL_FREE_TEXT = r"[ \t\r\n]*([^\[{ \t\r\n][\s\S]*)?"
+ANY_TEXT = r"[\s\S]*"  # free text where calls are told apart by tags
 
 
 def arguments_key(tool_format: str) -> str:

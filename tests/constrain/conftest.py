@@ -68,14 +68,20 @@ def takes_text(grammar, tokenizer, text: str, base: str = "qwen2") -> bool:
 
 
 def may_answer_nothing(grammar, vocab) -> bool:
-    """Under tool_choice "auto" the answer may be empty: at its start the matcher can end, and with one token left
-    the mask holds EOS and text, not the budget rule's one closing token (a reasoning model's block, closed with
-    one token left, was followed by the closing walk's `}` as its whole answer)."""
-    m = grammar.matcher()
-    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
-    m.fill_bitmask(bitmask, 0, tokens_left=1)
-    allowed = set(allowed_ids(bitmask).tolist())
-    return m.can_end() and set(vocab.eos_token_ids) <= allowed and len(allowed - set(vocab.eos_token_ids)) > 100
+    """Under tool_choice "auto" the answer may be empty or whitespace alone: at its start, and after newlines, the
+    matcher can end, and with one token left the mask holds EOS and text, not the budget rule's one closing token
+    (a reasoning model's block, closed with one token left, was followed by the closing walk's `}` as its whole
+    answer; a model that wrote newlines only was cut with `\n\n}`)."""
+    for written in (b"", b"\n\n"):
+        m = grammar.matcher()
+        if not all(m.accept(token) for token in vocab.spell(written)):
+            return False
+        bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+        m.fill_bitmask(bitmask, 0, tokens_left=1)
+        allowed = set(allowed_ids(bitmask).tolist())
+        if not (m.can_end() and set(vocab.eos_token_ids) <= allowed and len(allowed - set(vocab.eos_token_ids)) > 100):
+            return False
+    return True
 
 
 @pytest.fixture(scope="session")

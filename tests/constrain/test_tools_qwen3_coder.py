@@ -216,7 +216,8 @@ def test_auto_takes_text_calls_or_text_then_calls(coder):
     call = _call("note", ("text", "hi"))
     for text, ok, content in [("It is sunny.", True, None), (call, True, None),
                               ("Let me note it.\n\n" + call, True, "Let me note it."),
-                              ("Text then " + _call("launch"), False, None), (" \n" + call, False, None)]:
+                              ("Text then " + _call("launch"), False, None),
+                              (" \n" + call, True, None)]:  # (whitespace alone is text too)
         assert takes_text(g, tok, text) == ok, text
         parsed = parse_tool_calls(text, spec) if ok else None
         assert (parsed is not None) == (ok and call in text)
