@@ -158,6 +158,7 @@ class GrammarCompiler:
         self._llg_pending: dict[str, Future] = {}  # llguidance compiles under way (`_llg`)
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
+        self._outlines_policy: OrderedDict[str, bool] = OrderedDict()  # outlines key -> auto may serve it, bounded
         self._unique_plans: OrderedDict[str, tuple] = OrderedDict()  # by spec key, bounded (`_unique_plan`)
         self._late_plans: OrderedDict[str, LatePlan] = OrderedDict()  # specs whose backend refused a keyword
         self._no_stronger_plan: OrderedDict[str, None] = OrderedDict()  # non-strict specs the checks add nothing to
@@ -464,10 +465,11 @@ class GrammarCompiler:
     # ---- policy -------------------------------------------------------------------------------------------
     def _auto(self, spec: ConstraintSpec) -> Grammar:
         okey = self._key(spec, "outlines")
-        g = self._cached_outlines(okey, _call_tag(spec))
+        outlines_ok = self._outlines_supported(spec, okey)
+        # (an automaton a request built with constraint_backend "outlines" serves auto only where auto would build it)
+        g = self._cached_outlines(okey, _call_tag(spec)) if outlines_ok else None
         if g is not None:
             return g
-        outlines_ok = self._outlines_supported(spec)
         try:
             g = self._llg(spec)
         except ConstraintError:
@@ -496,7 +498,21 @@ class GrammarCompiler:
                 self._seen_once.popitem(last=False)
             return False
 
-    def _outlines_supported(self, spec: ConstraintSpec) -> bool:
+    def _outlines_supported(self, spec: ConstraintSpec, okey: str) -> bool:
+        """Whether auto may serve `spec` (its outlines key `okey`) from outlines; remembered per key, as the check
+        walks the schema (20 ms on the largest of JSONSchemaBench) and repeats come back to it."""
+        with self._lock:
+            known = self._outlines_policy.get(okey)
+        if known is None:
+            known = self._outlines_policy_of(spec)
+            with self._lock:
+                self._outlines_policy[okey] = known
+                while len(self._outlines_policy) > 65536:
+                    self._outlines_policy.popitem(last=False)
+        return known
+
+    @staticmethod
+    def _outlines_policy_of(spec: ConstraintSpec) -> bool:
         if spec.kind in ("regex", "choice"):
             # outlines-core 0.2.14 drops transitions in some regexes (`[0-9]+(\.[0-9]+)?` refuses "1.5"):
             # auto keeps arbitrary patterns on llguidance; JSON schemas are covered by the MaskBench subset.

@@ -367,3 +367,17 @@ def test_a_cache_folder_deleted_while_the_server_runs_is_made_again(tmp_path, to
         assert len(list(c.disk.folder.glob("*.outlines.npz"))) == 1
     finally:
         c.close()
+
+
+def test_an_automaton_a_request_had_built_by_outlines_serves_auto_only_where_auto_would_build_it(tmp_path, tokenizers,
+                                                                                                  vocabs):
+    """auto keeps regexes and choices on llguidance (outlines-core 0.2.14 drops transitions there:
+    `[0-9]+(\\.[0-9]+)?` never wrote its decimal point), but it took any outlines automaton it found cached first:
+    one request with `constraint_backend: "outlines"` made auto serve that pattern from outlines, on disk too."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto", cache_dir=tmp_path)
+    for spec in ({"regex": r"[0-9]+(\.[0-9]+)?"}, {"choice": ["yes", "no"]}):
+        assert c.compile(spec_from_request(**spec, backend="outlines")).backend == "outlines"
+        assert c.compile(spec_from_request(**spec)).backend == "llguidance"
+    assert c.compile(_spec("outlines")).backend == "outlines"
+    assert c.compile(_spec()).backend == "outlines"  # (a schema auto builds with outlines is served from it)
+    c.close()
