@@ -73,15 +73,17 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
         unopened.discard(index)
         return {"role": "assistant", "content": None, **delta}
 
-    def chunk_of(index: int, delta: dict, logprobs_entry, finish_reason) -> list[bytes]:
+    def chunk_of(index: int, delta: dict, logprobs_entry, finish_reason, says: bool = True) -> list[bytes]:
         """The choice's chunk (the role in front where it is its first), after a role chunk for each choice below
         it not opened yet: choices first appear in index order, as OpenAI streams them (the SDK's stream helper
-        adds a choice where its index first appears, and failed with an IndexError on 0, 2, 1)."""
+        adds a choice where its index first appears, and failed with an IndexError on 0, 2, 1). `says`: the delta
+        is the answer's (content or calls), not reasoning, which leaves the answer unsaid."""
         out = [chunks.chunk([{"index": j, "delta": opened(j, {}), "logprobs": None, "finish_reason": None}])
                for j in sorted(j for j in unopened if j < index)]
         out.append(chunks.chunk([{"index": index, "delta": opened(index, delta), "logprobs": logprobs_entry,
                                   "finish_reason": finish_reason}]))
-        unsaid.discard(index)
+        if says:
+            unsaid.discard(index)
         return out
 
     if not tools:
@@ -95,7 +97,7 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 state.add(event)
                 lp = chat_logprobs(list(event.logprobs), as_ids) if logprobs and event.logprobs else None
                 if event.reasoning:  # (a reasoning block's tokens carry no logprobs: those are the answer's)
-                    for chunk in chunk_of(index, reasoning_fields(event.reasoning), None, None):
+                    for chunk in chunk_of(index, reasoning_fields(event.reasoning), None, None, says=False):
                         yield chunk
                 if tools:
                     unsent_logprobs[index].extend(event.logprobs)

@@ -79,12 +79,13 @@ def assert_stream_matches_whole_answer(http: httpx.Client, body: dict) -> dict:
             break
     whole = r.json()["choices"][0]
     lines = streamed.text.splitlines()
-    content, reasoning, calls, finish, logprobs = "", "", {}, None, []
+    content, reasoning, calls, finish, logprobs = None, "", {}, None, []  # (content: null until a delta sends one)
     for chunk in (json.loads(line[6:]) for line in lines if line.startswith("data: {")):
         for choice in chunk.get("choices", ()):
             delta = choice["delta"]
             logprobs += (choice.get("logprobs") or {}).get("content") or []
-            content += delta.get("content") or ""
+            if delta.get("content") is not None:  # (as the SDK assembles it: a first "" makes "", never null)
+                content = (content or "") + delta["content"]
             assert delta.get("reasoning") == delta.get("reasoning_content")  # (the two names clients read)
             reasoning += delta.get("reasoning_content") or ""
             for d in delta.get("tool_calls") or ():
@@ -99,7 +100,7 @@ def assert_stream_matches_whole_answer(http: httpx.Client, body: dict) -> dict:
     assert finish == whole["finish_reason"]
     if body.get("logprobs"):  # (each token's once, in order, calls' included)
         assert logprobs == whole["logprobs"]["content"]
-    assert (content or None) == (message["content"] or None)
+    assert content == message["content"]
     assert (reasoning or None) == message.get("reasoning_content") == message.get("reasoning")
     # (both send the arguments as the model wrote them, so the strings are equal, not just their JSON)
     assert [(c["name"], c["arguments"]) for c in calls.values()] == \

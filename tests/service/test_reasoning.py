@@ -150,13 +150,14 @@ def test_tool_calls_follow_the_block(http):
 def test_thinking_that_runs_to_max_tokens_under_tools_auto_ends_with_no_answer(http):
     """Under tool_choice "auto" the answer had to hold a character: the budget rule closed the block with one
     token left and the closing walk's `}` was the whole answer, whatever the model (content "}", logprob 0). The
-    answer may now be empty: the block runs to the last token, and nothing is made up after it."""
+    answer may now be empty: the block runs to the last token, and nothing is made up after it. Its content is
+    "", streamed too (the stream's reasoning deltas left it null: sent back, a 400)."""
     tools = [{"type": "function", "function": {"name": "get_city", "parameters": CITY}}]
     for seed in range(2):
         message = assert_stream_matches_whole_answer(http, {
             "model": MODEL, "messages": MESSAGES, "tools": tools, "tool_choice": "auto", "max_tokens": 10,
             "seed": seed, "chat_template_kwargs": OPENED})
-        assert message["reasoning_content"] and not message["content"] and not message.get("tool_calls")
+        assert message["reasoning_content"] and message["content"] == "" and not message.get("tool_calls")
 
 
 def test_a_prefill_that_opens_the_block_is_continued_as_reasoning_then_the_answer(http):
