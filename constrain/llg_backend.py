@@ -81,6 +81,7 @@ _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the
 # ... or this many bytes without a closer, in a cycle the run misses (`((ab)*c)+`: a picked `a`, a forced `b`)
 _STUCK_CYCLE = 16
 _MAX_HINTS = 32
+_HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that start within its first 64 bytes
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
@@ -224,6 +225,41 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                    hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                    key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
                    divisors: tuple[int, ...] = ()) -> list[int] | None:
+    """Tokens of a short completion from `matcher`'s state to an accepting one (`_walked_closing`), or None. For
+    output that is not JSON (no `keys`: a top-level regex or choice), a hint's tail that ends the output is taken
+    where it is shorter: the walk follows the alternative its preferred bytes begin (`\\d{20}|N/A` wrote twenty
+    digits, cut at max_tokens 5, where `N/A` fitted)."""
+    walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors)
+    if keys is None and hints:
+        ending = _ending_hint(matcher, vocab, hints)
+        if ending is not None and (walked is None or len(ending) < len(walked)):
+            return ending
+    return walked
+
+
+def _ending_hint(matcher: "llguidance.LLMatcher", vocab: Vocabulary, hints: tuple[bytes, ...]) -> list[int] | None:
+    """The fewest tokens of a hint's tail (the longest that fits, tried within its first _HINT_STARTS bytes) after
+    which `matcher` may end; None where none does."""
+    byte_tokens, best = _walk_bytes(vocab).byte_tokens, None
+    for hint in hints:
+        for start_at in range(min(len(hint), _HINT_STARTS)):
+            tail = hint[start_at:]
+            ids = [byte_tokens.get(b) for b in tail]
+            if None in ids or matcher.validate_tokens(ids) != len(ids):
+                continue
+            probe = matcher.deep_copy()
+            if probe.consume_tokens(ids) and probe.is_accepting():
+                spelled = vocab.spell(tail)
+                if spelled is not None and (best is None or len(spelled) < len(best)):
+                    best = spelled
+                break
+    return best
+
+
+def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
+                    hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
+                    key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
+                    divisors: tuple[int, ...] = ()) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
     Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON

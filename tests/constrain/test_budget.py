@@ -163,6 +163,21 @@ def test_a_regex_anchored_at_its_ends_still_closes_within_the_budget(pattern, gp
         assert done and re.fullmatch(pattern[1:-1], decode(vocab, toks)), decode(vocab, toks)
 
 
+@pytest.mark.parametrize("spec, max_tokens", [({"regex": r"\d{20}|N/A"}, 3), ({"choice": ["a" * 60, "b"]}, 2),
+                                              ({"regex": "(abcdefghij){5}|q"}, 1), ({"regex": "[a-z]{50}|-"}, 3)])
+def test_a_short_alternative_of_a_regex_or_choice_closes_within_the_budget(spec, max_tokens, gpt2_compiler, vocabs):
+    """The walk follows the alternative its preferred bytes begin (digits, letters): `\\d{20}|N/A` at max_tokens 3
+    wrote digits and was cut with `length` (QA: 5 seeds in 6), where `N/A` fitted. A hint's tail that ends the
+    output now closes it where it is shorter; sampled from the long alternative too."""
+    vocab = vocabs["gpt2"]
+    g = gpt2_compiler.compile(spec_from_request(**spec, backend="llguidance"))
+    pattern = spec.get("regex") or "|".join(map(re.escape, spec["choice"]))
+    long_first = [vocab.ids_by_bytes()[b] for b in (b"8", b"a", b"abc", b"x") if b in vocab.ids_by_bytes()]
+    for offered in ([], long_first * max_tokens):
+        out = offered_walk(g, vocab, [], offered, max_tokens)
+        assert re.fullmatch(pattern, decode(vocab, out)), decode(vocab, out)
+
+
 def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compiler, vocabs, monkeypatch):
     """A completion out of the walk's reach is the costly case: it must be retried rarely, not per token."""
     import torch
