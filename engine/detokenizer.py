@@ -1,32 +1,30 @@
 """Token ids -> text, incrementally, one choice at a time; and each token's own text and bytes for logprobs.
 
-Never emits half a UTF-8 character: a delta that ends in U+FFFD is held until the next token completes it (or
-the choice ends). Decoding uses a short window of preceding tokens so SentencePiece leading spaces come out
-right. No tensor work here.
+Never emits half a UTF-8 character: a token whose bytes end inside a character is held until a later token
+completes it, or shows that it never will (the choice's end likewise). Decoding uses a short window of preceding
+tokens so SentencePiece leading spaces come out right. No tensor work here.
 """
 
 from __future__ import annotations
 
+import codecs
 from functools import lru_cache
 
 from constrain.vocabulary import is_byte_level, piece_bytes
 
 _CONTEXT_TOKENS = 5
 _MAX_WINDOW = 64  # tokens one decode reads at most: past that many writing nothing, the window moves on anyway
-# Bytes that spell no character (a run of continuation bytes) are held at most this many tokens, and go out as
-# decoded where the decode ends in 4 U+FFFD or more. Both are needed: a valid character's bytes decode as up to 4
-# U+FFFD where SentencePiece's byte fallback meets bytes of another before it, and valid text sampled as byte-level
-# tokens each ending inside a character holds many tokens, ending in one U+FFFD.
-_MAX_HELD = 8
-_NO_CHARACTER = "\ufffd" * 4
+_UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
 class IncrementalDetokenizer:
     """vLLM-style offsets: decode ids[prefix:] and ids[prefix:read], emit the difference when it is whole."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True,
+                 texts: "TokenTexts | None" = None):
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
+        self.texts = texts or TokenTexts(tokenizer)
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix = 0
         self.read = len(self.ids)
@@ -49,19 +47,57 @@ class IncrementalDetokenizer:
             return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
-        no_character = len(self.ids) - self.read > _MAX_HELD and after.endswith(_NO_CHARACTER)
-        if not final and ((after.endswith("\ufffd") and not no_character) or len(after) <= len(before)):
-            if len(after) <= len(before) and not after.endswith("\ufffd"):
-                # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins
-                # on written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space
-                # as a text's first ("назна<s> communes" came out "назнаcommunes").
-                self.read = len(self.ids)
-                if self.read - self.prefix > _MAX_WINDOW:
-                    self.prefix = self.read
+        if not final and after.endswith("\ufffd"):
+            settled = self._settled()  # (the held tokens whose characters are known)
+            if settled == 0:
+                return ""
+            if settled < len(self.ids) - self.read:
+                upto = self.read + settled
+                text = self.tokenizer.decode(self.ids[self.prefix:upto], skip_special_tokens=self.skip)
+                self.prefix, self.read = self.read, upto
+                return text[len(before):]
+        elif not final and len(after) <= len(before):
+            # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins on
+            # written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space as a
+            # text's first ("назна<s> communes" came out "назнаcommunes").
+            self.read = len(self.ids)
+            if self.read - self.prefix > _MAX_WINDOW:
+                self.prefix = self.read
             return ""
         delta = after[len(before):]
         self.prefix, self.read = self.read, len(self.ids)
         return delta
+
+    def _settled(self) -> int:
+        """How many of the held tokens spell only characters known now: the most that end where no character is
+        left unfinished, or where the one left unfinished cannot go on with the bytes after it (`b' \\xe9'`
+        repeated: each lead byte meets a space, and its U+FFFD is final). A valid character split across tokens
+        keeps its tokens held until it is whole, so no character is lost to U+FFFD."""
+        held = [self._bytes(t) for t in self.ids[self.read:]]
+        decoder, settled = _UTF8("replace"), 0
+        for k, data in enumerate(held, start=1):
+            decoder.decode(data)
+            pending = decoder.getstate()[0]
+            if not pending or _cannot_go_on(pending, b"".join(held[k:])[:3]):
+                settled = k
+        return settled
+
+    def _bytes(self, token_id: int) -> bytes:
+        """The bytes the token adds to the text (none for a special token the output skips)."""
+        if self.skip and token_id in self.texts.special_ids:
+            return b""
+        return self.texts.get(token_id)[1]
+
+
+def _cannot_go_on(pending: bytes, following: bytes) -> bool:
+    """Whether the unfinished character `pending` can never be finished, `following` being the bytes after it."""
+    if not following:
+        return False
+    try:
+        _UTF8("strict").decode(pending + following)
+    except UnicodeDecodeError as exc:
+        return exc.start == 0
+    return False
 
 
 class TokenTexts:
@@ -70,6 +106,7 @@ class TokenTexts:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.added = {int(i): t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        self.special_ids = frozenset(int(i) for i, t in tokenizer.added_tokens_decoder.items() if t.special)
         self.byte_level = is_byte_level(tokenizer)
         self.get = lru_cache(maxsize=65536)(self._compute)
 

@@ -404,7 +404,8 @@ class Engine:
         lane, self._next_lane = self._next_lane, (self._next_lane + 1) % self.mask_threads
         return Sequence(
             state=state, index=index,
-            detok=IncrementalDetokenizer(self.loaded.tokenizer, request.prompt_ids, params.skip_special_tokens),
+            detok=IncrementalDetokenizer(self.loaded.tokenizer, request.prompt_ids, params.skip_special_tokens,
+                                        self.texts),
             stops=StopMatcher(params.stop, params.include_stop_str_in_output, request.calls), eos_ids=eos,
             max_new_tokens=min(params.max_tokens, room),
             matcher=request.grammar.matcher(lane) if request.grammar is not None else None, lane=lane,

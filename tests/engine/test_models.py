@@ -169,6 +169,50 @@ def test_a_long_run_of_tokens_each_ending_inside_a_character_loses_none(name):
     assert "\ufffd" not in text and text == tok.decode(ids, skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_tokens_each_ending_in_a_lead_byte_come_out_as_they_go(name):
+    """A token of a space and a lead byte (Qwen2's b' \\xe9') repeated: each lead byte meets the next space and is
+    never a character, yet the decode ended in one U+FFFD, not the four the hold's bound looked for; the whole run
+    was held to the end (a stream said nothing; 4,000 tokens: 4.8 s of re-decoding on the engine thread)."""
+    from transformers import AutoTokenizer
+
+    from constrain.vocabulary import is_byte_level, piece_bytes
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+    byte_level = is_byte_level(tok)
+    token = min(i for piece, i in tok.get_vocab().items()
+                if (data := piece_bytes(piece, byte_level)) and len(data) == 2 and data[0] == 0x20 and data[1] >= 0xe0)
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    deltas = [detok.push(token) for _ in range(300)]
+    assert all(deltas[1:]) and len(detok.ids) - detok.read == 1
+    assert "".join(deltas) + detok.flush() == tok.decode([token] * 300)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "phi3"])
+def test_a_character_after_bytes_that_spell_none_is_kept_whole(name):
+    """Seven or eight continuation bytes, then the byte tokens of 你: the bound on held tokens sent the held run
+    out with 你's first byte in it, and 你 came out as U+FFFD. Only what is known to spell no character goes out.
+    (SentencePiece's byte fallback decodes a run of byte tokens that is not UTF-8 as one U+FFFD per byte, 你's
+    too: the stream says what the tokenizer says.)"""
+    from transformers import AutoTokenizer
+
+    from constrain.vocabulary import is_byte_level, piece_bytes
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+    byte_level = is_byte_level(tok)
+    by_bytes = {}
+    for piece, i in sorted(tok.get_vocab().items(), key=lambda item: item[1]):
+        by_bytes.setdefault(piece_bytes(piece, byte_level), i)
+    character = [by_bytes[bytes([b])] for b in "你".encode()]
+    for run in range(12):
+        ids = [by_bytes[b"\x80"]] * run + character + tok.encode(" end", add_special_tokens=False)
+        detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+        text = "".join(detok.push(i) for i in ids) + detok.flush()
+        assert text == tok.decode(ids, skip_special_tokens=True) and ("你" in text or not byte_level), (run, text)
+
+
 def test_forwards_run_without_cudnn_attention(tiny_model):
     """cuDNN attention builds a graph for every new key length, i.e. at every decode step (60 ms a step on an
     H100): the runner's forwards never use it, and leave the process's setting as they found it."""
