@@ -561,9 +561,10 @@ class Engine:
 
         greedy = [p.greedy for p in params]
         mirostat = [p.mirostat_target is not None and not g for p, g in zip(params, greedy)]
-        top_k = [0 if m else (p.top_k if p.top_k > 0 else 0) for p, m in zip(params, mirostat)]
-        top_p = [1.0 if m else p.top_p for p, m in zip(params, mirostat)]
-        min_p = [0.0 if m else p.min_p for p, m in zip(params, mirostat)]
+        # (min_p, top_k and top_p cut what mirostat's truncation leaves: it took their place, silently)
+        top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
+        top_p = [p.top_p for p in params]
+        min_p = [p.min_p for p in params]
         none = torch.zeros(0, dtype=torch.long, device=dev)
         bias_rows, bias_cols, bias_values = [none], [none], [none.float()]
         for row, seq in enumerate(self.seqs):

@@ -248,6 +248,20 @@ def test_a_mirostat_rate_alone_asks_for_mirostat_at_the_default_target(http):
     assert text(mirostat_lr=0.5) == text(mirostat_lr=0.5, mirostat_target=1.5) != text()
 
 
+def test_min_p_top_p_and_top_k_still_cut_under_mirostat(http):
+    """Mirostat took the place of min_p, top_p and top_k: `min_p: 1` beside it sampled freely, with no error and
+    no header. They now cut what its truncation leaves: at their tightest, the greedy answer."""
+    def text(**extra):
+        body = {"model": MODEL, "messages": HELLO, "max_tokens": 12, "temperature": 1.0, "seed": 3,
+                "ignore_eos": True, **extra}
+        return http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+
+    greedy = text(temperature=0)
+    assert text(mirostat_target=50) != greedy
+    for tightest in ({"min_p": 1.0}, {"top_p": 1e-7}, {"top_k": 1}):
+        assert text(mirostat_target=50, **tightest) == greedy, tightest
+
+
 def test_same_seed_gives_the_same_sample(client):
     def sample(seed):
         return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0,
