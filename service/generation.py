@@ -86,7 +86,9 @@ def _per_entry_fields_collapsed(names: list[str]) -> list[str]:
 
 
 # OpenAI's `reasoning_effort` values -> gpt-oss's (its template writes "Reasoning: low|medium|high").
-HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+# (OpenAI's levels, as the SDK's ReasoningEffort lists them, onto gpt-oss's three)
+HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+                  "max": "high"}
 
 
 @dataclass

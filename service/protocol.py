@@ -19,6 +19,7 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "images": "this model does not accept images",
     "audio": "audio output is not supported by this server",
     "web_search_options": "web search is not supported by this server",
+    "moderation": "moderation (blocking flagged input or output) is not supported by this server",
     # (vLLM's token-level constraints: an empty list asks for nothing)
     "allowed_token_ids": "`allowed_token_ids` is not supported by this server: constrain the output with a "
                          "`regex`, a `choice` or a `response_format` schema",

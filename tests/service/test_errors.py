@@ -65,6 +65,7 @@ def test_top_logprobs_without_logprobs_is_refused(http):
     ({"prompt": ""}, "prompt"),  # (an empty raw prompt named `messages`)
     ({"messages": HELLO, "prompt": "x"}, "prompt"),
     ({"messages": HELLO, "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": HELLO, "moderation": {"policy": {"output": {"mode": "block"}}}}, "moderation"),  # (cannot block)
     ({"messages": HELLO, "n": 2, "best_of": 3}, "best_of"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant"}]}, "messages[1].content"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),

@@ -153,5 +153,7 @@ def test_reasoning_effort_reaches_the_template(http, model_dir):
     assert r.status_code == 200 and "reasoning_effort" not in r.headers.get("x-structgen-ignored-fields", "")
     low = _chat(http, max_tokens=1, reasoning_effort="minimal")  # (gpt-oss's lowest level)
     assert low["usage"]["prompt_tokens"] == r.json()["usage"]["prompt_tokens"]
-    bad = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "reasoning_effort": "max"})
+    top = _chat(http, max_tokens=1, reasoning_effort="max")  # (the SDK's highest level: gpt-oss's high)
+    assert top["usage"]["prompt_tokens"] == r.json()["usage"]["prompt_tokens"]
+    bad = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "reasoning_effort": "most"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
