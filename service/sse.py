@@ -20,8 +20,14 @@ from service.tool_stream import answer_calls, tool_stream_for
 DONE = b"data: [DONE]\n\n"
 
 
+# Characters JSON leaves raw that line readers (Python's str.splitlines: httpx's iter_lines) take for line ends
+_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def encode(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    """One SSE event: the payload as one line of JSON, with no character a client may split a line at."""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_ENDS)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 class _Chunks:

@@ -84,3 +84,15 @@ def test_error_in_a_streamed_request_is_a_plain_400_before_streaming(http):
     assert r.status_code == 400
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["error"]["param"] == "response_format"
+
+
+def test_an_answer_holding_line_separators_streams_as_lines_a_line_reader_keeps_whole(http):
+    """U+2028, U+2029 and U+0085 went out raw in a chunk's JSON: valid SSE, but httpx's iter_lines (str.splitlines)
+    split the event there and the client's json.loads failed."""
+    text = "a\u2028b\u2029c\x85d"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "choice": [text], "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == text
