@@ -228,8 +228,12 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     """Tokens of a short completion from `matcher`'s state to an accepting one (`_walked_closing`), or None. For
     output that is not JSON (no `keys`: a top-level regex or choice), a hint's tail that ends the output is taken
     where it is shorter: the walk follows the alternative its preferred bytes begin (`\\d{20}|N/A` wrote twenty
-    digits, cut at max_tokens 5, where `N/A` fitted)."""
+    digits, cut at max_tokens 5, where `N/A` fitted). A completion the matcher does not take as spelled (an added
+    token in text, which llguidance takes for a special one) is spelled with ordinary tokens."""
     walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors)
+    if walked is not None and matcher.validate_tokens(walked) != len(walked):  # (an added token it does not take)
+        walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors,
+                                 ordinary=True)
     if keys is None and hints:
         ending = _ending_hint(matcher, vocab, hints)
         if ending is not None and (walked is None or len(ending) < len(walked)):
@@ -250,6 +254,8 @@ def _ending_hint(matcher: "llguidance.LLMatcher", vocab: Vocabulary, hints: tupl
             probe = matcher.deep_copy()
             if probe.consume_tokens(ids) and probe.is_accepting():
                 spelled = vocab.spell(tail)
+                if spelled is not None and matcher.validate_tokens(spelled) != len(spelled):
+                    spelled = vocab.spell(tail, ordinary=True)
                 if spelled is not None and (best is None or len(spelled) < len(best)):
                     best = spelled
                 break
@@ -259,7 +265,7 @@ def _ending_hint(matcher: "llguidance.LLMatcher", vocab: Vocabulary, hints: tupl
 def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
                     hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                     key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
-                    divisors: tuple[int, ...] = ()) -> list[int] | None:
+                    divisors: tuple[int, ...] = (), ordinary: bool = False) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
     Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON
@@ -376,7 +382,7 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
         try_at = try_at if run > 1 else _STUCK_RUN
         if keys is not None:
             keys.feed(vocab.token_bytes[pick])
-    return _spelled(vocab, out, specials)
+    return _spelled(vocab, out, specials, ordinary)
 
 
 # How llguidance writes a special token among forced bytes (0xFF is never a byte of UTF-8 text).
@@ -398,17 +404,18 @@ def _forced_ids(data: bytes, byte_tokens: dict[int, int]) -> list[int] | None:
     return out
 
 
-def _spelled(vocab: Vocabulary, ids: list[int], specials: set[int]) -> list[int] | None:
+def _spelled(vocab: Vocabulary, ids: list[int], specials: set[int], ordinary: bool = False) -> list[int] | None:
     """`ids` with each run of ordinary tokens spelled with the vocabulary's longest tokens (few tokens, as a model
     writes them); special tokens (`specials`, and those without bytes) kept: a special tag a grammar may write
-    has its text for bytes, which the grammar does not take spelled."""
+    has its text for bytes, which the grammar does not take spelled. `ordinary`: the runs with no added token
+    (`Vocabulary.spell`)."""
     out, run = [], bytearray()
     for t in [*ids, None]:
         data = vocab.token_bytes[t] if t is not None and t not in specials else None
         if data is not None:
             run += data
             continue
-        spelled = vocab.spell(bytes(run)) if run else []
+        spelled = vocab.spell(bytes(run), ordinary) if run else []
         if spelled is None:
             return None
         out += spelled + ([t] if t is not None else [])

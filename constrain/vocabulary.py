@@ -88,9 +88,12 @@ class Vocabulary:
     eos_token_ids: frozenset[int]
     logits_width: int
     fingerprint: str
+    # added tokens kept with their text for bytes (not special, or special and writable): `spell` writes with others
+    added_ids: frozenset[int] = frozenset()
     _allowed_words: np.ndarray | None = field(default=None, repr=False)
     _byte_tokens: dict[int, int] | None = field(default=None, repr=False)
     _ids_by_bytes: dict[bytes, int] | None = field(default=None, repr=False)
+    _spelling: dict[bytes, int] | None = field(default=None, repr=False)  # (`spell`'s: ids_by_bytes less added_ids)
 
     @classmethod
     def from_tokenizer(cls, tokenizer, logits_width: int, eos_token_ids: Iterable[int],
@@ -108,6 +111,7 @@ class Vocabulary:
         byte_level = is_byte_level(tokenizer)
         pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
         out: list[bytes | None] = [None] * logits_width
+        kept_added: set[int] = set()
         for tid, piece in enumerate(pieces):
             if tid in eos or piece is None:
                 continue
@@ -116,6 +120,7 @@ class Vocabulary:
                 if (tok.special and tok.content not in writable) or _PAD_ARTEFACT.match(tok.content):
                     continue
                 data = tok.content.encode("utf-8")
+                kept_added.add(tid)
             else:
                 data = piece_bytes(piece, byte_level)
             out[tid] = data or None
@@ -123,7 +128,8 @@ class Vocabulary:
         h.update(json.dumps([logits_width, sorted(eos)]).encode())
         for b in out:
             h.update(b"\x00N" if b is None else len(b).to_bytes(2, "little") + b)
-        return cls(token_bytes=out, eos_token_ids=eos, logits_width=logits_width, fingerprint=h.hexdigest()[:24])
+        return cls(token_bytes=out, eos_token_ids=eos, logits_width=logits_width, fingerprint=h.hexdigest()[:24],
+                   added_ids=frozenset(kept_added))
 
     @property
     def words(self) -> int:
@@ -158,10 +164,17 @@ class Vocabulary:
             self._ids_by_bytes = table
         return self._ids_by_bytes
 
-    def spell(self, data: bytes) -> list[int] | None:
+    def spell(self, data: bytes, ordinary: bool = False) -> list[int] | None:
         """Token ids whose bytes concatenate to `data`, longest match first (few tokens, not always fewest);
-        None if some byte has no token."""
-        table, longest = self.ids_by_bytes(), 32
+        None if some byte has no token. `ordinary`: with no added token (llguidance takes every added token for a
+        special one, which a grammar writes only where it writes that tag: Phi-3's `</s>`, not special to
+        transformers, was the budget rule's spelling of "</s>" in a string, a token the mask refused)."""
+        if ordinary and self._spelling is None:
+            self._spelling = {}
+            for tid, piece in enumerate(self.token_bytes):
+                if piece is not None and tid not in self.added_ids:
+                    self._spelling.setdefault(piece, tid)
+        table, longest = self._spelling if ordinary else self.ids_by_bytes(), 32
         out: list[int] = []
         i = 0
         while i < len(data):
