@@ -11,12 +11,14 @@ than the answer failing: a repeated key is legal JSON. Never imports HTTP or mod
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, clear_ids, per_vocabulary
+from constrain.checked import (NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, backend_matcher, clear_ids,
+                               per_vocabulary)
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import BACKSLASH, COMMA_BYTE, QUOTE, WS, Frame, JsonFollower, decode_key
 from constrain.unique_items import ItemState, TokenIndex, item_events, token_index
@@ -115,24 +117,68 @@ class DistinctKeysMatcher(CheckedMatcher):
         self.vocab = vocab
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
-        """The inner mask less the tokens that close a repeated key; unless that leaves nothing, where the
-        repeat is allowed (legal JSON) rather than the output failing."""
+        """The inner mask less the tokens that close a repeated key, and those after which the grammar allows
+        nothing else (`_leading_to_a_repeat`); unless that leaves nothing, where the repeat is allowed (legal
+        JSON) rather than the output failing."""
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         self._refused_here = NO_IDS
         if not self._active():
             return
         words = bitmask[row].numpy().view(np.uint32)
-        refused = self._refused(words)
-        if not len(refused):
-            return
-        kept = words.copy()
-        clear_ids(kept, refused)
-        if kept.any():
-            words[:] = kept
-            self._refused_here = refused
+        closing = self._refused(words)
+        leading = self._leading_to_a_repeat(words, closing)
+        for refused in (np.concatenate([closing, leading]), closing):
+            if not len(refused):
+                return
+            kept = words.copy()
+            clear_ids(kept, refused)
+            if kept.any():
+                words[:] = kept
+                self._refused_here = refused
+                return
 
     def _active(self) -> bool:
         return self.tracker.object_keys() is not None
+
+    def _leading_to_a_repeat(self, words: np.ndarray, closing: np.ndarray) -> np.ndarray:
+        """The allowed tokens that write the rest of a key the object already has (after `"` or `,"` where the key
+        is to begin), after which the grammar allows only tokens that close it: a pattern's keys of one length
+        (`^[a-z]{3}$`: after `{"agh":0,"ag`, an `h` left `"` alone, and the repeat was taken rather than no
+        token). One token ahead, by the backend's mask after it; only tokens that end where a key does, so a step
+        looks ahead a few times at most (most such tokens are not in the vocabulary)."""
+        t = self.tracker
+        keys = [k.encode("utf-8", "surrogatepass") for k in t.object_keys()]
+        if t.mode == "key":
+            written = bytes(t.buf)
+            if t.escaped or b"\\" in written:
+                return NO_IDS
+            heads, leads = [k[len(written):] for k in keys if k.startswith(written)], (b"",)
+        else:
+            heads, leads = keys, ((b'"', b' "') if t.mode == "member" else (b',"', b', "'))
+        by_bytes, refused = self.vocab.ids_by_bytes(), set(closing.tolist())
+        candidates = {}
+        for head in heads:
+            for lead in leads:
+                tid = by_bytes.get(lead + head) if head else None
+                if tid is not None and tid not in refused and allowed_among(words, np.array([tid])).size:
+                    candidates[tid] = lead + head
+        base, leading = backend_matcher(self.inner), []
+        for tid, data in candidates.items():
+            after = base.mask_after([tid])
+            if after is None or not after.any():
+                continue
+            here, self.tracker = self.tracker, copy.deepcopy(self.tracker)
+            try:
+                self.tracker.feed(data)
+                if self.tracker.object_keys() is None:
+                    continue
+                left = after.copy()
+                clear_ids(left, self._refused(after))
+                if not left.any():
+                    leading.append(tid)
+            finally:
+                self.tracker = here
+        return np.array(leading, dtype=np.int64)
 
     def _refused(self, words: np.ndarray) -> np.ndarray:
         """Tokens are looked up by the key they would close (`TokenIndex`, `_CommaKeys`); only those that hold

@@ -98,6 +98,29 @@ def test_a_repeat_is_allowed_where_nothing_else_may_follow(qwen):
     assert vocab.ids_by_bytes()[b"a"] in allowed_ids(bitmask).tolist()
 
 
+@pytest.mark.parametrize("written, refused, kept", [
+    (b'{"agh": 1, "ag', [b"h"], [b"i", b"a"]),  # (after `h` only a closing quote: the repeat)
+    (b'{"agh": 1, "a', [b"gh"], [b"g", b"b"]),  # (tokens that end where the key does)
+    (b'{"agh": 1, "', [b"agh"], [b"ag", b"a"]),
+])
+def test_tokens_after_which_only_a_repeated_key_may_close_are_refused(qwen, written, refused, kept):
+    """Keys a pattern makes of one length (`^[a-z]{3}$`, closed object): after `{"agh": 1, "ag` an `h` left only
+    the closing quote, so the repeat was allowed as the sole way on (Phi-3 at temperature 0 wrote
+    `{"agh" :0,"agh":888...}` every time). The token that leads there is refused, one token ahead."""
+    compiler, _, vocab = qwen
+    schema = {"type": "object", "patternProperties": {"^[a-z]{3}$": {"type": "integer"}},
+              "additionalProperties": False}
+    m = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema)).matcher()
+    for piece in _pieces(vocab, written):
+        assert m.accept(piece)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    m.fill_bitmask(bitmask, 0)
+    allowed = {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
+    present = set(vocab.ids_by_bytes())
+    assert all(r not in allowed for r in refused) and all(r in present for r in refused)
+    assert all(k in allowed for k in kept if k in present)
+
+
 CLOSED = {"type": "object", "additionalProperties": False, "required": ["b"], "properties": {
     "a": {"type": "integer"}, "b": {"type": "boolean"},
     "c": {"type": "array", "maxItems": 3, "items": {"anyOf": [
