@@ -12,6 +12,7 @@ exits as soon as its parent is gone. This module must never import torch (the ch
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import select
@@ -32,8 +33,9 @@ class BuildTimeout(Exception):
 
 
 class BuildFailed(Exception):
-    """The build did not produce an automaton. `kind`: refused (outlines-core rejected the regex), memory (the
-    worker hit its memory cap), died (the worker exited otherwise) or closed (the pool was closed)."""
+    """The build did not produce an automaton. `kind`: refused (outlines-core rejected the regex), unwritable
+    (the automaton could not be written where asked: a full disk), memory (the worker hit its memory cap), died
+    (the worker exited otherwise) or closed (the pool was closed)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -92,9 +94,16 @@ def main(argv: list[str]) -> int:
         try:
             dfa = TokenDFA.build(regex, ov, eos_ids)
             tmp = f"{path}.tmp{os.getpid()}"
-            dfa.save(tmp)
-            os.replace(tmp, path)
-            del dfa
+            try:
+                dfa.save(tmp)
+                os.replace(tmp, path)
+            except OSError as exc:  # (a full disk, a folder gone: the place's fault, not the regex's)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                _send(out, ("unwritable", f"{type(exc).__name__}: {str(exc)[:300]}"))
+                continue
+            finally:
+                del dfa
             _send(out, ("ok", time.perf_counter() - t))
         except MemoryError:
             _send(out, ("memory", f"needed more than the {memory_bytes >> 20} MiB a compile may use"))
@@ -209,8 +218,8 @@ class CompileWorkers:
                     raise BuildFailed("memory", f"needed more than the {self.memory_mb} MiB a compile may use")
                 raise BuildFailed("died", f"the compile process exited with code {code}")
             self._put_back(w)
-            if reply[0] == "refused":
-                raise BuildFailed("refused", reply[1])
+            if reply[0] in ("refused", "unwritable"):
+                raise BuildFailed(reply[0], reply[1])
             return float(reply[1])
         finally:
             self._slots.release()

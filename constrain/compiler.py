@@ -13,6 +13,7 @@ Never imports HTTP or model code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 import weakref
+import zipfile
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -655,14 +657,18 @@ class GrammarCompiler:
         """Runs on a `_builds` thread, which only waits: the work happens in a worker process."""
         path = self.disk.unfinished_path(key) if self.disk is not None else None
         if path is None:
-            with self._lock:
-                if self._tmp_dir is None:
-                    self._tmp_dir = tempfile.mkdtemp(prefix="structgen-dfa-")
-            path = Path(self._tmp_dir) / f"{key}.npz"
+            path = self._temporary_path(key)
         self.stats.outlines_builds += 1
         started = time.monotonic()
         try:
-            self.workers.build(regex, path, self.compile_timeout_s)
+            try:
+                self.workers.build(regex, path, self.compile_timeout_s)
+            except BuildFailed as exc:
+                if exc.kind != "unwritable" or path.parent != getattr(self.disk, "folder", None):
+                    raise
+                log.warning("the grammar cache folder cannot be written (%s): building in memory", exc.message)
+                path = self._temporary_path(key)
+                self.workers.build(regex, path, self.compile_timeout_s)
             dfa = TokenDFA.load(path)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
             if self.disk is not None and path.parent == self.disk.folder:
@@ -676,6 +682,9 @@ class GrammarCompiler:
         except BuildFailed as exc:
             if exc.kind == "closed":
                 raise ConstraintError("the compiler is shutting down", code="compile_failed") from None
+            if exc.kind == "unwritable":  # (not remembered: the next request tries again, space may be freed)
+                raise ConstraintError(f"the outlines automaton could not be written: {exc.message}",
+                                      code="compile_failed") from None
             if exc.kind == "refused":
                 err = ConstraintError(f"outlines cannot compile this constraint: {exc.message}")
             elif exc.kind == "memory":
@@ -689,6 +698,13 @@ class GrammarCompiler:
             path.unlink(missing_ok=True)  # (moved into the disk cache where it was read; else no more use)
             with self._lock:
                 self._pending.pop(key, None)
+
+    def _temporary_path(self, key: str) -> Path:
+        """Where a build is written when no disk cache takes it (a file read once, then deleted)."""
+        with self._lock:
+            if self._tmp_dir is None:
+                self._tmp_dir = tempfile.mkdtemp(prefix="structgen-dfa-")
+        return Path(self._tmp_dir) / f"{key}.npz"
 
     def _remember(self, key: str, err: ConstraintError) -> ConstraintError:
         with self._lock:
@@ -724,8 +740,10 @@ class GrammarCompiler:
             return None
         try:
             g = OutlinesGrammar(TokenDFA.load(path), self.vocab, call_tag=call_tag)
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("ignoring unreadable cache file %s: %s", path, exc)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            log.warning("removing unreadable cache file %s (built again when asked for): %s", path, exc)
+            with contextlib.suppress(OSError):  # (files are moved in whole: a broken one stays broken)
+                path.unlink(missing_ok=True)
             return None
         self.disk.used(key)
         self.stats.disk_hits += 1

@@ -381,3 +381,42 @@ def test_an_automaton_a_request_had_built_by_outlines_serves_auto_only_where_aut
     assert c.compile(_spec("outlines")).backend == "outlines"
     assert c.compile(_spec()).backend == "outlines"  # (a schema auto builds with outlines is served from it)
     c.close()
+
+
+def test_a_broken_automaton_file_on_disk_is_built_again_not_a_400(tmp_path, tokenizers, vocabs):
+    """A truncated or empty `.outlines.npz` (a crash, a full disk, a copy cut short) was a 400 invalid_constraint
+    on every request for its schema, on every server sharing the cache, until someone deleted the file."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    c.compile(_spec())
+    c.close()
+    [written] = list(tmp_path.rglob("*.outlines.npz"))
+    for broken in (b"", written.read_bytes()[:100]):
+        written.write_bytes(broken)
+        restarted = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+        try:
+            m = restarted.compile(_spec()).matcher()
+            assert all(m.accept(t) for t in tokenizers["gpt2"].encode('{"ok": true}')) and m.can_end()
+            assert restarted.stats.compiles == 1 and written.stat().st_size > 100  # (built and written again)
+        finally:
+            restarted.close()
+
+
+def test_a_cache_folder_that_cannot_take_an_automaton_builds_it_in_memory(tmp_path, tokenizers, vocabs, caplog,
+                                                                          monkeypatch):
+    """A full disk under --cache-dir made every new outlines build a 400 compile_failed blaming the request, and
+    the failure was remembered for the schema after space was freed. The build goes to memory instead."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    unfinished_path = c.disk.unfinished_path
+
+    def in_the_way(key):  # (a folder where the file is to go: the worker's write fails, as on a full disk)
+        path = unfinished_path(key)
+        path.mkdir()
+        return path
+
+    monkeypatch.setattr(c.disk, "unfinished_path", in_the_way)
+    try:
+        m = c.compile(_spec()).matcher()
+        assert all(m.accept(t) for t in tokenizers["gpt2"].encode('{"ok": true}')) and m.can_end()
+        assert "cannot be written" in caplog.text and not c._failed
+    finally:
+        c.close()
