@@ -114,3 +114,20 @@ def test_whitespace_is_bounded_in_json_mode(gpt2_compiler, vocabs, tokenizers):
         assert m.accept(ok[0])
         taken += 1
     assert taken <= 2
+
+
+@pytest.mark.parametrize("text, accepted", [
+    ('{"a": 1e5, "c": [1, 2]}', True), ('{"a": 1.5E10, "c": []}', True),  # (an exponent's sign is optional)
+    ('{"a": 1, "c": [1 ,2]}', True), ('{"a": 1 , "c": [ 1 , 2 ]}', True),  # (whitespace before any comma)
+    ('{"a": 1e, "c": []}', False), ('{"a": 1, "c": [1 , , 2]}', False),
+])
+def test_both_backends_take_the_same_numbers_and_whitespace(text, accepted, gpt2_compiler, tokenizers):
+    """outlines-core's number wanted a sign after `e` and its arrays no whitespace before a comma, where JSON and
+    llguidance take both: under auto, a prefill `{"a":1e5,"c":[` was served twice by llguidance, then a 400 once
+    the schema had moved to outlines (QA backends F2, F3)."""
+    schema = {"type": "object", "properties": {"a": {"type": "number"}, "c": {"type": "array", "items": {
+        "type": "integer"}}}, "required": ["a", "c"], "additionalProperties": False}
+    format_ = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    for backend in ("outlines", "llguidance"):
+        grammar = gpt2_compiler.compile(spec_from_request(response_format=format_, backend=backend))
+        assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, (backend, text)
