@@ -91,8 +91,9 @@ def _taken(readings: list[Ranges], widest: bool) -> Ranges:
 def portable_pattern(pattern: str) -> str:
     """`pattern` with `.` and every shorthand (alone or in a class) spelled as explicit characters: those every
     dialect takes. A class whose members this cannot read with certainty (`\\p{..}`, `\\a`, octal) stays as
-    written, the rest is still rewritten; a pattern whose classes' extent the dialects read differently (a class
-    holding `[`, or opening with `]`) is returned as it is."""
+    written, the rest is still rewritten; a `[` in a class is the character, as ECMA-262 and Python read it, and
+    written escaped for Rust's regex; a pattern whose classes' extent the dialects read differently (a class
+    opening with `]`, which ECMA-262 reads as an empty class) is returned as it is."""
     return _spell_classes(pattern, widest=False)
 
 
@@ -149,8 +150,6 @@ def _rewrite_class(pattern: str, start: int, widest: bool) -> tuple[int | None, 
     literal: list[Ranges] = []
     shorthands: list[str] = []
     while i < n and pattern[i] != "]":
-        if pattern[i] == "[":
-            return None, ""
         if pattern[i] == "\\" and pattern[i + 1:i + 2] in _SHORTHANDS:
             shorthands.append(pattern[i + 1])
             i += 2
@@ -168,7 +167,7 @@ def _rewrite_class(pattern: str, start: int, widest: bool) -> tuple[int | None, 
         return None, ""
     end = i + 1
     if not shorthands and not any(op in pattern[start:end] for op in _SET_OPERATORS):
-        return end, pattern[start:end]
+        return end, _bracket_escaped(pattern[start:end])
     # What each dialect reads the class's members as; the class takes what every (or any) dialect's reading takes.
     read = [union_ranges(*literal, *(reading[k] for k in shorthands)) for reading in _dialects()]
     taken = _taken([negate_ranges(r) for r in read] if negated else read, widest)
@@ -176,18 +175,32 @@ def _rewrite_class(pattern: str, start: int, widest: bool) -> tuple[int | None, 
 
 
 def _as_written(pattern: str, start: int, i: int) -> tuple[int | None, str]:
-    """The class opening at `start` as written, for one with a member not read here; its end is the first `]` not
-    escaped from pattern[i] on (None where a `[` or the pattern's end comes first: dialects differ there)."""
+    """The class opening at `start` as written (a `[` in it escaped: `_bracket_escaped`), for one with a member
+    not read here; its end is the first `]` not escaped from pattern[i] on (None where the pattern ends first)."""
     while i < len(pattern):
         if pattern[i] == "\\":
             i += 2
-        elif pattern[i] == "[":
-            return None, ""
         elif pattern[i] == "]":
-            return i + 1, pattern[start:i + 1]
+            return i + 1, _bracket_escaped(pattern[start:i + 1])
         else:
             i += 1
     return None, ""
+
+
+def _bracket_escaped(written: str) -> str:
+    """A class as written, with each `[` in it (after its opening one) escaped. ECMA-262 (without the `v` flag) and
+    Python's `re` read such a `[` as the character, and the class as ending at the first `]`; Rust's regex (both
+    backends) reads a nested class or a POSIX one (`[[:alpha:]]`), so `[[:alpha:]]+` wrote `abc`, which jsonschema
+    refuses (it asks for a `]` after each of those characters)."""
+    out, i = [written[0]], 1
+    while i < len(written):
+        if written[i] == "\\":
+            out.append(written[i:i + 2])
+            i += 2
+            continue
+        out.append("\\[" if written[i] == "[" else written[i])
+        i += 1
+    return "".join(out)
 
 
 def _class_char(pattern: str, i: int) -> tuple[int | None, int]:
