@@ -509,6 +509,12 @@ class Engine:
         empty = unmask_empty_rows(host, self.width)
         return host.to(self.device, non_blocking=True), empty
 
+    def _in_mask(self, row: int, token: int) -> bool:
+        """Whether this step's mask row `row` (on the host, filled for this step) allows `token`."""
+        if not 0 <= token < self.width:
+            return False
+        return bool((int(self._host_bitmask()[row, token >> 5]) >> (token & 31)) & 1)
+
     def _host_bitmask(self) -> torch.Tensor:
         """One pinned buffer, reused: the previous step's copy has completed by the time it is refilled. Made
         outside inference mode, so the mask threads may write into it."""
@@ -625,7 +631,12 @@ class Engine:
                         raise
                     _grammar_failed(seq, exc)
                     continue
-                if vetted != token:
+                if vetted != token and not self._in_mask(row, vetted):
+                    # (a completion spelled with a token this step's mask refused, as Phi-3's `</s>` was: the
+                    # request failed with a 500; the sampled token stands, and the answer may run to the limit)
+                    log.warning("the budget rule's token %d is not in the grammar's mask: kept the sampled %d",
+                                vetted, token)
+                elif vetted != token:
                     out.replace_token(row, vetted)
                     seq.budget_ended = vetted in seq.eos_ids
         tokens = torch.tensor(out.tokens, dtype=torch.long, device=self.device)

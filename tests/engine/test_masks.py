@@ -270,6 +270,26 @@ def test_a_vetted_token_is_appended_with_its_own_raw_logprob(engine, builtin):
     assert all(abs(lp.logprob - e) < 1e-4 for lp, e in zip(got, expected))
 
 
+class _RefusingReplacingMatcher(_ReplacingMatcher):
+    """Vets every sampled token into `token`, which its own mask refuses (as llguidance's budget rule spelled
+    Phi-3's `</s>` with the added token its mask never allows)."""
+
+    def fill_bitmask(self, bitmask, row, tokens_left=None):
+        bitmask[row].fill_(-1)
+        bitmask[row, self.token >> 5] &= ~(1 << (self.token & 31))
+
+    def accept(self, token_id):
+        return token_id != self.token
+
+
+def test_a_vetted_token_the_mask_refuses_leaves_the_sampled_token(engine):
+    """The budget rule's replacement is taken only where this step's mask allows it: one it refused was appended,
+    the grammar refused it, and the request ended with a 500 'token ... was sampled but the grammar rejected it'."""
+    grammar = _TestGrammar(lambda: _RefusingReplacingMatcher(4000))
+    (out,) = run_all(engine, request("v", PROMPT, grammar=grammar, temperature=1.0, seed=3, max_tokens=4))
+    assert out[0].last.finish_reason in ("stop", "length") and out[0].tokens and 4000 not in out[0].tokens
+
+
 class PanicException(BaseException):
     """What pyo3 raises for a panic in a Rust extension (llguidance, outlines-core, rpds under jsonschema): a
     BaseException, not an Exception."""
