@@ -590,6 +590,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
     if not isinstance(node, dict):
         return node
     node = _finite(node, ptr, ctx, refs)
+    if not isinstance(node, dict):
+        return node
     node = _discriminated_conditionals(node, ctx)  # (before its members' own rewrite: `_conditional`)
     # children first
     for key, value in list(node.items()):
@@ -650,7 +652,9 @@ def _add_all_of(node: dict, sub: Any) -> None:
         node["allOf"] = node["allOf"] + [sub]
 
 
-def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
+def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict | bool:
+    """An enum/const node with other keywords: the values those keywords let through, as an enum; `false` where
+    none is (`enum: []` was an empty alternation to outlines-core, which wrote `{"w":  }`)."""
     vals = ctx.values(node)
     if vals is None or set(node) - _ANNOT <= {"enum", "const", "type"}:
         return node
@@ -665,6 +669,8 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict:
     for k in ("$defs", "definitions"):  # may still be the target of a $ref from outside this node
         if k in node:
             out[k] = node[k]
+    if not keep and not any(k in out for k in ("$defs", "definitions")):
+        return False
     out["enum"] = keep
     return out
 

@@ -301,9 +301,33 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
     assert normalise_schema(schema) is out
 
 
-def test_unsatisfiable_finite_node_becomes_an_empty_enum():
-    out = rewrite_schema({"allOf": [{"enum": [1, 2]}, {"type": "string"}]})
-    assert out == {"enum": []}
+def test_unsatisfiable_finite_node_becomes_false():
+    """It became `enum: []`, which outlines-core builds as an empty alternation: a required property's value
+    written as nothing (`{"w":  }`, finish_reason stop, under auto from the first request), an optional one's too."""
+    assert rewrite_schema({"allOf": [{"enum": [1, 2]}, {"type": "string"}]}) is False
+    assert rewrite_schema({"type": "string", "maxLength": 2, "enum": ["abcd"]}) is False
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_a_property_whose_enum_its_siblings_exclude_is_never_written(backend, gpt2_compiler, vocabs):
+    value = {"type": "string", "maxLength": 1, "enum": ["ab"]}
+    required = {"type": "object", "properties": {"w": value}, "required": ["w"], "additionalProperties": False}
+    with pytest.raises(ConstraintError, match="nsatisfiable"):
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(required), strict=True,
+                                             backend=backend))
+    optional = {"type": "object", "properties": {"o": value, "k": {"type": "integer"}}, "required": ["k"],
+                "additionalProperties": False}
+    try:
+        g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(optional), strict=True,
+                                                 backend=backend))
+    except ConstraintError as exc:  # (outlines: no automaton for a `false` property; never an empty value)
+        assert backend == "outlines" and "false" in exc.message
+        return
+    rng = random.Random(0)
+    for _ in range(10):
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, 30, budget=True)
+        assert ended
+        jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), optional)
 
 
 CLOSED_WITHOUT_A = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["a"],
