@@ -656,6 +656,9 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict | bool:
     """An enum/const node with other keywords: the values those keywords let through, as an enum; `false` where
     none is (`enum: []` was an empty alternation to outlines-core, which wrote `{"w":  }`)."""
     vals = ctx.values(node)
+    if vals == [] and not any(k in node for k in ("$defs", "definitions")):
+        ctx.changed = True
+        return False  # (a client's own `enum: []`)
     if vals is None or set(node) - _ANNOT <= {"enum", "const", "type"}:
         return node
     if _targeted(ptr, refs) or not ctx.decidable(node):

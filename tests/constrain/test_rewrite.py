@@ -306,6 +306,8 @@ def test_unsatisfiable_finite_node_becomes_false():
     written as nothing (`{"w":  }`, finish_reason stop, under auto from the first request), an optional one's too."""
     assert rewrite_schema({"allOf": [{"enum": [1, 2]}, {"type": "string"}]}) is False
     assert rewrite_schema({"type": "string", "maxLength": 2, "enum": ["abcd"]}) is False
+    assert rewrite_schema({"enum": []}) is False  # (a client's own)
+    assert rewrite_schema({"type": "object", "properties": {"w": {"enum": []}}, "required": ["w"]}) is False
 
 
 @pytest.mark.parametrize("backend", ["outlines", "llguidance"])
