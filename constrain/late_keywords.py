@@ -419,7 +419,8 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
 @dataclass(frozen=True)
 class MemberChecks:
     """The keywords of a governed node that the members written so far already break for good, whatever follows:
-    a repeated item (`uniqueItems`), a name `propertyNames` refuses, a property count `counts` can no longer meet.
+    a repeated item (`uniqueItems`), more items than `maxContains` holding `contains`, a name `propertyNames`
+    refuses, a property count `counts` can no longer meet.
     `prefix` is checked on the container so far as each member is finished, `names` on each name as its quote
     closes, `counts` at each key and comma. So such a member is refused when it is written, not with the whole
     value (when it could no longer be taken back), and a key or comma before its value (a number after it could
@@ -479,6 +480,8 @@ def _member_checks(node: dict) -> MemberChecks | None:
     prefix = {k: node[k] for k in ("propertyNames",) if k in node}
     if node.get("uniqueItems") is True:
         prefix["uniqueItems"] = True
+    if "contains" in node and isinstance(node.get("maxContains"), int):  # (items so far holding more: for good)
+        prefix.update(contains=node["contains"], maxContains=node["maxContains"], minContains=0)
     names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node else None
     counts = _property_counts(node)
     return MemberChecks(prefix, names, counts) if prefix or counts else None

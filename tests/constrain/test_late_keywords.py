@@ -258,6 +258,19 @@ def test_random_walks_end_in_documents_valid_against_keywords_checked_late(schem
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=3) >= 15
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2}, "contains": {"const": 1},
+     "minContains": 0, "maxContains": 0, "minItems": 2, "maxItems": 4},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2}, "contains": {"const": 1},
+     "maxContains": 1, "minItems": 3, "maxItems": 4},
+])
+def test_an_item_past_max_contains_is_refused_as_it_is_written(schema, gpt2_compiler, vocabs):
+    """maxContains was checked at the array's `]` only: a `1` beyond it was written, after which every way on was
+    refused, and the request was a 400 constraint_too_complex (greedy too: `[1 ,2 ,2 , 1`). The array so far is now
+    checked as each item is finished, as uniqueItems is."""
+    assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=3, max_tokens=30) >= 20
+
+
 @pytest.mark.parametrize("schema", [_object(ARRAYS), CASES[3][0]])
 def test_random_walks_end_in_documents_valid_against_the_one_of(schema, gpt2_compiler, vocabs):
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=11) >= 15
