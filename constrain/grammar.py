@@ -127,6 +127,12 @@ class Matcher(abc.ABC):
         and must leave it room (constrain/reasoning.py)."""
         return None
 
+    def forced_after(self, tokens: list[int]) -> bytes | None:
+        """The bytes the grammar forces after `tokens`, this matcher left as it is (b"" where it leaves a choice):
+        the distinct-keys lookahead (constrain/distinct_keys.py). None where the grammar refuses the tokens, or the
+        backend cannot tell."""
+        return None
+
     def mask_after(self, tokens: list[int]):
         """The mask row (a numpy array of uint32 words, EOS included where the output may end) after `tokens`,
         this matcher left as it is: the lookahead of the checks on finished values (constrain/late_keywords.py).
