@@ -48,15 +48,15 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
     regex = regex.replace(_CHAR_OLD, _CHAR_NEW).replace(_ESC_OLD, _ESC_NEW).replace(_NUMBER_OLD, _NUMBER_NEW)
     if not whitespace_pattern:
         return regex
-    item_comma = re.compile(r"(\\*)\(," + re.escape(whitespace_pattern))
-    return item_comma.sub(lambda m: m[0] if len(m[1]) % 2 else f"{m[1]}({whitespace_pattern},{whitespace_pattern}",
+    item_comma = re.compile(r"(\\*)\)\(," + re.escape(whitespace_pattern) + r"\(")
+    return item_comma.sub(lambda m: m[0] if len(m[1]) % 2 else f"{m[1]})({whitespace_pattern},{whitespace_pattern}(",
                           regex)
 
 
 # As llguidance reads JSON, so that both backends take the same documents: an exponent's sign is optional (`1e5`),
-# and whitespace may come before an array's comma as before an object's (`[1 ,2]`: outlines-core writes `(,`, then
-# the whitespace pattern, between items only; an escaped `\\(,` in a string's pattern is left alone, and a pattern
-# would have to hold `(,` and the whitespace pattern itself to be read as items).
+# and whitespace may come before an array's comma as before an object's (`[1 ,2]`: outlines-core writes `)(,`, the
+# whitespace pattern and `(` between an array's items, each item a group; a string's pattern would have to hold
+# that whole text, after an unescaped `)`, to be read as items: `^[0-9]+(,[ ]?[0-9]+)*$` is not).
 _NUMBER_OLD = outlines_core.json_schema.NUMBER
 _NUMBER_NEW = _NUMBER_OLD.replace("[eE][+-][0-9]+", "[eE][+-]?[0-9]+")
 

@@ -131,3 +131,15 @@ def test_both_backends_take_the_same_numbers_and_whitespace(text, accepted, gpt2
     for backend in ("outlines", "llguidance"):
         grammar = gpt2_compiler.compile(spec_from_request(response_format=format_, backend=backend))
         assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, (backend, text)
+
+
+@pytest.mark.parametrize("text, accepted", [('{"v": "1,2"}', True), ('{"v": "1, 2"}', True), ('{"v": "1 ,2"}', False)])
+def test_a_pattern_holding_a_comma_group_keeps_its_meaning_on_outlines(text, accepted, gpt2_compiler, tokenizers):
+    """The whitespace put before an array's comma went into a string's pattern holding `(,[ ]?` too: outlines took
+    "1 ,2" under `^[0-9]+(,[ ]?[0-9]+)*$`, which jsonschema and llguidance refuse (review of bc16746)."""
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": "^[0-9]+(,[ ]?[0-9]+)*$"}},
+              "required": ["v"], "additionalProperties": False}
+    format_ = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    for backend in ("outlines", "llguidance"):
+        grammar = gpt2_compiler.compile(spec_from_request(response_format=format_, backend=backend))
+        assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, (backend, text)
