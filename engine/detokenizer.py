@@ -47,6 +47,14 @@ class IncrementalDetokenizer:
             return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
+        if not final and len(after) <= len(before):
+            # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins on
+            # written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space as a
+            # text's first ("назна<s> communes" came out "назнаcommunes"; after a U+FFFD too).
+            self.read = len(self.ids)
+            if self.read - self.prefix > _MAX_WINDOW:
+                self.prefix = self.read
+            return ""
         if not final and after.endswith("\ufffd"):
             settled = self._settled()  # (the held tokens whose characters are known)
             if settled == 0:
@@ -56,14 +64,6 @@ class IncrementalDetokenizer:
                 text = self.tokenizer.decode(self.ids[self.prefix:upto], skip_special_tokens=self.skip)
                 self.prefix, self.read = self.read, upto
                 return text[len(before):]
-        elif not final and len(after) <= len(before):
-            # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins on
-            # written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space as a
-            # text's first ("назна<s> communes" came out "назнаcommunes").
-            self.read = len(self.ids)
-            if self.read - self.prefix > _MAX_WINDOW:
-                self.prefix = self.read
-            return ""
         delta = after[len(before):]
         self.prefix, self.read = self.read, len(self.ids)
         return delta

@@ -213,6 +213,24 @@ def test_a_character_after_bytes_that_spell_none_is_kept_whole(name):
         assert text == tok.decode(ids, skip_special_tokens=True) and ("你" in text or not byte_level), (run, text)
 
 
+def test_a_skipped_special_token_after_a_byte_that_spells_nothing_keeps_the_next_words_space():
+    """Phi-3: `▁Hello <0x80> <|system|> ▁world`, the special token skipped: the decode still ended in U+FFFD, so the
+    skipped token was released as settled and the window began on it, where SentencePiece drops the next word's
+    space ("Hello�world")."""
+    from transformers import AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS["phi3"]))
+    vocab = tok.get_vocab()
+    prompt = [vocab["▁The"]]
+    ids = [vocab[p] for p in ("▁Hello", "<0x80>", "<|system|>", "▁world")]
+    detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=True)
+    text = "".join(detok.push(i) for i in ids) + detok.flush()
+    whole, before = tok.decode(prompt + ids, skip_special_tokens=True), tok.decode(prompt, skip_special_tokens=True)
+    assert text == whole[len(before):] and text.endswith("\ufffd world")
+
+
 def test_forwards_run_without_cudnn_attention(tiny_model):
     """cuDNN attention builds a graph for every new key length, i.e. at every decode step (60 ms a step on an
     H100): the runner's forwards never use it, and leave the process's setting as they found it."""
