@@ -229,6 +229,10 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               f"(\\p{{..}}, the first at {ptr})", param=param, pointer=ptr)
     schema = with_python_patterns(schema)  # (jsonschema checks patterns with Python's `re`)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    if cls is jsonschema.Draft3Validator:  # (its `required: true`, `divisibleBy`, `disallow`, `extends` were dropped)
+        raise ConstraintError(f"draft-03 schemas are not supported (at {base}/$schema): write the schema in draft-04 "
+                              "or later, where `required` is a list of names", param=param, pointer=f"{base}/$schema",
+                              code="unsupported_schema")
     try:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -493,6 +493,19 @@ def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(
     assert len(checks) == 3
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_draft_03_schema_is_refused_naming_its_dollar_schema(strict):
+    """Draft-03 passed jsonschema's check (its own metaschema) and was compiled with 2020-12's keywords: a
+    property's `required: true`, `divisibleBy` and `disallow` were dropped, strict or not, and nothing said so."""
+    schema = {"$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "properties": {
+        "a": {"type": "integer", "required": True}}}
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "s", "schema": schema, "strict": strict}})
+    assert exc.value.pointer.endswith("/$schema") and "draft-03" in exc.value.message
+    assert exc.value.code == "unsupported_schema"
+
+
 @pytest.mark.parametrize("schema, pointer", [({"type": "number", "enum": [1, 2.5e30]}, "/enum"),
                                              ({"const": 1.5e300}, "/const")])
 def test_a_const_or_enum_float_past_2_53_is_refused_strict_and_named_otherwise(gpt2_compiler, schema, pointer):
