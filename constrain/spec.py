@@ -36,6 +36,36 @@ def _schema_error(exc: jsonschema.SchemaError, param: str, base: str) -> Constra
 
 
 _OLD_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
+_LATEST = "https://json-schema.org/draft/2020-12/schema"
+# `$schema` values, less their scheme and an empty fragment -> the URI validators and llguidance know (which
+# resolves an unknown one as a document to fetch: a 400 "cannot compile constraint" for the https form of draft-07)
+_DIALECTS = {
+    "json-schema.org/draft-03/schema": "http://json-schema.org/draft-03/schema#",
+    "json-schema.org/draft-04/schema": "http://json-schema.org/draft-04/schema#",
+    "json-schema.org/draft-06/schema": "http://json-schema.org/draft-06/schema#",
+    "json-schema.org/draft-07/schema": "http://json-schema.org/draft-07/schema#",
+    "json-schema.org/draft/2019-09/schema": "https://json-schema.org/draft/2019-09/schema",
+    "json-schema.org/draft/2020-12/schema": _LATEST,
+    "json-schema.org/schema": _LATEST,  # ("the latest draft")
+}
+_OPENAPI_31 = "spec.openapis.org/oas/3.1/dialect/"  # (OpenAPI 3.1's dialects: 2020-12 and annotations)
+
+
+def known_dialect(uri: Any) -> str | None:
+    """The URI of the draft a `$schema` value names (its https or http form, with or without an empty fragment,
+    OpenAPI 3.1's dialect as 2020-12), or None where it names none this server knows."""
+    if not isinstance(uri, str):
+        return None
+    bare = re.sub(r"^https?://", "", uri.strip()).removesuffix("#")
+    return _DIALECTS.get(bare) or (_LATEST if bare.startswith(_OPENAPI_31) else None)
+
+
+def _with_known_dialect(schema: Any) -> Any:
+    """`schema` with its root `$schema` written as `known_dialect` gives it (unchanged where it is already)."""
+    if not isinstance(schema, dict) or "$schema" not in schema:
+        return schema
+    known = known_dialect(schema["$schema"])
+    return schema if known in (None, schema["$schema"]) else {**schema, "$schema": known}
 
 
 _NORMAL_MAX = 512  # normalised schemas remembered (by canonical JSON)
@@ -53,7 +83,7 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _endless_references_false(_ref_siblings(with_python_patterns(schema)))
+    out = _endless_references_false(_ref_siblings(with_python_patterns(_with_known_dialect(schema))))
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -227,7 +257,11 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         ptr = base + next(ptr for ptr, count in escapes if count)
         raise ConstraintError(f"the schema's patterns name more than {MAX_PROPERTY_ESCAPES} Unicode properties "
                               f"(\\p{{..}}, the first at {ptr})", param=param, pointer=ptr)
-    schema = with_python_patterns(schema)  # (jsonschema checks patterns with Python's `re`)
+    if "$schema" in schema and known_dialect(schema["$schema"]) is None:
+        raise ConstraintError(f"unknown $schema {str(schema['$schema'])[:200]!r} (at {base}/$schema): name a JSON "
+                              "Schema draft (04, 06, 07, 2019-09, 2020-12) or leave it out", param=param,
+                              pointer=f"{base}/$schema", code="unsupported_schema")
+    schema = with_python_patterns(_with_known_dialect(schema))  # (jsonschema checks patterns with Python's `re`)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     if cls is jsonschema.Draft3Validator:  # (its `required: true`, `divisibleBy`, `disallow`, `extends` were dropped)
         raise ConstraintError(f"draft-03 schemas are not supported (at {base}/$schema): write the schema in draft-04 "

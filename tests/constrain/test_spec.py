@@ -493,6 +493,25 @@ def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(
     assert len(checks) == 3
 
 
+@pytest.mark.parametrize("uri", ["https://json-schema.org/draft-07/schema#", "http://json-schema.org/schema#",
+                                 "https://spec.openapis.org/oas/3.1/dialect/base",
+                                 "http://json-schema.org/draft-04/schema"])
+def test_the_usual_spellings_of_a_draft_compile(uri, gpt2_compiler, tokenizers, vocabs):
+    """llguidance fetches a `$schema` it does not know as a document: the https form of draft-07, the old "latest"
+    and OpenAPI 3.1's dialect were a 400 "cannot compile constraint: Resource ... is not present in a registry"."""
+    schema = {"$schema": uri, "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "s", "schema": schema, "strict": True}}))
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"a": 1})
+
+
+def test_an_unknown_dollar_schema_is_refused_naming_it():
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "s", "schema": {"$schema": "http://example.com/my-dialect", "type": "object"}}})
+    assert exc.value.pointer == "/json_schema/schema/$schema" and "unknown $schema" in exc.value.message
+
+
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_draft_03_schema_is_refused_naming_its_dollar_schema(strict):
     """Draft-03 passed jsonschema's check (its own metaschema) and was compiled with 2020-12's keywords: a
