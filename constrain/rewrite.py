@@ -310,7 +310,7 @@ def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with the rewrites above applied (the input is never modified)."""
     if not isinstance(schema, dict):
         return schema
-    plain = _unevaluated_as_additional(schema)
+    plain = _unevaluated_items_as_items(_unevaluated_as_additional(schema))
     if plain is not schema:
         return rewrite_schema(plain)
     for n in _iter_nodes(schema):
@@ -462,6 +462,28 @@ def _unevaluated_as_additional(schema: dict) -> dict:
             node["patternProperties"] = pp
         node["additionalProperties"] = extra
     return root if changed else schema
+
+
+# Beside `unevaluatedItems`, these evaluate items too (or may, depending on the value).
+_EVALUATING_ITEMS = ("items", "contains", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref",
+                     "$dynamicRef", "$recursiveRef", "dependentSchemas")
+
+
+def _unevaluated_items_as_items(schema: dict) -> dict:
+    """`unevaluatedItems: U` (2020-12) on a node where nothing but `prefixItems` evaluates items: it means `items: U`
+    there (the items past the prefix), which the backends enforce; left out of what they compile, an item U refuses
+    was written and the answer ran to max_tokens. A copy where one changes; `schema` itself otherwise."""
+    if "prefixItems" not in validator_class(schema).VALIDATORS:
+        return schema  # (before 2020-12 `items` is a list's prefix: left as it is)
+    holders = [n for _, key, n in walk(schema) if key == "unevaluatedItems"
+               and not any(k in n for k in _EVALUATING_ITEMS)]
+    if not holders:
+        return schema
+    root = copy.deepcopy(schema)
+    for node in [n for _, key, n in walk(root) if key == "unevaluatedItems"]:
+        if not any(k in node for k in _EVALUATING_ITEMS):
+            node["items"] = node.pop("unevaluatedItems")
+    return root
 
 
 def _applying_with(root: dict, node: dict) -> list[dict] | None:
@@ -1365,6 +1387,11 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
         return node
     pn = node["propertyNames"]
     props = node.get("properties", {})
+    if pn is False and isinstance(props, dict):  # (no name at all: an object has no property; a key was written)
+        ctx.changed = True
+        out = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
+        out["properties"], out["additionalProperties"] = {k: False for k in props}, False
+        return out
     if pn is True or _name_patterns(ctx._deref(pn)) == []:
         ctx.changed = True
         return {k: v for k, v in node.items() if k != "propertyNames"}

@@ -829,3 +829,36 @@ def test_bounds_shared_with_members_reach_no_other_place_of_a_shared_subschema()
     assert shared["properties"]["a"] == {"type": "integer"}
     assert shared["properties"]["b"]["allOf"][0] == {"type": "integer", "maximum": 20}
     assert schema["properties"]["b"]["allOf"][0] == {"type": "integer"}
+
+
+def test_property_names_false_becomes_an_object_with_no_property(gpt2_compiler, vocabs):
+    """`propertyNames: false` admits no name, so its object is `{}`: it was checked on each finished name, after
+    the key was written, and answers ran to max_tokens (QA keywords D4)."""
+    schema = {"type": "object", "properties": {"v": {"type": "object", "propertyNames": False}}, "required": ["v"],
+              "additionalProperties": False}
+    assert rewrite_schema(schema)["properties"]["v"] == {"type": "object", "properties": {},
+                                                        "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+    rng = random.Random(1)
+    for _ in range(8):
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, 20, budget=True)
+        assert ended and json.loads(decode(vocabs["gpt2"], toks)) == {"v": {}}
+
+
+def test_unevaluated_items_where_only_prefix_items_evaluate_become_items(gpt2_compiler, vocabs):
+    """`prefixItems` + `unevaluatedItems: {type: boolean}`: no backend enforces `unevaluatedItems`, so any item was
+    written past the prefix and refused when the array ended (8 answers in 8 cut at max_tokens, QA keywords D4).
+    Where nothing else evaluates items it means `items`; beside `contains` it does not, and stays."""
+    schema = {"type": "object", "properties": {"v": {"type": "array", "prefixItems": [{"type": "integer"}],
+                                                     "unevaluatedItems": {"type": "boolean"}, "maxItems": 3}},
+              "required": ["v"], "additionalProperties": False}
+    out = rewrite_schema(schema)["properties"]["v"]
+    assert out["items"] == {"type": "boolean"} and "unevaluatedItems" not in out
+    beside_contains = {"type": "array", "contains": {"type": "string"}, "unevaluatedItems": {"type": "boolean"}}
+    assert rewrite_schema(beside_contains) == beside_contains
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+    rng = random.Random(2)
+    for _ in range(8):
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, 30, budget=True)
+        assert ended
+        jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
