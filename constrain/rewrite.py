@@ -475,9 +475,7 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     was written and the answer ran to max_tokens. A copy where one changes; `schema` itself otherwise."""
     if "prefixItems" not in validator_class(schema).VALIDATORS:
         return schema  # (before 2020-12 `items` is a list's prefix: left as it is)
-    holders = [n for _, key, n in walk(schema) if key == "unevaluatedItems"
-               and not any(k in n for k in _EVALUATING_ITEMS)]
-    if not holders:
+    if not any(key == "unevaluatedItems" and not any(k in n for k in _EVALUATING_ITEMS) for _, key, n in walk(schema)):
         return schema
     root = copy.deepcopy(schema)
     for node in [n for _, key, n in walk(root) if key == "unevaluatedItems"]:
