@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -56,10 +57,16 @@ class CheckedMatcher(Matcher):
 
     dead_end: str  # the message of that error
 
-    def __init__(self, inner: Matcher, token_bytes: list[bytes | None]):
+    def __init__(self, inner: Matcher, token_bytes: list[bytes | None], values: tuple[bytes, ...] = ()):
         self.inner = inner
         self.token_bytes = token_bytes
         self._refused_here: np.ndarray | None = None  # the ids the last mask cleared at this state (None: no mask)
+        self._fed = 0  # the output's tokens fed so far: the state `_ahead` was forked at
+        self._ahead: tuple[int, bytes, object] | None = None  # (`refuses_ahead`)
+        base = backend_matcher(inner)
+        if self.judges_walks and hasattr(base, "check_walks_with"):
+            judge = weakref.WeakMethod(self.refuses_ahead)  # (the backend's matcher holds this one's: no cycle)
+            base.check_walks_with(lambda data, ends: (method := judge()) is not None and method(data, ends), values)
 
     def __getattr__(self, name: str):
         """Any other attribute is the inner matcher's (its automaton state, ...). (Called only where normal
@@ -83,6 +90,33 @@ class CheckedMatcher(Matcher):
     @abc.abstractmethod
     def _feed(self, data: bytes) -> None:
         """The output went on with `data`."""
+
+    judges_walks = False  # whether the check says what it refuses of a text ahead (`_fork`, `_refused_after`)
+
+    def _fork(self):
+        """A copy of the check's follower at this point of the output, to feed text ahead on."""
+        raise NotImplementedError
+
+    def _refused_after(self, fork, ends: bool) -> bool:
+        """Whether the text `fork` was fed is refused, and with `ends` the output ending after it."""
+        raise NotImplementedError
+
+    def refuses_ahead(self, data: bytes, ends: bool) -> bool:
+        """Whether the check refuses `data` written from here, and with `ends` the output ending after it: asked
+        by the backend's budget completions (`LlgMatcher.check_walks_with`), which otherwise wrote what the check
+        refuses (`[]` under `contains`, `""` twice under `uniqueItems`), and the answer ran to max_tokens. A walk
+        asks of a text a byte longer each time: the follower after the last text not refused is kept (`_ahead`)
+        and the next question feeds only the bytes past it."""
+        kept = self._ahead
+        if kept is not None and kept[0] == self._fed and data.startswith(kept[1]):
+            fork, rest = kept[2].fork(), data[len(kept[1]):]
+        else:
+            fork, rest = self._fork(), data
+        fork.feed(rest)
+        if self._refused_after(fork, ends):
+            return True
+        self._ahead = (self._fed, data, fork)
+        return False
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         self.inner.fill_bitmask(bitmask, row, tokens_left)
@@ -129,6 +163,7 @@ class CheckedMatcher(Matcher):
         data = self.token_bytes[token_id]
         if data:
             self._feed(data)
+            self._fed += 1
         return True
 
     def is_terminated(self) -> bool:

@@ -87,6 +87,17 @@ class LatePlan:
         except Exception:  # noqa: BLE001 - what jsonschema cannot decide counts as invalid
             return False
 
+    def walk_values(self) -> tuple[bytes, ...]:
+        """The JSON texts of the governed nodes' const and enum values, for budget completions, which the checks
+        may refuse (`CheckedMatcher.refuses_ahead`): `contains: {"const": 7}` asks for a 7."""
+        if "walk_values" not in self._memo:
+            values = (json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
+                      for node in self.governed.values() for _, key, holder in walk(node)
+                      for v in ([holder["const"]] if key == "const" else holder["enum"] if key == "enum" and
+                                isinstance(holder["enum"], list) else []))
+            self._memo["walk_values"] = tuple(dict.fromkeys(values))[:32]
+        return self._memo["walk_values"]
+
     def _trivial(self, node: Any) -> bool:
         """`node` asserts nothing here: true, or {} that is not a governed node (a holder whose only keyword was
         late, `{"not": ...}`, is {} in `schema` and must still be checked)."""
@@ -778,7 +789,7 @@ class LateMatcher(CheckedMatcher):
                "not, contains or other keyword that is checked as each value is finished)"
 
     def __init__(self, inner: Matcher, tracker: LateTracker, tokens: _TokenSets):
-        super().__init__(inner, tokens.token_bytes)
+        super().__init__(inner, tokens.token_bytes, tracker.plan.walk_values())
         self.tracker = tracker
         self.tokens = tokens
         self._verdicts: dict[tuple[int, bytes], bool] = {}  # this step's, by subschema and the value's text
@@ -913,6 +924,15 @@ class LateMatcher(CheckedMatcher):
     def _feed(self, data: bytes) -> None:
         self.tracker.feed(data)
         self.tracker.finished.clear()
+
+    judges_walks = True
+
+    def _fork(self) -> LateTracker:
+        return self.tracker.fork()
+
+    def _refused_after(self, fork: LateTracker, ends: bool) -> bool:
+        checked = fork.finished + (fork.root_scalar() if ends else [])
+        return fork.miscounted or fork.repeated_key or not all(self._holds(check, text) for check, text in checked)
 
     def is_terminated(self) -> bool:
         return self.inner.is_terminated() and not self._refuses(b"")

@@ -28,7 +28,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import llguidance
 import llguidance.hf
@@ -83,6 +83,7 @@ _STUCK_CYCLE = 16
 _MAX_HINTS = 32
 _HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that start within its first 64 bytes
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
+_CHECKS_PER_WALK = 64  # questions a closing walk puts to the checks applied while decoding (~0.1-0.5 ms each)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
@@ -203,6 +204,7 @@ class _WalkBytes:
     quote: int | None
     letter: int | None
     null_byte: int | None
+    zero: int | None
 
 
 _WALK_BYTES: "weakref.WeakKeyDictionary[Vocabulary, _WalkBytes]" = weakref.WeakKeyDictionary()
@@ -216,7 +218,7 @@ def _walk_bytes(vocab: Vocabulary) -> _WalkBytes:
                            order=tuple(byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens),
                            closers=frozenset(byte_tokens[b] for b in b'}]",:' if b in byte_tokens),
                            quote=byte_tokens.get(ord('"')), letter=byte_tokens.get(ord("q")),
-                           null_byte=byte_tokens.get(ord("n")))
+                           null_byte=byte_tokens.get(ord("n")), zero=byte_tokens.get(ord("0")))
         _WALK_BYTES[vocab] = found  # (two threads may both make it: the same value)
     return found
 
@@ -224,16 +226,18 @@ def _walk_bytes(vocab: Vocabulary) -> _WalkBytes:
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
                    hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                    key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
-                   divisors: tuple[int, ...] = ()) -> list[int] | None:
+                   divisors: tuple[int, ...] = (), refuses: "Callable[[bytes, bool], bool] | None" = None,
+                   values: tuple[bytes, ...] = ()) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one (`_walked_closing`), or None. For
     output that is not JSON (no `keys`: a top-level regex or choice), a hint's tail that ends the output is taken
     where it is shorter: the walk follows the alternative its preferred bytes begin (`\\d{20}|N/A` wrote twenty
     digits, cut at max_tokens 5, where `N/A` fitted). A completion the matcher does not take as spelled (an added
     token in text, which llguidance takes for a special one) is spelled with ordinary tokens."""
-    walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors)
+    walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors,
+                             refuses=refuses, values=values)
     if walked is not None and matcher.validate_tokens(walked) != len(walked):  # (an added token it does not take)
         walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors,
-                                 ordinary=True)
+                                 ordinary=True, refuses=refuses, values=values)
     if keys is None and hints:
         ending = _ending_hint(matcher, vocab, hints)
         if ending is not None and (walked is None or len(ending) < len(walked)):
@@ -265,7 +269,9 @@ def _ending_hint(matcher: "llguidance.LLMatcher", vocab: Vocabulary, hints: tupl
 def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
                     hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                     key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
-                    divisors: tuple[int, ...] = (), ordinary: bool = False) -> list[int] | None:
+                    divisors: tuple[int, ...] = (), ordinary: bool = False,
+                    refuses: "Callable[[bytes, bool], bool] | None" = None,
+                    values: tuple[bytes, ...] = ()) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
     Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON
@@ -279,7 +285,14 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
     each step the first that the grammar takes whole is written. Special tokens the grammar forces, and those in
     `endings`, are written `\\xff[id]`, as llguidance writes forced bytes; they stay themselves in the result. With
     `divisors` (`integer_divisors`) and `keys`, an integer that may not end as it is gets the digits that make it a
-    multiple of one (`_multiple_tail`)."""
+    multiple of one (`_multiple_tail`). With `refuses` (the checks applied while decoding, constrain/checked.py),
+    no byte is written that finishes a value they refuse, nor a hint, name or multiple that does, and the walk
+    does not end where they say the output cannot: `exclusiveMinimum: 0, maximum: 0.5` wrote `0`, `contains`
+    wrote `[]`, `uniqueItems` wrote `""` twice, each refused, and the answer ran to max_tokens. A check judges
+    the whole text from the walk's start (bytes, and whether the output ends after them); a walk that asks more
+    than _CHECKS_PER_WALK times finds none. Once they refused something, a value begins as one of `values` (JSON
+    texts of the checked keywords' const and enum values) where the grammar takes it: `contains: {"const": 7}`
+    needs a 7, which the greedy walk never writes."""
     tables = _walk_bytes(vocab)
     byte_tokens, order, closers = tables.byte_tokens, tables.order, tables.closers
     quote, letter, null_byte = tables.quote, tables.letter, tables.null_byte
@@ -288,101 +301,178 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
     walk = matcher.deep_copy()
     keys = keys.copy() if keys is not None else None
     out: list[int] = []
+    text = bytearray()  # the bytes written, special tokens left out: what `refuses` judges
     run, last = 0, None  # how many times in a row the walk picked `last`
     try_at = _STUCK_RUN  # the run at which hints are tried next (doubling after a miss)
     written, cycle_at = 0, _STUCK_CYCLE  # bytes since a closer or a hint; likewise
     avoid: set[int] = set()  # bytes the walk got stuck writing: others first, until it writes a closer
+    asked, refusals = [0], [0]  # questions put to `refuses`, and how many it said yes to
+    value_tokens = [ids for ids in (_forced_ids(v, byte_tokens) for v in values) if ids]
 
-    def take(tail: list[int]) -> None:
-        """Writes `tail` (a hint's, a multiple's or a name's bytes) on the walk and `keys`."""
-        walk.consume_tokens(tail)
-        out.extend(tail)
+    def refused(data: bytes, ends: bool = False) -> bool:
+        """Whether `refuses` refuses the text written followed by `data` (and then the end, with `ends`)."""
+        if refuses is None or (not ends and not _MAY_FINISH.intersection(data)):
+            return False
+        asked[0] += 1
+        if asked[0] > _CHECKS_PER_WALK:
+            raise _WalkGaveUp
+        verdict = refuses(bytes(text) + data, ends)
+        refusals[0] += verdict
+        return verdict
+
+    def wrote(ids: list[int]) -> None:
+        """`ids` were consumed by the walk: on `out`, `text` and `keys`."""
+        data = b"".join(vocab.token_bytes[t] or b"" for t in ids)
+        out.extend(ids)
+        text.extend(data)
         if keys is not None:
-            keys.feed(b"".join(vocab.token_bytes[t] for t in tail))
+            keys.feed(data)
 
-    while not walk.is_accepting():
-        if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
-            return None
-        ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)), None)
-        if ending is not None:  # (before forced bytes, which may be its beginning: `<` of `</function>`)
-            walk.consume_tokens(ending)
-            out.extend(ending)
-            run, last = 0, None
-            continue
-        forced = walk.compute_ff_bytes()
-        for e in endings:  # (forced bytes may run past an ending, into what one after it would replace)
-            at = forced.find(e)
-            forced = forced[:at + len(e)] if at >= 0 else forced
-        if forced:
-            ids = _forced_ids(forced, byte_tokens)
-            if ids is None or not walk.consume_tokens(ids):
+    def take(tail: list[int]) -> bool:
+        """Writes `tail` (a hint's, a multiple's or a name's bytes), unless `refuses` refuses it; whether it did."""
+        if refused(b"".join(vocab.token_bytes[t] for t in tail)):
+            return False
+        walk.consume_tokens(tail)
+        wrote(tail)
+        return True
+
+    try:
+        while not walk.is_accepting() or refused(b"", ends=True):
+            if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
                 return None
-            out.extend(ids)
-            specials.update(int(i) for i in _SPECIAL_MARK.findall(forced))
-            if keys is not None:
-                keys.feed(_SPECIAL_MARK.sub(b"", forced))
-            run, written = 0, written + len(ids)
-            continue
-        if divisors and keys is not None and keys.mode == "number":
-            tail = _multiple_tail(walk, divisors, bytes(keys.buf), byte_tokens, closers)
-            if tail:
-                take(tail)
+            ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)), None)
+            if ending is not None:  # (before forced bytes, which may be its beginning: `<` of `</function>`)
+                walk.consume_tokens(ending)
+                wrote(ending)
                 run, last = 0, None
                 continue
-        if run >= try_at or written >= cycle_at:
-            tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
-                if hints else None
-            try_at = try_at * 2 if run >= try_at else try_at  # (each trigger that fired waits twice as long)
-            cycle_at = cycle_at * 2 if written >= cycle_at else cycle_at
-            if tail:
-                run, last, try_at, written, cycle_at = 0, None, _STUCK_RUN, 0, _STUCK_CYCLE
-                take(tail)
+            forced = walk.compute_ff_bytes()
+            for e in endings:  # (forced bytes may run past an ending, into what one after it would replace)
+                at = forced.find(e)
+                forced = forced[:at + len(e)] if at >= 0 else forced
+            if forced:
+                ids = _forced_ids(forced, byte_tokens)
+                if ids is None or refused(_SPECIAL_MARK.sub(b"", forced)) or not walk.consume_tokens(ids):
+                    return None
+                specials.update(int(i) for i in _SPECIAL_MARK.findall(forced))
+                wrote(ids)
+                run, written = 0, written + len(ids)
                 continue
-            avoid.add(last)
-        if key_names and keys is not None and keys.mode == "key" and not keys.escaped:
-            name = _required_name_tail(walk, key_names, keys, byte_tokens, quote)
-            if name:
-                take(name)
-                run, last = 0, None
-                continue
-        # Inside a string (known from `keys`, else guessed: both a letter and '"' fit), close it rather than write
-        # more of it, unless that would repeat a key.
-        in_string = keys is not None and keys.mode in ("string", "key") and not keys.escaped
-        repeats = distinct_keys and keys is not None and keys.closing_repeats_a_key()
-        if in_string and quote is not None and not repeats and walk.validate_tokens([quote]) == 1:
-            pick = quote
-        elif (keys is None or keys.mode == "off") and quote is not None and letter is not None \
-                and walk.validate_tokens([letter]) == 1 and walk.validate_tokens([quote]) == 1:
-            pick = quote
-        elif repeats and letter is not None and walk.validate_tokens([letter]) == 1:
-            pick = letter
-        else:
-            pick = first = None
-            for t in order:
-                if (repeats and t == quote) or walk.validate_tokens([t]) != 1:
+            if divisors and keys is not None and keys.mode == "number":
+                tail = _multiple_tail(walk, divisors, bytes(keys.buf), byte_tokens, closers)
+                if tail and take(tail):
+                    run, last = 0, None
                     continue
-                first = t if first is None else first
-                if t not in avoid:
-                    pick = t
-                    break
-            if pick is None:  # every byte that fits is avoided: avoiding them helps no more (and rescans cost)
-                pick = first
-                avoid.clear()
+            stuck = run >= try_at or written >= cycle_at
+            if stuck or (hints and _quote_refused(walk, keys, tables, refused)):
+                tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
+                    if hints else None
+                try_at = try_at * 2 if run >= try_at else try_at  # (each trigger that fired waits twice as long)
+                cycle_at = cycle_at * 2 if written >= cycle_at else cycle_at
+                if tail and take(tail):
+                    run, last, try_at, written, cycle_at = 0, None, _STUCK_RUN, 0, _STUCK_CYCLE
+                    continue
+                if stuck:
+                    avoid.add(last)
+            if key_names and keys is not None and keys.mode == "key" and not keys.escaped:
+                name = _required_name_tail(walk, key_names, keys, byte_tokens, quote)
+                if name and take(name):
+                    run, last = 0, None
+                    continue
+            if refusals[0] and value_tokens and keys is not None and keys.mode == "value" and any(
+                    walk.validate_tokens(ids) == len(ids) and take(ids) for ids in value_tokens):
+                run, last = 0, None
+                continue
+            in_string = keys is not None and keys.mode in ("string", "key") and not keys.escaped
+            pick = _closing_pick(walk, keys, distinct_keys, tables, avoid, in_string, vocab.token_bytes,
+                                 refused if refuses is not None else None)
             if pick is None:
                 return None
-            if pick == quote and null_byte is not None and walk.validate_tokens([null_byte]) == 1 \
-                    and walk.validate_tokens([quote, quote]) != 2:
-                pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
-        walk.consume_token(pick)
-        out.append(pick)
-        written = 0 if pick in closers else written + 1
-        if pick in closers and not in_string:
-            avoid.clear()
-        run, last = (run + 1, pick) if pick == last else (1, pick)
-        try_at = try_at if run > 1 else _STUCK_RUN
-        if keys is not None:
-            keys.feed(vocab.token_bytes[pick])
+            walk.consume_token(pick)
+            wrote([pick])
+            written = 0 if pick in closers else written + 1
+            if pick in closers and not in_string:
+                avoid.clear()
+            run, last = (run + 1, pick) if pick == last else (1, pick)
+            try_at = try_at if run > 1 else _STUCK_RUN
+    except _WalkGaveUp:
+        return None
     return _spelled(vocab, out, specials, ordinary)
+
+
+def _quote_refused(walk: "llguidance.LLMatcher", keys: KeySets | None, tables: _WalkBytes, refused) -> bool:
+    """Inside a string, the grammar takes a closing quote that the checks refuse: a hint then, rather than bytes
+    first (`}}}}a@a.aa`, an e-mail address written twice under `uniqueItems`: 4 tokens longer, and the third try
+    at an item)."""
+    return keys is not None and keys.mode in ("string", "key") and not keys.escaped and tables.quote is not None \
+        and walk.validate_tokens([tables.quote]) == 1 and refused(b'"')
+
+
+class _WalkGaveUp(Exception):
+    """A closing walk asked its checks more than _CHECKS_PER_WALK questions: it finds no completion."""
+
+
+# Bytes after which a check may find a value finished (a string's quote, a number's or a literal's delimiter or
+# last letter, a container's bracket, a key's colon, a member's comma): only text ending in one is put to it.
+_MAY_FINISH = frozenset(b'"}],: \t\n\rel')
+
+
+def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_keys: bool, tables: _WalkBytes,
+                  avoid: set[int], in_string: bool, token_bytes: list[bytes | None],
+                  refused: Callable[[bytes], bool] | None) -> int | None:
+    """The next byte token of a closing walk (`_preferred_pick`), or None. With `refused`, not one after which
+    it refuses the byte and the bytes the grammar then forces (an `a` that forces `lpha"` of an item already
+    written, under uniqueItems), and a negative number's first digit is not `0` where another fits: `-0` is 0,
+    and where a check refuses numbers (`oneOf: [integer, number >= 0]` refused `-0` and every `-0.x`) the walk
+    wrote zeros until it gave up, and the budget rule then steered away from the `-`."""
+    repeats = distinct_keys and keys is not None and keys.closing_repeats_a_key()
+    skip: set[int] = set()  # refused here
+    not_zero = refused is not None and keys is not None and keys.mode == "number" and keys.buf == b"-"
+    while True:
+        pick = _preferred_pick(walk, keys, repeats, tables, avoid, in_string,
+                               skip | {tables.zero} if not_zero else skip)
+        if pick is None and not_zero:
+            not_zero = False  # (only `-0.` leads on: `exclusiveMaximum: 0, minimum: -0.5`)
+            continue
+        if pick is None or refused is None:
+            return pick
+        probe = walk.deep_copy()
+        probe.consume_token(pick)
+        if not refused(token_bytes[pick] + _SPECIAL_MARK.sub(b"", probe.compute_ff_bytes())):
+            return pick
+        skip.add(pick)
+
+
+def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats: bool, tables: _WalkBytes,
+                    avoid: set[int], in_string: bool, skip: set[int]) -> int | None:
+    """Inside a string (known from `keys`, else guessed: both a letter and '"' fit), the closing quote rather than
+    more of it, unless that would repeat a key (`repeats`); else the first of the preferred bytes that fits and is
+    not avoided (`avoid` is emptied where every byte that fits is). None of `skip`."""
+    quote, letter, null_byte = tables.quote, tables.letter, tables.null_byte
+
+    def fits(t: int | None) -> bool:
+        return t is not None and t not in skip and walk.validate_tokens([t]) == 1
+
+    if in_string and not repeats and fits(quote):
+        return quote
+    if (keys is None or keys.mode == "off") and fits(letter) and fits(quote):
+        return quote
+    if repeats and fits(letter):
+        return letter
+    pick = first = None
+    for t in tables.order:
+        if t in skip or (repeats and t == quote) or walk.validate_tokens([t]) != 1:
+            continue
+        first = t if first is None else first
+        if t not in avoid:
+            pick = t
+            break
+    if pick is None:  # every byte that fits is avoided: avoiding them helps no more (and rescans cost)
+        pick = first
+        avoid.clear()
+    if pick == quote and fits(null_byte) and walk.validate_tokens([quote, quote]) != 2:
+        pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
+    return pick
 
 
 # How llguidance writes a special token among forced bytes (0xFF is never a byte of UTF-8 text).
@@ -1264,11 +1354,27 @@ class LlgMatcher(Matcher):
         self._keys: KeySets | None = KeySets(grammar.call_tag) if grammar.json_output else None
         self._unfed = bytearray()
         self._distinct_keys = False
+        self._walk_checks: list[Callable[[bytes, bool], bool]] = []  # (`check_walks_with`)
+        self._values: tuple[bytes, ...] = ()  # the checks' (`check_walks_with`)
 
     def write_distinct_keys(self) -> None:
         """Budget completions write no key twice in one object. For checks that judge the parsed value
         (constrain/late_keywords.py): `{"": 1, "": 2}` parses as one property."""
         self._distinct_keys = True
+
+    def check_walks_with(self, refuses: Callable[[bytes, bool], bool], values: tuple[bytes, ...] = ()) -> None:
+        """Budget completions write nothing `refuses` refuses: a check applied while decoding
+        (constrain/checked.py), asked whether the text from the output's state, then the end, would be refused.
+        `values`: JSON texts the check's keywords name (`_walked_closing`)."""
+        self._walk_checks.append(refuses)
+        self._values = tuple(dict.fromkeys(self._values + values))[:_MAX_HINTS]
+
+    def _walk_refuses(self, prefix: bytes = b"") -> Callable[[bytes, bool], bool] | None:
+        """The checks' verdict on a completion walked after `prefix` (the bytes of a probed token), or None
+        without checks."""
+        if not self._walk_checks:
+            return None
+        return lambda data, ends: any(refuses(prefix + data, ends) for refuses in self._walk_checks)
 
     def _followed(self) -> KeySets | None:
         """The follower of the output so far."""
@@ -1284,12 +1390,13 @@ class LlgMatcher(Matcher):
             tokens_left <= factor * (self._closing_len + _CLOSING_MARGIN) + max(self._g.closing_growth, allowance)
 
     def _measure(self, matcher: "llguidance.LLMatcher", keys: KeySets | None,
-                 tokens_left: int | None = None) -> list[int] | None:
-        """A completion from `matcher` (the state now, or after a probed token); notes how much it grew. With
+                 tokens_left: int | None = None, prefix: bytes = b"") -> list[int] | None:
+        """A completion from `matcher` (the state now, or after a probed token of bytes `prefix`); notes how much it
+        grew. With
         `tokens_left`, a long completion (`_CLOSING_LONG`) more than twice that long counts as none found: it
         costs milliseconds to walk, and the budget rule can seldom steer to it (the output ends at the limit)."""
         closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys, self._g.key_names,
-                                 self._g.endings, self._g.divisors)
+                                 self._g.endings, self._g.divisors, self._walk_refuses(prefix), self._values)
         if closing is not None and self._closing_len is not None:
             self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
         if closing is not None and tokens_left is not None and len(closing) > max(2 * tokens_left, _CLOSING_LONG):
@@ -1419,14 +1526,14 @@ class LlgMatcher(Matcher):
         keys = before.copy() if before is not None else None
         if keys is not None:
             keys.feed(data)
-        after = self._still_completes(probe, self._closing, data, before.mode if before is not None else None)
+        after = self._still_completes(probe, self._closing, data, before.mode if before is not None else None, data)
         kept = after is not None
         if not kept:
-            after = self._measure(probe, keys)
+            after = self._measure(probe, keys, prefix=data)
         if opens_call and (after is None or len(after) > tokens_left - 1):
             # The walk writes the function it comes to first, which may be the longest: the shortest through
             # each function's name (the call is then steered to it near the limit).
-            after = min((c for c in self._calls_after_tag(probe, keys, after) if c is not None), key=len,
+            after = min((c for c in self._calls_after_tag(probe, keys, after, data) if c is not None), key=len,
                         default=after)
         if after is not None and len(after) <= tokens_left - 1:
             self._vetted = (token_id, after, kept)
@@ -1436,7 +1543,8 @@ class LlgMatcher(Matcher):
         here, kept = self._closing, self._closing_kept
         if here is None or (kept and len(here) > tokens_left):  # (a walk from here may find a shorter one)
             walked = closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,
-                                    self._g.key_names, self._g.endings, self._g.divisors)
+                                    self._g.key_names, self._g.endings, self._g.divisors, self._walk_refuses(),
+                                    self._values)
             if here is None or (walked is not None and len(walked) < len(here)):
                 here, kept = walked, False
         if here and len(here) <= tokens_left:
@@ -1447,7 +1555,7 @@ class LlgMatcher(Matcher):
         return token_id  # no completion fits either way: the output ends at the limit
 
     def _still_completes(self, after: "llguidance.LLMatcher", closing: list[int] | None, data: bytes,
-                         mode: str | None) -> list[int] | None:
+                         mode: str | None, prefix: bytes = b"") -> list[int] | None:
         """`closing`, a completion measured before a token of bytes `data`, when it also completes the output
         after that token (`after`: the matcher there), else None: one check by llguidance (the completion and an
         EOS validated, ~3 us) where a walk costs 60-150 us, and inside a string or a number most tokens leave the
@@ -1460,7 +1568,9 @@ class LlgMatcher(Matcher):
         if self._distinct_keys and (mode not in _VALUE_MODES or _STRUCTURE.intersection(data)):
             return None
         if after.validate_tokens(closing + [eos]) == len(closing) + 1:
-            return closing
+            refuses = self._walk_refuses(prefix)  # (it completes the grammar: the checks may still refuse it)
+            if refuses is None or not refuses(b"".join(self._g.vocab.token_bytes[t] or b"" for t in closing), True):
+                return closing
         # The token wrote the completion's first bytes (`"` of `"]}`, `,` of `,""]}`): the rest of it, spelled anew.
         token_bytes = self._g.vocab.token_bytes
         if not data or any(token_bytes[t] is None for t in closing):
@@ -1490,10 +1600,10 @@ class LlgMatcher(Matcher):
         return self._near(tokens_left)
 
     def _calls_after_tag(self, probe: "llguidance.LLMatcher", keys: KeySets | None,
-                         walked: list[int] | None) -> list[list[int] | None]:
-        """From `probe`, where a call begins (just after its tag, or before it): a completion through each
-        function's name (`LlgGrammar.call_names`), written where the completion `walked` from there writes the first
-        name it comes to; None for a name that cannot come there."""
+                         walked: list[int] | None, prefix: bytes) -> list[list[int] | None]:
+        """From `probe` (after a token of bytes `prefix`), where a call begins (just after its tag, or before it): a
+        completion through each function's name (`LlgGrammar.call_names`), written where the completion `walked` from
+        there writes the first name it comes to; None for a name that cannot come there."""
         vocab = self._g.vocab
         spelled = b"".join(b"\xff[%d]" % t if vocab.token_bytes[t] is None else vocab.token_bytes[t]
                            for t in walked or ())
@@ -1508,11 +1618,12 @@ class LlgMatcher(Matcher):
             if ids is None or not walk.consume_tokens(ids):
                 found.append(None)
                 continue
+            head_text = _SPECIAL_MARK.sub(b"", spelled[:at] + name)
             follower = keys.copy() if keys is not None else None
             if follower is not None:
-                follower.feed(_SPECIAL_MARK.sub(b"", spelled[:at] + name))
+                follower.feed(head_text)
             head = _spelled(vocab, ids, {int(i) for i in _SPECIAL_MARK.findall(spelled[:at] + name)})
-            rest = self._measure(walk, follower)
+            rest = self._measure(walk, follower, prefix=prefix + head_text)
             found.append(head + rest if head is not None and rest is not None else None)
         return found
 

@@ -543,6 +543,19 @@ class OutputTracker(JsonFollower):
     def __init__(self, plan: UniquePlan, call_tag: bytes | None = None):
         super().__init__(call_tag)
         self.plan = plan
+        self.repeated = False  # an item was finished equal to an earlier one (a fork's text ahead, see `fork`)
+
+    def fork(self) -> "OutputTracker":
+        """A copy to feed text ahead on (`repeated` says whether it repeats an item); the plan and rules shared."""
+        f = copy.copy(self)
+        f.buf, f.repeated = bytearray(self.buf), False
+        f.calls = self.calls.copy() if self.calls is not None else None
+        f.stack = [copy.copy(frame) for frame in self.stack]
+        for frame in f.stack:  # (what a frame gathers: its items, an item's members)
+            for name, value in vars(frame).items():
+                if isinstance(value, (set, dict, list)):
+                    setattr(frame, name, copy.copy(value))
+        return f
 
     def unique_frame(self) -> _Frame | None:
         """The array being written, when its items must be unique and the output stands at one of them."""
@@ -574,6 +587,7 @@ class OutputTracker(JsonFollower):
             text = unescape(bytes(self.buf))
             value = ("s", text) if text is not None else None
         if value is not None:
+            self.repeated |= value in top.seen
             top.seen.add(value)
 
 
@@ -655,6 +669,14 @@ class UniqueItemsMatcher(CheckedMatcher):
 
     def _feed(self, data: bytes) -> None:
         self.tracker.feed(data)
+
+    judges_walks = True
+
+    def _fork(self) -> OutputTracker:
+        return self.tracker.fork()
+
+    def _refused_after(self, fork: OutputTracker, ends: bool) -> bool:
+        return fork.repeated
 
     def _longest_rests(self, frame: _Frame, written: bytes | None) -> list[bytes]:
         """What would finish, after `written`, an earlier string item of the array's longest length: a string left

@@ -113,7 +113,9 @@ class ObjectTracker(OutputTracker):
         closed = self.stack[-1]
         super()._close()
         if isinstance(closed, _ItemFrame) and closed.flat and self.stack:
-            self.stack[-1].seen.add(frozenset(closed.members.items()))
+            item = frozenset(closed.members.items())
+            self.repeated |= item in self.stack[-1].seen
+            self.stack[-1].seen.add(item)
 
 
 def _scalar(kind: str, text: bytes) -> tuple | None:
@@ -218,3 +220,11 @@ class UniqueObjectsMatcher(CheckedMatcher):
 
     def _feed(self, data: bytes) -> None:
         self.tracker.feed(data)
+
+    judges_walks = True
+
+    def _fork(self) -> ObjectTracker:
+        return self.tracker.fork()
+
+    def _refused_after(self, fork: ObjectTracker, ends: bool) -> bool:
+        return fork.repeated
