@@ -7,8 +7,9 @@ validators do. constrain/rewrite.py turns such a
 (constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
 
 Written in the common subset of ECMA-262, Rust's regex and Python's re: classes, `(?:...)`, counted repeats, no
-look-around; non-ASCII ranges are literal characters. Not here: `idn-email` and `idn-hostname` (IDNA's rules
-are not a grammar), `regex` (ECMA-262 regexes nest, so no regular expression describes them).
+look-around; non-ASCII ranges are literal characters. `idn-hostname` and `idn-email` are the part of their
+languages a grammar states (IDNA's rules for labels of other scripts are not one). Not here: `regex` (ECMA-262
+regexes nest, so no regular expression describes them).
 """
 
 from __future__ import annotations
@@ -105,9 +106,25 @@ DURATION = (f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?
 # 63 characters here: counted, the automata of a schema's patterns grow past the checks' limits.)
 EMAIL = "[A-Za-z0-9_%+-]+(?:\\.[A-Za-z0-9_%+-]+)*@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}"
 
+# Internationalized host names (RFC 5890), written as their ASCII labels: what IDNA's rules take of host-name labels
+# (no `--` in a label's third and fourth places, which A-labels hold), held to 253 characters by the rewrite
+# (constrain/rewrite.py). A label of other scripts has rules no grammar states (IDNA's per-character properties,
+# contexts, bidi): none is written, so every name is one any IDNA validator (Python's idna, behind jsonschema) takes.
+_IDN_LABEL = ("(?:[A-Za-z0-9](?:[A-Za-z0-9-]?[A-Za-z0-9])?"
+              "|[A-Za-z0-9][A-Za-z0-9-](?:[A-Za-z0-9-][A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?"
+              "|[A-Za-z0-9]-[A-Za-z0-9-]{0,58}[A-Za-z0-9]))")
+IDN_HOSTNAME = f"{_IDN_LABEL}(?:\\.{_IDN_LABEL})*"
+# Internationalized addresses (RFC 6531): `EMAIL` whose local part may also hold any non-ASCII character an IRI may
+# (`_UCSCHAR`; RFC 6531 takes any UTF-8 there). The domain stays ASCII, as `IDN_HOSTNAME`'s. (jsonschema only
+# looks for the `@`: `"a b@"` passed, which no mail system takes.)
+IDN_EMAIL = (f"[A-Za-z0-9_%+\\-{_UCSCHAR}]+(?:\\.[A-Za-z0-9_%+\\-{_UCSCHAR}]+)*"
+             "@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}")
+
 # format name -> the regex its strings match in full
 FORMAT_PATTERNS = {
     "email": EMAIL,
+    "idn-email": IDN_EMAIL,
+    "idn-hostname": IDN_HOSTNAME,
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
@@ -118,6 +135,16 @@ FORMAT_PATTERNS = {
     "uri-template": _uri_template(),
     "json-pointer": _JSON_POINTER,
     "relative-json-pointer": f"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})",
+}
+
+
+# Formats llguidance checks itself, but only inside JSON strings, as patterns for where its checks do not reach
+# (raw text values, constrain/xml_calls.py; object keys, `propertyNames`): a UUID's hex groups (RFC 4122, as
+# Python's `uuid.UUID` and jsonschema read one), IP addresses (IPv4's dotted quads without leading zeros, which
+# Python's `ipaddress`, behind jsonschema's check, refuses), durations and host names.
+NATIVE_FORMAT_PATTERNS = {
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "ipv4": IPV4, "ipv6": IPV6, "duration": DURATION, "hostname": HOSTNAME,
 }
 
 

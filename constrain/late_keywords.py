@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,6 +39,7 @@ import numpy as np
 
 from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, backend_matcher,
                                clear_ids, per_vocabulary)
+from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower
 from constrain.llg_backend import LlgMatcher
@@ -52,8 +54,9 @@ REFUSALS = (ONE_OF_REFUSAL, "min/maxProperties only supported")
 DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
                      "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
                      "unevaluatedItems", "uniqueItems"})
-# Formats llguidance does not enforce and jsonschema's FormatChecker checks here exactly (`idn-hostname` needs the
-# idna package). Not `regex`: FormatChecker compiles it as a Python regex, whose dialect is not ECMA-262's.
+# Formats llguidance does not enforce and jsonschema's FormatChecker checks here (`idn-hostname` needs the idna
+# package), where the rewrite left them (it writes them as patterns, constrain/formats.py, unless it cannot read the
+# schema at all). Not `regex`: FormatChecker compiles it as a Python regex, whose dialect is not ECMA-262's.
 LATE_FORMATS = frozenset({"idn-email", "idn-hostname"}) & set(jsonschema.FormatChecker.checkers)
 _MAX_VISITS = 200_000  # (node, context) pairs the placement walk may visit before it gives up
 _LOOKAHEAD_TRIES = 32  # tokens `LateMatcher.vet` tries in place of one that leads to a dead end
@@ -267,6 +270,8 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
     searches = {p: pattern_search(p, work) for p in sorted(patterns)}
     if any(f is None for f in searches.values()):
         return None
+    if any(_has_regex_format(node[key]) for node in holders for key in late_keys(node, one_of) if key in DROPPED):
+        return None
     governed = {id(n): originals[id(n)] for n in placed.values()}
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     for node in holders:
@@ -283,6 +288,13 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
                 node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders), {id(n): _member_checks(n) for n in governed.values()})
+
+
+def _has_regex_format(schema: Any) -> bool:
+    """`format: regex` somewhere in `schema`: the checks would read it as a Python regex, whose dialect is not
+    ECMA-262's (refused in strict mode and named as unenforced otherwise, where the backend meets it; a plan that
+    dropped it for the checks let `propertyNames: {format: regex}` through silently)."""
+    return any(key == "format" and node["format"] == "regex" for _, key, node in walk(schema))
 
 
 def late_keys(node: dict, one_of: bool) -> list[str]:
@@ -574,11 +586,24 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
             yield jsonschema.ValidationError(f"additional properties are not allowed ({extras!r})")
 
     cls = validator_class(source)
-    # The draft's own format checker: jsonschema.FormatChecker() holds every draft's, and reads `time` as draft 3
-    # did (HH:MM:SS, no zone), refusing every RFC 3339 time.
     return jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
                                               "additionalProperties": additional_properties})(
-        source, format_checker=cls.FORMAT_CHECKER)
+        source, format_checker=_format_checker(cls))
+
+
+def _format_checker(cls) -> jsonschema.FormatChecker:
+    """The draft's own format checker (jsonschema.FormatChecker() holds every draft's, and reads `time` as draft 3
+    did, HH:MM:SS with no zone, refusing every RFC 3339 time), with `hostname` and `duration` read as the grammar
+    writes them (constrain/formats.py): jsonschema checks them only with packages this server does not install, and
+    a format it cannot check holds, which under `propertyNames` let any key through."""
+    formats = jsonschema.FormatChecker()
+    formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    for name, regex, longest in (("hostname", HOSTNAME, 253), ("duration", DURATION, None)):
+        if name not in formats.checkers:
+            matcher = re.compile(regex)
+            formats.checks(name)(lambda value, matcher=matcher, longest=longest: not isinstance(value, str) or (
+                matcher.fullmatch(value) is not None and (longest is None or len(value) <= longest)))
+    return formats
 
 
 # ---- following the output -------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ from typing import Any
 import jsonschema
 
 from constrain.finite_values import finite_values
-from constrain.formats import format_pattern
+from constrain.formats import NATIVE_FORMAT_PATTERNS, format_pattern
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
@@ -756,8 +756,19 @@ def _format(node: dict, ctx: _Ctx) -> dict:
         node["pattern"] = pattern
     elif pattern is not None:
         _add_all_of(node, {"pattern": pattern})
+    most, longest = node.get("maxLength"), _FORMAT_LONGEST.get(name)
+    if longest is not None and not (isinstance(most, int) and not isinstance(most, bool) and most <= longest):
+        node["maxLength"] = longest
     ctx.changed = True
     return node
+
+
+_FORMAT_LONGEST = {"idn-hostname": 253}  # characters a format's pattern leaves unbounded (RFC 1034's names)
+
+
+def _format_of(pattern: Any) -> str | None:
+    """The format whose pattern `_format` wrote `pattern` for, if any."""
+    return next((name for name in _FORMAT_LONGEST if pattern == format_pattern(name)), None)
 
 
 def _not(node: dict, ctx: _Ctx) -> dict:
@@ -1501,27 +1512,49 @@ def _names_as_patterns(node: dict, ctx: _Ctx) -> dict:
     if others and extra is not False:
         out["patternProperties"] = {others[0]: extra}
     out["additionalProperties"] = False
+    longest = _names_longest(ctx._deref(node["propertyNames"]))
+    if longest is not None:  # (left to the checks on finished names)
+        out["propertyNames"] = {"maxLength": longest}
     ctx.changed = True
     return out
 
 
+def _names_longest(pn: dict) -> int | None:
+    """The length a host-name format holds names to, which `_name_patterns` leaves out of its regexes: the checks
+    on finished names keep it (a longer key's quote is refused). None where the names are held otherwise."""
+    if pn.get("format") != "hostname" and not _format_of(pn.get("pattern")):
+        return None
+    most, longest = pn.get("maxLength"), _FORMAT_LONGEST["idn-hostname"]
+    return None if isinstance(most, int) and most < longest else longest
+
+
 def _name_patterns(pn: Any) -> list[str] | None:
     """Regexes whose intersection is the strings `pn` accepts, when it constrains only strings that way ([]: every
-    string, as `type: string` says of names; None: anything else, e.g. `format`, `not`, a `$ref` with siblings)."""
+    string, as `type: string` says of names; None: anything else, e.g. `not`, a `$ref` with siblings). A format
+    llguidance checks only in JSON strings is its pattern (`NATIVE_FORMAT_PATTERNS`: a key was free text, checked
+    when its quote closed, and a key that could never be a host name ran the answer to max_tokens); the formats
+    with patterns of their own are patterns by then (`_format`)."""
     if not isinstance(pn, dict):
         return None
     body = {k: v for k, v in pn.items() if k in ASSERTIONS}
-    if set(body) - {"type", "pattern", "minLength", "maxLength", "enum", "const"}:
+    if set(body) - {"type", "pattern", "minLength", "maxLength", "enum", "const", "format"}:
         return None
     types = types_of(body["type"]) if "type" in body else _ALL_TYPES
     if types is None or "string" not in types:
         return None
     out = []
+    if "format" in body:  # (a host name's 253 characters are not counted here: cut by length, its automaton
+        # grows past the regions' limits, and the keyword would stay a check on finished keys)
+        if body["format"] not in NATIVE_FORMAT_PATTERNS:
+            return None
+        out.append(f"^{NATIVE_FORMAT_PATTERNS[body['format']]}$")
     if "pattern" in body:
         if not isinstance(body["pattern"], str):
             return None
         out.append(body["pattern"])
     lo, hi = body.get("minLength", 0), body.get("maxLength")
+    if hi is not None and hi == _FORMAT_LONGEST.get(_format_of(body.get("pattern"))):
+        hi = None  # (a length `_format` put there: not counted in names, as above)
     if not _count(lo) or (hi is not None and not _count(hi)):
         return None
     if lo or hi is not None:

@@ -19,8 +19,8 @@ A value is written as those templates render one: a string as its own text ("raw
 form of a value follows from its parameter's schema (`value_form`): raw where the schema takes strings only, or
 strings and null (then the text `null` is the null), and the keywords it holds can be said of raw text (`enum`,
 `const`, `minLength`, `maxLength`, `pattern`, the formats that constrain/formats.py writes as patterns, `uuid`,
-`email`, `ipv4`, `ipv6`, `uri`, `duration` and `hostname`); JSON otherwise (a `format: idn-email` string is then
-written quoted). The grammar and the parser both ask `value_form`, so they agree. A raw value never holds the tag
+`email`, `ipv4`, `ipv6`, `uri`, `duration` and `hostname`, held to 253 characters); JSON otherwise (a `format:
+regex` string is then written quoted). The grammar and the parser both ask `value_form`, so they agree. A raw value never holds the tag
 that ends it.
 
 The whole output is one llguidance grammar (Lark), so a token may straddle a value and the tag after it (`.\n`):
@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from constrain.formats import DURATION, FORMAT_PATTERNS, HOSTNAME, IPV4, IPV6, format_pattern
+from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pattern
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
@@ -87,14 +87,6 @@ _OBJECT_KEYWORDS = {"type", "properties", "required", "additionalProperties", "$
 _ANNOTATIONS = {"title", "description", "examples", "default", "$comment", "deprecated", "readOnly", "writeOnly"}
 _RAW_KEYWORDS = _ANNOTATIONS | {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}
 _ANY_TEXT = r"[\s\S]"
-# Formats llguidance checks only inside JSON strings, as patterns for raw text: a UUID's hex groups (RFC 4122, as
-# Python's `uuid.UUID` and jsonschema read one), and the RFC grammars of constrain/formats.py: IP addresses
-# (IPv4's dotted quads without leading zeros, which Python's `ipaddress`, behind jsonschema's check, refuses),
-# durations and host names.
-_RAW_FORMATS = {
-    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": IPV4, "ipv6": IPV6, "duration": DURATION, "hostname": HOSTNAME,
-}
 
 
 @dataclass(frozen=True)
@@ -190,10 +182,12 @@ def value_form(schema: Any, root: dict) -> ValueForm:
         parts.append(_lark_regex(region))
     fmt = schema.get("format")
     if fmt in STANDARD_FORMATS:
-        regex = format_pattern(fmt) or _RAW_FORMATS.get(fmt)
+        regex = format_pattern(fmt) or NATIVE_FORMAT_PATTERNS.get(fmt)
         if regex is None:  # (a format only llguidance's JSON strings check)
             return JSON_FORM
         parts.append(_lark_regex(_unanchored(regex)))
+        if fmt in ("hostname", "idn-hostname"):  # (RFC 1034's 253 characters, as JSON strings hold them)
+            parts.append(_lark_regex(f"{_ANY_TEXT}{{0,253}}"))
     return ValueForm(raw=True, nullable=nullable, parts=tuple(parts))
 
 

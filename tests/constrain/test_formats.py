@@ -17,6 +17,8 @@ from tests.constrain.conftest import accepts_value
 
 VALID = {
     "email": ["a@b.co", "first.last+tag@sub.example.org", "A_B%c-d@x-y.IO"],
+    "idn-email": ["a@b.co", "jöhn.dœ@example.org", "用户@x.io", "Δ_1+x@sub.example.org"],
+    "idn-hostname": ["a", "example.com", "xn-a.b", "a-b-c.d1", "A1.b" + "c" * 61, "0-0"],
     "uri": ["http://example.com/a?b#c", "urn:isbn:0451450523", "mailto:x@y.z", "http://[::1]:8080/", "a:b",
             "HTTP://X", "ldap://[v7.fe80::a+en1]/", "file:///etc"],
     "uri-reference": ["http://example.com/a?b#c", "//host:80/p", "../a/b", "", "#frag", "?q", "mailto:x@y.z",
@@ -35,6 +37,11 @@ VALID = {
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
     "email": ["a@b", "a@[1.2.3.4]", '"x y"@b.co', "a..b@c.de", "a@b.c", "a@-b.co", "a@b.c0", ".a@b.co"],
+    # jsonschema only looks for the `@`: it took these, which no mail system does
+    "idn-email": ["a b@c.de", "a@", "@b.co", "a@b", "a@ü.de"],
+    # IDNA refuses a label with `--` in its third and fourth places, or longer than 63; the others are not LDH
+    # labels (a label of another script is IDNA's, which no grammar states: none is written)
+    "idn-hostname": ["ab--c", "xn--abc", "a" * 64, "-a", "a-", "a..b", "a b", "a_b", "", "münchen.de"],
     # (an empty hier-part, `a:`, is RFC 3986's too: ajv refuses it, and no answer needs it)
     "uri": ["a:", "a:#f", "a:?q", "//host/p", "/rel", "http://exa mple.com", "1a:b", "http://x/%zz", "http://x/é"],
     "uri-reference": ["http://exa mple.com", "a b", "http://[::1/", "%zz", "http://x/<>", ":nope", "1a:b/c:d",
@@ -65,13 +72,15 @@ def test_formats_the_backends_lack_become_patterns_and_the_others_stay():
         "a": {"type": "string", "format": "uri-reference"},
         "b": {"type": "string", "format": "json-pointer", "pattern": "^/"},
         "c": {"type": "string", "format": "email"},
-        "d": {"type": "string", "format": "idn-hostname"}}}
+        "d": {"type": "string", "format": "idn-hostname"},
+        "e": {"type": "string", "format": "hostname"}}}
     props = rewrite_schema(schema)["properties"]
     assert props["a"] == {"type": "string", "pattern": format_pattern("uri-reference")}
     assert props["b"] == {"type": "string", "pattern": "^/", "allOf": [{"pattern": format_pattern("json-pointer")}]}
     assert props["c"] == {"type": "string", "pattern": format_pattern("email")}
-    assert props["d"] == schema["properties"]["d"]
-    assert format_pattern("idn-email") is None
+    assert props["d"] == {"type": "string", "pattern": format_pattern("idn-hostname"), "maxLength": 253}
+    assert props["e"] == schema["properties"]["e"]
+    assert format_pattern("regex") is None
 
 
 def test_dates_are_exactly_those_python_reads():

@@ -6,10 +6,12 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 
 import jsonschema
 import pytest
 
+from constrain.formats import DURATION, HOSTNAME, NATIVE_FORMAT_PATTERNS
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import bounds_on_members, rewrite_schema, validator_class
 from constrain.spec import normalise_schema
@@ -843,6 +845,25 @@ def test_property_names_false_becomes_an_object_with_no_property(gpt2_compiler, 
     for _ in range(8):
         toks, ended = random_walk(g, vocabs["gpt2"], rng, 20, budget=True)
         assert ended and json.loads(decode(vocabs["gpt2"], toks)) == {"v": {}}
+
+
+@pytest.mark.parametrize("name, valid", [("hostname", re.compile(HOSTNAME)), ("duration", re.compile(DURATION)),
+                                         ("uuid", re.compile(NATIVE_FORMAT_PATTERNS["uuid"]))])
+def test_names_under_a_format_the_backend_checks_only_in_strings_are_written_in_that_format(name, valid, gpt2_compiler,
+                                                                                            vocabs):
+    """`propertyNames: {format: hostname}` was a check on finished names, which jsonschema could not make (no
+    `fqdn` package): any key passed, strict or not (QA formats F4); with the check, a key that could never be a
+    host name ran the answer to max_tokens. The names are now the format's pattern, as with `pattern`."""
+    schema = {"type": "object", "propertyNames": {"format": name}, "additionalProperties": {"type": "integer"},
+              "minProperties": 1}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    rng = random.Random(3)
+    for max_tokens in [30, 40, 60] * 3:
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+        assert ended
+        keys = json.loads(decode(vocabs["gpt2"], toks))
+        assert keys and all(valid.fullmatch(k) and len(k) <= 253 for k in keys), keys
 
 
 def test_unevaluated_items_where_only_prefix_items_evaluate_become_items(gpt2_compiler, vocabs):

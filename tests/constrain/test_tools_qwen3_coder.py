@@ -126,6 +126,8 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
         (base[:1] + [("host", '"example.com"')] + base[1:], False),
         (base[:1] + [("host", "-example.com")] + base[1:], False),
         (base[:1] + [("host", "ex_ample.com")] + base[1:], False),
+        (base[:1] + [("host", ".".join(["a" * 63] * 4)[:253])] + base[1:], True),
+        (base[:1] + [("host", ".".join(["a" * 63] * 4))] + base[1:], False),  # (254: past RFC 1034's, QA F8)
         (base + [("tags", '["rain", "sun"]'), ("opts", '{"hot": true}')], True),
         (base + [("tags", '["snow"]')], False),
         (base[:1] + [("days", "8")], False),
@@ -197,7 +199,7 @@ def test_value_forms():
     assert value_form({"type": ["string", "null"]}, root).nullable
     assert not value_form({"type": ["string", "null"], "enum": ["a", "b"]}, root).nullable  # (null not in enum)
     for schema in ({"type": "integer"}, {"type": ["string", "integer"]}, {"enum": ["a", 1]}, {},
-                   {"type": "string", "format": "idn-email"}, {"type": "string", "pattern": "(a)\\1"},
+                   {"type": "string", "format": "regex"}, {"type": "string", "pattern": "(a)\\1"},
                    {"anyOf": [{"type": "string"}]}, True):
         assert value_form(schema, root) == JSON_FORM, schema
 
