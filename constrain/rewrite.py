@@ -182,6 +182,8 @@ class _Ctx:
         # 2,000 characters before their `\p{..}` are spelled out; names may be much longer).
         self.search_work = Work(_REGEX_NFA_STATES // 4, _REGEX_DFA_STATES // 4, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
+        self.refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
+        self.here = ""  # the pointer of the node the rewrite steps are given (`_rewrite`)
 
     def resolve(self, ref: Any) -> Any:
         return resolve_ref(self.root, ref)
@@ -320,9 +322,8 @@ def rewrite_schema(schema: Any) -> Any:
         return schema
     root = copy.deepcopy(schema)
     ctx = _Ctx(schema)  # validation and $ref resolution against the original: rewrites never change meaning
-    refs = [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]
     try:
-        out = _rewrite(root, "", ctx, refs)
+        out = _rewrite(root, "", ctx, ctx.refs)
         out = _inline_recursive_meetings(out, ctx)
         out = _references_to_nothing(out, ctx)
     except RecursionError:
@@ -475,12 +476,14 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     was written and the answer ran to max_tokens. A copy where one changes; `schema` itself otherwise."""
     if "prefixItems" not in validator_class(schema).VALIDATORS:
         return schema  # (before 2020-12 `items` is a list's prefix: left as it is)
-    if not any(key == "unevaluatedItems" and not any(k in n for k in _EVALUATING_ITEMS) for _, key, n in walk(schema)):
+    refs = [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]  # (no target is renamed)
+    found = {ptr for ptr, key, n in walk(schema)
+             if key == "unevaluatedItems" and not any(k in n for k in _EVALUATING_ITEMS) and not _targeted(ptr, refs)}
+    if not found:
         return schema
     root = copy.deepcopy(schema)
-    for node in [n for _, key, n in walk(root) if key == "unevaluatedItems"]:
-        if not any(k in node for k in _EVALUATING_ITEMS):
-            node["items"] = node.pop("unevaluatedItems")
+    for node in [n for ptr, key, n in walk(root) if key == "unevaluatedItems" and ptr in found]:
+        node["items"] = node.pop("unevaluatedItems")
     return root
 
 
@@ -629,6 +632,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
         elif key in ("items", "additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
+    ctx.here = ptr
     for step in (_impossible_keys, _lookaheads, _search_counts, _format, _not, _one_of, _conditional, _unique_items,
                  _contains, _property_names, _patterns_as_properties, _dependencies, _properties_count,
                  _pattern_properties, _declared_out_of_patterns):
@@ -676,7 +680,7 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict | bool:
     """An enum/const node with other keywords: the values those keywords let through, as an enum; `false` where
     none is (`enum: []` was an empty alternation to outlines-core, which wrote `{"w":  }`)."""
     vals = ctx.values(node)
-    if vals == [] and not any(k in node for k in ("$defs", "definitions")):
+    if vals == [] and not any(k in node for k in ("$defs", "definitions")) and not _targeted(ptr, refs):
         ctx.changed = True
         return False  # (a client's own `enum: []`)
     if vals is None or set(node) - _ANNOT <= {"enum", "const", "type"}:
@@ -1396,6 +1400,9 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
         return node
     pn = node["propertyNames"]
     props = node.get("properties", {})
+    if isinstance(props, dict) and props and _targeted(f"{ctx.here}/properties", ctx.refs) \
+            and (pn is False or node.get("additionalProperties") is False):
+        return node  # (a declared property a `$ref` points at is not made `false` below: the checks keep the names)
     if pn is False and isinstance(props, dict):  # (no name at all: an object has no property; a key was written)
         ctx.changed = True
         out = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
