@@ -47,7 +47,12 @@ _DIALECTS = {
     "json-schema.org/draft/2019-09/schema": "https://json-schema.org/draft/2019-09/schema",
     "json-schema.org/draft/2020-12/schema": _LATEST,
     "json-schema.org/schema": _LATEST,  # ("the latest draft")
+    "json-schema.org/draft/next/schema": _LATEST,  # (the draft in the making: 2020-12 and what it adds)
+    "": _LATEST,  # (no dialect named: as without `$schema`)
 }
+# Hyper-Schema's dialects are their drafts' (`links`, `base`, ... are annotations to a validator).
+_DIALECTS.update({uri.replace("/schema", "/hyper-schema"): target for uri, target in _DIALECTS.items()
+                  if uri.startswith("json-schema.org/draft") and "next" not in uri})
 _OPENAPI_31 = "spec.openapis.org/oas/3.1/dialect/"  # (OpenAPI 3.1's dialects: 2020-12 and annotations)
 
 

@@ -495,10 +495,15 @@ def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(
 
 @pytest.mark.parametrize("uri", ["https://json-schema.org/draft-07/schema#", "http://json-schema.org/schema#",
                                  "https://spec.openapis.org/oas/3.1/dialect/base",
-                                 "http://json-schema.org/draft-04/schema"])
+                                 "http://json-schema.org/draft-04/schema",
+                                 "http://json-schema.org/draft-07/hyper-schema#",
+                                 "https://json-schema.org/draft/2020-12/hyper-schema",
+                                 "https://json-schema.org/draft/next/schema", ""])
 def test_the_usual_spellings_of_a_draft_compile(uri, gpt2_compiler, tokenizers, vocabs):
     """llguidance fetches a `$schema` it does not know as a document: the https form of draft-07, the old "latest"
-    and OpenAPI 3.1's dialect were a 400 "cannot compile constraint: Resource ... is not present in a registry"."""
+    and OpenAPI 3.1's dialect were a 400 "cannot compile constraint: Resource ... is not present in a registry".
+    Hyper-Schema's dialects (their drafts'), the draft in the making and an empty `$schema` were served before
+    unknown dialects were refused, and are again (review of b6db193)."""
     schema = {"$schema": uri, "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
         "name": "s", "schema": schema, "strict": True}}))
