@@ -10,6 +10,7 @@ not at all) and raw U+007F..U+009F; whitespace between JSON tokens is the caller
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import OrderedDict
@@ -20,6 +21,7 @@ import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.pattern_dialects import with_portable_patterns
+from constrain.support import walk
 from constrain.token_dfa import INF as _INF
 from constrain.token_dfa import TokenDFA, outlines_vocabulary_from_bytes
 from constrain.vocabulary import Vocabulary, ids_to_words
@@ -40,17 +42,44 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
     write an object open to any key (its generic key, a string before the colon): the support check
     (`outlines_unsupported`) lets only closed objects through, whose keys cannot repeat, so the outlines grammar
     goes without the distinct-keys check; a generic key means the check missed a place where outlines writes any
-    value, which is not the schema either."""
-    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(with_portable_patterns(schema)),
-                                                              whitespace_pattern)
+    value, which is not the schema either. The fixes below are made on a regex whose string patterns are
+    placeholders, then the patterns put back: a pattern's own text is never read as outlines-core's
+    (`^([0-9]+)(,[ ]?([0-9]+))*$` holds the very text of its item separator)."""
+    schema, patterns = _patterns_held_out(with_portable_patterns(schema))
+    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern)
     if outlines_core.json_schema.STRING + whitespace_pattern + ":" in regex:
         raise ValueError("outlines would write an object open to any key here (any value)")
     regex = regex.replace(_CHAR_OLD, _CHAR_NEW).replace(_ESC_OLD, _ESC_NEW).replace(_NUMBER_OLD, _NUMBER_NEW)
-    if not whitespace_pattern:
-        return regex
-    item_comma = re.compile(r"(\\*)\)\(," + re.escape(whitespace_pattern) + r"\(")
-    return item_comma.sub(lambda m: m[0] if len(m[1]) % 2 else f"{m[1]})({whitespace_pattern},{whitespace_pattern}(",
-                          regex)
+    if whitespace_pattern:
+        item_comma = re.compile(r"(\\*)\)\(," + re.escape(whitespace_pattern) + r"\(")
+        regex = item_comma.sub(
+            lambda m: m[0] if len(m[1]) % 2 else f"{m[1]})({whitespace_pattern},{whitespace_pattern}(", regex)
+    for placeholder, pattern in patterns.items():
+        regex = regex.replace(placeholder, _string_body(pattern, whitespace_pattern))
+    return regex
+
+
+def _patterns_held_out(schema) -> tuple[object, dict[str, str]]:
+    """A copy of `schema` whose every `pattern` is a placeholder (private-use characters no schema regex of
+    outlines-core's holds), and each placeholder's pattern; `schema` itself where it has none."""
+    found = [ptr for ptr, key, node in walk(schema) if key == "pattern" and isinstance(node[key], str)]
+    if not found:
+        return schema, {}
+    schema, patterns = copy.deepcopy(schema), {}
+    for ptr, key, node in walk(schema):
+        if ptr in found:
+            placeholder = f"\ue000{len(patterns)}\ue001"
+            patterns[placeholder], node[key] = node[key], placeholder
+    return schema, patterns
+
+
+def _string_body(pattern: str, whitespace_pattern: str) -> str:
+    """What outlines-core writes between a string's quotes for `pattern` (it drops the anchors)."""
+    regex = outlines_core.json_schema.build_regex_from_schema(json.dumps({"type": "string", "pattern": pattern}),
+                                                              whitespace_pattern)
+    if not (regex.startswith('("') and regex.endswith('")')):
+        raise ValueError(f"outlines-core wrote a pattern as {regex[:80]!r}")
+    return regex[2:-2]
 
 
 # As llguidance reads JSON, so that both backends take the same documents: an exponent's sign is optional (`1e5`),
