@@ -787,9 +787,11 @@ _MASK64 = 2 ** 64 - 1
 def choice_seed(seed: int, index: int) -> int:
     """The generator seed of choice `index` of a request seeded `seed`. Choice 0 takes the seed itself, so n=1
     and n>1 begin alike; the others a splitmix64 mix of both. (`seed + index` made choice 1 of seed 100 the
-    choice 0 of seed 101: runs seeded by run number shared most of their samples.)"""
-    if index == 0:
-        return seed % 2 ** 63
+    choice 0 of seed 101: runs seeded by run number shared most of their samples.) A seed outside [0, 2**63) is
+    mixed too, choice 0's included: torch's generator reads 63 bits, so seed 2**63 + 11 (and -5, 2**63 - 5) was
+    seed 11 (9223372036854775803) for choice 0 and not for the others."""
+    if index == 0 and 0 <= seed < 2 ** 63:
+        return seed
     z = ((seed & _MASK64) ^ (index * 0xD1B54A32D192ED03 & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64

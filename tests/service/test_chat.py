@@ -238,6 +238,18 @@ def test_the_choices_of_a_seeded_request_are_not_the_next_seeds_choices(client):
         assert two[1] != texts(seed + 1, 1)[0] and two[1] != two[0]
 
 
+def test_seeds_that_differ_past_63_bits_give_different_samples(client):
+    """torch's generator reads 63 bits of a seed: 2**63 + 11 was seed 11 for choice 0 (and -5 was 2**63 - 5),
+    though both are seeds the README accepts, and choices 1 on differed. Such seeds are mixed first."""
+    def text(seed):
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0, seed=seed,
+                                              extra_body={"ignore_eos": True}).choices[0].message.content
+
+    assert text(2 ** 63 + 11) != text(11)
+    assert text(-5) != text(2 ** 63 - 5)
+    assert text(2 ** 63 + 11) == text(2 ** 63 + 11)
+
+
 def test_a_mirostat_rate_alone_asks_for_mirostat_at_the_default_target(http):
     """`mirostat_lr` without `mirostat_target` did nothing; seed 002 gives the target a default, 1.5."""
     def text(**extra):
