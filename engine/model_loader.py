@@ -46,6 +46,11 @@ def resolve_device(device: str) -> torch.device:
         raise ModelLoadError(f"invalid device {device!r}: {exc}") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"device {device!r} requested but this machine has {torch.cuda.device_count()} GPU(s)")
+    mps = resolved.type == "mps" and torch.backends.mps.is_available()
+    if resolved.type not in ("cpu", "cuda") and not mps:  # (`meta`, `mps` off macOS: a traceback at start-up)
+        raise ModelLoadError(f"device {device!r} is not supported here: use cpu, cuda or cuda:N")
     return resolved
 
 
@@ -109,6 +114,17 @@ def _builtin_model(dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
     return model.to(dtype), tokenizer
 
 
+def _learned_positions(model: torch.nn.Module) -> bool:
+    """The model looks its positions up in a table (GPT-2's `wpe`, OPT's `embed_positions`): a position past its
+    rows is an IndexError on the CPU (the whole batch's step failed with it) and a device-side assert on CUDA.
+    Rotary and ALiBi models compute theirs, and may run past their training length."""
+    return any(isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in _POSITION_TABLES
+               for name, module in model.named_modules())
+
+
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+
+
 def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
                max_model_len: int | None = None) -> LoadedModel:
     """Load `name_or_path` (BUILTIN_MODEL, a local directory or a hub id) onto `device`."""
@@ -119,19 +135,27 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = Path(name_or_path)
+        path = Path(name_or_path).expanduser()  # (`~/models/x`, as a shell would not expand it in STRUCTGEN_MODEL)
         looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
         if looks_local and not path.is_dir():
             raise ModelLoadError(f"model directory not found: {name_or_path}")
+        source = str(path) if looks_local else name_or_path
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
         except Exception as exc:  # transformers raises many types; the user needs the reason, in one line
             reason = " ".join(str(exc).split())[:300]
             raise ModelLoadError(f"cannot load model {name_or_path!r}: {type(exc).__name__}: {reason}") from None
-    model.to(torch_device).eval()
+    try:
+        model.to(torch_device).eval()
+    except Exception as exc:  # (a device torch names but cannot use here: `mps` on Linux, `meta`, `cuda:7`)
+        raise ModelLoadError(f"cannot put the model on device {device!r}: {' '.join(str(exc).split())[:200]}") \
+            from None
     config_len = getattr(model.config, "max_position_embeddings", None) or BUILTIN_CONTEXT_LENGTH
     if max_model_len is not None and max_model_len > config_len:
+        if _learned_positions(model):
+            raise ModelLoadError(f"--max-model-len {max_model_len} exceeds the {config_len} positions this model "
+                                 f"learned (its position embeddings end there)")
         log.warning("--max-model-len %d exceeds the model's %d positions", max_model_len, config_len)
     context_length = max_model_len or config_len
     logits_width = model.get_output_embeddings().weight.shape[0]

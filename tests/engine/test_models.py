@@ -251,3 +251,51 @@ def test_forwards_run_without_cudnn_attention(tiny_model):
         hook.remove()
     assert seen == [False] * 3
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def _tiny_gpt2_dir(out, positions: int):
+    """A random GPT-2-architecture model (positions looked up in a table of `positions` rows) with the GPT-2
+    tokenizer, saved as `--model DIR` reads it."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"]))
+    config = GPT2Config(vocab_size=len(tok), n_positions=positions, n_embd=32, n_layer=1, n_head=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        GPT2LMHeadModel(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_a_context_past_the_positions_a_model_learned_is_refused_at_start_up(tmp_path):
+    """`--max-model-len` past a GPT-2's `n_positions` was a warning; a request past them was then a 500
+    IndexError for every row of its step (on CUDA, a device-side assert). A model that computes its positions
+    (rotary, as Llama's) may still run past its training length, with the warning."""
+    from engine.model_loader import ModelLoadError
+
+    path = _tiny_gpt2_dir(tmp_path / "gpt2arch", positions=64)
+    assert load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE, max_model_len=64).context_length == 64
+    with pytest.raises(ModelLoadError, match="64 positions"):
+        load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE, max_model_len=65)
+
+
+def test_a_model_directory_under_the_home_directory_is_found_as_written(tmp_path, monkeypatch, tiny_model_dirs):
+    """`--model ~/models/x` (or STRUCTGEN_MODEL, which no shell expands) was "model directory not found"."""
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(tiny_model_dirs["qwen2"], home / "models" / "tiny")
+    monkeypatch.setenv("HOME", str(home))
+    loaded = load_model("~/models/tiny", device=TEST_DEVICE, dtype=TEST_DTYPE)
+    assert loaded.name == "~/models/tiny" and loaded.logits_width > 0
+
+
+def test_a_device_torch_names_but_cannot_use_is_a_one_line_reason():
+    from engine.model_loader import ModelLoadError
+
+    for device in ("meta", "mps"):  # (a traceback from torch or the engine, where the other bad values say why)
+        with pytest.raises(ModelLoadError, match=f"device '{device}' is not supported here"):
+            load_model("structgen-builtin", device=device)
