@@ -1701,12 +1701,19 @@ class LlgMatcher(Matcher):
             self._closing_len = len(self._closing)
         if self._keys is not None:
             self._unfed += tb[token_id]
-        if not self._m.consume_token(token_id):
+        if not self._m.consume_token(token_id) and not (_lexer_limit(self._m) and not self._private
+                                                        and self._consumed_on_fresh_lexer(token_id)):
             # (a token the check passed that the lexer cannot take: its limit, e.g. `a{1000000}`, gives up here)
             self._raise_if_gave_up()
             return False
         self._consumed.append(token_id)
         return True
+
+    def _consumed_on_fresh_lexer(self, token_id: int) -> bool:
+        """The lexer this matcher shares met its limit as it took `token_id` (validated on the lexer's states so
+        far): the token again on a parse of its own (`_on_fresh_lexer`). Whether it took it there."""
+        self._on_fresh_lexer()
+        return self._m.consume_token(token_id)
 
     def is_terminated(self) -> bool:
         return self._m.is_stopped()
