@@ -309,6 +309,7 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
     written, cycle_at = 0, _STUCK_CYCLE  # bytes since a closer or a hint; likewise
     avoid: set[int] = set()  # bytes the walk got stuck writing: others first, until it writes a closer
     asked, refusals = [0], [0]  # questions put to `refuses`, and how many it said yes to
+    hinted = False  # the hints were tried in the string being written (where its quote did not fit yet)
     value_tokens = [ids for ids in (_forced_ids(v, byte_tokens) for v in values) if ids]
 
     def refused(data: bytes, ends: bool = False) -> bool:
@@ -366,7 +367,11 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
                     run, last = 0, None
                     continue
             stuck = run >= try_at or written >= cycle_at
-            if stuck or (hints and _quote_refused(walk, keys, tables, refused)):
+            in_text = keys is not None and keys.mode in ("string", "key") and not keys.escaped
+            first_try = bool(hints) and in_text and not hinted and quote is not None \
+                and walk.validate_tokens([quote]) != 1
+            hinted = in_text and (hinted or first_try)
+            if stuck or first_try or (hints and _quote_refused(walk, keys, tables, refused)):
                 tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
                     if hints else None
                 try_at = try_at * 2 if run >= try_at else try_at  # (each trigger that fired waits twice as long)
