@@ -67,10 +67,12 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
-def _eos_token_ids(model, tokenizer) -> frozenset[int]:
+def _eos_token_ids(model, tokenizer, logits_width: int) -> frozenset[int]:
     """Every id that ends generation: the generation config's EOS list, the tokenizer's EOS, and the
     chat-turn terminators the chat template writes (e.g. <|im_end|>, <|end|>, <|eot_id|>). In gpt-oss's harmony
-    format `<|end|>` ends a message, not the output (a reasoning message ends with it): there it is left out."""
+    format `<|end|>` ends a message, not the output (a reasoning message ends with it): there it is left out.
+    An id past the model's logits is never sampled: left out, with a warning (it ended start-up in a traceback).
+    None at all is a start-up error: nothing would end an answer but max_tokens."""
     ids: set[int] = set()
     gen_cfg = getattr(model, "generation_config", None)
     for source in (getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
@@ -84,6 +86,13 @@ def _eos_token_ids(model, tokenizer) -> frozenset[int]:
     for name in ("<|im_end|>", "<|end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
         if name in vocab and not (harmony and name == "<|end|>"):
             ids.add(vocab[name])
+    past = sorted(i for i in ids if not 0 <= i < logits_width)
+    if past:
+        log.warning("EOS token ids %s are past the model's %d logits: left out", past, logits_width)
+    ids.difference_update(past)
+    if not ids:
+        raise ModelLoadError("the model names no end-of-sequence token (eos_token_id in its config, generation "
+                             "config or tokenizer): nothing would end an answer")
     return frozenset(ids)
 
 
@@ -161,6 +170,6 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
     logits_width = model.get_output_embeddings().weight.shape[0]
     return LoadedModel(
         model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device, dtype=torch_dtype,
-        context_length=int(context_length), eos_token_ids=_eos_token_ids(model, tokenizer),
+        context_length=int(context_length), eos_token_ids=_eos_token_ids(model, tokenizer, logits_width),
         logits_width=int(logits_width),
     )

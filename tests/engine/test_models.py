@@ -299,3 +299,18 @@ def test_a_device_torch_names_but_cannot_use_is_a_one_line_reason():
     for device in ("meta", "mps"):  # (a traceback from torch or the engine, where the other bad values say why)
         with pytest.raises(ModelLoadError, match=f"device '{device}' is not supported here"):
             load_model("structgen-builtin", device=device)
+
+
+def test_an_eos_id_past_the_logits_is_left_out_not_a_traceback(tmp_path, tiny_model_dirs):
+    """A generation_config.json that lists an EOS id past the model's logits ended start-up in llguidance's
+    ValueError; such an id is never sampled, so it is left out (with a warning)."""
+    import json
+    import shutil
+
+    path = tmp_path / "eos"
+    shutil.copytree(tiny_model_dirs["qwen2"], path)
+    config = json.loads((path / "generation_config.json").read_text())
+    config["eos_token_id"] = [config["eos_token_id"], 10 ** 6]
+    (path / "generation_config.json").write_text(json.dumps(config))
+    loaded = load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE)
+    assert 10 ** 6 not in loaded.eos_token_ids and max(loaded.eos_token_ids) < loaded.logits_width
