@@ -30,9 +30,11 @@ _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 def unsampled_ids(tokenizer, logits_width: int) -> tuple[int, ...]:
     """The ids that are no token of the model's text, which a row free of any constraint is never to sample either:
     those past the tokenizer's vocabulary (padded logits) and the `[PADnnnn]` artefacts (a random model, the
-    built-in one, wrote `[PAD151697]` in its answers)."""
-    artefacts = [int(i) for i, t in tokenizer.added_tokens_decoder.items()
-                 if not t.special and _PAD_ARTEFACT.match(t.content) and int(i) < logits_width]
+    built-in one, wrote `[PAD151697]` in its answers), added tokens or, as Phi-3's 53, pieces of the vocabulary
+    itself."""
+    special = set(tokenizer.all_special_ids)
+    artefacts = [int(i) for piece, i in tokenizer.get_vocab().items()
+                 if _PAD_ARTEFACT.match(piece) and int(i) < logits_width and int(i) not in special]
     return tuple(sorted(artefacts)) + tuple(range(len(tokenizer), logits_width))
 
 
@@ -121,6 +123,8 @@ class Vocabulary:
                     continue
                 data = tok.content.encode("utf-8")
                 kept_added.add(tid)
+            elif _PAD_ARTEFACT.match(piece):  # (a piece of the vocabulary itself: Phi-3's `[PAD32011]`...)
+                continue
             else:
                 data = piece_bytes(piece, byte_level)
             out[tid] = data or None

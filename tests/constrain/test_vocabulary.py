@@ -75,6 +75,17 @@ def test_qwen2_pad_artefacts_and_chat_tokens_excluded(tokenizers, vocabs):
     assert sum(b is not None for b in vocab.token_bytes) == 151643
 
 
+def test_phi3_pad_artefacts_of_the_vocabulary_itself_are_no_text(tokenizers, vocabs):
+    """Phi-3's `[PAD32011]`..`[PAD32063]` are pieces of its vocabulary, not added tokens: they were written
+    inside constrained JSON strings and sampled freely (QA loading D3), where the README says never."""
+    from constrain.vocabulary import unsampled_ids
+
+    tok, vocab = tokenizers["phi3"], vocabs["phi3"]
+    pads = [i for piece, i in tok.get_vocab().items() if piece.startswith("[PAD")]
+    assert len(pads) == 53 and all(vocab.token_bytes[i] is None for i in pads)
+    assert set(pads) <= set(unsampled_ids(tok, vocab.logits_width))
+
+
 def test_fingerprint_depends_on_eos_and_width(tokenizers, vocabs):
     tok = tokenizers["gpt2"]
     same = Vocabulary.from_tokenizer(tok, 50304, [50256])
