@@ -78,6 +78,7 @@ import itertools
 import json
 import math
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 
@@ -183,6 +184,9 @@ class _Ctx:
         self.search_work = Work(_REGEX_NFA_STATES // 4, _REGEX_DFA_STATES // 4, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
         self.refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
+        # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`)
+        self.ref_sources = [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node in walk(root)
+                            if key == "$ref" and isinstance(node["$ref"], str) and node["$ref"].startswith("#/")]
         self.here = ""  # the pointer of the node the rewrite steps are given (`_rewrite`)
 
     def resolve(self, ref: Any) -> Any:
@@ -755,6 +759,8 @@ def _format(node: dict, ctx: _Ctx) -> dict:
     pattern = format_pattern(name)
     if name in STANDARD_FORMATS and pattern is None:
         return node
+    if name in _PART_PATTERNS and not _asserted(ctx.here, ctx):
+        return node  # (checked on finished values, exactly)
     node = {k: v for k, v in node.items() if k != "format"}
     if pattern is not None and "pattern" not in node:
         node["pattern"] = pattern
@@ -768,6 +774,26 @@ def _format(node: dict, ctx: _Ctx) -> dict:
 
 
 _FORMAT_LONGEST = {"idn-hostname": 253}  # characters a format's pattern leaves unbounded (RFC 1034's names)
+# Formats whose pattern is part of what jsonschema's check takes (constrain/formats.py): written so only where a
+# value must hold the format. Under `not` the part would let through what the rest of the format holds for (`"a@b"`
+# under `not: {format: idn-email}`), so there, and where the value may or may not hold it (`if`, a `oneOf` branch,
+# `contains`), the format stays, and is checked on finished values (constrain/late_keywords.py).
+_PART_PATTERNS = frozenset({"idn-email", "idn-hostname"})
+_UNASSERTED = frozenset({"not", "if", "oneOf", "contains"})
+
+
+def _asserted(ptr: str, ctx: _Ctx, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether the node at `ptr` only asserts what it holds: no `not`, `if`, `oneOf` or `contains` on its way from
+    the root, and, for a definition, the same of every `$ref` to it (or to a node in it)."""
+    parts = ptr.split("/")[1:]
+    if _UNASSERTED.intersection(parts):  # (a property so named counts too: left to the checks, never wrong)
+        return False
+    if not parts or parts[0] not in ("$defs", "definitions"):
+        return True
+    sources = [source for source, target in ctx.ref_sources if ptr == target or ptr.startswith(target + "/")]
+    if not sources or any(source in seen for source in sources):
+        return False
+    return all(_asserted(source, ctx, seen | {ptr}) for source in sources)
 
 
 def _format_of(pattern: Any) -> str | None:

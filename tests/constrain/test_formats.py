@@ -13,7 +13,7 @@ from constrain import ConstraintSpec, GrammarCompiler
 from constrain.formats import FORMAT_PATTERNS, format_pattern
 from constrain.rewrite import rewrite_schema
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_value
+from tests.constrain.conftest import accepts_document, accepts_value
 
 VALID = {
     "email": ["a@b.co", "first.last+tag@sub.example.org", "A_B%c-d@x-y.IO"],
@@ -131,3 +131,34 @@ def test_email_and_uri_take_only_what_every_validator_takes(tokenizers, vocabs):
             assert [s for s in accepted if not accepts_value(g, tok, vocab, s)] == [], name
     finally:
         compiler.close()
+
+
+@pytest.mark.parametrize("schema, text, valid", [
+    ({"type": "string", "not": {"format": "idn-hostname"}}, "münchen.de", False),
+    ({"type": "string", "not": {"format": "idn-hostname"}}, "xn--mnchen-3ya.de", False),
+    ({"type": "string", "not": {"format": "idn-hostname"}}, "a b", True),
+    ({"type": "string", "not": {"format": "idn-email"}}, "a@b", False),
+    ({"type": "string", "oneOf": [{"format": "idn-hostname"}, {"minLength": 5}]}, "münchen.de", False),
+    ({"type": "string", "not": {"$ref": "#/$defs/h"}}, "münchen.de", False),
+])
+def test_a_format_whose_pattern_is_part_of_it_stays_exact_where_it_is_not_asserted(schema, text, valid, tokenizers,
+                                                                                     vocabs):
+    """`idn-hostname` and `idn-email` are written as the part of their languages a grammar states: under `not`
+    (or where a value may or may not hold it) the part let through values the rest of the format holds for
+    (`"münchen.de"` under `not: {format: idn-hostname}`, review of 75ea5f9). There they stay formats, checked on
+    finished values as jsonschema (with idna) checks them."""
+    import jsonschema
+
+    root = {"type": "object", "properties": {"v": schema}, "required": ["v"],
+            "$defs": {"h": {"format": "idn-hostname"}}}
+    assert jsonschema.Draft202012Validator(root, format_checker=jsonschema.FormatChecker()).is_valid({"v": text}) \
+        == valid
+    compiler = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="llguidance")
+    try:
+        g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(root), strict=True))
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"v": text}) == valid
+    finally:
+        compiler.close()
+    positive = {"type": "object", "properties": {"v": {"$ref": "#/$defs/h"}}, "$defs": {"h": {
+        "type": "string", "format": "idn-hostname"}}}
+    assert rewrite_schema(positive)["$defs"]["h"]["pattern"] == format_pattern("idn-hostname")
