@@ -270,8 +270,6 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
     searches = {p: pattern_search(p, work) for p in sorted(patterns)}
     if any(f is None for f in searches.values()):
         return None
-    if any(_has_regex_format(node[key]) for node in holders for key in late_keys(node, one_of) if key in DROPPED):
-        return None
     governed = {id(n): originals[id(n)] for n in placed.values()}
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     for node in holders:
@@ -288,13 +286,6 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
                 node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders), {id(n): _member_checks(n) for n in governed.values()})
-
-
-def _has_regex_format(schema: Any) -> bool:
-    """`format: regex` somewhere in `schema`: the checks would read it as a Python regex, whose dialect is not
-    ECMA-262's (refused in strict mode and named as unenforced otherwise, where the backend meets it; a plan that
-    dropped it for the checks let `propertyNames: {format: regex}` through silently)."""
-    return any(key == "format" and node["format"] == "regex" for _, key, node in walk(schema))
 
 
 def late_keys(node: dict, one_of: bool) -> list[str]:

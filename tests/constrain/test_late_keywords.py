@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import torch
 
-from constrain import ConstraintError, ConstraintSpec, GrammarCompiler, spec_from_request
+from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.late_keywords import LateGrammar, plan_late_keywords
 from constrain.spec import normalise_schema
@@ -624,23 +624,6 @@ def test_budget_completions_write_what_the_checks_applied_while_decoding_accept(
         text = b"".join(vocabs["gpt2"].token_bytes[t] for t in tokens).decode("utf-8", "replace")
         assert ended, (max_tokens, text)
         assert validator.is_valid(json.loads(text)), text
-
-
-@pytest.mark.parametrize("schema, pointer", [
-    ({"type": "object", "propertyNames": {"format": "regex"}, "additionalProperties": {"type": "integer"}},
-     "/propertyNames"),
-    (_object({"type": "string", "maxLength": 4, "not": {"format": "regex"}}), "/properties/v/not"),
-])
-def test_a_regex_format_the_checks_would_read_as_python_is_refused_in_strict_mode(gpt2_compiler, schema, pointer):
-    """`format: regex` is refused in strict mode where the backend meets it (Python's regex dialect is not
-    ECMA-262's); under `propertyNames` or `not` the checks took it, and read it as Python does, silently (QA
-    formats F9). Without strict it is named as unenforced."""
-    with pytest.raises(ConstraintError) as exc:
-        _compile(gpt2_compiler, schema)
-    assert exc.value.pointer == pointer
-    loose = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
-                                                 backend="llguidance"))
-    assert pointer in loose.unenforced
 
 
 def test_a_negative_number_begun_near_the_limit_closes_where_its_zero_would_be_refused(gpt2_compiler, tokenizers,
