@@ -47,6 +47,7 @@ _DIALECTS = {
     "json-schema.org/draft/2019-09/schema": "https://json-schema.org/draft/2019-09/schema",
     "json-schema.org/draft/2020-12/schema": _LATEST,
     "json-schema.org/schema": _LATEST,  # ("the latest draft")
+    "json-schema.org/hyper-schema": _LATEST,
     "json-schema.org/draft/next/schema": _LATEST,  # (the draft in the making: 2020-12 and what it adds)
     "": _LATEST,  # (no dialect named: as without `$schema`)
 }

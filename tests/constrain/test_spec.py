@@ -498,7 +498,8 @@ def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(
                                  "http://json-schema.org/draft-04/schema",
                                  "http://json-schema.org/draft-07/hyper-schema#",
                                  "https://json-schema.org/draft/2020-12/hyper-schema",
-                                 "https://json-schema.org/draft/next/schema", ""])
+                                 "https://json-schema.org/draft/next/schema", "",
+                                 "http://json-schema.org/hyper-schema#"])
 def test_the_usual_spellings_of_a_draft_compile(uri, gpt2_compiler, tokenizers, vocabs):
     """llguidance fetches a `$schema` it does not know as a document: the https form of draft-07, the old "latest"
     and OpenAPI 3.1's dialect were a 400 "cannot compile constraint: Resource ... is not present in a registry".
