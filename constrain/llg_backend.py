@@ -83,7 +83,7 @@ _STUCK_CYCLE = 16
 _MAX_HINTS = 32
 _HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that start within its first 64 bytes
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
-_CHECKS_PER_WALK = 64  # questions a closing walk puts to the checks applied while decoding (~0.1-0.5 ms each)
+_CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
@@ -309,6 +309,7 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
     written, cycle_at = 0, _STUCK_CYCLE  # bytes since a closer or a hint; likewise
     avoid: set[int] = set()  # bytes the walk got stuck writing: others first, until it writes a closer
     asked, refusals = [0], [0]  # questions put to `refuses`, and how many it said yes to
+    verdicts: dict[tuple[int, bytes, bool], bool] = {}  # its answers, by where and what was asked
     hinted = False  # the hints were tried in the string being written (where its quote did not fit yet)
     value_tokens = [ids for ids in (_forced_ids(v, byte_tokens) for v in values) if ids]
 
@@ -316,12 +317,14 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
         """Whether `refuses` refuses the text written followed by `data` (and then the end, with `ends`)."""
         if refuses is None or (not ends and not _MAY_FINISH.intersection(data)):
             return False
-        asked[0] += 1
-        if asked[0] > _CHECKS_PER_WALK:
-            raise _WalkGaveUp
-        verdict = refuses(bytes(text) + data, ends)
-        refusals[0] += verdict
-        return verdict
+        key = (len(text), data, ends)  # (the same question at the same place: a quote asked twice)
+        if key not in verdicts:
+            asked[0] += 1
+            if asked[0] > _CHECKS_PER_WALK:
+                raise _WalkGaveUp
+            verdicts[key] = refuses(bytes(text) + data, ends)
+            refusals[0] += verdicts[key]
+        return verdicts[key]
 
     def wrote(ids: list[int]) -> None:
         """`ids` were consumed by the walk: on `out`, `text` and `keys`."""

@@ -602,9 +602,11 @@ def test_the_budget_rule_never_ends_an_output_a_late_check_holds_open(gpt2_compi
     ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 7}},  # `[]`: it needs a value's 7
      [12, 16, 20, 30]),
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 5}, [16, 20, 30]),  # `"", ""`
+    # (eight items ask ~70 questions: past the walk's first limit, 64, 1 walk in 6 ended; README)
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 8}, [60, 100]),
     (_object({"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "uniqueItems": True, "minItems": 2}),
      [16, 20, 30]),
-], ids=["interval", "unique-emails", "minProperties", "contains", "unique-strings", "unique-enum"])
+], ids=["interval", "unique-emails", "minProperties", "contains", "unique-strings", "eight-unique", "unique-enum"])
 def test_budget_completions_write_what_the_checks_applied_while_decoding_accept(gpt2_compiler, vocabs, schema,
                                                                                  limits):
     """Near max_tokens the backend's completion steers the answer; it knew nothing of the keywords checked as
