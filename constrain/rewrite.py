@@ -610,7 +610,8 @@ def _esc(part: Any) -> str:
 
 
 def _targeted(ptr: str, refs: list[str]) -> bool:
-    return any(r == "#" + ptr or r.startswith("#" + ptr + "/") for r in refs if ptr)
+    """Some `$ref` of `refs` points at the node at `ptr` or inside it (a `$ref` is a URI: `%20` is a space)."""
+    return bool(ptr) and any((r := unquote(ref)) == "#" + ptr or r.startswith("#" + ptr + "/") for ref in refs)
 
 
 def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:

@@ -864,11 +864,12 @@ def test_a_node_rewritten_to_nothing_keeps_what_a_ref_points_at(x, gpt2_compiler
     assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"y": 1})
 
 
-def test_an_unevaluated_items_a_ref_points_at_is_not_renamed():
+@pytest.mark.parametrize("name", ["x", "x y"])  # (a `$ref` is a URI: `#/properties/x%20y/...`)
+def test_an_unevaluated_items_a_ref_points_at_is_not_renamed(name):
     schema = {"type": "object", "properties": {
-        "x": {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "boolean"}},
-        "y": {"$ref": "#/properties/x/unevaluatedItems"}}}
-    assert rewrite_schema(schema)["properties"]["x"]["unevaluatedItems"] == {"type": "boolean"}
+        name: {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": {"type": "boolean"}},
+        "y": {"$ref": f"#/properties/{name.replace(' ', '%20')}/unevaluatedItems"}}}
+    assert rewrite_schema(schema)["properties"][name]["unevaluatedItems"] == {"type": "boolean"}
 
 
 @pytest.mark.parametrize("name, valid", [("hostname", re.compile(HOSTNAME)), ("duration", re.compile(DURATION)),
