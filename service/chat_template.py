@@ -198,6 +198,18 @@ class _HeldText:
         return "".join(out), tuple(spans)
 
 
+def _check_compiles(template: str) -> None:
+    """A template Jinja cannot read is a start-up error: served, every chat request was a 400 blaming `messages`,
+    which the client cannot mend (QA)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(template)
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and the like, said in one line
+        raise ModelLoadError(f"the model's chat template cannot be read: {type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:200]}") from None
+
+
 class ChatTemplate:
     """Renders a conversation for one tokenizer."""
 
@@ -208,6 +220,7 @@ class ChatTemplate:
         self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
         self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
+        _check_compiles(self.template)
         self.knows_tools = "tools" in self.template and self._renders_tools()
         self.knows_tool_calls = "tool_calls" in self.template
         # gpt-oss's harmony format (constrain/harmony.py): the template writes its channels, and its tags are tokens

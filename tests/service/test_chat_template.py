@@ -394,3 +394,14 @@ def test_mistral_templates_get_their_format_where_the_tags_are_tokens(tmp_path):
     assert template(build_template_tokenizer(tmp_path / "qwen-v11", MISTRAL_ARGS_TEMPLATE)).tool_format == "json_array"
     text = later.render(CONVERSATION, tools=TOOLS)
     assert '[TOOL_CALLS]lookup[ARGS]' in text and "[TOOL_RESULTS]TOOL-RESULT" in text
+
+
+def test_a_template_jinja_cannot_read_is_a_start_up_error():
+    """A chat template with a syntax error started fine, and every chat request was then a 400 blaming
+    `messages`, which the client cannot mend (QA loading D6)."""
+    from engine.model_loader import ModelLoadError
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS["qwen2"]))
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }{% endfor %}"
+    with pytest.raises(ModelLoadError, match="chat template cannot be read: TemplateSyntaxError"):
+        ChatTemplate(tokenizer)
