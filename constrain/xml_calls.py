@@ -20,8 +20,8 @@ form of a value follows from its parameter's schema (`value_form`): raw where th
 strings and null (then the text `null` is the null), and the keywords it holds can be said of raw text (`enum`,
 `const`, `minLength`, `maxLength`, `pattern`, the formats that constrain/formats.py writes as patterns, `uuid`,
 `email`, `ipv4`, `ipv6`, `uri`, `duration` and `hostname`, held to 253 characters); JSON otherwise (a `format:
-regex` string is then written quoted). The grammar and the parser both ask `value_form`, so they agree. A raw value never holds the tag
-that ends it.
+regex` string is then written quoted). The grammar and the parser both ask `value_form`, so they agree. A raw
+value never holds the tag that ends it.
 
 The whole output is one llguidance grammar (Lark), so a token may straddle a value and the tag after it (`.\n`):
 JSON values are `%json` of their schema (with llguidance's support check: strict refusals carry the keyword's
