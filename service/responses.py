@@ -49,12 +49,13 @@ def reasoning_fields(text: str | None) -> dict:
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict:
-    """`reasoning_tokens` (of the completion tokens) where the answer could follow a reasoning block."""
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens}
-    if reasoning_tokens is not None:
-        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
-    return usage
+    """`reasoning_tokens`: of the completion tokens, those of a reasoning block. The details are sent always, as
+    OpenAI sends them: a client reading `usage.prompt_tokens_details.cached_tokens` met None (no prompt is
+    cached here: 0)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens or 0}}
 
 
 def finite(logprob: float) -> float:

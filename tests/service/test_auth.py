@@ -67,7 +67,9 @@ def test_a_prompt_that_fills_the_context_is_scored_but_generates_nothing(auth_se
                                 "logprobs": 1})
     r = post([785] * 64, 0)
     assert r.status_code == 200, r.text
-    assert r.json()["usage"] == {"prompt_tokens": 64, "completion_tokens": 0, "total_tokens": 64}
+    assert r.json()["usage"] == {"prompt_tokens": 64, "completion_tokens": 0, "total_tokens": 64,
+                                 "prompt_tokens_details": {"cached_tokens": 0},
+                                 "completion_tokens_details": {"reasoning_tokens": 0}}
     assert len(r.json()["choices"][0]["logprobs"]["tokens"]) == 64
     for prompt, max_tokens in (([785] * 65, 0), ([785] * 64, 1)):
         r = post(prompt, max_tokens)

@@ -361,6 +361,17 @@ def test_include_usage_adds_a_final_usage_chunk(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_usage_carries_its_details_as_openai_sends_them(client):
+    """OpenAI always sends `prompt_tokens_details` and `completion_tokens_details`: a client reading
+    `usage.prompt_tokens_details.cached_tokens` met None here (QA logprobs L2)."""
+    whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5)
+    last = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, stream=True,
+                                               stream_options={"include_usage": True}))[-1]
+    for usage in (whole.usage, last.usage):
+        assert usage.prompt_tokens_details.cached_tokens == 0
+        assert usage.completion_tokens_details.reasoning_tokens == 0
+
+
 def test_chat_logprobs_have_tokens_bytes_and_top_alternatives(client):
     r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0, logprobs=True,
                                        top_logprobs=3)

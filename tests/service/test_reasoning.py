@@ -111,7 +111,7 @@ def test_thinking_switched_off_in_the_template_means_no_block(http):
     message = body["choices"][0]["message"]
     jsonschema.validate(json.loads(message["content"]), CITY)
     assert "reasoning_content" not in message and "reasoning" not in message
-    assert "completion_tokens_details" not in body["usage"]
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
 
 
 def test_stop_strings_and_logprobs_belong_to_the_answer(http):
