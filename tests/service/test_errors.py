@@ -572,31 +572,3 @@ def test_extreme_sampling_values_are_served_and_never_fail_the_batch(http):
     tiny = http.post("/v1/chat/completions", json={**base, "temperature": 1e-9, "seed": 3}).json()
     assert tiny["choices"][0]["message"]["content"] == greedy["choices"][0]["message"]["content"]
 
-
-def test_outputs_that_spend_the_lexer_fail_alone_and_the_others_of_their_schema_go_on(http):
-    """Outputs of one schema share llguidance's lexer. Beside outputs that spend it (seed 6 of this schema does,
-    alone too), seeded requests that succeed alone were 400 constraint_too_complex, 8 in 12 (QA): they went on
-    copies of the schema's new parse and met the limit again as the spenders spent that, or met it taking a token.
-    They now go on with a parse of their own."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    schema = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
-        "a": {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 1000},
-        "b": {"type": "array", "items": {"type": "integer"}, "minItems": 100}}}
-
-    def post(seed, n=1):
-        return http.post("/v1/chat/completions", json={
-            "model": MODEL, "messages": HELLO, "max_tokens": 400, "seed": seed, "temperature": 1, "n": n,
-            "constraint_backend": "llguidance",
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
-
-    alone = {seed: post(seed) for seed in (7, 0)}
-    assert all(r.status_code == 200 for r in alone.values()), [r.text for r in alone.values()]
-    with ThreadPoolExecutor(6) as pool:
-        for _ in range(2):
-            spenders = [pool.submit(post, 6), pool.submit(post, 6, 3), pool.submit(post, None, 4)]
-            beside = {seed: pool.submit(post, seed) for seed in (7, 0)}
-            for seed, reply in beside.items():  # (their tokens may differ from alone: the schema's budget
-                # completions learn how much they grow, README "Seeds")
-                assert reply.result().status_code == 200, reply.result().text
-            assert any(s.result().status_code == 400 for s in spenders)
