@@ -183,7 +183,7 @@ class _Ctx:
         # 2,000 characters before their `\p{..}` are spelled out; names may be much longer).
         self.search_work = Work(_REGEX_NFA_STATES // 4, _REGEX_DFA_STATES // 4, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
-        self.refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
+        self.refs = _refs(root)
         # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`)
         self.ref_sources = [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node in walk(root)
                             if key == "$ref" and isinstance(node["$ref"], str) and node["$ref"].startswith("#/")]
@@ -363,7 +363,7 @@ def _references_to_nothing(root: Any, ctx: _Ctx) -> Any:
                 verdicts[ref] = nothing(resolve_ref(root, ref))
             return verdicts[ref]
 
-        refs = [n["$ref"] for n in _iter_nodes(root) if isinstance(n.get("$ref"), str)]
+        refs = _refs(root)
         if not any(nothing({"$ref": r}) for r in refs):
             return root
 
@@ -480,7 +480,7 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     was written and the answer ran to max_tokens. A copy where one changes; `schema` itself otherwise."""
     if "prefixItems" not in validator_class(schema).VALIDATORS:
         return schema  # (before 2020-12 `items` is a list's prefix: left as it is)
-    refs = [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]  # (no target is renamed)
+    refs = _refs(schema)  # (no target is renamed)
     found = {ptr for ptr, key, n in walk(schema)
              if key == "unevaluatedItems" and not any(k in n for k in _EVALUATING_ITEMS) and not _targeted(ptr, refs)}
     if not found:
@@ -607,6 +607,11 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
 
 def _esc(part: Any) -> str:
     return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def _refs(schema: Any) -> list[str]:
+    """Every `$ref` value in `schema`."""
+    return [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]
 
 
 def _targeted(ptr: str, refs: list[str]) -> bool:
