@@ -45,7 +45,8 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
     value, which is not the schema either. The fixes below are made on a regex whose string patterns are
     placeholders, then the patterns put back: a pattern's own text is never read as outlines-core's
     (`^([0-9]+)(,[ ]?([0-9]+))*$` holds the very text of its item separator)."""
-    schema, patterns = _patterns_held_out(with_portable_patterns(schema))
+    schema, integers = _wide_integers_held_out(with_portable_patterns(schema))
+    schema, patterns = _patterns_held_out(schema)
     regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern)
     if outlines_core.json_schema.STRING + whitespace_pattern + ":" in regex:
         raise ValueError("outlines would write an object open to any key here (any value)")
@@ -56,7 +57,48 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
             lambda m: m[0] if len(m[1]) % 2 else f"{m[1]})({whitespace_pattern},{whitespace_pattern}(", regex)
     for placeholder, pattern in patterns.items():
         regex = regex.replace(placeholder, _string_body(pattern, whitespace_pattern))
+    for placeholder, number in integers.items():
+        regex = regex.replace(f'"{placeholder}"', re.escape(str(number)))
     return regex
+
+
+# The integers outlines-core reads exactly (serde_json's i64 and u64); it reads others as doubles, and wrote
+# `const: 18446744073709551617` as `1.8446744073709552e+19`.
+_EXACT_INTEGERS = range(-2**63, 2**64)
+
+
+def _wide_integers_held_out(schema) -> tuple[object, dict[str, int]]:
+    """A copy of `schema` whose `const` and `enum` integers outside `_EXACT_INTEGERS` (in arrays and objects
+    too) are placeholder strings, and each placeholder's integer (written back as its digits, where outlines-core
+    wrote the string); `schema` itself where it has none."""
+    found = [ptr for ptr, key, node in walk(schema) if key in ("const", "enum") and _holds_wide(node[key])]
+    if not found:
+        return schema, {}
+    schema, integers = copy.deepcopy(schema), {}
+
+    def held_out(value):
+        if isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS:
+            placeholder = f"\ue002{len(integers)}\ue003"
+            integers[placeholder] = value
+            return placeholder
+        if isinstance(value, list):
+            return [held_out(v) for v in value]
+        if isinstance(value, dict):
+            return {k: held_out(v) for k, v in value.items()}
+        return value
+
+    for ptr, key, node in walk(schema):
+        if ptr in found and key in ("const", "enum"):
+            node[key] = held_out(node[key])
+    return schema, integers
+
+
+def _holds_wide(value) -> bool:
+    if isinstance(value, list):
+        return any(_holds_wide(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_wide(v) for v in value.values())
+    return isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS
 
 
 def _patterns_held_out(schema) -> tuple[object, dict[str, str]]:

@@ -147,3 +147,19 @@ def test_a_pattern_holding_a_comma_group_keeps_its_meaning_on_outlines(text, acc
     for backend in ("outlines", "llguidance"):
         grammar = gpt2_compiler.compile(spec_from_request(response_format=format_, backend=backend))
         assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, (backend, text)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "auto"])
+def test_integers_past_64_bits_in_const_and_enum_are_written_exactly(backend, gpt2_compiler, tokenizers):
+    """outlines-core reads an integer past its 64 bits as a double: `const: 18446744073709551617` was written
+    `1.8446744073709552e+19`, which jsonschema refuses; auto served it so (llguidance refuses it) (QA hostile F1)."""
+    wide, wider = 2**64 + 1, -(2**70) - 3
+    schema = {"type": "object", "properties": {"a": {"const": wide}, "b": {"enum": [[wider], 3]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    format_ = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format=format_, backend=backend))
+    for text, accepted in [(f'{{"a": {wide}, "b": [{wider}]}}', True), (f'{{"a": {wide}, "b": 3}}', True),
+                           ('{"a": 1.8446744073709552e+19, "b": 3}', False),
+                           (f'{{"a": {wide}, "b": [-1.1805916207174113e+21]}}', False)]:
+        assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, text
+        assert accepted == jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
