@@ -148,15 +148,17 @@ class GrammarCompiler:
         self.max_outlines_repeat = max_outlines_repeat
         self.stats = CompileStats()
         self._lru = _LRU(lru_max_bytes)
-        # Request threads may spend up to compile_timeout_s waiting on an outlines build (a request that names
-        # that backend): as many as the build workers left a new schema on llguidance waiting behind two such
-        # builds for a minute (helper-20). The builds are bounded by the workers; waiting threads cost little.
+        # Request threads: compile_async awaits outlines builds off them (`compile` blocking on one, as many as
+        # the build workers left a new schema on llguidance waiting behind two builds for a minute: helper-20).
+        # The builds are bounded by the workers.
         self._requests = ThreadPoolExecutor(max_workers=max(_REQUEST_THREADS, max_workers),
                                             thread_name_prefix="grammar-compile")
         self._builds = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="outlines-index")
         self.workers = CompileWorkers(vocab.token_bytes, vocab.eos_token_ids, max_workers=max_workers,
                                       memory_mb=compile_memory_mb)
         self._pending: dict[str, Future] = {}  # outlines builds under way
+        self._waiters: dict[str, int] = {}  # outlines key -> requests awaiting its build (`compile_async`)
+        self._local = threading.local()  # `waited`: the builds a compile_async compile has waited for
         self._llg_pending: dict[str, Future] = {}  # llguidance compiles under way (`_llg`)
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
@@ -321,8 +323,55 @@ class GrammarCompiler:
             self.stats.compile_seconds_total += time.perf_counter() - t0
 
     async def compile_async(self, spec: ConstraintSpec) -> Grammar:
+        """`compile` on a request thread, which does not wait there for an outlines build: the build is awaited
+        here, holding no thread, and the compile then runs again (finding the grammar, or the build's error where
+        `compile` raises it). 33 requests naming outlines held all 32 request threads, so every other compile, a
+        `choice` taking milliseconds too, waited for minutes behind the builds (QA hostile F2)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._requests, self.compile, spec)
+        waited: dict[str, Future] = {}
+        while True:
+            try:
+                return await loop.run_in_executor(self._requests, self._compile_not_waiting, spec, waited)
+            except _BuildPending as pending:
+                done = await self._wait_for_build(pending.key, pending.build)
+                if done is not None:
+                    waited[pending.key] = done
+
+    def _compile_not_waiting(self, spec: ConstraintSpec, waited: dict[str, Future]) -> Grammar:
+        """`compile`, raising _BuildPending where it would wait for an outlines build that is not in `waited`
+        (the builds waited for, done)."""
+        self._local.waited = waited
+        try:
+            return self.compile(spec)
+        finally:
+            self._local.waited = None
+
+    async def _wait_for_build(self, key: str, build: Future) -> Future | None:
+        """`build`, done, or a future holding FutureTimeout past the time `compile` waits; None where another
+        request dropped it. A build no request waits for any more (the client left, or its wait timed out) is
+        dropped if it has not begun: a client that sent 130 requests and left had all of them built, in turn."""
+        with self._lock:
+            self._waiters[key] = self._waiters.get(key, 0) + 1
+        done: Future | None = build
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(build)), self.compile_timeout_s + 1.0)
+        except asyncio.TimeoutError:
+            done = Future()
+            done.set_exception(FutureTimeout())
+        except asyncio.CancelledError:
+            if not build.cancelled() or asyncio.current_task().cancelling():
+                raise
+            done = None  # (the next compile builds it anew)
+        except Exception:  # noqa: BLE001 - the build's error, which `compile` raises where it waited
+            pass
+        finally:
+            with self._lock:
+                self._waiters[key] -= 1
+                if not self._waiters[key]:
+                    del self._waiters[key]
+                    if build.cancel() and self._pending.get(key) is build:
+                        del self._pending[key]
+        return done
 
     def precompile_named(self) -> dict[str, str]:
         """Compile every named schema (outlines too when it can serve them); returns name -> backend or error."""
@@ -634,14 +683,19 @@ class GrammarCompiler:
         failed = self._failed.get(key)
         if failed is not None:
             raise ConstraintError(failed.message, param=spec.param, pointer=failed.pointer, code=failed.code)
-        regex = self._outlines_regex(spec)
-        with self._lock:
-            fut = self._pending.get(key)
-            if fut is None:
-                fut = self._builds.submit(self._build_outlines, key, regex, _call_tag(spec))
-                self._pending[key] = fut
-        if not wait:
-            return None
+        waited = getattr(self._local, "waited", None) if wait else None  # (see compile_async)
+        fut = waited.get(key) if waited is not None else None
+        if fut is None:
+            regex = self._outlines_regex(spec)
+            with self._lock:
+                fut = self._pending.get(key)
+                if fut is None:
+                    fut = self._builds.submit(self._build_outlines, key, regex, _call_tag(spec))
+                    self._pending[key] = fut
+            if not wait:
+                return None
+            if waited is not None and not fut.done():
+                raise _BuildPending(key, fut)
         try:
             # The build kills its worker at compile_timeout_s and resolves the future; the grace covers queueing.
             return fut.result(timeout=self.compile_timeout_s + 1.0)
@@ -818,6 +872,14 @@ _SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")
 def _function_unenforced(arguments: dict[str, Grammar]) -> tuple[str, ...]:
     """The unenforced pointers of each function's arguments, told in terms of the call schema."""
     return tuple(f"/$defs/tool{i}{p}" for i, g in enumerate(arguments.values()) for p in g.unenforced)
+
+
+class _BuildPending(Exception):
+    """Raised on a request thread of `compile_async` where `compile` would wait for outlines build `build`."""
+
+    def __init__(self, key: str, build: Future):
+        super().__init__(key)
+        self.key, self.build = key, build
 
 
 def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintError:

@@ -7,6 +7,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,35 @@ def test_requests_waiting_on_outlines_builds_leave_room_for_other_compiles(token
     try:
         tiny, waiting = asyncio.run(run())
         assert tiny.backend == "llguidance" and waiting == [True, True]
+    finally:
+        c.close()
+
+
+def test_requests_waiting_on_outlines_builds_hold_no_compile_thread_and_leaving_drops_their_builds(
+        tokenizers, vocabs):
+    """40 requests naming outlines (past the 32 request threads) left a `choice` compile queued behind their
+    builds for minutes, and a client that left had every build it asked for made anyway (QA hostile F2)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=3)
+
+    async def run():
+        slow = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
+                for i in range(40)]
+        await asyncio.sleep(1.0)  # (each waits for its build, the first under way)
+        tiny = await c.compile_async(spec_from_request(choice=["yes", "no"], backend="llguidance"))
+        waiting = sum(not f.done() for f in slow)
+        for f in slow:
+            f.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        return tiny, waiting
+
+    try:
+        tiny, waiting = asyncio.run(run())
+        assert tiny.backend == "llguidance" and waiting == 40
+        deadline = time.monotonic() + 60
+        while c.workers.killed == 0 and time.monotonic() < deadline:  # (the build under way meets its limit)
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert c.stats.outlines_builds == 1  # (none of the 39 that had not begun was built after it)
     finally:
         c.close()
 
