@@ -168,26 +168,32 @@ class ChatMessage(BaseModel):
         return "".join(part.text or part.refusal or "" for part in self.content)
 
 
-def _answers_tool_calls(messages: list[ChatMessage], i: int) -> bool:
-    """The message before tool message `i` and the tool results right before it is an assistant's with calls, one
-    of which has the message's `tool_call_id` (any, where a call was sent without an id)."""
-    j = i - 1
-    while j >= 0 and messages[j].role == "tool":
-        j -= 1
-    if j < 0 or messages[j].role != "assistant" or not messages[j].tool_calls:
-        return False
-    ids = [c.id for c in messages[j].tool_calls if c.id is not None]
-    return len(ids) < len(messages[j].tool_calls) or messages[i].tool_call_id in ids
-
-
-def _unanswered_calls(messages: list[ChatMessage], i: int) -> list[str]:
-    """The ids of assistant message `i`'s tool calls that no tool message right after it answers."""
-    answered = set()
-    for m in messages[i + 1:]:
-        if m.role != "tool":
-            break
-        answered.add(m.tool_call_id)
-    return [c.id for c in messages[i].tool_calls or () if c.id is not None and c.id not in answered]
+def _check_tool_turns(messages: list[ChatMessage], continue_final: bool) -> None:
+    """Each 'tool' message answers a call of the assistant message before its run of tool messages, by its id (any
+    call, where one was sent without an id), and each call of an assistant message is answered by a tool message
+    of the run right after it, as OpenAI requires; not the final message that `continue_final` continues. One pass
+    over the messages: 20,000 tool results took 88 s of the event loop when each looked back over the others."""
+    calls, ids, anonymous = (), set(), False  # the calls of the assistant message the tool messages may answer
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if not calls or not (anonymous or message.tool_call_id in ids):
+                raise ParamError(f"messages[{i}]", "a 'tool' message must answer a preceding assistant message's "
+                                                  "`tool_calls`, by one of their ids (as OpenAI requires)")
+            continue
+        calls = (message.tool_calls or ()) if message.role == "assistant" else ()
+        ids = {c.id for c in calls if c.id is not None}
+        anonymous = any(c.id is None for c in calls)
+        if not ids or (continue_final and i == len(messages) - 1):
+            continue
+        answered, j = set(), i + 1
+        while j < len(messages) and messages[j].role == "tool":
+            answered.add(messages[j].tool_call_id)
+            j += 1
+        unanswered = [c.id for c in calls if c.id is not None and c.id not in answered]
+        if unanswered:
+            raise ParamError(f"messages[{i}]", "an assistant message with `tool_calls` must be followed by a "
+                             "'tool' message answering each call (as OpenAI requires); no answer for "
+                             + ", ".join(unanswered))
 
 
 StopField = str | list[str] | None
@@ -357,16 +363,7 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("prompt", "send either `messages` or `prompt`, not both")
         if self.messages is not None and not self.messages:
             raise ParamError("messages", "`messages` must not be empty")
-        for i, message in enumerate(self.messages or ()):
-            if message.role == "tool" and not _answers_tool_calls(self.messages, i):
-                raise ParamError(f"messages[{i}]", "a 'tool' message must answer a preceding assistant message's "
-                                                  "`tool_calls`, by one of their ids (as OpenAI requires)")
-            continued = self.continue_final_message and i == len(self.messages) - 1
-            unanswered = [] if continued or message.role != "assistant" else _unanswered_calls(self.messages, i)
-            if unanswered:
-                raise ParamError(f"messages[{i}]", "an assistant message with `tool_calls` must be followed by a "
-                                 "'tool' message answering each call (as OpenAI requires); no answer for "
-                                 + ", ".join(unanswered))
+        _check_tool_turns(self.messages or [], bool(self.continue_final_message))
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "`top_logprobs` requires `logprobs: true`")
         if self.modalities and any(m != "text" for m in self.modalities):

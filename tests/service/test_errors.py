@@ -461,6 +461,38 @@ def test_each_tool_call_in_history_needs_its_answer_by_id(http):
     assert r.status_code == 200, r.text
 
 
+def test_tool_turns_are_checked_in_one_pass_over_the_messages():
+    """20,000 tool results took 88 s of the event loop (the whole server stalled): each looked back over the results
+    before it, and each assistant message copied the messages after it (QA hostile F5, F6). Counted in messages
+    read, not in time."""
+    from service.protocol import ChatMessage, _check_tool_turns
+
+    class Counted(list):
+        reads = 0
+
+        def __getitem__(self, i):
+            got = super().__getitem__(i)
+            Counted.reads += len(got) if isinstance(i, slice) else 1
+            return got
+
+        def __iter__(self):
+            for message in super().__iter__():
+                Counted.reads += 1
+                yield message
+
+    k = 2000
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(k)]
+    raw = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    raw += [{"role": "tool", "tool_call_id": f"c{i}", "content": "r"} for i in reversed(range(k))]
+    raw += [{"role": "user" if i % 2 else "assistant", "content": "a"} for i in range(2 * k)]
+    messages = Counted(ChatMessage.model_validate(m) for m in raw)
+    _check_tool_turns(messages, continue_final=False)
+    assert Counted.reads <= 2 * len(messages)
+    del messages[2]  # (c1999's answer)
+    with pytest.raises(Exception, match="no answer for c1999"):
+        _check_tool_turns(messages, continue_final=False)
+
+
 def test_a_message_without_content_is_named_with_the_right_article(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": None}]})
     assert "a 'user' message needs `content`" in _assert_error(r, 400)["message"]
