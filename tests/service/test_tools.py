@@ -182,8 +182,11 @@ def test_calls_max_tokens_cuts_short_come_back_as_their_stream_said(http):
 @pytest.mark.parametrize("tool_choice", ["required", "auto"])
 def test_a_streamed_answer_assembles_to_the_whole_answers_content(client, tool_choice):
     """The role goes with a choice's first delta, `content: null` beside a call: a first chunk of `content: ""`
-    made the SDK's assembled message of calls say `""` where the whole answer says null."""
-    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=60)
+    made the SDK's assembled message of calls say `""` where the whole answer says null. (One backend: under auto
+    the required calls move to outlines once its build, begun by an earlier test, is done, and a seed then samples
+    other tokens; the audit of flaky tests found the build finishing a few seconds after this test.)"""
+    body = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=60,
+                extra_body={"constraint_backend": "llguidance"})
     for seed in range(2 if tool_choice == "required" else 4):
         whole = client.chat.completions.create(**body, seed=seed).choices[0].message
         with client.chat.completions.stream(**body, seed=seed) as stream:
@@ -194,8 +197,8 @@ def test_a_streamed_answer_assembles_to_the_whole_answers_content(client, tool_c
         assert streamed.content == whole.content
         assert [c.function.arguments for c in streamed.tool_calls or ()] == \
             [c.function.arguments for c in whole.tool_calls or ()]
-        first = next(stream_chunks for stream_chunks in client.chat.completions.create(**body, seed=seed,
-                                                                                         stream=True))
+        with client.chat.completions.create(**body, seed=seed, stream=True) as chunks:  # (closed: no row left on)
+            first = next(iter(chunks))
         assert first.choices[0].delta.role == "assistant"
         if tool_choice == "required":
             assert whole.content is None and first.choices[0].delta.tool_calls
