@@ -579,11 +579,16 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     return ConstraintSpec(kind="regex", pattern=pattern, extra=_from_field(param, "regex"))
 
 
+_CHOICE_CHARS = 256 * 1024  # (as a schema's bytes, constrain/limits.py)
+
+
 def _choice(choice: Any, param: str = "choice") -> ConstraintSpec:
     if (not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice)):
         raise ConstraintError(f"{param} must be a non-empty list of non-empty strings", param=param)
     if len(choice) > 10_000:
         raise ConstraintError(f"{param} has more than 10000 entries", param=param)
+    if sum(map(len, choice)) > _CHOICE_CHARS:  # (7 MB of them took 1 GB of the server's memory to compile)
+        raise ConstraintError(f"{param} holds more than {_CHOICE_CHARS} characters", param=param)
     return ConstraintSpec(kind="choice", choices=tuple(dict.fromkeys(choice)), extra=_from_field(param, "choice"))
 
 
