@@ -239,6 +239,17 @@ def test_token_ids_out_of_the_vocabulary_are_refused(http):
     assert r.json()["error"]["param"] == "prompt"
 
 
+def test_a_request_holds_at_most_2048_prompts(http):
+    """200,000 prompts took minutes and 1.2 GB, and held up every other request (QA hostile F7); a prompt of many
+    token ids is one prompt."""
+    for prompt in (["a"] * 2049, [[1]] * 2049):
+        r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert "more than 2048 prompts" in r.json()["error"]["message"]
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": [1] * 3000, "max_tokens": 1})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
+
+
 def _token_bytes(token: str) -> bytes:
     """A completions logprobs token as bytes: part of a character is listed as `bytes:\\xNN`."""
     if token.startswith("bytes:"):
