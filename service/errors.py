@@ -108,11 +108,13 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def _unparsed_body_message(cause: BaseException | None) -> str:
     """Why FastAPI could not read the body. Valid JSON can still fail: Python reads no integer of more than 4300
-    digits (its guard against quadratic-time conversion), and a client that sent one should hear that, not that its
-    JSON is invalid."""
+    digits (its guard against quadratic-time conversion), nor nesting past its recursion limit, and a client that
+    sent such should hear that, not that its JSON is invalid."""
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
         return (f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits, which this "
                 "server does not read")
+    if isinstance(cause, RecursionError):  # (Python's JSON reader recurses per level)
+        return "the request body nests arrays and objects deeper than this server reads (about 1,000 levels)"
     return "the request body is not valid JSON"
 
 

@@ -108,6 +108,18 @@ def test_an_integer_too_long_for_python_is_400_naming_the_limit_not_invalid_json
     assert "more than 4300 digits" in error["message"] and error["code"] == "invalid_request", error
 
 
+def test_json_nested_past_pythons_reader_is_400_saying_so_not_invalid_json(http):
+    """A body nesting 1,000 levels was "not valid JSON" (QA hostile F8): it is valid, Python's reader recurses."""
+    content = ('{"model": "%s", "messages": [{"role": "user", "content": "x"}], "x": %s}'
+               % (MODEL, "[" * 2000 + "]" * 2000)).encode()
+    error = _assert_error(http.post("/v1/chat/completions", content=content,
+                                    headers={"content-type": "application/json"}), 400)
+    assert "nests arrays and objects deeper" in error["message"] and error["code"] == "invalid_request", error
+    broken = _assert_error(http.post("/v1/chat/completions", content=b'{"model": [[]', headers={
+        "content-type": "application/json"}), 400)
+    assert broken["message"] == "the request body is not valid JSON", broken
+
+
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
 def test_a_json_body_sent_as_another_content_type_is_told_which_one_to_use(http, content_type):
     """`curl -d` without `-H` sends a form: it said only "must be a JSON object" of a body that is one."""
