@@ -819,7 +819,10 @@ def unreadable_pattern(pattern: str) -> str | None:
 def unreadable_multiple(divisor: float) -> str | None:
     """llguidance's reason for refusing a `multipleOf` (0.07: "too many digits", as it reads the double), or None
     where it reads it."""
-    grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "number", "multipleOf": divisor})
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "number", "multipleOf": divisor})
+    except ValueError:  # (it takes no integer past 64 bits: "Value is not JSON serializable", a 400 without pointer)
+        return f"llguidance reads no integer of more than 64 bits ({divisor})"
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
     return " ".join(messages[-1].split()) if is_error and messages else None
 
