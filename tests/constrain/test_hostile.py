@@ -67,6 +67,17 @@ def test_unknown_outlines_regex_size_is_bounded(tokenizers, vocabs):
     c.close()
 
 
+def test_a_schema_llguidance_finds_too_large_is_schema_too_large(gpt2_compiler):
+    """500 subschemas under `allOf` are "schema too large" to llguidance: that was code `invalid_constraint`
+    (QA hostile F8), where the size limits' refusals say `schema_too_large`."""
+    schema = {"allOf": [{"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": i % 5}}}
+                        for i in range(500)]}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "h", "schema": schema}}, backend="llguidance"))
+    assert exc.value.code == "schema_too_large" and "schema too large" in exc.value.message
+
+
 def test_compile_time_limit_fails_only_that_request(tokenizers, vocabs):
     from constrain import GrammarCompiler
 
