@@ -148,7 +148,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
 
     # the last added is the outermost: counting, then the body limit, then auth
     app.add_middleware(BearerAuth, api_key=config.api_key)
-    app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes,
+                       max_body_seconds=config.max_body_seconds)
     app.add_middleware(_CountRequests, metrics=metrics)
     return app
 

@@ -127,6 +127,8 @@ def _add_serve(subparsers) -> None:
                         "answer")
     p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
                    help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
+    p.add_argument("--max-body-seconds", type=_positive_int, default=_env("max_body_seconds", "60"),
+                   help="seconds a request's body may take to arrive; a slower one gets a 408 (default: 60)")
     levels = ["critical", "error", "warning", "info", "debug"]
     p.add_argument("--log-level", default=_env("log_level", "info"), type=_one_of(*levels), choices=levels)
     p.add_argument("--shutdown-timeout", type=_positive_int, default=_env("shutdown_timeout", "25"),
@@ -149,7 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
         schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, cache_max_mb=int(args.cache_max_mb),
         grammar_cache_mb=int(args.grammar_cache_mb),
         log_level=args.log_level,
-        max_body_bytes=int(args.max_body_bytes), json_whitespace=args.json_whitespace,
+        max_body_bytes=int(args.max_body_bytes), max_body_seconds=int(args.max_body_seconds),
+        json_whitespace=args.json_whitespace,
         tool_call_format=args.tool_call_format, reasoning=args.reasoning,
         shutdown_timeout=int(args.shutdown_timeout),
     )

@@ -32,6 +32,7 @@ class ServerConfig:
     tool_call_format: str = "auto"  # auto (from the chat template) | constrain.tools.TOOL_FORMATS
     reasoning: str = "auto"  # auto: split <think> / [THINK] blocks into reasoning_content when written | none
     max_body_bytes: int = 8 * 1024 * 1024
+    max_body_seconds: int = 60  # for a request's body to arrive, from its start; else a 408
     log_level: str = "info"
     shutdown_timeout: int = 25  # seconds for the requests in flight after SIGTERM; those left then are cut
 

@@ -1,7 +1,13 @@
 """`--api-key` (here via STRUCTGEN_API_KEY): every route but /health needs the bearer key; without it, open.
-The auth server also runs with a 64-token context, to check context_length_exceeded_behavior=truncate."""
+The auth server also runs with a 64-token context, to check context_length_exceeded_behavior=truncate, and 2 s for
+a request's body to arrive (`--max-body-seconds`)."""
 
 from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -14,7 +20,7 @@ def auth_server_small(tmp_path_factory, grammar_cache):
     from tests.serverproc import ServerProcess
 
     log = tmp_path_factory.mktemp("logs") / "auth_server.log"
-    with ServerProcess("--cache-dir", str(grammar_cache), "--max-model-len", "64",
+    with ServerProcess("--cache-dir", str(grammar_cache), "--max-model-len", "64", "--max-body-seconds", "2",
                        env={"STRUCTGEN_API_KEY": API_KEY}, log_path=log) as proc:
         proc.log = log
         yield proc
@@ -78,3 +84,27 @@ def test_a_prompt_that_fills_the_context_is_scored_but_generates_nothing(auth_se
 
 def test_open_server_needs_no_key(http):
     assert http.get("/v1/models").status_code == 200
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_its_connection_closed(auth_server_small):
+    """A client that declared a body and sent part of it held its connection for ever (3,000 such were all open a
+    minute later, QA hostile F8); before the key is checked, as the size limit."""
+    url = urlsplit(auth_server_small.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"model\"")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+        waited = time.monotonic() - started
+        assert sock.recv(1) == b""  # (closed: the rest of the body would be read as the next request)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert json.loads(body)["error"]["code"] == "request_timeout" and waited >= 2
+    r = httpx.post(auth_server_small.base_url + "/v1/chat/completions", headers={"authorization": f"Bearer {API_KEY}"},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert r.status_code == 200, r.text
