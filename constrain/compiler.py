@@ -352,18 +352,17 @@ class GrammarCompiler:
         dropped if it has not begun: a client that sent 130 requests and left had all of them built, in turn."""
         with self._lock:
             self._waiters[key] = self._waiters.get(key, 0) + 1
+        # (asyncio.wait: this request leaving cancels its wait, neither the build nor, by itself, its waiting)
+        waiting = asyncio.wrap_future(build)
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # (its error is raised by `compile`)
         done: Future | None = build
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(build)), self.compile_timeout_s + 1.0)
-        except asyncio.TimeoutError:
-            done = Future()
-            done.set_exception(FutureTimeout())
-        except asyncio.CancelledError:
-            if not build.cancelled() or asyncio.current_task().cancelling():
-                raise
-            done = None  # (the next compile builds it anew)
-        except Exception:  # noqa: BLE001 - the build's error, which `compile` raises where it waited
-            pass
+            finished, _ = await asyncio.wait({waiting}, timeout=self.compile_timeout_s + 1.0)
+            if not finished:
+                done = Future()
+                done.set_exception(FutureTimeout())
+            elif build.cancelled():
+                done = None  # (the next compile builds it anew)
         finally:
             with self._lock:
                 self._waiters[key] -= 1
