@@ -32,6 +32,25 @@ async def _watch_disconnect(request: Request, gen: Generation, plan: Plan) -> No
             return
 
 
+async def _planned(request: Request, planning) -> Plan:
+    """The plan `planning` makes, or ClientGone once the client leaves before it is made: its compile is then
+    cancelled, and an outlines build it was waiting for is dropped when nobody else waits for it (ten clients
+    that left while their schemas waited for builds had all ten made, one after the other)."""
+    task = asyncio.ensure_future(planning)
+    try:
+        while True:
+            finished, _ = await asyncio.wait({task}, timeout=0.25)
+            if finished:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
 def _streaming(request: Request, gen: Generation, plan: Plan, body) -> StreamingResponse:
     async def guarded():
         watcher = asyncio.create_task(_watch_disconnect(request, gen, plan))
@@ -61,7 +80,10 @@ def _states(events: dict, plan: Plan) -> list[ChoiceState]:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     gen = _gen(request)
-    plan = await gen.plan_chat(body)
+    try:
+        plan = await _planned(request, gen.plan_chat(body))
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
     model = gen.config.model_name
     as_ids = bool(body.return_tokens_as_token_ids)
     tools_mode = getattr(plan.spec, "kind", None) == "tools"
@@ -99,7 +121,10 @@ def _output_skipped(gen: Generation, body: CompletionRequest) -> frozenset[int]:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     gen = _gen(request)
-    plan = await gen.plan_completion(body)
+    try:
+        plan = await _planned(request, gen.plan_completion(body))
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
     model = gen.config.model_name
     as_ids = bool(body.return_tokens_as_token_ids)
     logprobs = body.logprobs  # None: no logprobs; 0..5: the chosen token plus that many alternatives

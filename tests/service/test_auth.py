@@ -1,6 +1,7 @@
 """`--api-key` (here via STRUCTGEN_API_KEY): every route but /health needs the bearer key; without it, open.
 The auth server also runs with a 64-token context, to check context_length_exceeded_behavior=truncate, and 2 s for
-a request's body to arrive (`--max-body-seconds`)."""
+a request's body to arrive (`--max-body-seconds`); it also serves the outlines builds that a test counts (the
+shared server's background builds, begun by other tests, would count too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.service.conftest import API_KEY, MODEL
+from tests.service.conftest import API_KEY, MODEL, metric
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +109,37 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_its_connection_closed(
     r = httpx.post(auth_server_small.base_url + "/v1/chat/completions", headers={"authorization": f"Bearer {API_KEY}"},
                    json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     assert r.status_code == 200, r.text
+
+
+def test_clients_that_leave_while_their_schemas_wait_for_outlines_builds_have_those_builds_dropped(
+        auth_server_small):
+    """Ten clients that left while their schemas waited for outlines builds had all ten made, one after the other
+    (review of d29d872): leaving did not cancel a request before its plan was made."""
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, key = auth_server_small.base_url, {"authorization": f"Bearer {API_KEY}"}
+    run = uuid.uuid4().hex[:8]  # (no build of an earlier run on disk)
+
+    def body(i):
+        props = {f"p{j}": {"type": "string", "enum": [f"{run}-{i}-{j}", "w"]} for j in range(48)}  # (a build: ~4 s)
+        schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "constraint_backend": "outlines",
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+
+    def leave(i):
+        with pytest.raises(httpx.ReadTimeout):  # (the client gives up and closes its connection)
+            httpx.post(url + "/v1/chat/completions", headers=key, json=body(i), timeout=1.0)
+
+    def builds():
+        return metric(httpx.get(url + "/metrics", headers=key).text, "structgen_grammar_outlines_builds_total")
+
+    before = builds()
+    with ThreadPoolExecutor(10) as pool:
+        list(pool.map(leave, range(10)))
+    # A new schema's build queues behind any build still to begin: once it is made, those that were not dropped
+    # have begun.
+    r = httpx.post(url + "/v1/chat/completions", headers=key, json=body("last"), timeout=300)
+    assert r.status_code == 200, r.text
+    assert builds() - before <= 4  # (the last, and the 2 workers' builds under way when the clients left, or so)
