@@ -5,6 +5,7 @@ Takes the raw JSON values the client sent (dicts, lists, strings); never compile
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -89,7 +90,7 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _endless_references_false(_ref_siblings(with_python_patterns(_with_known_dialect(schema))))
+    out = _endless_references_false(_ref_siblings(with_python_patterns(_with_known_dialect(_counts_clamped(schema)))))
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -102,6 +103,31 @@ def normalise_schema(schema: Any) -> Any:
             while len(_normal) > _NORMAL_MAX:
                 _normal.popitem(last=False)
     return out
+
+
+# Counts of characters, items and properties past which no output is ever written (2**32 - 1, over 4 billion): a
+# count beyond it says the same of every output as this one. The backends read no such count: outlines-core wrote
+# `minLength: 2**64 + 1` as no bound at all (strict answers too short), llguidance failed with "Value is not JSON
+# serializable" past 64 bits and with a regex parse error on a string's length past 32.
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+           "maxContains")
+_LONGEST_COUNT = 2**32 - 1
+
+
+def _counts_clamped(schema: Any) -> Any:
+    """`schema` with each count of `_COUNTS` past `_LONGEST_COUNT` lowered to it (a copy; `schema` itself where
+    none is)."""
+    def wide(node: dict, key: str) -> bool:
+        value = node.get(key)
+        return key in _COUNTS and isinstance(value, int) and not isinstance(value, bool) and value > _LONGEST_COUNT
+
+    if not any(wide(node, key) for _, key, node in walk(schema)):
+        return schema
+    schema = copy.deepcopy(schema)
+    for _, key, node in walk(schema):
+        if wide(node, key):
+            node[key] = _LONGEST_COUNT
+    return schema
 
 
 def _endless_references_false(schema: Any) -> Any:

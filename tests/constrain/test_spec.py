@@ -7,7 +7,7 @@ import random
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, spec_from_request
-from tests.constrain.conftest import accepts_document, accepts_value, decode, ended_walks_valid, random_walk
+from tests.constrain.conftest import accepts_document, accepts_value, decode, ended_walks_valid, random_walk, takes_text
 
 S = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
 
@@ -818,6 +818,25 @@ def test_a_multiple_of_llguidance_cannot_read_is_refused_strict_and_named_otherw
     readable = {"type": "number", "multipleOf": 0.25}
     assert gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
         "name": "y", "schema": readable, "strict": True}})).unenforced == ()
+
+
+@pytest.mark.parametrize("keyword, kind", [("minLength", "string"), ("maxLength", "string"), ("minItems", "array"),
+                                           ("maxItems", "array"), ("maxProperties", "object")])
+def test_counts_past_what_any_output_holds_are_served_as_such(gpt2_compiler, tokenizers, keyword, kind):
+    """A count past 64 bits: outlines-core read `minLength: 2**64 + 1` as no bound (strict answers of 2 characters),
+    llguidance failed with "ValueError: Value is not JSON serializable" (review of 7678bcb and eb5673d). Past
+    2**32 - 1 a count is that count: no output reaches either."""
+    schema = {"type": "object", "properties": {"a": {"type": kind, keyword: 2**64 + 1}}, "required": ["a"],
+              "additionalProperties": False}
+    response_format = {"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format=response_format, backend="llguidance"))
+    empty = {"string": '""', "array": "[]", "object": "{}"}[kind]
+    assert takes_text(grammar, tokenizers["gpt2"], f'{{"a": {empty}}}', "gpt2") == keyword.startswith("max")
+    assert gpt2_compiler.compile(spec_from_request(response_format=response_format)).backend == "llguidance"
+    if kind == "string":  # (outlines cannot hold such a length: a 400, never no bound)
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(spec_from_request(response_format=response_format, backend="outlines"))
+        assert exc.value.code == "schema_too_large"
 
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
