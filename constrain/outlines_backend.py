@@ -45,8 +45,10 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
     value, which is not the schema either. The fixes below are made on a regex whose string patterns are
     placeholders, then the patterns put back: a pattern's own text is never read as outlines-core's
     (`^([0-9]+)(,[ ]?([0-9]+))*$` holds the very text of its item separator)."""
-    schema, integers = _wide_integers_held_out(with_portable_patterns(schema))
-    schema, patterns = _patterns_held_out(schema)
+    schema = with_portable_patterns(schema)
+    marks = _unused_marks(schema)
+    schema, integers = _wide_integers_held_out(schema, marks)
+    schema, patterns = _patterns_held_out(schema, marks)
     regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern)
     if outlines_core.json_schema.STRING + whitespace_pattern + ":" in regex:
         raise ValueError("outlines would write an object open to any key here (any value)")
@@ -62,12 +64,19 @@ def schema_regex(schema, whitespace_pattern: str = "[ ]?") -> str:
     return regex
 
 
+def _unused_marks(schema) -> tuple[str, str]:
+    """Two private-use characters the schema holds nowhere, to open and close placeholders with: a string const
+    that spelled a placeholder was written as the integer it stood for."""
+    held = set(json.dumps(schema, ensure_ascii=False))
+    return next((chr(c), chr(c + 1)) for c in range(0xE000, 0xF8FF, 2) if chr(c) not in held and chr(c + 1) not in held)
+
+
 # The integers outlines-core reads exactly (serde_json's i64 and u64); it reads others as doubles, and wrote
 # `const: 18446744073709551617` as `1.8446744073709552e+19`.
 _EXACT_INTEGERS = range(-2**63, 2**64)
 
 
-def _wide_integers_held_out(schema) -> tuple[object, dict[str, int]]:
+def _wide_integers_held_out(schema, marks: tuple[str, str]) -> tuple[object, dict[str, int]]:
     """A copy of `schema` whose `const` and `enum` integers outside `_EXACT_INTEGERS` (in arrays and objects
     too) are placeholder strings, and each placeholder's integer (written back as its digits, where outlines-core
     wrote the string); `schema` itself where it has none."""
@@ -78,7 +87,7 @@ def _wide_integers_held_out(schema) -> tuple[object, dict[str, int]]:
 
     def held_out(value):
         if isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS:
-            placeholder = f"\ue002{len(integers)}\ue003"
+            placeholder = f"{marks[0]}i{len(integers)}{marks[1]}"
             integers[placeholder] = value
             return placeholder
         if isinstance(value, list):
@@ -101,8 +110,8 @@ def _holds_wide(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS
 
 
-def _patterns_held_out(schema) -> tuple[object, dict[str, str]]:
-    """A copy of `schema` whose every `pattern` is a placeholder (private-use characters no schema regex of
+def _patterns_held_out(schema, marks: tuple[str, str]) -> tuple[object, dict[str, str]]:
+    """A copy of `schema` whose every `pattern` is a placeholder (between `marks`, which no schema regex of
     outlines-core's holds), and each placeholder's pattern; `schema` itself where it has none."""
     found = [ptr for ptr, key, node in walk(schema) if key == "pattern" and isinstance(node[key], str)]
     if not found:
@@ -110,7 +119,7 @@ def _patterns_held_out(schema) -> tuple[object, dict[str, str]]:
     schema, patterns = copy.deepcopy(schema), {}
     for ptr, key, node in walk(schema):
         if ptr in found:
-            placeholder = f"\ue000{len(patterns)}\ue001"
+            placeholder = f"{marks[0]}p{len(patterns)}{marks[1]}"
             patterns[placeholder], node[key] = node[key], placeholder
     return schema, patterns
 

@@ -163,3 +163,20 @@ def test_integers_past_64_bits_in_const_and_enum_are_written_exactly(backend, gp
                            (f'{{"a": {wide}, "b": [-1.1805916207174113e+21]}}', False)]:
         assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, text
         assert accepted == jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+
+
+@pytest.mark.parametrize("spelled", ["\ue0020\ue003", "\ue000i0\ue001", "\ue0000\ue001", "\ue000p0\ue001"])
+def test_a_string_that_spells_a_placeholder_stays_that_string_on_outlines(spelled, gpt2_compiler, tokenizers):
+    """A string const spelling the placeholder of a held-out integer was written as that integer: a strict 200
+    that broke its schema (review of 7678bcb F4). Placeholders are now marked with characters the schema holds
+    nowhere."""
+    wide = 2**64 + 1
+    schema = {"type": "object", "properties": {"a": {"const": spelled}, "b": {"const": wide},
+                                               "c": {"type": "string", "pattern": "^x$"}},
+              "required": ["a", "b", "c"], "additionalProperties": False}
+    format_ = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format=format_, backend="outlines"))
+    for document, accepted in [({"a": spelled, "b": wide, "c": "x"}, True), ({"a": wide, "b": wide, "c": "x"}, False),
+                               ({"a": "x", "b": wide, "c": "x"}, False)]:
+        text = json.dumps(document, ensure_ascii=False)
+        assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, text
