@@ -329,22 +329,25 @@ class GrammarCompiler:
         `choice` taking milliseconds too, waited for minutes behind the builds (QA hostile F2)."""
         loop = asyncio.get_running_loop()
         waited: dict[str, Future] = {}
+        seen: set[str] = set()
         while True:
             try:
-                return await loop.run_in_executor(self._requests, self._compile_not_waiting, spec, waited)
+                return await loop.run_in_executor(self._requests, self._compile_not_waiting, spec, waited, seen)
             except _BuildPending as pending:
                 done = await self._wait_for_build(pending.key, pending.build)
                 if done is not None:
                     waited[pending.key] = done
 
-    def _compile_not_waiting(self, spec: ConstraintSpec, waited: dict[str, Future]) -> Grammar:
+    def _compile_not_waiting(self, spec: ConstraintSpec, waited: dict[str, Future], seen: set[str]) -> Grammar:
         """`compile`, raising _BuildPending where it would wait for an outlines build that is not in `waited`
-        (the builds waited for, done)."""
-        self._local.waited = waited
+        (the builds waited for, done). `seen`: the outlines keys this request's compile counted (`_seen_before`),
+        so that compiling again counts none twice (a one-off schema beside a tool that waited for a build was
+        built, as if sent twice)."""
+        self._local.waited, self._local.seen = waited, seen
         try:
             return self.compile(spec)
         finally:
-            self._local.waited = None
+            self._local.waited = self._local.seen = None
 
     async def _wait_for_build(self, key: str, build: Future) -> Future | None:
         """`build`, done, or a future holding FutureTimeout past the time `compile` waits; None where another
@@ -540,6 +543,11 @@ class GrammarCompiler:
         """True from the second request for a constraint on. The background outlines build starts only then:
         it takes a core for seconds, which one-off schemas (generated per request, as dynamic tool schemas are)
         would never repay, and on a CPU host it slows the forward of the request that triggered it."""
+        seen = getattr(self._local, "seen", None)  # (see compile_async)
+        if seen is not None:
+            if okey in seen:
+                return False
+            seen.add(okey)
         with self._lock:
             if okey in self._seen_once:
                 del self._seen_once[okey]

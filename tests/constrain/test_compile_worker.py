@@ -98,6 +98,23 @@ def test_requests_waiting_on_outlines_builds_hold_no_compile_thread_and_leaving_
         c.close()
 
 
+def test_compiling_again_after_a_build_counts_no_schema_twice(tokenizers, vocabs):
+    """After waiting for a build a compile runs again: a one-off answer schema beside a tool that needed outlines
+    was counted twice, as a repeat, and built in the background (review of d29d872 F2)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], background_outlines=True)
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"n": {"const": 2**64 + 1}}, "required": ["n"],
+        "additionalProperties": False}}}  # (llguidance refuses the integer: outlines serves the calls)
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}
+    try:
+        spec = spec_from_request(tools=[tool], tool_choice="auto", response_format=answer)
+        asyncio.run(c.compile_async(spec))
+        assert c.stats.outlines_builds == 1  # (the calls'; the answer's only from its second request on)
+    finally:
+        c.close()
+
+
 def test_a_compile_past_its_memory_cap_fails_that_request_only(tokenizers, vocabs):
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=120,
                         compile_memory_mb=400)
