@@ -66,6 +66,8 @@ def _streaming(request: Request, gen: Generation, plan: Plan, body) -> Streaming
 
 
 def _states(events: dict, plan: Plan) -> list[ChoiceState]:
+    """The choices of a whole answer. The answer is built (and written as JSON) on a worker thread, not on the event
+    loop: n=16 answers of 2,000 tokens with 20 top logprobs each (57 MB) held every other client for 11.5 s."""
     states = []
     for i in range(plan.choices):
         state = ChoiceState(i)
@@ -95,15 +97,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         events = await gen.collect(plan, request)
     except ClientGone:
         return JSONResponse({}, status_code=499)
-    states = _states(events, plan)
-    calls = {s.index: answer_calls(gen.parse_tool_calls(s.text, plan.spec), s.text, plan.spec, s.finish_reason)
-             for s in states} if tools_mode else {}
-    return JSONResponse(chat_body(request_id=plan.request_id, model=model,
-                                  constraint_backend=plan.constraint_backend, created=plan.created, choices=states,
-                                  parsed_calls={k: v for k, v in calls.items() if v},
-                                  prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
-                                  as_ids=as_ids, uses_functions=body.uses_functions,
-                                  reasoning=plan.thinks), headers=plan.headers)
+
+    def answer() -> JSONResponse:
+        states = _states(events, plan)
+        calls = {s.index: answer_calls(gen.parse_tool_calls(s.text, plan.spec), s.text, plan.spec, s.finish_reason)
+                 for s in states} if tools_mode else {}
+        return JSONResponse(chat_body(request_id=plan.request_id, model=model,
+                                      constraint_backend=plan.constraint_backend, created=plan.created, choices=states,
+                                      parsed_calls={k: v for k, v in calls.items() if v},
+                                      prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
+                                      as_ids=as_ids, uses_functions=body.uses_functions,
+                                      reasoning=plan.thinks), headers=plan.headers)
+
+    return await asyncio.to_thread(answer)  # (see `_states`: off the event loop)
 
 
 def _first_tokens(gen: Generation, plan: Plan) -> list[tuple[int, str, bytes]]:
@@ -137,11 +143,14 @@ async def completions(body: CompletionRequest, request: Request):
         events = await gen.collect(plan, request)
     except ClientGone:
         return JSONResponse({}, status_code=499)
-    states = _states(events, plan)
-    return JSONResponse(completion_body(
-        request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
-        created=plan.created, choices=states, prompt_texts=[p.text for p in plan.prompts],
-        first_tokens=_first_tokens(gen, plan), skipped_ids=gen.special_ids,
-        output_skipped=_output_skipped(gen, body), n=plan.n,
-        prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
-        headers=plan.headers)
+
+    def answer() -> JSONResponse:
+        return JSONResponse(completion_body(
+            request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
+            created=plan.created, choices=_states(events, plan), prompt_texts=[p.text for p in plan.prompts],
+            first_tokens=_first_tokens(gen, plan), skipped_ids=gen.special_ids,
+            output_skipped=_output_skipped(gen, body), n=plan.n,
+            prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
+            headers=plan.headers)
+
+    return await asyncio.to_thread(answer)  # (see `_states`: off the event loop)
