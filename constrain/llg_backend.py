@@ -418,6 +418,19 @@ def _quote_refused(walk: "llguidance.LLMatcher", keys: KeySets | None, tables: _
         and walk.validate_tokens([tables.quote]) == 1 and refused(b'"')
 
 
+# llguidance's parser limits, but for the items of one Earley row: an object of N optional properties makes rows
+# of ~4N items, and llguidance's 2,000 failed every answer to a schema of 500 or more of them in its first key
+# ("Current row has 4007 items; max is 2000", a 400 after a 200 when streamed). A step's items stay bounded by
+# `step_max_items` (50,000).
+_ROW_ITEMS = 50_000
+
+
+def _new_parse(lltok, text: str) -> "llguidance.LLMatcher":
+    """A matcher of grammar `text` from its start (a parse that copies are made of)."""
+    return llguidance.LLMatcher(lltok, text, log_level=0,
+                                limits=llguidance.LLParserLimits(max_items_in_row=_ROW_ITEMS))
+
+
 class _WalkGaveUp(Exception):
     """A closing walk asked its checks more than _CHECKS_PER_WALK questions: it finds no completion."""
 
@@ -1277,7 +1290,7 @@ class LlgGrammar(Grammar):
         return self._parse_bytes * len(self._lanes)
 
     def _parse(self) -> "llguidance.LLMatcher":
-        proto = llguidance.LLMatcher(self.lltok, self.text, log_level=0)
+        proto = _new_parse(self.lltok, self.text)
         if proto.is_error():  # (its lexer's limits at the start: `multipleOf: 1000000007` ran out of fuel)
             raise ConstraintError(f"llguidance cannot start this constraint: {proto.get_error()[:300]}",
                                   code="constraint_too_complex")
@@ -1303,7 +1316,7 @@ class LlgGrammar(Grammar):
         bytes (`stop_forcing`)."""
         with self._proto_lock:
             text, forcing = self.text, self.forcing
-        proto = llguidance.LLMatcher(self.lltok, text, log_level=0)
+        proto = _new_parse(self.lltok, text)
         if proto.is_error():
             raise ConstraintError(f"llguidance cannot start this constraint: {proto.get_error()[:300]}",
                                   code="constraint_too_complex")
@@ -1315,7 +1328,7 @@ class LlgGrammar(Grammar):
 
     def _parse_lane(self, lane: int, text: str) -> None:
         try:
-            proto = llguidance.LLMatcher(self.lltok, text, log_level=0)
+            proto = _new_parse(self.lltok, text)
         except BaseException:  # noqa: BLE001 - the lane's matchers go on copying lane 0's parse
             log.exception("parsing a further lane of an llguidance grammar failed")
             proto = None

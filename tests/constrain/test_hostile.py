@@ -7,6 +7,7 @@ import json
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, spec_from_request
+from tests.constrain.conftest import ended_walks_valid
 
 
 def _nested(depth: int) -> dict:
@@ -76,6 +77,15 @@ def test_a_schema_llguidance_finds_too_large_is_schema_too_large(gpt2_compiler):
         gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
             "name": "h", "schema": schema}}, backend="llguidance"))
     assert exc.value.code == "schema_too_large" and "schema too large" in exc.value.message
+
+
+def test_an_object_of_hundreds_of_optional_properties_is_followed_past_its_first_key(gpt2_compiler, vocabs):
+    """Each of 600 optional properties may come next: llguidance's rows held ~4 items a property, past its limit
+    of 2,000, and every answer failed at its first key ("Current row has 2407 items"; QA loop)."""
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 5} for i in range(600)}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "wide", "schema": schema}}, backend="llguidance"))
+    assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=0, walks=4, max_tokens=40) >= 1
 
 
 def test_compile_time_limit_fails_only_that_request(tokenizers, vocabs):
