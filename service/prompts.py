@@ -121,7 +121,10 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
             if bad:
                 raise invalid(f"token id {bad[0]} in `prompt` is out of range: the vocabulary has "
                               f"{vocab_limit} tokens", "prompt")
-            out.append(Prompt(list(item), tokenizer.decode(item, skip_special_tokens=False)))
+            # (a prompt past the context is refused (`fit_max_tokens`) without its text: decoding 2 million ids
+            # held the interpreter for 2 s)
+            text = tokenizer.decode(item, skip_special_tokens=False) if len(item) <= context_length else ""
+            out.append(Prompt(list(item), text))
     return out
 
 

@@ -1,5 +1,6 @@
 """`encode_prompt`: a text far past the context is refused from the first pieces it is counted in, and a long text
-within the context gets exactly the ids the tokenizer gives it whole."""
+within the context gets exactly the ids the tokenizer gives it whole; `completion_prompts` decodes no token-id prompt
+past the context."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from service.errors import APIError
-from service.prompts import encode_prompt
+from service.prompts import completion_prompts, encode_prompt
 from tests.conftest import TOKENIZERS
 
 
@@ -21,6 +22,10 @@ class _Recording:
     def encode(self, text, **kwargs):
         self.lengths.append(len(text))
         return self.tokenizer.encode(text, **kwargs)
+
+    def decode(self, ids, **kwargs):
+        self.lengths.append(len(ids))
+        return self.tokenizer.decode(ids, **kwargs)
 
 
 def test_a_text_far_past_the_context_is_refused_without_tokenizing_it_whole():
@@ -47,3 +52,13 @@ def test_a_long_text_within_the_context_gets_the_ids_of_the_whole(text):
     whole = tok.tokenizer.encode(text, add_special_tokens=True)
     assert encode_prompt(tok, text, len(whole), add_special_tokens=True) == whole
     assert len(text) > 4 * len(whole)  # (so it was counted in pieces first)
+
+
+def test_token_id_prompts_past_the_context_are_not_decoded():
+    """Their text is never needed (the context refuses them), and decoding 2 million ids held the interpreter for
+    2 s (QA loop F5). Those within it get their text."""
+    tok = _Recording()
+    long, short = [40] * 5000, tok.tokenizer.encode("hello")
+    prompts = completion_prompts([long, short], tok, 151_000, 4096)
+    assert [p.ids for p in prompts] == [long, short] and prompts[1].text == "hello"
+    assert tok.lengths == [len(short)]
