@@ -605,7 +605,9 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     return ConstraintSpec(kind="regex", pattern=pattern, extra=_from_field(param, "regex"))
 
 
-_CHOICE_CHARS = 256 * 1024  # (as a schema's bytes, constrain/limits.py)
+# (a choice of 262,144 characters took ~50 MB as answers went through it, 65,536 ~3 MB; the cache counts ~32 bytes
+# a character)
+_CHOICE_CHARS = 64 * 1024
 
 
 def _choice(choice: Any, param: str = "choice") -> ConstraintSpec:
