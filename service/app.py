@@ -146,10 +146,11 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
         return _model_card(config, loaded, created)
 
-    # the last added is the outermost: counting, then the body limit, then auth
-    app.add_middleware(BearerAuth, api_key=config.api_key)
+    # the last added is the outermost: counting, then auth, then the body limits (a client without the key is
+    # refused before its body is read: forty such held 7 MB each for up to a minute)
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes,
                        max_body_seconds=config.max_body_seconds)
+    app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_middleware(_CountRequests, metrics=metrics)
     return app
 

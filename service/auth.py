@@ -16,7 +16,8 @@ def _unauthorized(message: str) -> tuple[dict, bytes]:
                                  "code": "invalid_api_key"}}).encode()
     return {"type": "http.response.start", "status": 401,
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"www-authenticate", b"Bearer")]}, body
+                        (b"www-authenticate", b"Bearer"),
+                        (b"connection", b"close")]}, body  # (its body unread: see service/limits.py)
 
 
 class BearerAuth:

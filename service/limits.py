@@ -20,9 +20,11 @@ class BodySizeLimit:
     async def _refuse(self, send, status: int, message: str, code: str) -> None:
         body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                      "code": code}}).encode()
+        # (closed: the body left unread would be read as the next request, and a client trickling it would hold the
+        # connection on after a 408)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
 
     async def _too_large(self, send) -> None:
