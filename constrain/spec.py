@@ -109,25 +109,57 @@ def normalise_schema(schema: Any) -> Any:
 # count beyond it says the same of every output as this one. The backends read no such count: outlines-core wrote
 # `minLength: 2**64 + 1` as no bound at all (strict answers too short), llguidance failed with "Value is not JSON
 # serializable" past 64 bits and with a regex parse error on a string's length past 32.
-_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
-           "maxContains")
+_COUNT_PAIRS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
+                ("minContains", "maxContains"))
+_COUNTS = frozenset(key for pair in _COUNT_PAIRS for key in pair)
 _LONGEST_COUNT = 2**32 - 1
 
 
-def _counts_clamped(schema: Any) -> Any:
-    """`schema` with each count of `_COUNTS` past `_LONGEST_COUNT` lowered to it (a copy; `schema` itself where
-    none is)."""
-    def wide(node: dict, key: str) -> bool:
-        value = node.get(key)
-        return key in _COUNTS and isinstance(value, int) and not isinstance(value, bool) and value > _LONGEST_COUNT
+def _count_as_compiled(value: Any) -> Any:
+    """A count as the backends read it: a whole number written with a fraction (`2.0`, `1e20`, which JSON Schema
+    takes for integers) as an integer, which outlines-core otherwise ignored (`maxLength: 2.0` let any string
+    through) and llguidance refused; past `_LONGEST_COUNT`, that. Anything else as it is."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value > _LONGEST_COUNT:
+        return _LONGEST_COUNT
+    return value
 
-    if not any(wide(node, key) for _, key, node in walk(schema)):
+
+def _counts_clamped(schema: Any) -> Any:
+    """`schema` with each count written as the backends read it (`_count_as_compiled`; a copy, `schema` itself
+    where none changes)."""
+    def nodes(root: Any) -> list[dict]:
+        return list({id(node): node for _, key, node in walk(root) if key in _COUNTS}.values())
+
+    if not any(_counts_as_compiled(node) for node in nodes(schema)):
         return schema
     schema = copy.deepcopy(schema)
-    for _, key, node in walk(schema):
-        if wide(node, key):
-            node[key] = _LONGEST_COUNT
+    for node in nodes(schema):
+        node.update(_counts_as_compiled(node))
     return schema
+
+
+def _counts_as_compiled(node: dict) -> dict[str, Any]:
+    """The counts of `node` that `_count_as_compiled` changes, changed. A least count past its most one stays past
+    it (`minLength: 2**64 + 5, maxLength: 2**64` would both have been 2**32 - 1: a schema no document meets,
+    served)."""
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    out = {}
+    for least, most in _COUNT_PAIRS:
+        for key in (least, most):
+            if key in node and number(node[key]):
+                compiled = _count_as_compiled(node[key])
+                if compiled != node[key] or type(compiled) is not type(node[key]):
+                    out[key] = compiled
+        sent_least, sent_most = node.get(least), node.get(most)
+        if number(sent_least) and number(sent_most) and sent_least > sent_most:
+            compiled_least, compiled_most = out.get(least, sent_least), out.get(most, sent_most)
+            if compiled_least <= compiled_most:
+                out[most] = compiled_least - 1
+    return out
 
 
 def _endless_references_false(schema: Any) -> Any:

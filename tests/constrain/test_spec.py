@@ -839,6 +839,31 @@ def test_counts_past_what_any_output_holds_are_served_as_such(gpt2_compiler, tok
         assert exc.value.code == "schema_too_large"
 
 
+@pytest.mark.parametrize("backend", ["outlines", "llguidance", "auto"])
+def test_counts_written_with_a_fraction_are_the_integers_they_are(gpt2_compiler, tokenizers, backend):
+    """`maxLength: 2.0` is the integer 2 to JSON Schema: outlines ignored it (auto served strict answers of any
+    length from it), llguidance refused the schema (review of 7e00bd7 F1)."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 2.0},
+                                               "b": {"type": "array", "items": {"type": "integer"}, "minItems": 1e0}},
+              "required": ["a", "b"], "additionalProperties": False}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "f", "schema": schema, "strict": True}}, backend=backend))
+    for text, accepted in (('{"a": "ab", "b": [1]}', True), ('{"a": "abc", "b": [1]}', False),
+                           ('{"a": "ab", "b": []}', False)):
+        assert takes_text(grammar, tokenizers["gpt2"], text, "gpt2") == accepted, (backend, text)
+
+
+def test_a_least_count_past_its_most_stays_past_it_where_both_are_lowered(gpt2_compiler):
+    """`minLength: 2**64 + 5, maxLength: 2**64` both became 2**32 - 1, and the schema no document meets was
+    served (review of 7e00bd7 F4)."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 2**64 + 5, "maxLength": 2**64}},
+              "required": ["a"], "additionalProperties": False}
+    for backend in ("auto", "llguidance", "outlines"):
+        with pytest.raises(ConstraintError):  # (each backend's own words)
+            gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+                "name": "u", "schema": schema, "strict": True}}, backend=backend))
+
+
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 
