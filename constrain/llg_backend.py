@@ -627,8 +627,10 @@ def grammar_text(kind: str, *, schema=None, regex: str | None = None, whitespace
                  lenient: bool = False) -> str:
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(regex)
+    # (as JSON text: handed Python objects, llguidance took no integer past 64 bits anywhere, a `default` or an
+    # `x-` keyword that asserts nothing included: "Value is not JSON serializable", a 400 without a pointer)
     return llguidance.LLMatcher.grammar_from_json_schema(
-        llguidance_schema(schema) if schema is not None else {"type": "object"},
+        json.dumps(llguidance_schema(schema) if schema is not None else {"type": "object"}),
         overrides=_json_options(whitespace_pattern, lenient))
 
 

@@ -864,6 +864,18 @@ def test_a_least_count_past_its_most_stays_past_it_where_both_are_lowered(gpt2_c
                 "name": "u", "schema": schema, "strict": True}}, backend=backend))
 
 
+@pytest.mark.parametrize("annotation", [{"default": 2**70}, {"examples": [2**70]}, {"x-max": 2**70}])
+def test_integers_past_64_bits_in_keywords_that_assert_nothing_compile(gpt2_compiler, tokenizers, annotation):
+    """llguidance was handed the schema as Python objects and took no integer past 64 bits anywhere: a 400 "Value
+    is not JSON serializable", without a pointer, strict or not (review of 7e00bd7 F8)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer", **annotation}}, "required": ["a"],
+              "additionalProperties": False}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": schema, "strict": True}}, backend="llguidance"))
+    assert takes_text(grammar, tokenizers["gpt2"], '{"a": 12}', "gpt2")
+    assert not takes_text(grammar, tokenizers["gpt2"], '{"a": "12"}', "gpt2")
+
+
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 
