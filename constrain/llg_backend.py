@@ -905,7 +905,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     if is_error:
         keys, formats, other = _warnings(msgs)
         if other or kind == "regex" or not (keys or formats):
-            code = "schema_too_large" if any("too large" in m for m in msgs) else "invalid_constraint"
+            code = "schema_too_large" if "schema too large" in msgs else "invalid_constraint"  # (its whole message)
             raise ConstraintError(f"cannot compile constraint: {'; '.join(msgs)[:500]}", param=param, code=code)
         text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
         lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)

@@ -68,7 +68,12 @@ def _unused_marks(schema) -> tuple[str, str]:
     """Two private-use characters the schema holds nowhere, to open and close placeholders with: a string const
     that spelled a placeholder was written as the integer it stood for."""
     held = set(json.dumps(schema, ensure_ascii=False))
-    return next((chr(c), chr(c + 1)) for c in range(0xE000, 0xF8FF, 2) if chr(c) not in held and chr(c + 1) not in held)
+    marks = next(((chr(c), chr(c + 1)) for c in range(0xE000, 0xF8FF, 2)
+                  if chr(c) not in held and chr(c + 1) not in held), None)
+    if marks is None:
+        raise ValueError("the schema holds every private-use character, which outlines' translation marks its "
+                         "patterns with")
+    return marks
 
 
 # The integers outlines-core reads exactly (serde_json's i64 and u64); it reads others as doubles, and wrote

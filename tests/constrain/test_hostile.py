@@ -77,6 +77,24 @@ def test_a_schema_llguidance_finds_too_large_is_schema_too_large(gpt2_compiler):
         gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
             "name": "h", "schema": schema}}, backend="llguidance"))
     assert exc.value.code == "schema_too_large" and "schema too large" in exc.value.message
+    with pytest.raises(ConstraintError) as exc:  # ("too large" in llguidance's words quoting the schema was taken)
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "h", "schema": {"$ref": "#/$defs/too large", "$defs": {"too large": {"type": "integer"}}}}},
+            backend="llguidance"))
+    assert exc.value.code == "invalid_constraint"
+
+
+def test_a_schema_holding_every_private_use_character_is_refused_by_outlines_saying_why(gpt2_compiler):
+    """outlines' translation marks placeholders with private-use characters the schema holds nowhere: with none
+    left its refusal gave no reason (review of 40f66b8 F5). auto serves it with llguidance."""
+    every = "".join(chr(c) for c in range(0xE000, 0xF900))
+    schema = {"type": "object", "properties": {"a": {"enum": [every, "b"]}}, "required": ["a"],
+              "additionalProperties": False}
+    format_ = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format=format_, backend="outlines"))
+    assert "private-use character" in exc.value.message
+    assert gpt2_compiler.compile(spec_from_request(response_format=format_)).backend == "llguidance"
 
 
 def test_an_object_of_hundreds_of_optional_properties_is_followed_past_its_first_key(gpt2_compiler, vocabs):
