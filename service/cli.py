@@ -128,7 +128,8 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
                    help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
     p.add_argument("--max-body-seconds", type=_positive_int, default=_env("max_body_seconds", "60"),
-                   help="seconds a request's body may take to arrive; a slower one gets a 408 (default: 60)")
+                   help="seconds a request's body may take to arrive (a slower one gets a 408), and its request "
+                        "line and headers (else the connection is closed) (default: 60)")
     levels = ["critical", "error", "warning", "info", "debug"]
     p.add_argument("--log-level", default=_env("log_level", "info"), type=_one_of(*levels), choices=levels)
     p.add_argument("--shutdown-timeout", type=_positive_int, default=_env("shutdown_timeout", "25"),

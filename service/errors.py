@@ -6,6 +6,7 @@ FastAPI's 422), 401, 404, 413. Never logs request bodies or keys.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -49,7 +50,39 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 class OpenAIErrorH11Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol (h11), but a request it cannot parse (a malformed request line or header, such as
     `Content-Length: abc`), which never reaches the app, gets its 400 in the OpenAI error shape as every other error
-    does, where uvicorn answers in plain text."""
+    does, where uvicorn answers in plain text; and a connection whose request line and headers have not all come
+    `head_seconds` after it opened (or after its last answer) is closed: a client that sent part of them, or a byte
+    now and then, held its connection for ever (uvicorn's keep-alive timer restarts at every byte)."""
+
+    head_seconds: float = 60.0
+    _head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_deadline = self.loop.call_later(self.head_seconds, self._head_late)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_deadline is not None and self.conn.their_state is not h11.IDLE:  # (the head is in)
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+        self._head_deadline = self.loop.call_later(self.head_seconds, self._head_late)
+
+    def connection_lost(self, exc) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+        super().connection_lost(exc)
+
+    def _head_late(self) -> None:
+        self._head_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():  # (no request under way)
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         body = json.dumps(error_body(400, "the HTTP request is malformed: its request line or headers could not be "

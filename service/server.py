@@ -26,8 +26,9 @@ def run_server(config: ServerConfig) -> None:
     log.info("model loaded on %s (%s), context length %d", loaded.device, loaded.dtype, loaded.context_length)
     app = create_app(config, loaded)
     # (without a deadline, one client that stopped reading held a SIGTERMed server for as long as it stayed)
+    protocol = type("OpenAIErrorH11Protocol", (OpenAIErrorH11Protocol,), {"head_seconds": config.max_body_seconds})
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           http=OpenAIErrorH11Protocol,
+                                           http=protocol,
                                            timeout_graceful_shutdown=config.shutdown_timeout))
     app.state.stop_server = lambda: setattr(server, "should_exit", True)  # (as a SIGTERM does)
     try:

@@ -166,3 +166,31 @@ def test_a_client_without_the_key_is_refused_before_its_body_is_read(auth_server
             answer += data
     assert answer.startswith(b"HTTP/1.1 401"), answer
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "invalid_api_key"
+
+
+def test_a_request_head_trickled_a_byte_at_a_time_is_cut_off(auth_server_small):
+    """A client that sent part of its request line and headers, then a byte now and then, held its connection for
+    ever (uvicorn's keep-alive timer restarts at every byte; review of 21e32d7 F7): `--max-body-seconds` bounds the
+    head too, and the connection closes."""
+    url = urlsplit(auth_server_small.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        for _ in range(40):  # (20 s of a header byte every half second; the limit is 2 s)
+            time.sleep(0.5)
+            try:
+                sock.sendall(b"x")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            sock.settimeout(0.01)
+            try:
+                closed = sock.recv(1) == b""
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                closed = True
+            sock.settimeout(30)
+            if closed:
+                break
+    assert closed
