@@ -143,12 +143,13 @@ async def completions(body: CompletionRequest, request: Request):
         events = await gen.collect(plan, request)
     except ClientGone:
         return JSONResponse({}, status_code=499)
+    first_tokens = _first_tokens(gen, plan)  # (here: the tokenizer is called from one thread at a time)
 
     def answer() -> JSONResponse:
         return JSONResponse(completion_body(
             request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
             created=plan.created, choices=_states(events, plan), prompt_texts=[p.text for p in plan.prompts],
-            first_tokens=_first_tokens(gen, plan), skipped_ids=gen.special_ids,
+            first_tokens=first_tokens, skipped_ids=gen.special_ids,
             output_skipped=_output_skipped(gen, body), n=plan.n,
             prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),
             headers=plan.headers)
