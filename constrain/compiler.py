@@ -158,7 +158,7 @@ class GrammarCompiler:
                                       memory_mb=compile_memory_mb)
         self._pending: dict[str, Future] = {}  # outlines builds under way
         self._waiters: dict[str, int] = {}  # outlines key -> requests awaiting its build (`compile_async`)
-        self._local = threading.local()  # `waited`: the builds a compile_async compile has waited for
+        self._local = threading.local()  # `waited`, `seen`: of the compile_async compile on this thread
         self._llg_pending: dict[str, Future] = {}  # llguidance compiles under way (`_llg`)
         self._failed: OrderedDict[str, ConstraintError] = OrderedDict()  # outlines builds that failed, bounded
         self._seen_once: OrderedDict[str, None] = OrderedDict()  # outlines keys requested once so far, bounded
