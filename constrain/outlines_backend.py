@@ -91,7 +91,7 @@ def _wide_integers_held_out(schema, marks: tuple[str, str]) -> tuple[object, dic
     schema, integers = copy.deepcopy(schema), {}
 
     def held_out(value):
-        if isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS:
+        if _wide(value):
             placeholder = f"{marks[0]}i{len(integers)}{marks[1]}"
             integers[placeholder] = value
             return placeholder
@@ -112,6 +112,10 @@ def _holds_wide(value) -> bool:
         return any(_holds_wide(v) for v in value)
     if isinstance(value, dict):
         return any(_holds_wide(v) for v in value.values())
+    return _wide(value)
+
+
+def _wide(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS
 
 

@@ -146,7 +146,27 @@ def engine_error(message: str | None, code: str | None, plan: Plan) -> APIError:
 
 
 class ClientGone(Exception):
-    """The client disconnected; the engine requests were cancelled."""
+    """The client disconnected; what was under way for it (its planning, its engine requests) was cancelled."""
+
+
+async def until_done_or_gone(request, work, on_gone=None):
+    """The result of awaitable `work`, watching every 0.25 s for the client leaving; then ClientGone, and `work` is
+    cancelled (after `on_gone`, when given)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            finished, _ = await asyncio.wait({task}, timeout=0.25)
+            if finished:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            if on_gone is not None:
+                on_gone()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 def _constraint_error(exc) -> APIError:
@@ -464,18 +484,5 @@ class Generation:
                     if event.finish_reason == "error":
                         return  # (leaving `events` early cancels the engine requests)
 
-        task = asyncio.create_task(gather())
-        try:
-            while True:
-                finished, _ = await asyncio.wait({task}, timeout=0.25)
-                if finished:
-                    task.result()
-                    return events
-                if await request.is_disconnected():
-                    raise ClientGone()
-        finally:
-            if not task.done():
-                self.cancel(plan)
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await until_done_or_gone(request, gather(), on_gone=lambda: self.cancel(plan))
+        return events

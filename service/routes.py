@@ -8,7 +8,7 @@ import contextlib
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from service.generation import ClientGone, Generation, Plan, engine_error
+from service.generation import ClientGone, Generation, Plan, engine_error, until_done_or_gone
 from service.protocol import ChatCompletionRequest, CompletionRequest
 from service.responses import ChoiceState, chat_body, completion_body
 from service.sse import chat_stream, completion_stream
@@ -36,19 +36,7 @@ async def _planned(request: Request, planning) -> Plan:
     """The plan `planning` makes, or ClientGone once the client leaves before it is made: its compile is then
     cancelled, and an outlines build it was waiting for is dropped when nobody else waits for it (ten clients
     that left while their schemas waited for builds had all ten made, one after the other)."""
-    task = asyncio.ensure_future(planning)
-    try:
-        while True:
-            finished, _ = await asyncio.wait({task}, timeout=0.25)
-            if finished:
-                return task.result()
-            if await request.is_disconnected():
-                raise ClientGone()
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+    return await until_done_or_gone(request, planning)
 
 
 def _streaming(request: Request, gen: Generation, plan: Plan, body) -> StreamingResponse:
@@ -143,7 +131,7 @@ async def completions(body: CompletionRequest, request: Request):
         events = await gen.collect(plan, request)
     except ClientGone:
         return JSONResponse({}, status_code=499)
-    first_tokens = _first_tokens(gen, plan)  # (here: the tokenizer is called from one thread at a time)
+    first_tokens = _first_tokens(gen, plan)  # (on the loop, as before: the answer's thread calls no tokenizer)
 
     def answer() -> JSONResponse:
         return JSONResponse(completion_body(
