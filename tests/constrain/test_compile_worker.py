@@ -73,7 +73,8 @@ def test_requests_waiting_on_outlines_builds_hold_no_compile_thread_and_leaving_
         tokenizers, vocabs):
     """40 requests naming outlines (past the 32 request threads) left a `choice` compile queued behind their
     builds for minutes, and a client that left had every build it asked for made anyway (QA hostile F2)."""
-    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=3)
+    # (6 s: the first build must still be under way when the `choice` is compiled, a second or two in)
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=6)
 
     async def run():
         slow = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
