@@ -112,22 +112,18 @@ def param_path(parts: list[str | int]) -> str:
     return path
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     """The first validation error as one sentence naming the parameter (e.g. `temperature`)."""
-    errors = exc.errors()
     if not errors:
         return "invalid request body", None
     first = errors[0]
-    loc = [p for p in first.get("loc", ()) if p != "body"]
     # drop pydantic's union-branch names ("str", "list[int]", "function-after[...]") from the location
-    loc = [p for p in loc if isinstance(p, int) or not (any(ch in p for ch in "[]")
-                                                         or p in ("str", "int", "float", "bool", "dict"))]
+    loc = [p for p in first.get("loc", ()) if isinstance(p, int) or not (any(ch in p for ch in "[]")
+                                                                       or p in ("str", "int", "float", "bool", "dict"))]
     named = getattr((first.get("ctx") or {}).get("error"), "param", None)  # a check across fields names its own
     param = param_path(loc + ([named] if named else [])) or None
     msg = str(first.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
-    if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None
     if not param and first.get("type") in ("model_attributes_type", "dict_type", "model_type", "missing"):
         return _NOT_AN_OBJECT, None  # ("missing": no body at all)
     if first.get("type") == "missing" and param:
@@ -139,16 +135,27 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return msg, None
 
 
-def _unparsed_body_message(cause: BaseException | None) -> str:
-    """Why FastAPI could not read the body. Valid JSON can still fail: Python reads no integer of more than 4300
-    digits (its guard against quadratic-time conversion), nor nesting past its recursion limit, and a client that
-    sent such should hear that, not that its JSON is invalid."""
+def invalid_body(errors: list[dict], content_type: str | None) -> APIError:
+    """The 400 for a body that is not a valid request: pydantic's first error (locations within the body), as one
+    sentence naming its parameter."""
+    message, param = _validation_message(errors)
+    if message == _NOT_AN_OBJECT and content_type and "json" not in content_type.lower():
+        # (curl -d without -H sends application/x-www-form-urlencoded: the body is not read as JSON at all)
+        message += f", sent with Content-Type: application/json (this request's is {content_type!r})"
+    return invalid(message, param)
+
+
+def unreadable_body(cause: BaseException | None) -> APIError:
+    """The 400 for a body that could not be read as JSON. Valid JSON can still fail: Python reads no integer of more
+    than 4300 digits (its guard against quadratic-time conversion), nor nesting past its recursion limit, and a
+    client that sent such should hear that, not that its JSON is invalid."""
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
-        return (f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits, which this "
-                "server does not read")
+        return invalid(f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                       "which this server does not read")
     if isinstance(cause, RecursionError):  # (Python's JSON reader recurses per level)
-        return "the request body nests arrays and objects deeper than this server reads (about 1,000 levels)"
-    return "the request body is not valid JSON"
+        return invalid("the request body nests arrays and objects deeper than this server reads (about 1,000 "
+                       "levels)")
+    return invalid("the request body is not valid JSON")  # (also bytes that are not UTF-8)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -158,24 +165,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        content_type = request.headers.get("content-type", "")
-        if message == _NOT_AN_OBJECT and content_type and "json" not in content_type.lower():
-            # (curl -d without -H sends application/x-www-form-urlencoded: the body is not read as JSON at all)
-            message += f", sent with Content-Type: application/json (this request's is {content_type!r})"
-        return JSONResponse(error_body(400, message, param, "invalid_request"), status_code=400)
+        # (no route has FastAPI read its body, service/routes.py does; a query or path parameter it checks fails
+        # here, in the same shape)
+        errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()]  # (without "body"/"query")
+        return error_response(invalid_body(errors, request.headers.get("content-type")))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = None
         if exc.status_code == 404:
             message = f"unknown route: {request.method} {request.url.path}"
-        elif exc.status_code == 400 and exc.detail == "There was an error parsing the body":
-            # (FastAPI's words for a body it could not decode at all, such as bytes that are not UTF-8)
-            message, code = _unparsed_body_message(exc.__cause__), "invalid_request"
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(exc.status_code, message, None, code), status_code=exc.status_code,
+        return JSONResponse(error_body(exc.status_code, message, None, None), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

@@ -6,8 +6,10 @@ route can name them in a response header; fields the API defines but we cannot h
 
 from __future__ import annotations
 
+import email.message
+import json
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt,
                       field_validator, model_validator)
@@ -200,9 +202,16 @@ StopField = str | list[str] | None
 
 
 def _first_invalid_text(value) -> str | None:
-    """The path of the first string holding a lone UTF-16 surrogate (JSON allows "\\ud800", UTF-8 does not). Each
-    node is followed with a link to its parent, and only the path of the string found is spelled: spelling every
-    node's path cost depth x nodes (a 3 MB body nested 990 deep: 6 s of the event loop and 4 GB)."""
+    """The path of the first string holding a lone UTF-16 surrogate (JSON allows "\\ud800", UTF-8 does not). The
+    whole value is first written as UTF-8 in one go (C code: 0.2 s for 200,000 messages, where the walk below takes
+    1.4 s); only where that fails is it walked to find the place. Each node is followed with a link to its parent,
+    and only the path of the string found is spelled: spelling every node's path cost depth x nodes (a 3 MB body
+    nested 990 deep: 6 s of the event loop and 4 GB)."""
+    try:
+        json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
+        return None
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        pass  # (a lone surrogate, or a value not written as JSON: walked)
     stack: list[tuple[Any, tuple | None]] = [(value, None)]  # (node, (its parent's place, key or index) or None)
     while stack:
         node, place = stack.pop()
@@ -518,3 +527,22 @@ class CompletionRequest(_SamplingFields):
                     isinstance(p, list) and any(t < 0 for t in p) for p in value):
                 raise ValueError("token ids in `prompt` must be non-negative")
         return value
+
+
+_Request = TypeVar("_Request", bound=_SamplingFields)
+
+
+def read_body(raw: bytes, content_type: str | None, model: type[_Request]) -> _Request:
+    """The body as `model`, read as FastAPI reads a JSON body: as JSON where its Content-Type is JSON (`application/
+    json`, `application/*+json`), otherwise left as bytes, which no request model takes (curl -d without -H sends a
+    form); no body at all is None. Raises pydantic's ValidationError, or what `json.loads` raises."""
+    if not raw:
+        return model.model_validate(None)
+    data: Any = raw
+    if content_type:
+        message = email.message.Message()
+        message["content-type"] = content_type
+        subtype = message.get_content_subtype()
+        if message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json")):
+            data = json.loads(raw)
+    return model.model_validate(data)
