@@ -33,6 +33,17 @@ class ConstraintError(ValueError):
         self.code = code
 
 
+def refuse_unread_fields(obj: dict, known: tuple[str, ...], param: str, hint: str = "") -> None:
+    """A field of a constraint's object that this server does not read is a 400 naming it (`param.field`), as
+    OpenAI answers: a schema sent under a key the shape does not have would otherwise leave the output silently
+    unconstrained. A field set to null counts as not sent."""
+    for name, value in obj.items():
+        if name not in known and value is not None:
+            raise ConstraintError(f"Unknown parameter: '{param}.{name}': {param} takes "
+                                  f"{', '.join(repr(k) for k in known)}{hint}", param=f"{param}.{name}",
+                                  code="unknown_parameter")
+
+
 @dataclass(frozen=True)
 class ConstraintSpec:
     """A normalised output constraint, hashable and serialisable (its `key` feeds the compile caches)."""

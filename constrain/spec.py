@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import jsonschema
 
-from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
 from constrain.limits import check_schema_limits
 from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
@@ -561,24 +561,13 @@ _RESPONSE_FORMAT_FIELDS = {"text": ("type",), "json_object": ("type", "schema"),
 _JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
 
 
-def _refuse_unread_fields(obj: dict, known: tuple[str, ...], param: str, hint: str = "") -> None:
-    """A field of a constraint's object that this server does not read is a 400 naming it (`param.field`), as
-    OpenAI answers: a schema sent under a key the shape does not have would otherwise leave the output silently
-    unconstrained. A field set to null counts as not sent."""
-    for name, value in obj.items():
-        if name not in known and value is not None:
-            raise ConstraintError(f"Unknown parameter: '{param}.{name}': {param} takes "
-                                  f"{', '.join(repr(k) for k in known)}{hint}", param=f"{param}.{name}",
-                                  code="unknown_parameter")
-
-
 def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | None:
     p = "response_format"
     if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
         raise ConstraintError("response_format must be an object with a string 'type'", param=p)
     kind = rf["type"]
     if kind in _RESPONSE_FORMAT_FIELDS:
-        _refuse_unread_fields(rf, _RESPONSE_FORMAT_FIELDS[kind], p, f" with type {kind!r} (a schema goes in "
+        refuse_unread_fields(rf, _RESPONSE_FORMAT_FIELDS[kind], p, f" with type {kind!r} (a schema goes in "
                               f"'schema' with type 'json_object', in 'json_schema': {{'name', 'schema', 'strict'}} "
                               f"with type 'json_schema')")
     if kind == "text":
@@ -593,7 +582,7 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         js = rf.get("json_schema")
         if not isinstance(js, dict):
             raise ConstraintError("response_format.json_schema must be an object with 'name' and 'schema'", param=p)
-        _refuse_unread_fields(js, _JSON_SCHEMA_FIELDS, "response_format.json_schema")
+        refuse_unread_fields(js, _JSON_SCHEMA_FIELDS, "response_format.json_schema")
         name = js.get("name")
         if name is not None and not (isinstance(name, str) and SCHEMA_NAME.fullmatch(name)):
             # (OpenAI's rule; a client that omits the name is let through, as other compatible servers do)
@@ -731,7 +720,7 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
                                   "close the objects in the schema (`additionalProperties: false`)",
                                   param="structured_outputs.disable_additional_properties",
                                   code="unsupported_parameter")
-        _refuse_unread_fields(outputs, _STRUCTURED_OUTPUTS_CONSTRAINTS + STRUCTURED_OUTPUTS_OPTIONS
+        refuse_unread_fields(outputs, _STRUCTURED_OUTPUTS_CONSTRAINTS + STRUCTURED_OUTPUTS_OPTIONS
                               + _STRUCTURED_OUTPUTS_INTERNAL + ("disable_additional_properties",),
                               "structured_outputs")
         for key in _STRUCTURED_OUTPUTS_CONSTRAINTS:
@@ -745,7 +734,7 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
         kind = {"json": "schema", "regex": "regex", "json_object": "json_object"}.get(grammar.get("type"))
         if kind is None:
             raise ConstraintError("grammar.type must be 'json', 'regex' or 'json_object'", param="grammar")
-        _refuse_unread_fields(grammar, ("type", "value"), "grammar")
+        refuse_unread_fields(grammar, ("type", "value"), "grammar")
         if kind != "json_object" and grammar.get("value") is None:
             raise ConstraintError(f"grammar.value is required with grammar.type {grammar['type']!r}: the "
                                   f"{'schema' if kind == 'schema' else 'pattern'} to follow", param="grammar.value")

@@ -49,7 +49,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
 from constrain.harmony import ARGS_OPEN, CALL_OPEN
 
 
@@ -243,6 +243,9 @@ def _allowed_functions(functions: list[dict], allowed: Any) -> tuple[list[dict],
             raise ConstraintError(f"tool_choice.allowed_tools.tools[{i}] must be "
                                   "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
         names.add(_named(functions, fn.get("name"), f"tool_choice.allowed_tools.tools[{i}]")["name"])
+        refuse_unread_fields(entry, ("type", "function"), f"tool_choice.allowed_tools.tools[{i}]")
+        refuse_unread_fields(fn, ("name",), f"tool_choice.allowed_tools.tools[{i}].function")
+    refuse_unread_fields(allowed, ("mode", "tools"), "tool_choice.allowed_tools")
     return [fn for fn in functions if fn["name"] in names], allowed["mode"]
 
 
@@ -264,11 +267,16 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
         raise ConstraintError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     mode = "auto" if tool_choice is None else tool_choice
     if isinstance(mode, dict) and mode.get("type") == "allowed_tools":
-        functions, mode = _allowed_functions(functions, mode.get("allowed_tools"))
+        functions, mode = _allowed_functions(functions, tool_choice.get("allowed_tools"))
+        refuse_unread_fields(tool_choice, ("type", "allowed_tools"), "tool_choice")
     if isinstance(mode, dict) and mode.get("type") == "function":
         fn = mode.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        functions, mode, single = [_named(functions, name, "tool_choice.function.name")], "named", True
+        named = _named(functions, name, "tool_choice.function.name")
+        # (a field tool_choice does not have is refused, as response_format's are: `function_call`'s are too)
+        refuse_unread_fields(mode, ("type", "function"), "tool_choice")
+        refuse_unread_fields(fn, ("name",), "tool_choice.function")
+        functions, mode, single = [named], "named", True
     elif mode in ("auto", "required"):
         single = not parallel_tool_calls
     else:

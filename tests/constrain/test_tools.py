@@ -162,6 +162,28 @@ def test_malformed_allowed_tools_are_refused_naming_tool_choice(tool_choice, sai
     assert exc.value.param == "tool_choice" and said in exc.value.message
 
 
+@pytest.mark.parametrize("tool_choice, param", [
+    ({"type": "function", "function": {"name": "add"}, "extra": 1}, "tool_choice.extra"),
+    ({"type": "function", "function": {"name": "add", "strict": True}}, "tool_choice.function.strict"),
+    ({**_allowed("auto", "add"), "tools": []}, "tool_choice.tools"),
+    ({"type": "allowed_tools", "allowed_tools": {**_allowed("auto", "add")["allowed_tools"], "x": 1}},
+     "tool_choice.allowed_tools.x"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "add"}, "strict": True}]}}, "tool_choice.allowed_tools.tools[0].strict"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "add", "parameters": {}}}]}},
+     "tool_choice.allowed_tools.tools[0].function.parameters"),
+])
+def test_a_field_of_tool_choice_the_server_does_not_read_is_refused_naming_it(tool_choice, param):
+    """As response_format's are (and the deprecated function_call's): they were dropped without a word."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(tools=TOOLS, tool_choice=tool_choice)
+    assert exc.value.param == param and exc.value.code == "unknown_parameter", exc.value.message
+    # (null counts as not sent)
+    assert spec_from_request(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"},
+                                                       "extra": None}).tool_names == ("add",)
+
+
 def test_system_prompt_names_functions_and_format():
     text = tools_system_prompt(TOOLS)
     assert "get_weather" in text and "add" in text and '"arguments"' in text
