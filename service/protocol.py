@@ -374,6 +374,9 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     modalities: list[str] | None = None
+    # OpenAI's processing tiers: one tier here, so a valid value is ignored (and named as ignored); another is a 400,
+    # as OpenAI answers it
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # Deprecated by OpenAI, still sent by older clients: served as the `tools` they became (`_legacy_functions`)
     functions: list[FunctionDefinition] | None = None
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None
@@ -412,9 +415,10 @@ class ChatCompletionRequest(_SamplingFields):
 
     @property
     def extra_fields(self) -> list[str]:
-        """Also the unknown fields of messages, as `messages.N.name` (a message echoed back from an answer may
-        carry fields such as `annotations` or `audio`: accepted, named), and of tools, as `tools.N.name` and
-        `tools.N.function.name` (`functions.N.name` where the request sent the deprecated `functions`)."""
+        """Also `service_tier` where sent, and the unknown fields of messages, as `messages.N.name` (a message echoed
+        back from an answer may carry fields such as `annotations` or `audio`: accepted, named), and of tools, as
+        `tools.N.name` and `tools.N.function.name` (`functions.N.name` where the request sent the deprecated
+        `functions`)."""
         nested = [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
                   for name in sorted(m.model_extra or {}) if not m.renders(name)]
         for i, tool in enumerate(self.tools or ()):
@@ -422,7 +426,8 @@ class ChatCompletionRequest(_SamplingFields):
             nested += [f"{where}.{name}" for name in sorted(tool.model_extra or {})]
             nested += [f"{where}{'' if self.uses_functions else '.function'}.{name}"
                        for name in sorted(tool.function.model_extra or {})]
-        return super().extra_fields + nested
+        tier = ["service_tier"] if self.service_tier is not None else []
+        return super().extra_fields + tier + nested
 
     @property
     def generation_prompt(self) -> bool:

@@ -39,6 +39,8 @@ def _assert_error(r, status, param=None):
     # a key past 4300 digits made `int` raise: a 500
     ("logit_bias", {"9" * 5000: 1}), ("logit_bias", {"0" * 5000 + "9" * 5000: 1}), ("logit_bias", {"9" * 30: 1}),
     ("n", 9),  # (past the test server's --max-batch-size 8: a prompt's choices decode together)
+    ("logit_bias", {"5": 100, "05": -100}),  # (one token twice: the later entry silently won)
+    ("service_tier", "bogus"), ("service_tier", 1),  # (OpenAI's tiers; another is OpenAI's 400 too)
 ])
 def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "messages": HELLO, field: value}
@@ -376,6 +378,10 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
                                                "prediction": {"type": "content", "content": "Hello there"}})
     assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "prediction"
+    # one processing tier here: a tier OpenAI defines is ignored, and said so (another is a 400)
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
+                                               "service_tier": "flex"})
+    assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "service_tier"
 
 
 def test_a_field_many_messages_carry_is_named_once_and_the_list_is_bounded(http):
