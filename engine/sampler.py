@@ -123,18 +123,20 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
     Exact, but cheap when the nucleus is small: the top 1024 candidates are examined first, then the top 16384
     (unless the 1024th's probability shows they cannot hold some row's nucleus), and when some row's nucleus does
-    not fit in those either, a full sort (one host check per tier)."""
+    not fit in those either, a full sort (one host check per tier). A row at top_p 1 (beside rows that cut) keeps
+    every token: a float32 running sum reaches 1 before the last tokens, and ~12,000 unlikely ones were cut."""
     probs = torch.softmax(logits, dim=-1)
     width = logits.shape[-1]
+    whole = top_p >= 1.0
     tiers = [k for k in TOP_P_CANDIDATES if k < width]
     for i, candidates in enumerate(tiers):
         cand_probs, cand_ids = probs.topk(candidates, dim=-1)
         mass = cand_probs.sum(dim=-1)
-        if bool((mass >= top_p).all()):
+        if bool(((mass >= top_p) | whole).all()):
             return logits.masked_fill(~_nucleus_keep(probs, cand_probs, cand_ids, top_p), NEG_INF)
         if i + 1 < len(tiers):  # the next tier's mass is at most this one's plus its extra tokens at the last's p
             bound = mass + (tiers[i + 1] - candidates) * cand_probs[:, -1]
-            if not bool((bound >= top_p).all()):
+            if not bool(((bound >= top_p) | whole).all()):
                 break
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     return logits.masked_fill(~_nucleus_keep(probs, sorted_probs, order, top_p), NEG_INF)
@@ -145,7 +147,8 @@ def _nucleus_keep(probs: torch.Tensor, sorted_probs: torch.Tensor, order: torch.
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     keep_sorted = mass_before < top_p.unsqueeze(1)
     keep_sorted[:, 0] = True
-    return torch.zeros_like(probs, dtype=torch.bool).scatter_(1, order, keep_sorted)
+    keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, order, keep_sorted)
+    return keep | (top_p >= 1.0).unsqueeze(1)  # (see apply_top_p)
 
 
 def apply_mirostat(logits: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:

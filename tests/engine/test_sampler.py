@@ -228,6 +228,20 @@ def test_top_p_with_a_wide_vocabulary_matches_reference_on_both_paths():
         assert torch.equal(torch.isneginf(got), torch.isneginf(ref))
 
 
+def test_a_row_at_top_p_1_keeps_every_token_beside_rows_that_cut(monkeypatch):
+    """A float32 running sum reaches 1 before a peaked row's last tokens: a request that asked for no nucleus had
+    ~12,000 of them cut whenever another row of its batch asked for one, and it made every such step sort in full."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 151936, generator=g) * 3.0
+    sorts = []
+    original = torch.Tensor.sort
+    monkeypatch.setattr(torch.Tensor, "sort", lambda self, *a, **k: sorts.append(1) or original(self, *a, **k))
+    got = apply_top_p(logits.clone(), torch.tensor([1.0, 0.5]))
+    assert not bool(torch.isneginf(got[0]).any())
+    assert torch.equal(torch.isneginf(got[1:]), torch.isneginf(apply_top_p(logits[1:].clone(), torch.tensor([0.5]))))
+    assert sorts == []
+
+
 def test_a_nucleus_past_1024_candidates_is_found_without_a_full_sort(monkeypatch):
     """A flatter distribution (a high temperature) whose nucleus needs thousands of tokens was sorted in full at every
     step (~15 ms a row at 152k on a CPU); the top 16384 are examined first, with the same result."""
