@@ -5,8 +5,9 @@ and every first request. Never blocks on a model; never touches HTTP.
 
 Budget rule: llguidance exposes no distance-to-accept, so the matcher measures one: it walks a copy of itself
 to a greedy short completion, one byte token at a time (prefer closing quotes, brackets and `0`; take forced
-bytes as they come), spelled with the vocabulary's longest tokens. Near the budget (the tokens left within twice
-the completion plus _CLOSING_MARGIN) the engine has each sampled token vetted (`vet`): a token after which the
+bytes as they come), spelled with the vocabulary's longest tokens, but for bytes the grammar forces: those take
+the tokens llguidance forces for them, the only ones its mask then allows. Near the budget (the tokens left within
+twice the completion plus _CLOSING_MARGIN) the engine has each sampled token vetted (`vet`): a token after which the
 completion would no longer fit is replaced by the completion's next token; the mask stays the grammar's (with no
 slack left it held only that token, which overrode greedy choices, logit_bias and the logprobs where another token
 also fit: `[ab]` with one token left always wrote `a`, at logprob 0). So the document closes complete and valid
@@ -240,11 +241,52 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
     if walked is not None and matcher.validate_tokens(walked) != len(walked):  # (an added token it does not take)
         walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors,
                                  ordinary=True, refuses=refuses, values=values)
+    walked = _as_forced(matcher, vocab, walked) if walked is not None else None
     if keys is None and hints:
         ending = _ending_hint(matcher, vocab, hints)
+        ending = _as_forced(matcher, vocab, ending) if ending is not None else None
         if ending is not None and (walked is None or len(ending) < len(walked)):
             return ending
     return walked
+
+
+def _as_forced(matcher: "llguidance.LLMatcher", vocab: Vocabulary, ids: list[int]) -> list[int]:
+    """`ids`, a completion from `matcher`'s state, as llguidance lets it be written: where its grammar forces bytes,
+    the mask holds only the tokens llguidance forces, the tokenizer's own for them read after the token before
+    (`","` `_` `id` where the walk spelled `","` `_id`: one token more, and half the answers to a schema with a
+    required `_id` ended one token short of their `}`). Those are taken, and the rest spelled again from where
+    they end; `ids` as they are where the two do not line up."""
+    walk = matcher.deep_copy()
+    out, rest = [], list(ids)
+    while rest:
+        forced = walk.compute_ff_tokens()
+        if forced:
+            rest = _after_bytes(rest, b"".join(vocab.token_bytes[t] or b"" for t in forced), vocab)
+            if rest is None or not walk.consume_tokens(forced):
+                return ids
+            out += forced
+        elif walk.consume_token(rest[0]):
+            out.append(rest.pop(0))
+        else:
+            return ids
+    return out
+
+
+def _after_bytes(ids: list[int], data: bytes, vocab: Vocabulary) -> list[int] | None:
+    """`ids` less the tokens that spell `data` from their start, a token that `data` ends inside spelled again
+    from there; None where `ids` do not begin with `data`."""
+    for i, t in enumerate(ids):
+        if not data:
+            return ids[i:]
+        piece = vocab.token_bytes[t] or b""
+        if data.startswith(piece):
+            data = data[len(piece):]
+        elif piece.startswith(data):
+            tail = vocab.spell(piece[len(data):], ordinary=True)
+            return tail + ids[i + 1:] if tail is not None else None
+        else:
+            return None
+    return [] if not data else None
 
 
 def _ending_hint(matcher: "llguidance.LLMatcher", vocab: Vocabulary, hints: tuple[bytes, ...]) -> list[int] | None:
@@ -1629,7 +1671,9 @@ class LlgMatcher(Matcher):
         if not spelled.startswith(data):
             return None
         rest = self._g.vocab.spell(spelled[len(data):]) if len(spelled) > len(data) else []
-        return rest if rest is not None and after.validate_tokens(rest + [eos]) == len(rest) + 1 else None
+        if rest is None or after.validate_tokens(rest + [eos]) != len(rest) + 1:
+            return None
+        return _as_forced(after, self._g.vocab, rest)
 
     def _near_for(self, data: bytes, tokens_left: int) -> bool:
         """Whether a sampled token of bytes `data` is vetted (`_near`, by what it may do to the completion): one that

@@ -84,7 +84,10 @@ def random_walk(grammar, vocab, rng: random.Random, max_tokens: int, budget: boo
         pool = short if len(short) and rng.random() < 0.5 else choices
         tok = int(pool[rng.randrange(len(pool))])
         if budget:
-            tok = m.vet(tok, max_tokens - step)  # as the engine does (an EOS id ends the output)
+            vetted = m.vet(tok, max_tokens - step)  # as the engine does (an EOS id ends the output)
+            # (the engine keeps the sampled token where the rule's is not in the mask)
+            _check(vetted == tok or vetted in ids, "the budget rule's token is not in the mask")
+            tok = vetted
             if tok in vocab.eos_token_ids:
                 _check(m.can_end(), "the budget rule ended an output that cannot end")
                 return toks, True

@@ -137,6 +137,7 @@ def offered_walk(grammar, vocab, prefix: list[int], offered: list[int], tokens_l
         allowed = allowed_ids(bitmask).tolist()
         want = offered[len(out)] if len(out) < len(offered) and offered[len(out)] in allowed else allowed[0]
         token = m.vet(want, tokens_left)
+        assert token == want or token in allowed, "the budget rule's token is not in the mask (the engine keeps want)"
         if token in vocab.eos_token_ids:
             break
         assert m.accept(token)

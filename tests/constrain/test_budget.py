@@ -667,3 +667,24 @@ def test_a_string_that_cannot_close_yet_is_finished_with_a_hint_first(fmt, writt
     m = g.matcher()
     assert all(m.accept(t) for t in tokenizers["gpt2"].encode(written))
     assert m.min_tokens_to_end() <= most
+
+
+UNDERSCORE_KEY = {"type": "object", "properties": {"a": {"type": "string"}, "_id": {"type": "integer"}},
+                  "required": ["a", "_id"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("tokens_left", range(10, 16))
+def test_a_completion_through_forced_bytes_counts_the_tokens_llguidance_forces(tokens_left, tokenizers, vocabs):
+    """Where the grammar forces bytes (a required key's name), llguidance's mask holds only the tokenizer's own
+    tokens for them, read after the token before: Qwen2 writes `","` `_` `id`, where the completion had been spelled
+    `","` `_id`, one token fewer. Half the answers to such a schema (keys `_id`, `_elements`) ended one token short
+    of their `}` (QA soundness F1; these tokens are a served answer's, cut at `"_id":7`)."""
+    vocab = vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tokenizers["qwen2"], backend="llguidance")
+    grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=UNDERSCORE_KEY, strict=True))
+    ids = vocab.ids_by_bytes()
+    pieces = ['{"', "a", '":"', " pháp", "负债", " disappointed", " ));", '","', "_", "id", '":', "7", "}"]
+    written = offered_walk(grammar, vocab, [], [ids[p.encode()] for p in pieces], tokens_left)
+    compiler.close()
+    jsonschema.validate(json.loads(decode(vocab, written)), UNDERSCORE_KEY)
+
