@@ -92,8 +92,31 @@ def walk(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
                 stack.extend((v, f"{kp}/{escape(k)}") for k, v in value.items() if isinstance(v, dict))
 
 
+def walk_with_refs(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
+    """As `walk`, then also through the subschemas local `$ref`s of `schema` (the root) name where `walk` does not
+    go: `#/definitions/a/full` names a subschema under `full`, no keyword, which the backends compile all the same
+    (JsonSchemaStore's schemas nest their definitions so)."""
+    reached: set[int] = set()
+    work = [(schema, base)]
+    while work:
+        refs = []
+        for found in walk(*work.pop()):
+            yield found
+            _, key, holder = found
+            reached.add(id(holder))
+            if key == "$ref" and isinstance(holder[key], str):
+                refs.append(holder[key])
+        for ref in refs:
+            target = resolve_ref(schema, ref)
+            if isinstance(target, dict) and id(target) not in reached:
+                reached.add(id(target))
+                work.append((target, base + ref[1:]))
+
+
 def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:
-    return [p for p, k, _ in walk(schema, base) if k in keywords]
+    """The pointers of `keywords` in every subschema (`walk_with_refs`: a oneOf llguidance left unenforced under
+    `#/definitions/a/full` was named as the root `/`, so no check took it up)."""
+    return [p for p, k, _ in walk_with_refs(schema, base) if k in keywords]
 
 
 def client_pointer(source: Any, pointer: str) -> str:

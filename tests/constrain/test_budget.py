@@ -688,3 +688,27 @@ def test_a_completion_through_forced_bytes_counts_the_tokens_llguidance_forces(t
     compiler.close()
     jsonschema.validate(json.loads(decode(vocab, written)), UNDERSCORE_KEY)
 
+
+# The pattern sits under `local`, no keyword: only the $ref that names it leads there (JsonSchemaStore's vtestunit)
+PATTERN_UNDER_AN_UNKNOWN_KEY = {"$ref": "#/definitions/a/full", "definitions": {"a": {
+    "local": {"one": {"type": "string", "pattern": r"\.([Yy][Aa][Mm][Ll]|[Jj][Ss][Oo][Nn])$"}},
+    "full": {"type": "object", "properties": {"includes": {"$ref": "#/definitions/a/local/one"}},
+             "required": ["includes"], "additionalProperties": False}}}}
+
+
+def test_a_pattern_that_only_a_ref_leads_to_still_closes_within_the_budget(tokenizers, vocabs):
+    """The completion finishes a string its pattern must end with `.json` from the pattern's examples (hints),
+    which were looked for only where a walk of the schema goes: this one was missed, and answers ran to max_tokens
+    inside the string (QA soundness F3)."""
+    vocab = vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tokenizers["qwen2"], backend="llguidance")
+    grammar = compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "strict": True, "schema": PATTERN_UNDER_AN_UNKNOWN_KEY}}))
+    rng = random.Random(0)
+    for max_tokens in (16, 24, 40):
+        for _ in range(8):
+            toks, _ = random_walk(grammar, vocab, rng, max_tokens, budget=True)
+            m = grammar.matcher()
+            assert all(m.accept(t) for t in toks) and m.can_end(), ("truncated", max_tokens)
+            jsonschema.validate(json.loads(decode(vocab, toks)), PATTERN_UNDER_AN_UNKNOWN_KEY)
+    compiler.close()

@@ -290,6 +290,27 @@ def test_a_tool_parameter_one_of_is_kept_exact(gpt2_compiler, tokenizers, vocabs
     assert not _accepts(g, tok, vocab, '[{"name": "f", "arguments": {"v": [3]}}]')
 
 
+# The oneOf sits under `full`, no keyword: only the $ref that names it leads there (JsonSchemaStore's vtestunit)
+UNDER_AN_UNKNOWN_KEY = {"$ref": "#/definitions/a/full", "definitions": {"a": {"full": {
+    "type": "object", "properties": {"v": {"type": "array", "items": {"oneOf": [
+        {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False},
+        {"type": "object", "properties": {"y": {"type": "integer"}}, "additionalProperties": False}]}}},
+    "required": ["v"], "additionalProperties": False}}}}
+
+
+def test_a_one_of_that_only_a_ref_leads_to_is_checked_without_strict_too(gpt2_compiler, tokenizers, vocabs):
+    """llguidance said `oneOf` was left unenforced, and the keyword was looked for only where a walk of the schema
+    goes: none was found, the root `/` was named, and so no check took it up: `{"v": [{}]}` (both branches match)
+    was served without strict, where strict checked it (QA soundness F2)."""
+    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(UNDER_AN_UNKNOWN_KEY), strict=False,
+                          backend="llguidance")
+    g = gpt2_compiler.compile(spec)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert g.unenforced == ()
+    assert _accepts(g, tok, vocab, '{"v": [{"x": 1}, {"y": 2}]}')
+    assert not _accepts(g, tok, vocab, '{"v": [{}]}')
+
+
 NESTED = {"type": "object", "properties": {"v": {
     "type": "object", "oneOf": [{"properties": {"t": {"items": {"type": "integer"}}}},
                                 {"properties": {"t": {"items": {"type": "number", "minimum": 0}}}}],
