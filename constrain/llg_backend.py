@@ -1663,7 +1663,9 @@ class LlgMatcher(Matcher):
         if after.validate_tokens(closing + [eos]) == len(closing) + 1:
             refuses = self._walk_refuses(prefix)  # (it completes the grammar: the checks may still refuse it)
             if refuses is None or not refuses(b"".join(self._g.vocab.token_bytes[t] or b"" for t in closing), True):
-                return closing
+                # (where the token leaves bytes forced, as a space before a required key's `"`, the completion
+                # begins with the tokens llguidance forces: `"` `__` `v`, not the `"_` `_v` spelled before it)
+                return _as_forced(after, self._g.vocab, closing) if after.compute_ff_tokens() else closing
         # The token wrote the completion's first bytes (`"` of `"]}`, `,` of `,""]}`): the rest of it, spelled anew.
         token_bytes = self._g.vocab.token_bytes
         if not data or any(token_bytes[t] is None for t in closing):

@@ -689,6 +689,27 @@ def test_a_completion_through_forced_bytes_counts_the_tokens_llguidance_forces(t
     jsonschema.validate(json.loads(decode(vocab, written)), UNDERSCORE_KEY)
 
 
+DOUBLE_UNDERSCORE_KEY = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+                                                        "__v": {"type": "integer"}},
+                         "required": ["a", "__v"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("tokens_left", range(10, 18))
+def test_a_completion_kept_past_a_token_that_leaves_bytes_forced_counts_the_forced_tokens(tokens_left, tokenizers,
+                                                                                         vocabs):
+    """A completion measured where nothing was forced (`,` then an optional space) is kept past a space, after
+    which `"__v` is forced: llguidance forces `"` `__` `v`, where the completion kept spelled `"_` `_v`, not in the
+    mask (review of 7841d65: the engine kept the sampled token, and the answer ended at `"__v":`)."""
+    vocab = vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tokenizers["qwen2"], backend="llguidance")
+    grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=DOUBLE_UNDERSCORE_KEY, strict=True))
+    ids = vocab.ids_by_bytes()
+    offered = [ids[p] for p in (b'{"', b"a", b'":', b"[", b"],", b" ")] + [ids[b"1"]] * 12
+    written = offered_walk(grammar, vocab, [], offered, tokens_left)
+    compiler.close()
+    jsonschema.validate(json.loads(decode(vocab, written)), DOUBLE_UNDERSCORE_KEY)
+
+
 # The pattern sits under `local`, no keyword: only the $ref that names it leads there (JsonSchemaStore's vtestunit)
 PATTERN_UNDER_AN_UNKNOWN_KEY = {"$ref": "#/definitions/a/full", "definitions": {"a": {
     "local": {"one": {"type": "string", "pattern": r"\.([Yy][Aa][Mm][Ll]|[Jj][Ss][Oo][Nn])$"}},
