@@ -7,6 +7,7 @@ first unenforceable keyword and to name the unenforced pointers of non-strict on
 from __future__ import annotations
 
 from typing import Any, Iterator
+from urllib.parse import unquote
 
 # Keywords that constrain nothing (annotations) or that every backend handles structurally.
 ANNOTATIONS = frozenset({
@@ -110,7 +111,7 @@ def walk_with_refs(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict
             target = resolve_ref(schema, ref)
             if isinstance(target, dict) and id(target) not in reached:
                 reached.add(id(target))
-                work.append((target, base + ref[1:]))
+                work.append((target, base + unquote(ref[1:])))
 
 
 def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:
@@ -155,12 +156,13 @@ def pointer_child(node: Any, segment: str) -> tuple[bool, Any]:
 
 
 def resolve_ref(root: Any, ref: Any) -> Any:
-    """The subschema a local `$ref` (a JSON Pointer fragment) names in `root` (None: not a local pointer, or
-    nothing there)."""
+    """The subschema a local `$ref` (a JSON Pointer fragment, percent-encoded as a URI fragment is: `#/$defs/a%20b`
+    names `a b`, as validators and both backends read it) names in `root` (None: not a local pointer, or nothing
+    there)."""
     if not (isinstance(ref, str) and ref.startswith("#")):
         return None
     node: Any = root
-    path = ref[1:]
+    path = unquote(ref[1:])
     if path and not path.startswith("/"):
         return None
     for part in path.split("/")[1:]:

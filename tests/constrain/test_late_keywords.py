@@ -290,20 +290,24 @@ def test_a_tool_parameter_one_of_is_kept_exact(gpt2_compiler, tokenizers, vocabs
     assert not _accepts(g, tok, vocab, '[{"name": "f", "arguments": {"v": [3]}}]')
 
 
-# The oneOf sits under `full`, no keyword: only the $ref that names it leads there (JsonSchemaStore's vtestunit)
-UNDER_AN_UNKNOWN_KEY = {"$ref": "#/definitions/a/full", "definitions": {"a": {"full": {
-    "type": "object", "properties": {"v": {"type": "array", "items": {"oneOf": [
-        {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False},
-        {"type": "object", "properties": {"y": {"type": "integer"}}, "additionalProperties": False}]}}},
-    "required": ["v"], "additionalProperties": False}}}}
+def _under_an_unknown_key(key: str, ref: str) -> dict:
+    """A oneOf under `full`, no keyword: only the $ref that names it leads there (JsonSchemaStore's vtestunit)."""
+    return {"$ref": f"#/definitions/{ref}/full", "definitions": {key: {"full": {
+        "type": "object", "properties": {"v": {"type": "array", "items": {"oneOf": [
+            {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False},
+            {"type": "object", "properties": {"y": {"type": "integer"}}, "additionalProperties": False}]}}},
+        "required": ["v"], "additionalProperties": False}}}}
 
 
-def test_a_one_of_that_only_a_ref_leads_to_is_checked_without_strict_too(gpt2_compiler, tokenizers, vocabs):
+@pytest.mark.parametrize("key, ref", [("a", "a"), ("a b", "a%20b"), ("é", "%C3%A9")])
+def test_a_one_of_that_only_a_ref_leads_to_is_checked_without_strict_too(key, ref, gpt2_compiler, tokenizers,
+                                                                         vocabs):
     """llguidance said `oneOf` was left unenforced, and the keyword was looked for only where a walk of the schema
     goes: none was found, the root `/` was named, and so no check took it up: `{"v": [{}]}` (both branches match)
-    was served without strict, where strict checked it (QA soundness F2)."""
-    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(UNDER_AN_UNKNOWN_KEY), strict=False,
-                          backend="llguidance")
+    was served without strict, where strict checked it (QA soundness F2). A $ref is percent-encoded as a URI
+    fragment is (review of 97238d0)."""
+    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(_under_an_unknown_key(key, ref)),
+                          strict=False, backend="llguidance")
     g = gpt2_compiler.compile(spec)
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
     assert g.unenforced == ()
