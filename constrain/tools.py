@@ -226,6 +226,9 @@ def _named(functions: list[dict], name: Any, where: str) -> dict:
     raise ConstraintError(f"{where} names an unknown function {name!r}", param="tool_choice")
 
 
+_FUNCTION_FIELDS = ("name", "description", "parameters", "strict")  # (OpenAI's function definition)
+
+
 def _allowed_functions(functions: list[dict], allowed: Any) -> tuple[list[dict], str]:
     """tool_choice `allowed_tools`: the functions it lets the model call, in `tools` order, and its mode. Every
     tool stays in the prompt (the point of allowed_tools is a prompt that does not change); only the constraint
@@ -243,8 +246,10 @@ def _allowed_functions(functions: list[dict], allowed: Any) -> tuple[list[dict],
             raise ConstraintError(f"tool_choice.allowed_tools.tools[{i}] must be "
                                   "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
         names.add(_named(functions, fn.get("name"), f"tool_choice.allowed_tools.tools[{i}]")["name"])
+        # (an entry may be the tool's whole definition, as a client passing its `tools` on sends it: the function
+        # is the one of `tools` so named)
         refuse_unread_fields(entry, ("type", "function"), f"tool_choice.allowed_tools.tools[{i}]")
-        refuse_unread_fields(fn, ("name",), f"tool_choice.allowed_tools.tools[{i}].function")
+        refuse_unread_fields(fn, _FUNCTION_FIELDS, f"tool_choice.allowed_tools.tools[{i}].function")
     refuse_unread_fields(allowed, ("mode", "tools"), "tool_choice.allowed_tools")
     return [fn for fn in functions if fn["name"] in names], allowed["mode"]
 

@@ -13,7 +13,7 @@ MIROSTAT_TARGET = 1.5  # seed 002: the target perplexity when a request sets onl
 def logit_bias(req: _SamplingFields, vocab_size: int) -> dict[int, float]:
     """Token id -> bias. Ids are those of the tokenizer's vocabulary: a model's padded logits beyond it are no
     token (a bias of 100 on one made the model write ids that decode to nothing, to `max_tokens`)."""
-    out, keys = {}, {}
+    out = {}
     for key, value in (req.logit_bias or {}).items():
         digits = key.lstrip("0") or "0"  # (past 4300 digits `int` raises: a key that long was a 500)
         if len(digits) > len(str(vocab_size)) or int(digits) >= vocab_size:
@@ -22,8 +22,9 @@ def logit_bias(req: _SamplingFields, vocab_size: int) -> dict[int, float]:
                           "logit_bias")
         token = int(digits)
         if token in out:  # ("5" and "05": one would silently win over the other)
-            raise invalid(f"logit_bias names token {token} twice, as {keys[token]!r} and {key!r}", "logit_bias")
-        out[token], keys[token] = float(value), key
+            raise invalid(f"logit_bias names token {token} twice (keys with leading zeros name the same token)",
+                          "logit_bias")
+        out[token] = float(value)
     return out
 
 

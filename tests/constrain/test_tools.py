@@ -171,8 +171,8 @@ def test_malformed_allowed_tools_are_refused_naming_tool_choice(tool_choice, sai
     ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
         {"type": "function", "function": {"name": "add"}, "strict": True}]}}, "tool_choice.allowed_tools.tools[0].strict"),
     ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
-        {"type": "function", "function": {"name": "add", "parameters": {}}}]}},
-     "tool_choice.allowed_tools.tools[0].function.parameters"),
+        {"type": "function", "function": {"name": "add", "examples": []}}]}},
+     "tool_choice.allowed_tools.tools[0].function.examples"),
 ])
 def test_a_field_of_tool_choice_the_server_does_not_read_is_refused_naming_it(tool_choice, param):
     """As response_format's are (and the deprecated function_call's): they were dropped without a word."""
@@ -182,6 +182,14 @@ def test_a_field_of_tool_choice_the_server_does_not_read_is_refused_naming_it(to
     # (null counts as not sent)
     assert spec_from_request(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"},
                                                        "extra": None}).tool_names == ("add",)
+
+
+def test_allowed_tools_may_list_the_tools_whole_definitions():
+    """OpenAI calls the entries "tool definitions": a client that passes its `tools` on sends them whole (review of
+    62c4e95, which refused their `description` and `parameters`)."""
+    spec = spec_from_request(tools=TOOLS, tool_choice={"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": TOOLS[1:]}})
+    assert spec.tool_names == ("add",)
 
 
 def test_system_prompt_names_functions_and_format():

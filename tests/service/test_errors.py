@@ -50,6 +50,14 @@ def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     assert param == field or param.startswith(field + "."), param  # (`logit_bias.12`: the entry)
 
 
+def test_a_logit_bias_key_repeated_with_leading_zeros_is_named_briefly(http):
+    """The error quoted both keys whole: a key padded with 200,000 zeros made a 200 KB message (review of
+    13305f0)."""
+    body = {"model": MODEL, "messages": HELLO, "logit_bias": {"5": 1, "0" * 200_000 + "5": 1}}
+    error = _assert_error(http.post("/v1/chat/completions", json=body), 400, "logit_bias")
+    assert "token 5 twice" in error["message"] and len(error["message"]) < 200
+
+
 @pytest.mark.parametrize("field, value", [("logprobs", 6), ("logprobs", -1), ("echo", "yes"), ("prompt", []),
                                           ("prompt", [1, "a"]), ("prompt", [[]]),
                                           ("logprobs", False), ("logprobs", True)])  # (false was 0: logprobs)
