@@ -169,7 +169,8 @@ def test_malformed_allowed_tools_are_refused_naming_tool_choice(tool_choice, sai
     ({"type": "allowed_tools", "allowed_tools": {**_allowed("auto", "add")["allowed_tools"], "x": 1}},
      "tool_choice.allowed_tools.x"),
     ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
-        {"type": "function", "function": {"name": "add"}, "strict": True}]}}, "tool_choice.allowed_tools.tools[0].strict"),
+        {"type": "function", "function": {"name": "add"}, "strict": True}]}},
+     "tool_choice.allowed_tools.tools[0].strict"),
     ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
         {"type": "function", "function": {"name": "add", "examples": []}}]}},
      "tool_choice.allowed_tools.tools[0].function.examples"),

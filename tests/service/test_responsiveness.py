@@ -13,6 +13,27 @@ import httpx
 from tests.service.conftest import MODEL
 
 
+def _health_beside(server, send_heavy, after: float) -> tuple[httpx.Response, float, float]:
+    """(the heavy request's response, its seconds, /health's seconds): `send_heavy()` is sent on a thread, and
+    /health `after` seconds later, from another client, while the heavy request is being worked on."""
+    done = {}
+
+    def heavy():
+        t0 = time.perf_counter()
+        done["response"] = send_heavy()
+        done["seconds"] = time.perf_counter() - t0
+
+    worker = threading.Thread(target=heavy)
+    worker.start()
+    time.sleep(after)
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=server.base_url, timeout=60) as other:
+        assert other.get("/health").status_code == 200
+    health = time.perf_counter() - t0
+    worker.join()
+    return done["response"], done["seconds"], health
+
+
 def test_health_answers_while_a_large_schema_is_being_checked(http, server):
     """~0.5 s of jsonschema work for this 100 KB schema (300 enums filtered by `minimum`): /health, sent while
     it runs, must not wait for it. Compared as a ratio of the two latencies, not against a fixed time."""
@@ -23,23 +44,9 @@ def test_health_answers_while_a_large_schema_is_being_checked(http, server):
     schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
             "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}}
-    done = {}
-
-    def big_request():
-        t0 = time.perf_counter()
-        done["status"] = http.post("/v1/chat/completions", json=body).status_code
-        done["big"] = time.perf_counter() - t0
-
-    worker = threading.Thread(target=big_request)
-    worker.start()
-    time.sleep(0.05)  # the big request is being checked
-    t0 = time.perf_counter()
-    with httpx.Client(base_url=server.base_url, timeout=60) as other:
-        assert other.get("/health").status_code == 200
-    health = time.perf_counter() - t0
-    worker.join()
-    assert done["status"] == 200
-    assert health < 0.5 * done["big"], (health, done["big"])
+    r, big, health = _health_beside(server, lambda: http.post("/v1/chat/completions", json=body), after=0.05)
+    assert r.status_code == 200
+    assert health < 0.5 * big, (health, big)
 
 
 def test_health_answers_while_a_long_prompt_is_tokenized(http, server):
@@ -48,47 +55,19 @@ def test_health_answers_while_a_long_prompt_is_tokenized(http, server):
     is refused from its first pieces, service/prompts.py `encode_prompt`: so 100 prompts, each within 4x the
     built-in model's 4,096-token context in characters, and so tokenized whole before the context refuses them.)"""
     body = {"model": MODEL, "prompt": ["a " * 8192] * 100, "max_tokens": 1}
-    done = {}
-
-    def big_request():
-        t0 = time.perf_counter()
-        r = http.post("/v1/completions", json=body)
-        done["code"] = r.json()["error"]["code"]
-        done["big"] = time.perf_counter() - t0
-
-    worker = threading.Thread(target=big_request)
-    worker.start()
-    time.sleep(0.3)  # the body is in and being tokenized
-    t0 = time.perf_counter()
-    with httpx.Client(base_url=server.base_url, timeout=60) as other:
-        assert other.get("/health").status_code == 200
-    health = time.perf_counter() - t0
-    worker.join()
-    assert done["code"] == "context_length_exceeded"  # (refused once tokenized: 8,192 tokens each)
-    assert health < 0.5 * done["big"], (health, done["big"])
+    r, big, health = _health_beside(server, lambda: http.post("/v1/completions", json=body), after=0.3)
+    assert r.json()["error"]["code"] == "context_length_exceeded"  # (refused once tokenized: 8,192 tokens each)
+    assert health < 0.5 * big, (health, big)
 
 
 def test_health_answers_while_a_large_body_is_validated(http, server):
     """200,000 messages (7 MB, within the 8 MiB body limit) take ~1-2 s to read and validate, which FastAPI did on
     the event loop: /health waited for all of it. The body is refused only by its last field, so all of it is
     validated first. Compared as a ratio of the two latencies, as above."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}] * 200_000, "temperature": 5}
-    raw = json.dumps(body).encode()
-    done = {}
-
-    def big_request():
-        t0 = time.perf_counter()
-        r = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
-        done["error"] = r.json()["error"]
-        done["big"] = time.perf_counter() - t0
-
-    worker = threading.Thread(target=big_request)
-    worker.start()
-    time.sleep(0.3)  # the body is in and being validated
-    t0 = time.perf_counter()
-    with httpx.Client(base_url=server.base_url, timeout=60) as other:
-        assert other.get("/health").status_code == 200
-    health = time.perf_counter() - t0
-    worker.join()
-    assert done["error"]["param"] == "temperature", done
-    assert health < 0.5 * done["big"], (health, done["big"])
+    raw = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}] * 200_000,
+                      "temperature": 5}).encode()
+    r, big, health = _health_beside(
+        server, lambda: http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}),
+        after=0.3)
+    assert r.json()["error"]["param"] == "temperature", r.text[:500]
+    assert health < 0.5 * big, (health, big)
