@@ -568,8 +568,8 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
     kind = rf["type"]
     if kind in _RESPONSE_FORMAT_FIELDS:
         refuse_unread_fields(rf, _RESPONSE_FORMAT_FIELDS[kind], p, f" with type {kind!r} (a schema goes in "
-                              f"'schema' with type 'json_object', in 'json_schema': {{'name', 'schema', 'strict'}} "
-                              f"with type 'json_schema')")
+                             f"'schema' with type 'json_object', in 'json_schema': {{'name', 'schema', 'strict'}} "
+                             f"with type 'json_schema')")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -721,8 +721,8 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
                                   param="structured_outputs.disable_additional_properties",
                                   code="unsupported_parameter")
         refuse_unread_fields(outputs, _STRUCTURED_OUTPUTS_CONSTRAINTS + STRUCTURED_OUTPUTS_OPTIONS
-                              + _STRUCTURED_OUTPUTS_INTERNAL + ("disable_additional_properties",),
-                              "structured_outputs")
+                             + _STRUCTURED_OUTPUTS_INTERNAL + ("disable_additional_properties",),
+                             "structured_outputs")
         for key in _STRUCTURED_OUTPUTS_CONSTRAINTS:
             add(f"structured_outputs.{key}", _STRUCTURED_OUTPUTS_KINDS.get(key, "grammar"), outputs.get(key))
         if all(outputs.get(key) is None for key in _STRUCTURED_OUTPUTS_CONSTRAINTS):  # (`json_object: false` is one)
