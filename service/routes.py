@@ -77,6 +77,22 @@ def _streaming(request: Request, gen: Generation, plan: Plan, body) -> Streaming
     return StreamingResponse(guarded(), media_type="text/event-stream", headers={**SSE_HEADERS, **plan.headers})
 
 
+class ChoicewiseJSONResponse(JSONResponse):
+    """A whole answer written as JSON a choice at a time: `json.dumps` holds the interpreter lock for as long as it
+    writes, and a 17 MB answer (16 choices of 600 tokens with 20 top logprobs each) written in one call held every
+    other client ~0.55 s (bench/loop_stalls.py). Between two choices the event loop gets its turn. The same bytes
+    as JSONResponse's."""
+
+    def render(self, content: dict) -> bytes:
+        render = super().render
+        choices = content.get("choices")
+        if not isinstance(choices, list) or len(choices) < 2:
+            return render(content)
+        around = render({**content, "choices": []})  # (the only `"choices":[]` in it: a key of the body)
+        at = around.index(b'"choices":[]') + len(b'"choices":[')
+        return around[:at] + b",".join(render(choice) for choice in choices) + around[at:]
+
+
 def _states(events: dict, plan: Plan) -> list[ChoiceState]:
     """The choices of a whole answer. The answer is built (and written as JSON) on a worker thread, not on the event
     loop: n=16 answers of 2,000 tokens with 20 top logprobs each (57 MB) held every other client for 11.5 s."""
@@ -115,7 +131,7 @@ async def chat_completions(request: Request):
         states = _states(events, plan)
         calls = {s.index: answer_calls(gen.parse_tool_calls(s.text, plan.spec), s.text, plan.spec, s.finish_reason)
                  for s in states} if tools_mode else {}
-        return JSONResponse(chat_body(request_id=plan.request_id, model=model,
+        return ChoicewiseJSONResponse(chat_body(request_id=plan.request_id, model=model,
                                       constraint_backend=plan.constraint_backend, created=plan.created, choices=states,
                                       parsed_calls={k: v for k, v in calls.items() if v},
                                       prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
@@ -160,7 +176,7 @@ async def completions(request: Request):
     first_tokens = _first_tokens(gen, plan)  # (on the loop, as before: the answer's thread calls no tokenizer)
 
     def answer() -> JSONResponse:
-        return JSONResponse(completion_body(
+        return ChoicewiseJSONResponse(completion_body(
             request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
             created=plan.created, choices=_states(events, plan), prompt_texts=[p.text for p in plan.prompts],
             first_tokens=first_tokens, skipped_ids=gen.special_ids,

@@ -71,3 +71,21 @@ def test_health_answers_while_a_large_body_is_validated(http, server):
         after=0.3)
     assert r.json()["error"]["param"] == "temperature", r.text[:500]
     assert health < 0.5 * big, (health, big)
+
+
+def test_a_whole_answer_is_written_a_choice_at_a_time_as_the_same_bytes(monkeypatch):
+    """json.dumps holds the interpreter lock while it writes: a 17 MB answer in one call held every client ~0.55 s.
+    Written a choice at a time, the bytes are JSONResponse's (a model name that spells the key is no key)."""
+    import starlette.responses
+    from fastapi.responses import JSONResponse
+
+    from service.routes import ChoicewiseJSONResponse
+
+    body = {"id": "x", "model": 'm"choices":[]', "choices": [
+        {"index": i, "message": {"content": f'é\n"{i}"', "choices": []}} for i in range(3)], "usage": {"n": 1}}
+    whole = JSONResponse(body).body
+    calls = []
+    dumps = starlette.responses.json.dumps
+    monkeypatch.setattr(starlette.responses.json, "dumps", lambda *a, **k: calls.append(1) or dumps(*a, **k))
+    assert ChoicewiseJSONResponse(body).body == whole
+    assert len(calls) == 1 + len(body["choices"])
