@@ -131,12 +131,11 @@ async def chat_completions(request: Request):
         states = _states(events, plan)
         calls = {s.index: answer_calls(gen.parse_tool_calls(s.text, plan.spec), s.text, plan.spec, s.finish_reason)
                  for s in states} if tools_mode else {}
-        return ChoicewiseJSONResponse(chat_body(request_id=plan.request_id, model=model,
-                                      constraint_backend=plan.constraint_backend, created=plan.created, choices=states,
-                                      parsed_calls={k: v for k, v in calls.items() if v},
-                                      prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs),
-                                      as_ids=as_ids, uses_functions=body.uses_functions,
-                                      reasoning=plan.thinks), headers=plan.headers)
+        whole = chat_body(request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
+                          created=plan.created, choices=states, parsed_calls={k: v for k, v in calls.items() if v},
+                          prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs), as_ids=as_ids,
+                          uses_functions=body.uses_functions, reasoning=plan.thinks)
+        return ChoicewiseJSONResponse(whole, headers=plan.headers)
 
     return await asyncio.to_thread(answer)  # (see `_states`: off the event loop)
 
