@@ -30,6 +30,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import llguidance
 import llguidance.hf
@@ -949,13 +950,14 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
         keys, formats, other = _warnings(msgs)
         if other or kind == "regex" or not (keys or formats):
             code = "schema_too_large" if "schema too large" in msgs else "invalid_constraint"  # (its whole message)
-            raise ConstraintError(f"cannot compile constraint: {'; '.join(msgs)[:500]}", param=param, code=code)
+            raise _refusal(f"cannot compile constraint: {'; '.join(msgs)[:500]}", msgs, schema, base_pointer,
+                           param, code)
         text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
         lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
         if not lenient_error:
             keys, formats, other = _warnings(lenient_msgs)
             if other:  # an approximation we cannot name: never compile weaker than asked without saying so
-                raise ConstraintError(f"cannot compile schema: {'; '.join(other)[:500]}", param=param)
+                raise _refusal(f"cannot compile schema: {'; '.join(other)[:500]}", other, schema, base_pointer, param)
         keys.discard("format")
         pointers = sorted(set(pointers_of(schema, keys, base_pointer)))
         if keys and not pointers:
@@ -968,9 +970,45 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
             raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {refused[0]} ({what})",
                                   param=param, pointer=refused[0], code="unsupported_schema")
         if lenient_error:
-            raise ConstraintError(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", param=param)
+            raise _refusal(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", lenient_msgs, schema,
+                           base_pointer, param)
         unenforced = tuple(sorted(set(pointers) | set(imprecise)))
     return text, unenforced
+
+
+# llguidance's refusals of keywords that meet (a `$ref` beside other keywords, objects an `allOf` joins), which
+# name no keyword: the keyword where they meet (`_refusal`).
+_MEETING_REFUSALS = (
+    (re.compile(r"circular references with sibling keys are not supported: \S*?#(/\S*)"), "$ref"),
+    (re.compile(r"patternProperty regexes"), "patternProperties"),
+    (re.compile(r"Schema intersection stack level exceeded|Unable to determine if regex is empty"), "allOf"),
+)
+
+
+def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
+             code: str = "invalid_constraint") -> ConstraintError:
+    """llguidance's refusal, with the JSON Pointer of the keyword it stumbled on where its message names none
+    but says which kind (`_MEETING_REFUSALS`): the outermost such keyword, told in the message too."""
+    text = "; ".join(msgs)
+    pointer = None
+    for found, keyword in _MEETING_REFUSALS if isinstance(schema, (dict, bool)) else ():
+        match = found.search(text)
+        if match is None:
+            continue
+        if keyword == "$ref":
+            target = unquote(match.group(1))
+            places = [ptr for ptr, key, node in walk(schema, base_pointer) if key == "$ref"
+                      and isinstance(node[key], str) and unquote(node[key]) == "#" + target]
+        else:
+            places = [ptr for ptr, key, _ in walk(schema, base_pointer) if key == keyword]
+            if keyword == "patternProperties":  # (where patterns meet: the allOf that joins them)
+                places = [p for p in (ptr for ptr, key, _ in walk(schema, base_pointer) if key == "allOf")
+                          if any(q.startswith(p + "/") for q in places)] or places
+        if places:
+            pointer = min(places, key=lambda p: (p.count("/"), p))
+            message = f"{message} (at {pointer})"
+        break
+    return ConstraintError(message, param=param, pointer=pointer, code=code)
 
 
 _EXACT_FLOAT_INT = 2 ** 53  # llguidance reads a schema's numbers as 64-bit floats: integers above this round

@@ -183,6 +183,9 @@ class _Ctx:
         # 2,000 characters before their `\p{..}` are spelled out; names may be much longer).
         self.search_work = Work(_REGEX_NFA_STATES // 4, _REGEX_DFA_STATES // 4, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
+        self.regions: dict[tuple[str, ...], list | None] = {}  # `_all_of_patterns`' partitions
+        self.inlining: set[str] = set()  # the `$ref`s `_inlined_patterns` is copying the targets of
+        self.pattern_copies = _MAX_PATTERN_COPIES  # schema objects `_inlined_patterns` may still copy
         self.refs = _refs(root)
         # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`)
         self.ref_sources = [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node in walk(root)
@@ -645,7 +648,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
     ctx.here = ptr
     for step in (_impossible_keys, _lookaheads, _search_counts, _format, _not, _one_of, _conditional, _unique_items,
                  _contains, _property_names, _patterns_as_properties, _dependencies, _properties_count,
-                 _pattern_properties, _declared_out_of_patterns):
+                 _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
         node = step(node, ctx)
         if not isinstance(node, dict):
             break
@@ -1609,6 +1612,7 @@ def _name_patterns(pn: Any) -> list[str] | None:
 
 _MAX_NAMED_PROPERTIES = 64  # propertyNames enums declared as properties (llguidance lays out each optional one)
 _MAX_PATTERN_PROPERTIES = 16  # overlapping patternProperties cut into disjoint regions (at most 2^n - 1 of them)
+_MAX_PATTERN_COPIES = 2_000  # schema objects `_inlined_patterns` copies in one schema
 
 
 def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
@@ -1636,6 +1640,122 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
         schemas = [pp[patterns[i]] for i in sorted(members)]
         out[region] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
     return {**node, "patternProperties": out}
+
+
+def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
+    """`patternProperties` in several of the schemas an `allOf` joins (the node's own, its members', theirs):
+    llguidance merges them into one object and refuses patterns of two of them that overlap ("not disjoint"),
+    though a name both match must simply pass both schemas. Every such schema's patterns become regions of one
+    partition of all their names (matched by exactly a set of the patterns, `disjoint_regions`), each schema
+    holding the regions its own patterns cover: exact for each alone (its patterns match the same names, each
+    with the same schemas). Where the schemas several of them give one region meet patterns of their own (a
+    `propertyNames` rewritten to patterns beside a `patternProperties`, under one shared name), the first holds
+    them all as one `allOf`, aligned in turn, and the others `{}` (still matched by a pattern there, so no
+    `additionalProperties` applies). A member that is only a `$ref` to such a schema is replaced by a copy of it,
+    rewritten. A copy of the node where this changes it."""
+    if not isinstance(node.get("allOf"), list) or _pattern_holders(node, ctx) < 2 \
+            or any(_targeted(f"{ctx.here}/{key}", ctx.refs) for key in ("allOf", "patternProperties")):
+        return node
+    out = _fresh_all_of(node, ctx, f"{ctx.here}/allOf")
+    carriers = _pattern_carriers(out)
+    if len(carriers) < 2:
+        return node
+    patterns = list(dict.fromkeys(p for c in carriers for p in c["patternProperties"]))
+    if len(patterns) > _MAX_PATTERN_PROPERTIES:
+        return node
+    if tuple(patterns) not in ctx.regions:  # (a definition an allOf names by `$ref` meets each such allOf)
+        ctx.regions[tuple(patterns)] = disjoint_regions(patterns, ctx.regex_work) if len(patterns) > 1 \
+            else [(patterns[0], frozenset({0}))]
+    regions = ctx.regions[tuple(patterns)]
+    if regions is None:
+        return node
+    trivial = all(len(sig) == 1 for _, sig in regions)  # (then each region is its pattern, written as it was)
+    changed = not trivial
+    new_pp: list[dict] = [{} for _ in carriers]
+    for region, sig in regions:
+        key = patterns[next(iter(sig))] if trivial else region
+        own = {c: [carrier["patternProperties"][patterns[i]] for i in sorted(sig)
+                   if patterns[i] in carrier["patternProperties"]] for c, carrier in enumerate(carriers)}
+        own = {c: schemas for c, schemas in own.items() if schemas}
+        whole = {"allOf": [s for schemas in own.values() for s in schemas]}
+        aligned = _all_of_patterns(whole, ctx) if len(own) > 1 else whole  # (unchanged: left to llguidance)
+        for c, schemas in own.items():
+            if aligned is not whole:
+                new_pp[c][key] = aligned if c == min(own) else {}
+            else:
+                new_pp[c][key] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+        changed |= aligned is not whole
+    if not changed:
+        return node
+    ctx.changed = True
+    for carrier, pp in zip(carriers, new_pp):
+        carrier["patternProperties"] = pp
+    return out
+
+
+def _fresh_all_of(node: dict, ctx: _Ctx, ptr: str) -> dict:
+    """A copy of `node` whose `allOf` members, and theirs, are copies too (so they can be changed in place); a
+    member that is only a local `$ref` to a schema holding patterns becomes a rewritten copy of its target."""
+    out = dict(node)
+    if isinstance(node.get("allOf"), list):
+        out["allOf"] = [_fresh_all_of(_inlined_patterns(m, f"{ptr}/{i}", ctx), ctx, f"{ptr}/{i}/allOf")
+                        if isinstance(m, dict) else m for i, m in enumerate(node["allOf"])]
+    return out
+
+
+def _inlined_patterns(member: dict, ptr: str, ctx: _Ctx) -> dict:
+    """`member` itself, or, where it is only a local `$ref` (annotations aside) to a schema holding
+    `patternProperties` or `propertyNames` (here or in its `allOf`), a copy of the target, rewritten at `ptr`.
+    Exact: a local `$ref` means its target, and the copy's own `$ref`s still name the same places."""
+    ref = member.get("$ref")
+    if set(member) - _ANNOT != {"$ref"} or not isinstance(ref, str) or not ref.startswith("#"):
+        return member
+    target = ctx.resolve(ref)
+    if not isinstance(target, dict) or not _holds_patterns(target) or ref in ctx.inlining \
+            or any(k in n for n in _iter_nodes(target) for k in ("$id", "id", "$anchor", "$dynamicAnchor")):
+        return member
+    size = sum(1 for _ in itertools.islice(_iter_nodes(target), ctx.pattern_copies + 1))
+    if size > ctx.pattern_copies:
+        return member
+    ctx.pattern_copies -= size
+    here = ctx.here
+    ctx.inlining.add(ref)  # (a definition whose patterns lead back to it is copied once on the way)
+    try:
+        return _rewrite(copy.deepcopy(target), ptr, ctx, ctx.refs)
+    finally:
+        ctx.here = here
+        ctx.inlining.discard(ref)
+
+
+def _pattern_holders(node: dict, ctx: _Ctx) -> int:
+    """How many of `node` and its `allOf` members (recursively, and through members that are only a local
+    `$ref`) hold `patternProperties` or `propertyNames` themselves: what `_all_of_patterns` may align."""
+    if set(node) - _ANNOT == {"$ref"}:
+        target = ctx.resolve(node["$ref"])
+        return int(_holds_patterns(target))
+    count = int(bool(node.get("patternProperties")) or "propertyNames" in node)
+    members = node.get("allOf")
+    return count + sum(_pattern_holders(m, ctx) for m in members if isinstance(m, dict)) \
+        if isinstance(members, list) else count
+
+
+def _holds_patterns(schema: Any) -> bool:
+    """`schema` or its `allOf` members (recursively) hold `patternProperties` or `propertyNames`."""
+    if not isinstance(schema, dict):
+        return False
+    if schema.get("patternProperties") or "propertyNames" in schema:
+        return True
+    members = schema.get("allOf")
+    return isinstance(members, list) and any(_holds_patterns(m) for m in members)
+
+
+def _pattern_carriers(node: dict) -> list[dict]:
+    """`node` and its `allOf` members (recursively) that hold `patternProperties`, in document order."""
+    out = [node] if isinstance(node.get("patternProperties"), dict) and node["patternProperties"] else []
+    for m in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
+        if isinstance(m, dict):
+            out += _pattern_carriers(m)
+    return out
 
 
 def _declared_out_of_patterns(node: dict, ctx: _Ctx) -> dict:

@@ -908,3 +908,77 @@ def test_unevaluated_items_where_only_prefix_items_evaluate_become_items(gpt2_co
         toks, ended = random_walk(g, vocabs["gpt2"], rng, 30, budget=True)
         assert ended
         jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+def _llguidance_takes(compiler, tokenizers, vocabs, schema, accepted, refused):
+    """`schema` compiles on llguidance (strict) and its grammar takes exactly the `accepted` documents."""
+    g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                        backend="llguidance"))
+    assert [d for d in accepted if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+    assert [d for d in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+
+
+def test_overlapping_pattern_properties_of_all_of_members_are_cut_alike_and_mean_the_same(gpt2_compiler, tokenizers,
+                                                                                        vocabs):
+    """llguidance merges an allOf's objects and refused patterns of two members that overlap ("patternProperty
+    regexes /a/ and /b/ are not disjoint", strict or not: JSONSchemaBench Handwritten test.NoType). Each member's
+    patterns are now regions of one partition of all their names, and a name both match passes both schemas, one
+    member closed to other names."""
+    schema = {"type": "object", "allOf": [
+        {"patternProperties": {"a": {"type": "number", "minimum": 10}}},
+        {"patternProperties": {"b": {"type": "number", "maximum": 20}}},
+        {"patternProperties": {"[abc]": True}, "additionalProperties": False}]}
+    out = rewrite_schema(schema)
+    assert out != schema
+    accepted = [{}, {"a": 12}, {"b": -5}, {"ab": 15}, {"ba": 10, "c": "s"}, {"xc": None}, {"ax": 12}]
+    refused = [{"a": 5}, {"b": 25}, {"ab": 5}, {"ab": 25}, {"x": 1}, {"ax": 2}]
+    assert _same(schema, out, accepted + refused) == (7, 6)
+    _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, accepted, refused)
+
+
+def test_patterns_that_meet_under_one_shared_name_and_through_a_ref_are_aligned(gpt2_compiler, tokenizers, vocabs):
+    """Handwritten object9's shape: members name the same pattern (`a`), and the schemas they give it hold patterns
+    of their own that overlap; those meet in one allOf, aligned in turn. A member that is only a `$ref` to
+    patterns is aligned through a copy of its target."""
+    schema = {"type": "object", "allOf": [
+        {"patternProperties": {"a": {"type": "object", "patternProperties": {"x": {"type": "integer"}}}}},
+        {"patternProperties": {"a": {"patternProperties": {"y": {"minimum": 3}}}}},
+        {"$ref": "#/$defs/ends"}],
+        "$defs": {"ends": {"patternProperties": {"a": {"required": ["xy"]}}}}}
+    out = rewrite_schema(schema)
+    assert out != schema
+    accepted = [{}, {"a": {"xy": 5}}, {"ba": {"xy": 4, "z": "s"}}, {"b": 1}]
+    refused = [{"a": {"xy": 2}}, {"a": {"xy": 3.5}}, {"a": {}}, {"a": {"xy": 5, "x": "s"}}, {"a": 1}]
+    assert _same(schema, out, accepted + refused) == (4, 5)
+    _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, accepted, refused)
+
+
+def test_a_ref_to_patterns_targeted_elsewhere_is_copied_never_changed():
+    """The aligned copy replaces the member; the definition other places name keeps its own patterns."""
+    schema = {"type": "object", "allOf": [{"$ref": "#/$defs/p"}, {"patternProperties": {"b": {"minimum": 3}}}],
+              "properties": {"inner": {"$ref": "#/$defs/p"}},
+              "$defs": {"p": {"patternProperties": {"a": {"maximum": 9}}}}}
+    out = rewrite_schema(schema)
+    assert out["$defs"] == schema["$defs"] and out["properties"] == schema["properties"]
+    assert "$ref" not in out["allOf"][0]
+    docs = [{"ab": 5}, {"ab": 1}, {"ab": 10}, {"a": 1}, {"b": 1}, {"inner": {"ab": 1}}, {"inner": {"ab": 10}}]
+    assert _same(schema, out, docs) == (3, 4)
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"type": "string", "allOf": [
+        {"anyOf": [{"pattern": "^a"}, {"pattern": "^b"}]},
+        {"anyOf": [{"allOf": [{"not": {"pattern": "^[ab]"}}, {"not": {"pattern": "^[cde]"}}]}, {"pattern": "x$"}]},
+        {"anyOf": [{"allOf": [{"not": {"pattern": "^[abc]"}}, {"not": {"pattern": "[xyz]$"}}]},
+                   {"pattern": "1111111111111111111"}, {"pattern": "222222222222222222"}]},
+        {"minLength": 10}, {"maxLength": 20}]}, "Unable to determine if regex is empty"),
+], ids=["regex-emptiness"])
+def test_a_refusal_of_keywords_that_meet_names_where_they_meet(gpt2_compiler, schema, message):
+    """llguidance refuses some meetings of keywords with a message that names no keyword (Handwritten allany12,
+    mod30: a 400 without a pointer, strict or not). The refusal now names the outermost keyword where they meet."""
+    for strict in (False, True):
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
+                                                 backend="llguidance"))
+        assert message in exc.value.message
+        assert exc.value.pointer == "/allOf" and exc.value.message.endswith("(at /allOf)")
