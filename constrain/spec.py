@@ -212,7 +212,7 @@ def _ref_siblings(schema: Any) -> Any:
         return schema
 
     def applicable(siblings: dict, ref: str) -> bool:
-        return (_types_meet(_types(siblings), _referenced_types(schema, ref)) and not _recursive(schema, ref)
+        return (_types_meet(_types(siblings), referenced_types(schema, ref)) and not _recursive(schema, ref)
                 and not any(key == "pattern" and isinstance(node[key], str) and unreadable_pattern(node[key])
                             for _, key, node in walk(siblings)))
 
@@ -259,7 +259,7 @@ def _types(node: Any) -> frozenset | None:
     return types_of(node["type"]) if isinstance(node, dict) and "type" in node else None
 
 
-def _referenced_types(root: dict, ref: str) -> frozenset | None:
+def referenced_types(root: dict, ref: str) -> frozenset | None:
     """The types the schema `ref` names allows by its `type`, following `$ref`s as drafts 4-7 do (None: unknown)."""
     seen = set()
     while isinstance(ref, str) and ref not in seen:
@@ -335,6 +335,11 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise _schema_error(exc, param, base) from None
+    dangling = _dangling_reference(schema)
+    if dangling is not None:
+        ptr, ref = dangling
+        raise ConstraintError(f"the $ref at {base + ptr} names {ref[:200]!r}, which is not in the schema",
+                              param=param, pointer=base + ptr)
     loop = _reference_loop(schema)
     if loop is not None:
         raise ConstraintError(f"the $ref at {base + loop} never reaches a schema: the references it leads through "
@@ -351,6 +356,21 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               f"{base + endless or '/'} must hold another of its values (through required "
                               f"properties, minItems or contains, and $ref), without end", param=param,
                               pointer=base + endless)
+
+
+def _dangling_reference(root: dict) -> tuple[str, str] | None:
+    """The pointer and value of a local `$ref` (`#/...`), reached from the root, that names nothing in the schema
+    (the backend's refusal named it in its own terms: `/$defs/tool0/...` for a function's parameters). Definitions
+    no reference reaches are not looked at, as a validator never follows them, nor references a nested `$id` gives
+    another base."""
+    if any(key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str)
+           and not node[key].startswith("#") for ptr, key, node in walk(root)):
+        return None
+    for ptr, key, node in _reached(root):
+        ref = node[key] if key == "$ref" else None
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and resolve_ref(root, ref) is None:
+            return ptr, ref
+    return None
 
 
 def _endless_at(root: dict) -> str | None:

@@ -182,17 +182,17 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
 def _arguments_object_schema(params: Any) -> Any:
     """`params` held to JSON objects: a call's arguments are an object (OpenAI reads `parameters: {}` as a function
     without arguments), so a schema that leaves the type open (`{}`, `{"properties": ...}` without `type`, an
-    `anyOf` with other branches) takes objects only; anything else would be written as arguments no client can
-    read. (`_functions` refuses a `type` other than object; a root `$ref` keeps its target's type.)"""
+    `anyOf` with other branches, a root `$ref` to any of these) takes objects only; anything else would be written
+    as arguments no client can read, and the call dropped. (`_functions` refuses a `type` other than object.)"""
     if params is True:
         return {"type": "object"}
-    if isinstance(params, dict) and "type" not in params and "$ref" not in params:
+    if isinstance(params, dict) and "type" not in params:
         return {**params, "type": "object"}
     return params
 
 
 def _functions(tools: Any) -> list[dict]:
-    from constrain.spec import validate_schema
+    from constrain.spec import referenced_types, validate_schema
 
     if not isinstance(tools, list) or not tools:
         raise ConstraintError("tools must be a non-empty list", param="tools")
@@ -210,7 +210,10 @@ def _functions(tools: Any) -> list[dict]:
         params = fn.get("parameters")
         if params is not None:
             validate_schema(params, "tools", f"/{i}/function/parameters")
-            if isinstance(params, dict) and params.get("type", "object") != "object":
+            named = referenced_types(params, params["$ref"]) if isinstance(params, dict) and "type" not in params \
+                and isinstance(params.get("$ref"), str) else None  # (a root `$ref`: its target's type)
+            if isinstance(params, dict) and (params.get("type", "object") != "object"
+                                             or named is not None and "object" not in named):
                 raise ConstraintError(f"tools[{i}].function.parameters must describe an object", param="tools")
         out.append(fn)
     return out

@@ -43,11 +43,14 @@ def test_required_tool_choice_returns_one_valid_tool_call(client):
 
 @pytest.mark.parametrize("parameters", [{}, {"properties": {"a": {"type": "integer"}}, "required": ["a"]},
                                         {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
-                                                   {"type": "string"}]}])
+                                                   {"type": "string"}]},
+                                        {"$ref": "#/$defs/a", "$defs": {"a": {"type": ["object", "null"]}}},
+                                        {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"type": "integer"}, {}]}}}],
+                         ids=["empty", "properties", "any-of", "ref-to-object-or-null", "ref-to-any-of"])
 def test_parameters_that_leave_the_type_open_still_get_object_arguments(http, parameters):
     """OpenAI reads `parameters: {}` as a function without arguments: a call's arguments are an object even where
     the schema does not say so (before, `required` came back as content such as `[{"name": "now", "arguments":
-    -3e3}]`, which no client can read as a call)."""
+    -3e3}]`, which no client can read as a call; through a root `$ref`, until QA round 22)."""
     tools = [{"type": "function", "function": {"name": "now", "parameters": parameters}}]
     for seed in (1, 2, 3):
         body = {"model": MODEL, "messages": ASK, "tools": tools, "tool_choice": "required", "max_tokens": 40,
@@ -326,6 +329,26 @@ def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
     error = r.json()["error"]
     assert error["param"] == "tools"
     assert "/1/function/parameters/properties/tags/not" in error["message"]
+
+
+@pytest.mark.parametrize("parameters, pointer", [
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"type": "string"}}}, None),
+    ({"type": "object", "properties": {"q": {"$ref": "#/$defs/missing"}}}, "/1/function/parameters/properties/q/$ref"),
+], ids=["ref-to-a-string", "dangling-ref"])
+def test_parameters_a_call_cannot_take_are_a_400_naming_the_tools_entry(http, parameters, pointer):
+    """A root `$ref` to a schema of no object (was served: the calls written were strings, dropped, and `required`
+    answered with content), and a `$ref` naming nothing (was llguidance's `/$defs/tool0/$defs/missing`, the call
+    schema's place, which named the first function where the second was at fault)."""
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "tag", "parameters": parameters}}]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": tools, "max_tokens": 5,
+                                               "tool_choice": {"type": "function", "function": {"name": "tag"}}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools"
+    if pointer is None:
+        assert "tools[1].function.parameters must describe an object" in error["message"]
+    else:
+        assert f"the $ref at {pointer} names '#/$defs/missing'" in error["message"]
 
 
 # ---- the deprecated `functions` / `function_call` (older clients still send them) --------------------------------
