@@ -101,10 +101,15 @@ class Engine:
             self._thread = threading.Thread(target=self._run, name="structgen-engine", daemon=True)
             self._thread.start()
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the engine thread; running and waiting requests end with finish_reason "error"."""
+    def stop(self) -> None:
+        """Have the engine thread stop after its step, without waiting: running and waiting requests end with
+        finish_reason "error" (code `unavailable`), and new ones are refused."""
         self._stopping = True
         self.scheduler.wakeup.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread and wait for it (`stop`)."""
+        self.stop()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None

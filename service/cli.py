@@ -140,7 +140,7 @@ def _add_serve(subparsers) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from engine.model_loader import ModelLoadError
-    from service.server import EngineStopped, run_server
+    from service.server import AddressUnusable, EngineStopped, run_server
 
     config = ServerConfig(
         model=args.model, host=args.host, port=int(args.port), api_key=args.api_key or None,
@@ -159,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         run_server(config)
-    except (ModelLoadError, EngineStopped) as exc:
+    except (AddressUnusable, ModelLoadError, EngineStopped) as exc:
         print(f"structgen: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -261,9 +261,10 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def test_a_port_already_in_use_exits_nonzero_naming_it():
-    """uvicorn's start-up failure keeps its exit status (3) now that the server is run as a `uvicorn.Server` (to
-    be stopped with a failed engine)."""
+def test_a_port_already_in_use_exits_nonzero_naming_it_before_the_model_loads():
+    """Found only once the model was loaded and the named schemas built (minutes on a GPU host), the bind error
+    followed by uvicorn's shutdown lines (QA round 22): the socket is now bound first, and the reason is the
+    last line, as for any other bad option."""
     import socket
 
     with socket.socket() as taken:
@@ -271,5 +272,31 @@ def test_a_port_already_in_use_exits_nonzero_naming_it():
         taken.listen()
         port = taken.getsockname()[1]
         result = _serve("--host", "127.0.0.1", "--port", str(port))
-    assert result.returncode == 3
-    assert "address already in use" in result.stderr
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == f"structgen: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "loading model" not in result.stderr
+
+
+def test_a_stream_the_shutdown_deadline_ends_gets_an_error_event_and_done():
+    """A stream still generating when the shutdown timeout ran out was cut mid-body, no `[DONE]`, which the OpenAI
+    SDK reports as a connection error (QA round 22). The engine now stops a moment before the deadline, so the
+    stream ends as the README says errors after the first byte do: an `error` event, then `[DONE]`."""
+    import signal
+
+    with ServerProcess("--shutdown-timeout", "2") as server:
+        body = {"model": "structgen-builtin", "prompt": "x", "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        events = []
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line[len("data: "):])
+                    break
+            server.proc.send_signal(signal.SIGTERM)
+            events += [line[len("data: "):] for line in lines if line.startswith("data: ")]
+        server.proc.wait(timeout=60)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "server_shutting_down" and error["type"]
+    assert all("error" not in json.loads(e) for e in events[:-2])
