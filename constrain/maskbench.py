@@ -58,17 +58,20 @@ def walk_instance(grammar, tokens: list[int], eos: int, bitmask: torch.Tensor, t
 
 
 def run_case(path: Path, root: Path, compiler: GrammarCompiler, tokenizer) -> CaseResult:
-    name = str(path.relative_to(root))
-    case = json.loads(path.read_text())
-    from constrain.spec import normalise_schema
+    from constrain.spec import normalise_schema, validate_schema
 
-    spec = ConstraintSpec(kind="json_schema", schema=normalise_schema(case["schema"]), strict=True)
+    name = str(path.relative_to(root))
     t0 = time.perf_counter()
     try:
-        from constrain.spec import validate_schema
-
+        case = json.loads(path.read_text())
+        if not isinstance(case, dict) or "schema" not in case:
+            raise ValueError("no \"schema\" field")
+    except (OSError, ValueError) as exc:  # (a stray file, or an earlier --json saved as *.json, ended the run)
+        return CaseResult(name, False, None, f"not a MaskBench case: {str(exc)[:200]}", 0.0)
+    try:
         validate_schema(case["schema"], "response_format")
-        grammar = compiler.compile(spec)
+        grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(case["schema"]),
+                                                  strict=True))
     except ConstraintError as exc:
         return CaseResult(name, False, None, exc.message[:300], 1000 * (time.perf_counter() - t0))
     except Exception as exc:  # a backend crash is a finding, not a reason to stop the run

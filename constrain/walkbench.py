@@ -161,8 +161,8 @@ def walk_case(path: Path, root: Path, compiler: GrammarCompiler, walks: int = 3,
     from constrain.spec import normalise_schema, validate_schema
 
     name = str(path.relative_to(root))
-    schema = json.loads(path.read_text())["schema"]
     try:
+        schema = json.loads(path.read_text())["schema"]
         validate_schema(schema, "response_format")
         grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict))
         validator = validator_for(schema)
