@@ -47,6 +47,12 @@ class IncrementalDetokenizer:
             return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
+        begun = _finished_placeholder(before, after)
+        if begun is not None:
+            # A character the prompt began (token ids cut inside it) is finished: its placeholder gives way to it,
+            # which the output writes (by length, the token wrote nothing, and the character was lost).
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[begun:]
         if not final and len(after) <= len(before):
             # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins on
             # written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space as a
@@ -75,6 +81,8 @@ class IncrementalDetokenizer:
         keeps its tokens held until it is whole, so no character is lost to U+FFFD."""
         held = [self._bytes(t) for t in self.ids[self.read:]]
         decoder, settled = _UTF8("replace"), 0
+        decoder.decode(b"".join(self._bytes(t) for t in self.ids[self.prefix:self.read]))  # (a character the
+        # prompt began, cut inside it, goes on in the held tokens: SentencePiece's byte tokens each read alone)
         for k, data in enumerate(held, start=1):
             decoder.decode(data)
             pending = decoder.getstate()[0]
@@ -87,6 +95,18 @@ class IncrementalDetokenizer:
         if self.skip and token_id in self.texts.special_ids:
             return b""
         return self.texts.get(token_id)[1]
+
+
+def _finished_placeholder(before: str, after: str) -> int | None:
+    """Where in `after` a character begins that took the place of the U+FFFD ending `before` (one, or one per byte
+    as SentencePiece's byte tokens decode), the text before them unchanged; None where nothing did so."""
+    for held in range(1, 5):  # (a character's first bytes: at most 3, each its own U+FFFD at most)
+        if not before.endswith("\ufffd" * held):
+            return None
+        stem = len(before) - held
+        if after.startswith(before[:stem]) and after[stem:stem + 1] not in ("", "\ufffd"):
+            return stem
+    return None
 
 
 def _cannot_go_on(pending: bytes, following: bytes) -> bool:

@@ -314,3 +314,29 @@ def test_an_eos_id_past_the_logits_is_left_out_not_a_traceback(tmp_path, tiny_mo
     (path / "generation_config.json").write_text(json.dumps(config))
     loaded = load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE)
     assert 10 ** 6 not in loaded.eos_token_ids and max(loaded.eos_token_ids) < loaded.logits_width
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "phi3"])
+def test_output_that_finishes_a_character_the_prompt_began_writes_it(name):
+    """A token-id prompt cut inside a character (the first bytes of 𓀀), and output tokens with the rest: the
+    character's placeholder in the prompt's decode gave way to the character, the same length, so the tokens were
+    taken to write nothing and the text was lost (`text` "" with 2 completion tokens; QA round 22)."""
+    from transformers import AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+    texts = TokenTexts(tok)
+    byte_tokens = {}
+    for i in range(len(tok)):
+        data = texts.get(i)[1]
+        if len(data) == 1:
+            byte_tokens.setdefault(data, i)
+    data = "𓀀".encode()
+    spelled = [byte_tokens[data[k:k + 1]] for k in range(len(data))]
+    words = tok.encode("so far", add_special_tokens=False)
+    after = tok.encode(" and on", add_special_tokens=False)
+    for cut in (1, 2, 3):
+        detok = IncrementalDetokenizer(tok, words + spelled[:cut], skip_special_tokens=True)
+        text = "".join(detok.push(i) for i in spelled[cut:] + after) + detok.flush()
+        assert text.startswith("𓀀") and text.endswith(tok.decode(after).strip()), (cut, text)
