@@ -23,8 +23,7 @@ import functools
 import re
 import unicodedata
 
-from constrain.regex_sets import (Ranges, Work, disjoint_regions, negate_ranges, python_class, ranges_of, regex_char,
-                                 union_ranges)
+from constrain.regex_sets import Ranges, negate_ranges, python_class, ranges_of, regex_char, union_ranges
 from constrain.support import escaped_code, walk
 
 _SURROGATES: Ranges = ((0xD800, 0xDFFF),)  # not characters: no Rust regex may name them
@@ -101,21 +100,10 @@ def portable_pattern(pattern: str) -> str:
 @functools.lru_cache(maxsize=1024)
 def widest_pattern(pattern: str) -> str:
     """`pattern` spelled as `portable_pattern` spells it, but with classes that hold the characters any dialect
-    takes (`_taken`) and a `$` that also matches before a final newline, as Python's: a name that some dialect's
-    reading matches, this matches. For the names' patterns of an object whose other keys may hold anything: such
-    a name's value then gets the pattern's schema, which every dialect finds valid (a dialect that does not match
-    the name asks nothing of its value; llguidance's `$` let `{"ab\n": 1}` through `^ab$: {type: string}`).
-    Where the newline adds no name (`^a[^b]*$`: the pattern matches it anyway), the `$` is left as it is, so that
-    patterns cut into disjoint regions (constrain/rewrite.py) stay disjoint."""
-    wide = _spell_classes(pattern, widest=True)
-    if wide.count(_PYTHON_END) != 1:
-        return wide
-    plain, newline = wide.replace(_PYTHON_END, "$"), wide.replace(_PYTHON_END, "\\n$")
-    regions = disjoint_regions([plain, newline], Work())
-    return plain if regions is not None and all(0 in sig for _, sig in regions) else wide
-
-
-_PYTHON_END = "(?:\\n?$)"  # Python's `$` (no MULTILINE): the end, or before a newline that ends the string
+    takes (`_taken`): a name that some dialect's reading matches, this matches. For the names' patterns of an object
+    whose other keys may hold anything: such a name's value then gets the pattern's schema, which every dialect
+    finds valid (a dialect that does not match the name asks nothing of its value)."""
+    return _spell_classes(pattern, widest=True)
 
 
 def _spell_classes(pattern: str, widest: bool) -> str:
@@ -132,9 +120,6 @@ def _spell_classes(pattern: str, widest: bool) -> str:
             i += 2
         elif ch == ".":
             out.append(_ANY_DOT if widest else _DOT)
-            i += 1
-        elif ch == "$" and widest:  # Python's `$` also matches before a final newline ("ab\n" under `^ab$`)
-            out.append(_PYTHON_END)
             i += 1
         elif ch == "[":
             end, written = _rewrite_class(pattern, i, widest)
