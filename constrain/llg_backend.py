@@ -980,7 +980,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
 # name no keyword: the keyword where they meet (`_refusal`).
 _MEETING_REFUSALS = (
     (re.compile(r"circular references with sibling keys are not supported: \S*?#(/\S*)"), "$ref"),
-    (re.compile(r"patternProperty regexes"), "patternProperties"),
+    (re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are (?:not )?disjoint"), "patternProperties"),
     (re.compile(r"Schema intersection stack level exceeded|Unable to determine if regex is empty"), "allOf"),
 )
 
@@ -988,7 +988,9 @@ _MEETING_REFUSALS = (
 def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
              code: str = "invalid_constraint") -> ConstraintError:
     """llguidance's refusal, with the JSON Pointer of the keyword it stumbled on where its message names none
-    but says which kind (`_MEETING_REFUSALS`): the outermost such keyword, told in the message too."""
+    but says which kind (`_MEETING_REFUSALS`), told in the message too: the `$ref` to the target it names that
+    has siblings; the `patternProperties` holding both regexes it names, or the innermost `allOf` joining the
+    objects that hold them; else the outermost such keyword."""
     text = "; ".join(msgs)
     pointer = None
     for found, keyword in _MEETING_REFUSALS if isinstance(schema, (dict, bool)) else ():
@@ -999,16 +1001,43 @@ def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
             target = unquote(match.group(1))
             places = [ptr for ptr, key, node in walk(schema, base_pointer) if key == "$ref"
                       and isinstance(node[key], str) and unquote(node[key]) == "#" + target]
+            places = [p for p in places if _has_siblings(schema, p, base_pointer)] or places
         else:
             places = [ptr for ptr, key, _ in walk(schema, base_pointer) if key == keyword]
-            if keyword == "patternProperties":  # (where patterns meet: the allOf that joins them)
-                places = [p for p in (ptr for ptr, key, _ in walk(schema, base_pointer) if key == "allOf")
-                          if any(q.startswith(p + "/") for q in places)] or places
+            if keyword == "patternProperties":
+                places = _holders_of(schema, base_pointer, match.group(1), match.group(2)) or places
         if places:
             pointer = min(places, key=lambda p: (p.count("/"), p))
             message = f"{message} (at {pointer})"
         break
     return ConstraintError(message, param=param, pointer=pointer, code=code)
+
+
+def _has_siblings(schema, ref_pointer: str, base_pointer: str) -> bool:
+    """The `$ref` at `ref_pointer` meets other keywords: beside it, or as a member of an `allOf` with others."""
+    holder = _value_at(schema, ref_pointer.rsplit("/", 1)[0], base_pointer)
+    if isinstance(holder, dict) and set(holder) - ANNOTATIONS - {"$ref"}:
+        return True
+    parent = ref_pointer.rsplit("/", 3)
+    return len(parent) == 4 and parent[1] == "allOf"
+
+
+def _holders_of(schema, base_pointer: str, first: str, second: str) -> list[str]:
+    """Where llguidance met two names' patterns, as it spelled them (`llguidance_schema`): the `patternProperties`
+    holding both, else the innermost `allOf` above one holding each; [] where they are not found."""
+    holding: dict[str, set[str]] = {first: set(), second: set()}
+    for ptr, key, node in walk(llguidance_schema(schema), base_pointer):
+        if key == "patternProperties" and isinstance(node[key], dict):
+            for regex in (first, second):
+                if regex in node[key]:
+                    holding[regex].add(ptr)
+    together = sorted(holding[first] & holding[second])
+    if together or not (holding[first] and holding[second]):
+        return together
+    joins = [ptr for ptr, key, _ in walk(schema, base_pointer) if key == "allOf"
+             and any(a.startswith(ptr + "/") for a in holding[first])
+             and any(b.startswith(ptr + "/") for b in holding[second])]
+    return [max(joins, key=lambda p: p.count("/"))] if joins else []
 
 
 _EXACT_FLOAT_INT = 2 ** 53  # llguidance reads a schema's numbers as 64-bit floats: integers above this round

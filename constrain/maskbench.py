@@ -66,6 +66,10 @@ def run_case(path: Path, root: Path, compiler: GrammarCompiler, tokenizer) -> Ca
         case = json.loads(path.read_text())
         if not isinstance(case, dict) or "schema" not in case:
             raise ValueError("no \"schema\" field")
+        tests = case.get("tests", [])
+        if not isinstance(tests, list) or not all(isinstance(t, dict) and "data" in t and isinstance(t.get("valid"), bool)
+                                                  for t in tests):
+            raise ValueError("\"tests\" is not a list of {\"data\", \"valid\"}")
     except (OSError, ValueError) as exc:  # (a stray file, or an earlier --json saved as *.json, ended the run)
         return CaseResult(name, False, None, f"not a MaskBench case: {str(exc)[:200]}", 0.0)
     try:
@@ -81,7 +85,7 @@ def run_case(path: Path, root: Path, compiler: GrammarCompiler, tokenizer) -> Ca
     bitmask = torch.zeros((1, compiler.vocab.words), dtype=torch.int32)
     eos = min(compiler.vocab.eos_token_ids)
     times: list[float] = []
-    for test in case.get("tests", []):
+    for test in tests:
         tokens = tokenizer.encode(json.dumps(test["data"]), add_special_tokens=False)
         ok = walk_instance(grammar, tokens, eos, bitmask, times)
         if test["valid"]:

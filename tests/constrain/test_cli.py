@@ -70,15 +70,17 @@ def test_maskbench_limit_zero_runs_no_case_and_a_stray_file_is_a_case_in_error(t
     (tmp_path / "cases").mkdir()
     shutil.copy(sorted((CASES / "Github_trivial").glob("*.json"))[0], tmp_path / "cases" / "a.json")
     (tmp_path / "cases" / "b.json").write_text('{"case": "a.json", "compiled": true}\n{"case": "x"}\n')
+    (tmp_path / "cases" / "c.json").write_text('{"schema": {"type": "string"}, "tests": [{"data": "x"}]}')
     assert main(["maskbench", str(tmp_path / "cases"), "--limit", "0", "--tokenizer", str(TOKENIZERS["gpt2"]),
                  "--backend", "llguidance"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("maskbench: cases=0 ")
     out = tmp_path / "out.jsonl"
     assert main(["maskbench", str(tmp_path / "cases"), "--tokenizer", str(TOKENIZERS["gpt2"]),
                  "--backend", "llguidance", "--json", str(out)]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("maskbench: cases=2 compiled=1 ")
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("maskbench: cases=3 compiled=1 ")
     rows = {row["case"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["b.json"]["error"].startswith("not a MaskBench case") and rows["a.json"]["compiled"]
+    assert rows["c.json"]["error"].startswith("not a MaskBench case")
 
 
 def test_maskbench_sets_llguidance_up_before_the_first_case(monkeypatch, capsys):

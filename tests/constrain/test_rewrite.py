@@ -3,6 +3,7 @@ on documents the original accepts and refuses), and leaves alone what it cannot 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -982,3 +983,49 @@ def test_a_refusal_of_keywords_that_meet_names_where_they_meet(gpt2_compiler, sc
                                                  backend="llguidance"))
         assert message in exc.value.message
         assert exc.value.pointer == "/allOf" and exc.value.message.endswith("(at /allOf)")
+
+
+_OVERLAPPING_AS_SPELLED = {"type": "object", "allOf": [  # (`\\w` spelled wide in the open member, narrow in the closed)
+    {"patternProperties": {"^\\w+$": {"type": "string"}}}, {"patternProperties": {"a": True},
+                                                            "additionalProperties": False}]}
+
+
+def test_a_refusal_of_meeting_patterns_names_where_they_meet(gpt2_compiler):
+    """It named the outermost `patternProperties` (or `allOf` above one) of the whole schema (review of QA round
+    22): the root for a fault in a nested object, and for tools the first function where the second was at fault.
+    Now the `patternProperties` holding both regexes llguidance names, or the `allOf` joining their holders."""
+    from constrain.tools import tools_spec
+
+    schema = {"type": "object", "patternProperties": {"^q_": {"type": "integer"}},
+              "properties": {"inner": _OVERLAPPING_AS_SPELLED}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    assert exc.value.pointer == "/properties/inner/allOf", exc.value.message
+    tools = [{"type": "function", "function": {"name": "ok", "parameters": {
+        "type": "object", "patternProperties": {"^q_": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "f", "parameters": _OVERLAPPING_AS_SPELLED}}]
+    spec = dataclasses.replace(tools_spec(tools, "required", None), backend="llguidance")
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec)
+    assert exc.value.pointer == "/1/function/parameters/allOf" and exc.value.param == "tools", exc.value.message
+    beyond_cutting = {"type": "object", "patternProperties": {"^[a-z]{1,3000}$": {"type": "string"},
+                                                              "^x": {"maxLength": 2}}}  # (too long to cut)
+    schema["properties"]["inner"] = beyond_cutting
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    assert exc.value.pointer == "/properties/inner/patternProperties", exc.value.message
+
+
+def test_a_refusal_of_a_recursive_ref_with_siblings_names_a_ref_with_siblings(gpt2_compiler):
+    """It named the first `$ref` to the definition, which had none (review of QA round 22)."""
+    schema = {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}},
+              "$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n", "minProperties": 1}}}}}
+    try:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    except ConstraintError as exc:
+        assert exc.pointer is not None and exc.pointer.startswith("/$defs/n/properties/c"), exc.message
+    else:
+        pytest.fail("llguidance compiled a recursive $ref beside siblings")
