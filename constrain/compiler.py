@@ -37,7 +37,7 @@ from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.disk_cache import DiskCache
-from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index, names_restricted
+from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index, names_restricted, newline_names_refused
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
@@ -480,8 +480,8 @@ class GrammarCompiler:
         with self._lock:  # (one wrapper per backend grammar, so a cached grammar comes back as the same object)
             checked = self._distinct_keys.get(id(g))
             if checked is None:
-                checked = self._distinct_keys[id(g)] = DistinctKeysGrammar(g, self.vocab,
-                                                                           names_restricted(spec.schema))
+                checked = self._distinct_keys[id(g)] = DistinctKeysGrammar(
+                    g, self.vocab, names_restricted(spec.schema), newline_names_refused(spec.schema))
         return checked
 
     def _unique_plan(self, spec: ConstraintSpec) -> tuple[UniquePlan | None, UniquePlan | None]:

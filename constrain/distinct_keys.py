@@ -6,7 +6,9 @@ keys (`additionalProperties`, `patternProperties`, JSON mode): in a sweep, 4 of 
 value is lost without a word, and strict parsers refuse it. A matcher wrapper follows the output, remembers each
 open object's keys and clears the mask bits of the tokens that would close a key the object already has. Where
 nothing else is left (every name a pattern admits is used and a comma was written), the repeat is allowed rather
-than the answer failing: a repeated key is legal JSON. Never imports HTTP or model code.
+than the answer failing: a repeated key is legal JSON. The same wrapper writes no key ending in a newline where a
+names' pattern holds a `$` (`newline_names_refused`), on which the regex dialects' `$` disagree. Never imports
+HTTP or model code.
 """
 
 from __future__ import annotations
@@ -72,6 +74,60 @@ def closes_a_repeated_key(tracker: KeyTracker, data: bytes) -> bool:
     return False
 
 
+def closes_a_newline_name(tracker: KeyTracker, data: bytes) -> bool:
+    """Writing `data` next closes an object's key that ends with a newline (looked at up to the first key it
+    closes): Python's `$` matches before it, ECMA-262's and llguidance's do not (`newline_names_refused`)."""
+    top = tracker.stack[-1] if tracker.stack else None
+    if not tracker.in_json or top is None or top.is_array or tracker.mode not in ("key", "member", "after"):
+        return False
+    mode, buf, escaped = tracker.mode, bytearray(tracker.buf), tracker.escaped
+    for c in data:
+        if mode == "key":
+            if escaped:
+                escaped = False
+            elif c == BACKSLASH:
+                escaped = True
+            elif c == QUOTE:
+                return decode_key(bytes(buf)).endswith("\n")
+            buf.append(c)
+        elif c in WS:
+            continue
+        elif mode == "after" and c == COMMA_BYTE:
+            mode = "member"
+        elif mode == "member" and c == QUOTE:
+            mode, buf, escaped = "key", bytearray(), False
+        else:
+            return False
+    return False
+
+
+class _NewlineQuotes(list):
+    """Per vocabulary: the tokens that write a newline's escape (`\\n`, `\\u000a`) and then a quote, which may
+    close a key ending in a newline whatever was written before them."""
+
+    def __init__(self, vocab: Vocabulary):
+        super().__init__(tid for tid, data in enumerate(vocab.token_bytes)
+                         if data and any(e in data for e in (b'\\n"', b'\\u000a"', b'\\u000A"')))
+        self.ids = np.array(self, dtype=np.int64)
+
+
+def newline_names_refused(schema) -> bool:
+    """Whether some names' pattern of `schema` holds a `$` (`patternProperties`, `propertyNames`): then no key is
+    written that ends with a newline. Python's `$` matches before a final newline, ECMA-262's and llguidance's do
+    not, so `{"7\\n": "x"}` under `patternProperties: {"^\\d+$": {"type": "integer"}}` in an object open to other
+    keys passed the grammar (and ajv) but not jsonschema. No reading then tells such a name apart."""
+    from constrain.support import walk
+
+    if not isinstance(schema, dict):
+        return False
+    for _, key, node in walk(schema):
+        if key == "patternProperties" and isinstance(node[key], dict) and any("$" in p for p in node[key]):
+            return True
+        if key == "propertyNames" and isinstance(node[key], dict) and "$" in str(node[key].get("pattern", "")):
+            return True
+    return False
+
+
 class _CommaKeys(dict):
     """Per vocabulary: the tokens that write a comma, then a whole key (`,"a"`, `, "a":`), by the key (as
     `unique_items.item_events` reads a string: ("s", its characters in UTF-8))."""
@@ -96,41 +152,49 @@ def comma_key_index(vocab: Vocabulary) -> _CommaKeys:
 class DistinctKeysGrammar(CheckedGrammar):
     """A JSON grammar whose matchers write no key twice in one object."""
 
-    def __init__(self, inner: Grammar, vocab: Vocabulary, names_restricted: bool = False):
+    def __init__(self, inner: Grammar, vocab: Vocabulary, names_restricted: bool = False,
+                 newline_names: bool = False):
         super().__init__(inner)
         self.vocab = vocab
         self.names_restricted = names_restricted  # (some object's names are restricted: the lookahead is needed)
+        self.newline_names = newline_names  # (no key ends with a newline: `newline_names_refused`)
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
         comma_key_index(vocab)
+        if newline_names:
+            per_vocabulary(_NewlineQuotes, vocab)
 
     def matcher(self, lane: int = 0) -> "DistinctKeysMatcher":
         return DistinctKeysMatcher(self.inner.matcher(lane), KeyTracker(self.call_tag), self.index, self.vocab,
-                                   self.names_restricted)
+                                   self.names_restricted, self.newline_names)
 
 
 class DistinctKeysMatcher(CheckedMatcher):
     dead_end = "no key may follow here but one the object already has"  # (not raised: see fill_bitmask)
 
     def __init__(self, inner: Matcher, tracker: KeyTracker, index: TokenIndex, vocab: Vocabulary,
-                 names_restricted: bool = False):
+                 names_restricted: bool = False, newline_names: bool = False):
         super().__init__(inner, index.token_bytes)
         self.tracker = tracker
         self.index = index
         self.vocab = vocab
         self.names_restricted = names_restricted
+        self.newline_quotes = per_vocabulary(_NewlineQuotes, vocab).ids if newline_names else None
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         """The inner mask less the tokens that close a repeated key, and those after which the grammar allows
-        nothing else (`_leading_to_a_repeat`); unless that leaves nothing, where the repeat is allowed (legal
-        JSON) rather than the output failing."""
+        nothing else (`_leading_to_a_repeat`), and those that close a key ending in a newline (where refused);
+        unless that leaves nothing, where the repeat (legal JSON), then the newline, is allowed rather than the
+        output failing."""
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         self._refused_here = NO_IDS
-        if not self._active():
+        repeats, newlines = self._repeats_active(), self._newlines_active()
+        if not (repeats or newlines):
             return
         words = bitmask[row].numpy().view(np.uint32)
-        closing = self._refused(words)
-        leading = self._leading_to_a_repeat(words, closing)
-        for refused in (np.concatenate([closing, leading]), closing):
+        closing = self._refused(words) if repeats else NO_IDS
+        leading = self._leading_to_a_repeat(words, closing) if repeats else NO_IDS
+        ending = self._closing_newline_names(words) if newlines else NO_IDS
+        for refused in (np.concatenate([closing, leading, ending]), np.concatenate([closing, ending]), closing):
             if not len(refused):
                 return
             kept = words.copy()
@@ -141,7 +205,31 @@ class DistinctKeysMatcher(CheckedMatcher):
                 return
 
     def _active(self) -> bool:
+        return self._repeats_active() or self._newlines_active()
+
+    def _repeats_active(self) -> bool:
         return self.tracker.object_keys() is not None
+
+    def _newlines_active(self) -> bool:
+        t = self.tracker
+        return self.newline_quotes is not None and t.in_json and t.mode in ("key", "member", "after") \
+            and bool(t.stack) and not t.stack[-1].is_array
+
+    def _closing_newline_names(self, words: np.ndarray) -> np.ndarray:
+        """The allowed tokens that close a key ending in a newline: those that write a newline's escape and then a
+        quote; inside a key that ends in a newline, those that begin with its closing quote; while an escape is
+        under way, every token holding a quote (all checked one by one)."""
+        t = self.tracker
+        suspects = [self.newline_quotes]
+        if t.mode == "key":
+            written = bytes(t.buf)
+            if t.escaped or b"\\u" in written[-5:]:
+                suspects.append(self.index.quote_all)
+            elif decode_key(written).endswith("\n"):
+                suspects.append(self.index.quote_pre.get(b"", NO_IDS))
+        allowed = allowed_among(words, np.unique(np.concatenate(suspects)))
+        return np.array([tid for tid in allowed.tolist() if closes_a_newline_name(t, self.index.token_bytes[tid])],
+                        dtype=np.int64)
 
     def _leading_to_a_repeat(self, words: np.ndarray, closing: np.ndarray) -> np.ndarray:
         """The allowed tokens that write the rest of a key the object already has (after `"` or `,"` where the key
@@ -199,7 +287,8 @@ class DistinctKeysMatcher(CheckedMatcher):
         return np.concatenate([*fast, np.array(slow, dtype=np.int64)])
 
     def _refuses(self, data: bytes) -> bool:
-        return closes_a_repeated_key(self.tracker, data)
+        return closes_a_repeated_key(self.tracker, data) or (
+            self.newline_quotes is not None and closes_a_newline_name(self.tracker, data))
 
     def _feed(self, data: bytes) -> None:
         self.tracker.feed(data)
