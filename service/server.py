@@ -26,19 +26,18 @@ class AddressUnusable(Exception):
     """`--host`/`--port` cannot be listened on (in use, not this machine's); the message says why in one line."""
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before the model loads (minutes on a GPU host, then the named schemas' builds):
-    an address in use was found only after all that, its error lines followed by uvicorn's shutdown lines. Bound
-    as uvicorn binds one (address reuse, IPv6 for a host with a colon)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise AddressUnusable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    sock.set_inheritable(True)
-    return sock
+def _check_address(host: str, port: int) -> None:
+    """Binds a socket to the server's address and lets it go, before the model loads (minutes on a GPU host, then
+    the named schemas' builds): an address in use was found only after all that, its error followed by uvicorn's
+    shutdown lines. Bound as uvicorn binds (address reuse, IPv6 for a host with a colon). uvicorn then binds its
+    own: handed this one, it reset a kept-alive connection whose too large body was still arriving before its 413
+    was read (tests/service/test_disconnect_and_metrics.py)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise AddressUnusable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 _ENDING_MARGIN = 1.0  # seconds before the graceful-shutdown deadline at which what still runs is ended
@@ -54,12 +53,6 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.stop_engine = stop_engine
 
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:  # (uvicorn says where it listens only when it binds the socket itself)
-            host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-            log.info("serving on http://%s:%d (press CTRL+C to quit)", host, self.config.port)
-
     async def shutdown(self, sockets=None) -> None:
         timeout = self.config.timeout_graceful_shutdown
         ending = None
@@ -74,25 +67,23 @@ class _Server(uvicorn.Server):
 
 
 def run_server(config: ServerConfig) -> None:
-    sock = _listening_socket(config.host, config.port)
-    with sock:
-        log.info("loading model %s", config.model)
-        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
-                            max_model_len=config.max_model_len)
-        log.info("model loaded on %s (%s), context length %d", loaded.device, loaded.dtype, loaded.context_length)
-        app = create_app(config, loaded)
-        # (without a deadline, one client that stopped reading held a SIGTERMed server for as long as it stayed)
-        protocol = type("OpenAIErrorH11Protocol", (OpenAIErrorH11Protocol,),
-                        {"head_seconds": config.max_body_seconds})
-        server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                        http=protocol, timeout_graceful_shutdown=config.shutdown_timeout),
-                         stop_engine=app.state.generation.engine.stop)
-        app.state.stop_server = lambda: setattr(server, "should_exit", True)  # (as a SIGTERM does)
-        try:
-            server.run(sockets=[sock])
-        except KeyboardInterrupt:  # (as uvicorn.run does)
-            pass
-    if not server.started:  # the app did not start (uvicorn logged why)
+    _check_address(config.host, config.port)
+    log.info("loading model %s", config.model)
+    loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                        max_model_len=config.max_model_len)
+    log.info("model loaded on %s (%s), context length %d", loaded.device, loaded.dtype, loaded.context_length)
+    app = create_app(config, loaded)
+    # (without a deadline, one client that stopped reading held a SIGTERMed server for as long as it stayed)
+    protocol = type("OpenAIErrorH11Protocol", (OpenAIErrorH11Protocol,), {"head_seconds": config.max_body_seconds})
+    server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                    http=protocol, timeout_graceful_shutdown=config.shutdown_timeout),
+                     stop_engine=app.state.generation.engine.stop)
+    app.state.stop_server = lambda: setattr(server, "should_exit", True)  # (as a SIGTERM does)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # (as uvicorn.run does)
+        pass
+    if not server.started:  # the port could not be bound after all, or the app did not start (uvicorn logged why)
         raise SystemExit(STARTUP_FAILURE)
     failure = app.state.generation.engine.failure
     if failure is not None:
