@@ -25,9 +25,13 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
         self.texts = texts or TokenTexts(tokenizer)
-        self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        start = max(0, len(prompt_ids) - _CONTEXT_TOKENS)
+        while start > 0 and len(prompt_ids) - start < _CONTEXT_TOKENS + 3 and self._continues(prompt_ids[start]):
+            start -= 1  # (a window begun inside a character decodes its first bytes as U+FFFD: Phi-3's byte tokens)
+        self.ids = list(prompt_ids[start:])
         self.prefix = 0
         self.read = len(self.ids)
+        self.stem = self._before_unfinished()  # (`_finished_placeholder`; None once the output has written)
 
     @property
     def holding(self) -> bool:
@@ -42,16 +46,37 @@ class IncrementalDetokenizer:
         """Whatever is still held back at the end (an incomplete character comes out as U+FFFD)."""
         return self._delta(final=True)
 
+    def _before_unfinished(self) -> str | None:
+        """The text of the prompt's window before a character it ends inside (its tokens hold only that character's
+        first bytes), where it does: Phi-3 decodes a run of byte tokens that ends unfinished as U+FFFD throughout."""
+        decoder = _UTF8("replace")
+        decoder.decode(b"".join(self._bytes(t) for t in self.ids))
+        pending = len(decoder.getstate()[0])
+        j = len(self.ids)
+        while pending > 0 and j > 0:
+            j -= 1
+            pending -= len(self._bytes(self.ids[j]))
+        if j == len(self.ids) or pending != 0:
+            return None
+        return self.tokenizer.decode(self.ids[:j], skip_special_tokens=self.skip)
+
     def _delta(self, final: bool) -> str:
+        text = self._next_text(final)
+        if text:
+            self.stem = None
+        return text
+
+    def _next_text(self, final: bool) -> str:
         if self.read >= len(self.ids):
             return ""
         before = self.tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         after = self.tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
-        begun = _finished_placeholder(before, after)
-        if begun is not None:
+        begun = _finished_placeholder(before, after, self.stem if self.prefix == 0 else None)
+        if begun is not None and (final or not after.endswith("\ufffd")):
             # A character the prompt began (token ids cut inside it) is finished: its placeholder gives way to it,
-            # which the output writes (by length, the token wrote nothing, and the character was lost).
-            self.prefix, self.read = self.read, len(self.ids)
+            # which the output writes (by length, the token wrote nothing, and the character was lost). The window
+            # keeps its start, which a character does not straddle (the text read so far ends inside one).
+            self.read = len(self.ids)
             return after[begun:]
         if not final and len(after) <= len(before):
             # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins on
@@ -68,8 +93,9 @@ class IncrementalDetokenizer:
             if settled < len(self.ids) - self.read:
                 upto = self.read + settled
                 text = self.tokenizer.decode(self.ids[self.prefix:upto], skip_special_tokens=self.skip)
-                self.prefix, self.read = self.read, upto
-                return text[len(before):]
+                begun = _finished_placeholder(before, text, self.stem if self.prefix == 0 else None)
+                self.prefix, self.read = (self.prefix if begun is not None else self.read), upto
+                return text[len(before) if begun is None else begun:]
         delta = after[len(before):]
         self.prefix, self.read = self.read, len(self.ids)
         return delta
@@ -90,6 +116,11 @@ class IncrementalDetokenizer:
                 settled = k
         return settled
 
+    def _continues(self, token_id: int) -> bool:
+        """The token's bytes begin inside a character (a UTF-8 continuation byte)."""
+        data = self._bytes(token_id)
+        return bool(data) and 0x80 <= data[0] < 0xC0
+
     def _bytes(self, token_id: int) -> bytes:
         """The bytes the token adds to the text (none for a special token the output skips)."""
         if self.skip and token_id in self.texts.special_ids:
@@ -97,9 +128,13 @@ class IncrementalDetokenizer:
         return self.texts.get(token_id)[1]
 
 
-def _finished_placeholder(before: str, after: str) -> int | None:
+def _finished_placeholder(before: str, after: str, stem: str | None = None) -> int | None:
     """Where in `after` a character begins that took the place of the U+FFFD ending `before` (one, or one per byte
-    as SentencePiece's byte tokens decode), the text before them unchanged; None where nothing did so."""
+    as SentencePiece's byte tokens decode, or `stem`'s whole run of them), the text before them unchanged; None
+    where nothing did so."""
+    if stem is not None and not after.startswith(before) and after.startswith(stem) \
+            and after[len(stem):len(stem) + 1] not in ("", "\ufffd"):
+        return len(stem)
     for held in range(1, 5):  # (a character's first bytes: at most 3, each its own U+FFFD at most)
         if not before.endswith("\ufffd" * held):
             return None
