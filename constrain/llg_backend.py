@@ -1004,8 +1004,11 @@ def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
             places = [p for p in places if _has_siblings(schema, p, base_pointer)] or places
         else:
             places = [ptr for ptr, key, _ in walk(schema, base_pointer) if key == keyword]
-            if keyword == "patternProperties":
-                places = _holders_of(schema, base_pointer, match.group(1), match.group(2)) or places
+            if keyword == "patternProperties":  # (llguidance writes a regex's "/" as "\/" between its slashes)
+                first, second = (match.group(i).replace("\\/", "/") for i in (1, 2))
+                places = _holders_of(schema, base_pointer, first, second) or places
+            else:
+                places = _meeting_all_of(schema, base_pointer, text) or places
         if places:
             pointer = min(places, key=lambda p: (p.count("/"), p))
             message = f"{message} (at {pointer})"
@@ -1020,6 +1023,22 @@ def _has_siblings(schema, ref_pointer: str, base_pointer: str) -> bool:
         return True
     parent = ref_pointer.rsplit("/", 3)
     return len(parent) == 4 and parent[1] == "allOf"
+
+
+def _meeting_all_of(schema, base_pointer: str, text: str) -> list[str]:
+    """The `allOf` where llguidance's intersection failed: under the definition its message says it was compiling,
+    the innermost `allOf` above every `pattern` it names (as `llguidance_schema` spells them), else the outermost
+    there; [] where there is none."""
+    within = re.search(r"while processing json-schema:///#(/\S*)", text)
+    under = base_pointer + (unquote(within.group(1)) if within else "")
+    named = {r.replace("\\/", "/") for r in re.findall(r"Regex /(.*?)/\)", text)}
+    patterns = [ptr for ptr, key, node in walk(llguidance_schema(schema), base_pointer)
+                if key == "pattern" and node[key] in named and ptr.startswith(under + "/")]
+    joins = [ptr for ptr, key, _ in walk(schema, base_pointer) if key == "allOf" and ptr.startswith(under + "/")]
+    above = [j for j in joins if patterns and all(p.startswith(j + "/") for p in patterns)]
+    if above:
+        return [max(above, key=lambda p: p.count("/"))]
+    return [min(joins, key=lambda p: (p.count("/"), p))] if joins else []
 
 
 def _holders_of(schema, base_pointer: str, first: str, second: str) -> list[str]:

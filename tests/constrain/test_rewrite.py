@@ -1009,13 +1009,39 @@ def test_a_refusal_of_meeting_patterns_names_where_they_meet(gpt2_compiler):
     with pytest.raises(ConstraintError) as exc:
         gpt2_compiler.compile(spec)
     assert exc.value.pointer == "/1/function/parameters/allOf" and exc.value.param == "tools", exc.value.message
-    beyond_cutting = {"type": "object", "patternProperties": {"^[a-z]{1,3000}$": {"type": "string"},
-                                                              "^x": {"maxLength": 2}}}  # (too long to cut)
+    beyond_cutting = {"type": "object", "patternProperties": {"^a/[a-z]{1,3000}$": {"type": "string"},
+                                                              "^a/x": {"maxLength": 2}}}  # (too long to cut; a
+    # "/", which llguidance's message writes "\\/")
     schema["properties"]["inner"] = beyond_cutting
     with pytest.raises(ConstraintError) as exc:
         gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
                                              backend="llguidance"))
     assert exc.value.pointer == "/properties/inner/patternProperties", exc.value.message
+
+
+def test_a_refusal_of_an_intersection_names_the_allof_above_the_patterns_it_names(gpt2_compiler):
+    """"Unable to determine if regex is empty" was named at the outermost allOf of the whole schema: the root's, or
+    the first function's for tools (review of QA round 22)."""
+    from constrain.tools import tools_spec
+
+    empty = {"type": "string", "allOf": [
+        {"anyOf": [{"pattern": "^a"}, {"pattern": "^b"}]},
+        {"anyOf": [{"allOf": [{"not": {"pattern": "^[ab]"}}, {"not": {"pattern": "^[cde]"}}]}, {"pattern": "x$"}]},
+        {"anyOf": [{"allOf": [{"not": {"pattern": "^[abc]"}}, {"not": {"pattern": "[xyz]$"}}]},
+                   {"pattern": "1111111111111111111"}, {"pattern": "222222222222222222"}]},
+        {"minLength": 10}, {"maxLength": 20}]}
+    other = {"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}}]}
+    schema = {**other, "properties": {"inner": {"type": "object", "properties": {"s": empty}}}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    assert exc.value.pointer == "/properties/inner/properties/s/allOf", exc.value.message
+    tools = [{"type": "function", "function": {"name": "ok", "parameters": other}},
+             {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                           "properties": {"s": empty}}}}]
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(dataclasses.replace(tools_spec(tools, "required", None), backend="llguidance"))
+    assert exc.value.pointer == "/1/function/parameters/properties/s/allOf", exc.value.message
 
 
 def test_a_refusal_of_a_recursive_ref_with_siblings_names_a_ref_with_siblings(gpt2_compiler):
