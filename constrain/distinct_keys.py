@@ -51,27 +51,7 @@ class KeyTracker(JsonFollower):
 def closes_a_repeated_key(tracker: KeyTracker, data: bytes) -> bool:
     """Writing `data` next closes a key its object already has (looked at up to the first key it closes)."""
     keys = tracker.object_keys()
-    if keys is None:
-        return False
-    mode, buf, escaped = tracker.mode, bytearray(tracker.buf), tracker.escaped
-    for c in data:
-        if mode == "key":
-            if escaped:
-                escaped = False
-            elif c == BACKSLASH:
-                escaped = True
-            elif c == QUOTE:
-                return decode_key(bytes(buf)) in keys
-            buf.append(c)
-        elif c in WS:
-            continue
-        elif mode == "after" and c == COMMA_BYTE:
-            mode = "member"
-        elif mode == "member" and c == QUOTE:
-            mode, buf, escaped = "key", bytearray(), False
-        else:
-            return False
-    return False
+    return keys is not None and _key_closed_by(tracker, data) in keys
 
 
 def closes_a_newline_name(tracker: KeyTracker, data: bytes) -> bool:
@@ -80,6 +60,13 @@ def closes_a_newline_name(tracker: KeyTracker, data: bytes) -> bool:
     top = tracker.stack[-1] if tracker.stack else None
     if not tracker.in_json or top is None or top.is_array or tracker.mode not in ("key", "member", "after"):
         return False
+    key = _key_closed_by(tracker, data)
+    return key is not None and key.endswith("\n")
+
+
+def _key_closed_by(tracker: KeyTracker, data: bytes) -> str | None:
+    """The key that writing `data` next closes (the first), where the output stands in or before a key of an
+    object (`tracker.mode` key, member or after a value); None where it closes none."""
     mode, buf, escaped = tracker.mode, bytearray(tracker.buf), tracker.escaped
     for c in data:
         if mode == "key":
@@ -88,7 +75,7 @@ def closes_a_newline_name(tracker: KeyTracker, data: bytes) -> bool:
             elif c == BACKSLASH:
                 escaped = True
             elif c == QUOTE:
-                return decode_key(bytes(buf)).endswith("\n")
+                return decode_key(bytes(buf))
             buf.append(c)
         elif c in WS:
             continue
@@ -97,8 +84,8 @@ def closes_a_newline_name(tracker: KeyTracker, data: bytes) -> bool:
         elif mode == "member" and c == QUOTE:
             mode, buf, escaped = "key", bytearray(), False
         else:
-            return False
-    return False
+            return None
+    return None
 
 
 class _NewlineQuotes(list):
