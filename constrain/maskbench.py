@@ -67,8 +67,8 @@ def run_case(path: Path, root: Path, compiler: GrammarCompiler, tokenizer) -> Ca
         if not isinstance(case, dict) or "schema" not in case:
             raise ValueError("no \"schema\" field")
         tests = case.get("tests", [])
-        if not isinstance(tests, list) or not all(isinstance(t, dict) and "data" in t and isinstance(t.get("valid"), bool)
-                                                  for t in tests):
+        if not isinstance(tests, list) or not all(
+                isinstance(t, dict) and "data" in t and isinstance(t.get("valid"), bool) for t in tests):
             raise ValueError("\"tests\" is not a list of {\"data\", \"valid\"}")
     except (OSError, ValueError) as exc:  # (a stray file, or an earlier --json saved as *.json, ended the run)
         return CaseResult(name, False, None, f"not a MaskBench case: {str(exc)[:200]}", 0.0)

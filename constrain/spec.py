@@ -23,8 +23,8 @@ from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
-from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, map_subschemas, pointer_child, references_followable,
-                               resolve_ref, walk)
+from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, gives_another_base, map_subschemas, pointer_child,
+                               references_followable, resolve_ref, walk)
 
 log = logging.getLogger(__name__)
 
@@ -363,8 +363,7 @@ def _dangling_reference(root: dict) -> tuple[str, str] | None:
     (the backend's refusal named it in its own terms: `/$defs/tool0/...` for a function's parameters). Definitions
     no reference reaches are not looked at, as a validator never follows them, nor references a nested `$id` gives
     another base."""
-    if any(key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str)
-           and not node[key].startswith("#") for ptr, key, node in walk(root)):
+    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk(root)):
         return None
     for ptr, key, node in _reached(root):
         ref = node[key] if key == "$ref" else None

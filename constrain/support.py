@@ -172,6 +172,12 @@ def resolve_ref(root: Any, ref: Any) -> Any:
     return node
 
 
+def gives_another_base(ptr: str, key: str, node: dict) -> bool:
+    """The keyword `walk` yields is a nested `$id` (`id` in draft 4) that gives the `$ref`s inside its subschema
+    another base; a plain-name fragment (`"$id": "#name"`, drafts 6-7) changes no base."""
+    return key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) and not node[key].startswith("#")
+
+
 def references_followable(root: dict) -> bool:
     """Every $ref is a local JSON Pointer `resolve_ref` follows, and no $dynamicRef, $recursiveRef or nested $id
     moves what they mean: then a walk of the schema knows every subschema that may apply at a place. A nested
@@ -182,8 +188,7 @@ def references_followable(root: dict) -> bool:
     for ptr, key, node in walk(root):
         if key in ("$dynamicRef", "$recursiveRef"):
             return False
-        if key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) \
-                and not node[key].startswith("#"):
+        if gives_another_base(ptr, key, node):
             bases.append(ptr[: ptr.rindex("/")])
         if key == "$ref":
             if resolve_ref(root, node[key]) is None:
