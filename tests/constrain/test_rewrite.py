@@ -976,7 +976,7 @@ def test_a_ref_to_patterns_targeted_elsewhere_is_copied_never_changed():
 ], ids=["regex-emptiness"])
 def test_a_refusal_of_keywords_that_meet_names_where_they_meet(gpt2_compiler, schema, message):
     """llguidance refuses some meetings of keywords with a message that names no keyword (Handwritten allany12,
-    mod30: a 400 without a pointer, strict or not). The refusal now names the outermost keyword where they meet."""
+    mod30: a 400 without a pointer, strict or not). The refusal now names the allOf where they meet."""
     for strict in (False, True):
         with pytest.raises(ConstraintError) as exc:
             gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
