@@ -7,12 +7,15 @@ value is lost without a word, and strict parsers refuse it. A matcher wrapper fo
 open object's keys and clears the mask bits of the tokens that would close a key the object already has. Where
 nothing else is left (every name a pattern admits is used and a comma was written), the repeat is allowed rather
 than the answer failing: a repeated key is legal JSON. The same wrapper writes no key ending in a newline where a
-names' pattern holds a `$` (`newline_names_refused`), on which the regex dialects' `$` disagree. Never imports
-HTTP or model code.
+names' pattern holds a `$` (`newline_names_refused`), on which the regex dialects' `$` disagree, and no number
+whose exponent has more than two significant digits (`MAX_EXPONENT_DIGITS`), as outlines' number pattern
+(constrain/outlines_backend.py). Never imports HTTP or model code.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +24,8 @@ import torch
 from constrain.checked import (NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, backend_matcher, clear_ids,
                                per_vocabulary)
 from constrain.grammar import Grammar, Matcher
-from constrain.json_follower import BACKSLASH, COMMA_BYTE, QUOTE, WS, Frame, JsonFollower, decode_key
+from constrain.json_follower import (BACKSLASH, COMMA_BYTE, MAX_EXPONENT_DIGITS, QUOTE, WS, Frame, JsonFollower,
+                                    decode_key, exponent_digits)
 from constrain.unique_items import ItemState, TokenIndex, item_events, token_index
 from constrain.vocabulary import Vocabulary
 
@@ -88,6 +92,43 @@ def _key_closed_by(tracker: KeyTracker, data: bytes) -> str | None:
     return None
 
 
+_LONG_EXPONENT = re.compile(rb"[eE][+-]?0*[1-9][0-9]{%d}" % MAX_EXPONENT_DIGITS)
+
+
+class _ExponentDigits:
+    """Per vocabulary: the tokens that may go on an exponent (digits first, or a sign and digits), with the digits
+    each adds (`run`) and how many of them come after leading zeros (`significant`); and the tokens that write an
+    exponent too long by themselves (`whole`: none in GPT-2's, Qwen2's or Phi-3's vocabulary, where digits and
+    letters are separate tokens; checked one by one)."""
+
+    def __init__(self, vocab: Vocabulary):
+        ids, run, significant = [], [], []
+        for tid, data in enumerate(vocab.token_bytes):
+            digits = re.match(rb"[+-]?([0-9]*)", data or b"")[1]
+            if digits:
+                ids.append(tid)
+                run.append(len(digits))
+                significant.append(len(digits.lstrip(b"0")))
+        self.ids, self.run, self.significant = np.array(ids, dtype=np.int64), np.array(run), np.array(significant)
+        self.whole = np.array([tid for tid, data in enumerate(vocab.token_bytes)
+                               if data and _LONG_EXPONENT.search(data)], dtype=np.int64)
+
+    def lengthening(self, digits: int) -> np.ndarray:
+        """The tokens after which an exponent that has `digits` significant digits has too many."""
+        over = self.run + digits if digits else self.significant
+        return self.ids[over > MAX_EXPONENT_DIGITS]
+
+
+def writes_a_long_exponent(tracker: JsonFollower, data: bytes) -> bool:
+    """Writing `data` next gives a number an exponent of more than `MAX_EXPONENT_DIGITS` significant digits."""
+    fork = copy.deepcopy(tracker)
+    for c in data:
+        fork.feed(bytes((c,)))
+        if fork.mode == "number" and (exponent_digits(bytes(fork.buf)) or 0) > MAX_EXPONENT_DIGITS:
+            return True
+    return False
+
+
 class _NewlineQuotes(list):
     """Per vocabulary: the tokens that write a newline's escape (`\\n`, `\\u000a`) and then a quote, which may
     close a key ending in a newline whatever was written before them."""
@@ -137,7 +178,8 @@ def comma_key_index(vocab: Vocabulary) -> _CommaKeys:
 
 
 class DistinctKeysGrammar(CheckedGrammar):
-    """A JSON grammar whose matchers write no key twice in one object."""
+    """A JSON grammar whose matchers write no key twice in one object (nor a key ending in a newline where that is
+    refused, nor a number with a long exponent)."""
 
     def __init__(self, inner: Grammar, vocab: Vocabulary, names_restricted: bool = False,
                  newline_names: bool = False):
@@ -147,6 +189,7 @@ class DistinctKeysGrammar(CheckedGrammar):
         self.newline_names = newline_names  # (no key ends with a newline: `newline_names_refused`)
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
         comma_key_index(vocab)
+        per_vocabulary(_ExponentDigits, vocab)
         if newline_names:
             per_vocabulary(_NewlineQuotes, vocab)
 
@@ -166,22 +209,26 @@ class DistinctKeysMatcher(CheckedMatcher):
         self.vocab = vocab
         self.names_restricted = names_restricted
         self.newline_quotes = per_vocabulary(_NewlineQuotes, vocab).ids if newline_names else None
+        self.exponents = per_vocabulary(_ExponentDigits, vocab)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         """The inner mask less the tokens that close a repeated key, and those after which the grammar allows
-        nothing else (`_leading_to_a_repeat`), and those that close a key ending in a newline (where refused);
-        unless that leaves nothing, where the repeat (legal JSON), then the newline, is allowed rather than the
+        nothing else (`_leading_to_a_repeat`), and those that close a key ending in a newline (where refused), and
+        those that make an exponent too long; unless that leaves nothing, where they are allowed in turn (the
+        lookahead, the newline, the exponent, then the repeat: legal JSON) rather than the
         output failing."""
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         self._refused_here = NO_IDS
-        repeats, newlines = self._repeats_active(), self._newlines_active()
-        if not (repeats or newlines):
+        repeats, newlines, exponents = self._repeats_active(), self._newlines_active(), self._exponents_active()
+        if not (repeats or newlines or exponents):
             return
         words = bitmask[row].numpy().view(np.uint32)
         closing = self._refused(words) if repeats else NO_IDS
         leading = self._leading_to_a_repeat(words, closing) if repeats else NO_IDS
         ending = self._closing_newline_names(words) if newlines else NO_IDS
-        for refused in (np.concatenate([closing, leading, ending]), np.concatenate([closing, ending]), closing):
+        long = self._lengthening_exponents(words) if exponents else NO_IDS
+        for refused in (np.concatenate([closing, leading, ending, long]), np.concatenate([closing, ending, long]),
+                        np.concatenate([closing, long]), closing):
             if not len(refused):
                 return
             kept = words.copy()
@@ -192,7 +239,7 @@ class DistinctKeysMatcher(CheckedMatcher):
                 return
 
     def _active(self) -> bool:
-        return self._repeats_active() or self._newlines_active()
+        return self._repeats_active() or self._newlines_active() or self._exponents_active()
 
     def _repeats_active(self) -> bool:
         return self.tracker.object_keys() is not None
@@ -201,6 +248,22 @@ class DistinctKeysMatcher(CheckedMatcher):
         t = self.tracker
         return self.newline_quotes is not None and t.in_json and t.mode in ("key", "member", "after") \
             and bool(t.stack) and not t.stack[-1].is_array
+
+    def _exponents_active(self) -> bool:
+        t = self.tracker
+        return t.in_json and ((t.mode == "number" and exponent_digits(bytes(t.buf)) is not None)
+                              or len(self.exponents.whole) > 0)
+
+    def _lengthening_exponents(self, words: np.ndarray) -> np.ndarray:
+        """The allowed tokens after which a number's exponent has more than `MAX_EXPONENT_DIGITS` significant
+        digits: those that go on the exponent being written with too many (`_ExponentDigits`), and those that
+        write one whole."""
+        t, table = self.tracker, self.exponents
+        digits = exponent_digits(bytes(t.buf)) if t.mode == "number" else None
+        going_on = allowed_among(words, table.lengthening(digits)) if digits is not None else NO_IDS
+        whole = [tid for tid in allowed_among(words, table.whole).tolist()
+                 if writes_a_long_exponent(t, self.index.token_bytes[tid])]
+        return np.concatenate([going_on, np.array(whole, dtype=np.int64)])
 
     def _closing_newline_names(self, words: np.ndarray) -> np.ndarray:
         """The allowed tokens that close a key ending in a newline: those that write a newline's escape and then a
@@ -269,11 +332,15 @@ class DistinctKeysMatcher(CheckedMatcher):
             comma_keys = comma_key_index(self.vocab)
             fast = [comma_keys[("s", k)] for k in keys if ("s", k) in comma_keys]
             suspects = NO_IDS
-        slow = [tid for tid in allowed_among(words, suspects).tolist() if self._refuses(ix.token_bytes[tid])]
+        slow = [tid for tid in allowed_among(words, suspects).tolist()
+                if self._closes_a_refused_key(ix.token_bytes[tid])]
         fast = [allowed_among(words, ids) for ids in fast]
         return np.concatenate([*fast, np.array(slow, dtype=np.int64)])
 
     def _refuses(self, data: bytes) -> bool:
+        return self._closes_a_refused_key(data) or writes_a_long_exponent(self.tracker, data)
+
+    def _closes_a_refused_key(self, data: bytes) -> bool:
         return closes_a_repeated_key(self.tracker, data) or (
             self.newline_quotes is not None and closes_a_newline_name(self.tracker, data))
 

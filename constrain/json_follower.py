@@ -18,6 +18,18 @@ NUMBER_START = frozenset(b"-0123456789")
 NUMBER_CHARS = frozenset(b"0123456789+-.eE")
 LITERALS = {b"true": True, b"false": False, b"null": None}
 
+# A number's exponent has at most this many significant digits (|e| <= 99): neither backend's number lexeme
+# bounds it, and a random model wrote `-5E81779` and `8e+7992` in 8 of 30 answers under `{"type": "number"}`, valid
+# JSON that JavaScript and Python read as infinity (the Node SDK's zod parse failed). So bounded, a number leaves
+# a double's range only with an integer part over 200 digits (or underflows to 0 past 220 leading zeros).
+MAX_EXPONENT_DIGITS = 2
+
+
+def exponent_digits(number: bytes) -> int | None:
+    """The significant digits of the exponent of `number` (a number's text so far); None before its exponent."""
+    at = max(number.rfind(b"e"), number.rfind(b"E"))
+    return None if at < 0 else len(number[at + 1:].lstrip(b"+-").lstrip(b"0"))
+
 
 @dataclass
 class Frame:
