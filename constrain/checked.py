@@ -118,6 +118,11 @@ class CheckedMatcher(Matcher):
         self._ahead = (self._fed, data, fork)
         return False
 
+    # A check whose refusals give way where nothing else is left (the distinct-keys check: a repeated key is legal
+    # JSON) gives way too where a check around it would otherwise be left with nothing (`_given_way`).
+    yields = False
+    giving_way = False  # (set on such a check for one fill)
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         self._refused_here = NO_IDS
@@ -127,8 +132,30 @@ class CheckedMatcher(Matcher):
         if self._ban(words):
             return
         self.inner.fill_bitmask(bitmask, row, None)
-        if words.any() and not self._ban(words):
-            raise ConstraintError(self.dead_end, code="constraint_too_complex")
+        if not words.any() or self._ban(words) or self._given_way(bitmask, row, words):
+            return
+        raise ConstraintError(self.dead_end, code="constraint_too_complex")
+
+    def _given_way(self, bitmask: torch.Tensor, row: int, words: np.ndarray) -> bool:
+        """The inner mask filled again with the checks under this one that may give way doing so, then this
+        check's refusals: whether any token is left (`0e15` under `not: {multipleOf: 8}`, where the number may only
+        go on with an exponent's third digit, which the distinct-keys check refuses while it may end: it cannot)."""
+        yielding = []
+        inner = self.inner
+        while isinstance(inner, CheckedMatcher):
+            if inner.yields:
+                yielding.append(inner)
+            inner = inner.inner
+        if not yielding:
+            return False
+        for check in yielding:
+            check.giving_way = True
+        try:
+            self.inner.fill_bitmask(bitmask, row, None)
+        finally:
+            for check in yielding:
+                check.giving_way = False
+        return bool(words.any()) and self._ban(words)
 
     def _ban(self, words: np.ndarray) -> bool:
         """Clears the refused tokens' bits; whether any allowed token is left."""

@@ -37,7 +37,8 @@ from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
 from constrain.compile_worker import BuildFailed, BuildTimeout, CompileWorkers
 from constrain.disk_cache import DiskCache
-from constrain.distinct_keys import DistinctKeysGrammar, comma_key_index, names_restricted, newline_names_refused
+from constrain.distinct_keys import (DistinctKeysGrammar, comma_key_index, exponent_index, names_restricted,
+                                    newline_names_refused)
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
@@ -381,6 +382,7 @@ class GrammarCompiler:
         self.lltokenizer()  # ~1 s on a 152k vocabulary: paid at start-up, not by the first request
         # (~0.9 s: the tables of the checks applied while decoding)
         token_index(self.vocab), token_sets(self.vocab), key_escape_tokens(self.vocab), comma_key_index(self.vocab)
+        exponent_index(self.vocab)
         portable_pattern("\\w")  # (~0.2 s: each regex dialect's classes, read once)
         for name, schema in self.named_schemas.items():
             spec = ConstraintSpec(kind="json_schema", schema=schema, extra={"name": name})

@@ -119,6 +119,10 @@ class _ExponentDigits:
         return self.ids[over > MAX_EXPONENT_DIGITS]
 
 
+def exponent_index(vocab: Vocabulary) -> _ExponentDigits:
+    return per_vocabulary(_ExponentDigits, vocab)
+
+
 def writes_a_long_exponent(tracker: JsonFollower, data: bytes) -> bool:
     """Writing `data` next gives a number an exponent of more than `MAX_EXPONENT_DIGITS` significant digits."""
     fork = copy.deepcopy(tracker)
@@ -189,7 +193,7 @@ class DistinctKeysGrammar(CheckedGrammar):
         self.newline_names = newline_names  # (no key ends with a newline: `newline_names_refused`)
         self.index = token_index(vocab)  # (built here, on a compile thread, not by the engine's first step)
         comma_key_index(vocab)
-        per_vocabulary(_ExponentDigits, vocab)
+        exponent_index(vocab)
         if newline_names:
             per_vocabulary(_NewlineQuotes, vocab)
 
@@ -200,6 +204,7 @@ class DistinctKeysGrammar(CheckedGrammar):
 
 class DistinctKeysMatcher(CheckedMatcher):
     dead_end = "no key may follow here but one the object already has"  # (not raised: see fill_bitmask)
+    yields = True  # (its refusals are of legal JSON: a check around it that is left with nothing may have them)
 
     def __init__(self, inner: Matcher, tracker: KeyTracker, index: TokenIndex, vocab: Vocabulary,
                  names_restricted: bool = False, newline_names: bool = False):
@@ -209,18 +214,18 @@ class DistinctKeysMatcher(CheckedMatcher):
         self.vocab = vocab
         self.names_restricted = names_restricted
         self.newline_quotes = per_vocabulary(_NewlineQuotes, vocab).ids if newline_names else None
-        self.exponents = per_vocabulary(_ExponentDigits, vocab)
+        self.exponents = exponent_index(vocab)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
         """The inner mask less the tokens that close a repeated key, and those after which the grammar allows
         nothing else (`_leading_to_a_repeat`), and those that close a key ending in a newline (where refused), and
         those that make an exponent too long; unless that leaves nothing, where they are allowed in turn (the
         lookahead, the newline, the exponent, then the repeat: legal JSON) rather than the
-        output failing."""
+        output failing; and all of them where a check around this one is left with nothing (`giving_way`)."""
         self.inner.fill_bitmask(bitmask, row, tokens_left)
         self._refused_here = NO_IDS
         repeats, newlines, exponents = self._repeats_active(), self._newlines_active(), self._exponents_active()
-        if not (repeats or newlines or exponents):
+        if self.giving_way or not (repeats or newlines or exponents):
             return
         words = bitmask[row].numpy().view(np.uint32)
         closing = self._refused(words) if repeats else NO_IDS

@@ -289,7 +289,7 @@ def test_compile_async_and_named_schemas_precompile(tmp_path, tokenizers, vocabs
     assert c.precompile_named() == {"flag": "outlines"}
     # start-up also built the tables of the checks applied while decoding, so no first request waits for them
     built = {cls.__name__ for cls, fp in checked._PER_VOCABULARY if fp == vocabs["gpt2"].fingerprint}
-    assert built == {"TokenIndex", "_TokenSets", "KeyEscapeTokens", "_CommaKeys"}
+    assert built == {"TokenIndex", "_TokenSets", "KeyEscapeTokens", "_CommaKeys", "_ExponentDigits"}
     spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "flag"}},
                              named_schemas=c.named_schemas)
     g = asyncio.run(c.compile_async(spec))

@@ -15,6 +15,7 @@ from constrain import ConstraintSpec, GrammarCompiler
 from constrain.spec import normalise_schema
 from constrain.vocabulary import Vocabulary
 from constrain.walkbench import decode, random_walk
+from tests.constrain.conftest import allowed_ids
 
 NUMBERS = {"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "number"}}},
            "required": ["xs"], "additionalProperties": False}
@@ -109,5 +110,26 @@ def test_a_token_that_writes_a_long_exponent_whole_is_refused(tmp_path):
 
         assert not taken(b'{"x": 5', b"e100") and not taken(b'{"x": ', b"5e-123")
         assert taken(b'{"x": 5', b"e12") and taken(b'{"s": "', b"e100")
+    finally:
+        compiler.close()
+
+
+def test_a_check_left_with_nothing_but_a_long_exponent_has_it(tokenizers, vocabs):
+    """`0e15` under `not: {multipleOf: 8}`: the number may not end (0 is a multiple of 8) and may only go on with
+    an exponent's third digit. The exponent bound gives way, as the distinct-keys check's refusals do where
+    nothing else is left, rather than the answer failing (it ran to max_tokens before the bound, and does again)."""
+    import torch
+
+    compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    try:
+        vocab = vocabs["qwen2"]
+        g = _grammar(compiler, {"type": "object", "properties": {"x": {"type": "number", "not": {"multipleOf": 8}}},
+                                "required": ["x"], "additionalProperties": False})
+        m, ids = g.matcher(), vocab.ids_by_bytes()
+        assert all(m.accept(ids[bytes([c])]) for c in b'{"x": 0e15')
+        bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+        m.fill_bitmask(bitmask, 0)
+        allowed = {vocab.token_bytes[i] for i in allowed_ids(bitmask).tolist()}
+        assert b"7" in allowed and b"}" not in allowed
     finally:
         compiler.close()
