@@ -12,8 +12,9 @@ completion would no longer fit is replaced by the completion's next token; the m
 slack left it held only that token, which overrode greedy choices, logit_bias and the logprobs where another token
 also fit: `[ab]` with one token left always wrote `a`, at logprob 0). So the document closes complete and valid
 within max_tokens whenever the greedy completion fits at the start and, far from the budget, no single token more
-than doubles what remains to write. Far from the budget the completion is re-measured every _CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond,
-except a long one (~15 µs a byte): one far out of reach is re-measured ever less often.
+than doubles what remains to write. Far from the budget the completion is re-measured every
+_CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond, except a long one (~11 µs a byte, up to four
+bytes a token left: `_walk_limit`): one far out of reach is re-measured ever less often.
 """
 
 from __future__ import annotations
@@ -60,8 +61,15 @@ _REPEATED = re.compile(r" \(\d+ times\)$")  # how llguidance ends a warning it g
 _CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("A"), ord("Z") + 1))
                        + bytes(range(0x20, 0x7F))
                        + bytes(range(0x80, 0x100)) + bytes(range(0x20)))
-_CLOSING_MAX_BYTES = 2048  # a walk longer than this gives up: no forcing (the grammar may not close at all)
+# A walk longer than this gives up: no forcing (the grammar may not close at all). The bytes a completion may
+# take grow with the tokens left (`_walk_limit`): a real schema whose shortest document is 2,479 bytes (656 Qwen2
+# tokens, JSONSchemaBench Github_ultra o90698) was never steered to one, and ran to max_tokens 2,000 (QA realschemas
+# F1). A walk costs ~11 us a byte (a failed one to the cap: ~0.35 s, retried ever less often).
+_CLOSING_MAX_BYTES = 2048
+_CLOSING_BYTES_A_TOKEN = 4
+_CLOSING_MAX_BYTES_CAP = 32768
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
+_CLOSING_RECHECK_SHARE = 16  # or, for a long one, every 1/16th of its length (a walk costs as its bytes)
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
 _CLOSING_LONG = 64  # a completion of more tokens than this and twice the tokens left is retried as rarely
 # The completion is measured every step from twice its length plus this many tokens before the budget runs out
@@ -232,17 +240,17 @@ def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Key
                    hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                    key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
                    divisors: tuple[int, ...] = (), refuses: "Callable[[bytes, bool], bool] | None" = None,
-                   values: tuple[bytes, ...] = ()) -> list[int] | None:
+                   values: tuple[bytes, ...] = (), max_bytes: int = _CLOSING_MAX_BYTES) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one (`_walked_closing`), or None. For
     output that is not JSON (no `keys`: a top-level regex or choice), a hint's tail that ends the output is taken
     where it is shorter: the walk follows the alternative its preferred bytes begin (`\\d{20}|N/A` wrote twenty
     digits, cut at max_tokens 5, where `N/A` fitted). A completion the matcher does not take as spelled (an added
     token in text, which llguidance takes for a special one) is spelled with ordinary tokens."""
     walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors,
-                             refuses=refuses, values=values)
+                             refuses=refuses, values=values, max_bytes=max_bytes)
     if walked is not None and matcher.validate_tokens(walked) != len(walked):  # (an added token it does not take)
         walked = _walked_closing(matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors,
-                                 ordinary=True, refuses=refuses, values=values)
+                                 ordinary=True, refuses=refuses, values=values, max_bytes=max_bytes)
     walked = _as_forced(matcher, vocab, walked) if walked is not None else None
     if keys is None and hints:
         ending = _ending_hint(matcher, vocab, hints)
@@ -312,17 +320,22 @@ def _ending_hint(matcher: "llguidance.LLMatcher", vocab: Vocabulary, hints: tupl
     return best
 
 
+def _walk_limit(tokens_left: int) -> int:
+    """The bytes a completion is walked with `tokens_left` tokens left: what they may spell, within bounds."""
+    return max(_CLOSING_MAX_BYTES, min(_CLOSING_MAX_BYTES_CAP, _CLOSING_BYTES_A_TOKEN * tokens_left))
+
+
 def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
                     hints: tuple[bytes, ...] = (), distinct_keys: bool = False,
                     key_names: tuple[bytes, ...] = (), endings: tuple[bytes, ...] = (),
                     divisors: tuple[int, ...] = (), ordinary: bool = False,
                     refuses: "Callable[[bytes, bool], bool] | None" = None,
-                    values: tuple[bytes, ...] = ()) -> list[int] | None:
+                    values: tuple[bytes, ...] = (), max_bytes: int = _CLOSING_MAX_BYTES) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
-    none. The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's longest tokens.
-    Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys` follows the JSON
-    output so far (at the same state): inside a string, a quote that fits ends it (`}` there is only a
-    character), and with `distinct_keys` it writes no key twice in one object: `""`, then `"q"`, `"qq"`... With
+    none (in `max_bytes`). The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's
+    longest tokens. Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys`
+    follows the JSON output so far (at the same state): inside a string, a quote that fits ends it (`}` there is
+    only a character), and with `distinct_keys` it writes no key twice in one object: `""`, then `"q"`, `"qq"`... With
     `hints` (`string_hints`), a walk that keeps writing one byte tries to finish the string with a hint, or with
     a hint's tail, after which a closing quote fits. Failing that, it stops writing that byte where another fits
     (`0.000...` under `exclusiveMinimum: 0` goes on with a 1), until it next writes a closer. With `key_names`
@@ -388,7 +401,7 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
 
     try:
         while not walk.is_accepting() or refused(b"", ends=True):
-            if len(out) >= _CLOSING_MAX_BYTES or walk.is_error() or walk.is_stopped():
+            if len(out) >= max_bytes or walk.is_error() or walk.is_stopped():
                 return None
             ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)), None)
             if ending is not None:  # (before forced bytes, which may be its beginning: `<` of `</function>`)
@@ -1519,6 +1532,7 @@ class LlgMatcher(Matcher):
         self._vetted: tuple[int, list[int] | None, bool] | None = None
         self._measure_every = _CLOSING_RECHECK_STEPS
         self._since_measure = _CLOSING_RECHECK_STEPS  # measure on the first fill
+        self._walk_max_bytes = _CLOSING_MAX_BYTES  # how far completions are walked (`_walk_limit`)
         # JSON output: the lexical state and keys so far, for completions (`closing_tokens`); fed lazily, from
         # `_unfed`, when a completion is measured.
         self._keys: KeySets | None = KeySets(grammar.call_tag) if grammar.json_output else None
@@ -1566,18 +1580,19 @@ class LlgMatcher(Matcher):
         `tokens_left`, a long completion (`_CLOSING_LONG`) more than twice that long counts as none found: it
         costs milliseconds to walk, and the budget rule can seldom steer to it (the output ends at the limit)."""
         closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys, self._g.key_names,
-                                 self._g.endings, self._g.divisors, self._walk_refuses(prefix), self._values)
+                                 self._g.endings, self._g.divisors, self._walk_refuses(prefix), self._values,
+                                 self._walk_max_bytes)
         if closing is not None and self._closing_len is not None:
             self._g.closing_growth = max(self._g.closing_growth, len(closing) - self._closing_len)
         if closing is not None and tokens_left is not None and len(closing) > max(2 * tokens_left, _CLOSING_LONG):
             closing = None
         self._since_measure = 0
         # A walk that found nothing is not repeated every step: a failed walk is the expensive one (it runs to
-        # _CLOSING_MAX_BYTES), and so is a long one (`[a-z ]{600}` with 64 tokens left: ~10 ms, measured twice a
+        # `_walk_limit`), and so is a long one (`[a-z ]{600}` with 64 tokens left: ~10 ms, measured twice a
         # step with the sampled token's probe, before). A short completion that does not fit is measured every
         # step: a sampled token may bring one back in reach (a random walk under `contains` did, 3 times in 12).
-        self._measure_every = (_CLOSING_RECHECK_STEPS if closing is not None
-                               else min(2 * self._measure_every, _CLOSING_MAX_BACKOFF))
+        self._measure_every = (max(_CLOSING_RECHECK_STEPS, len(closing) // _CLOSING_RECHECK_SHARE)
+                               if closing is not None else min(2 * self._measure_every, _CLOSING_MAX_BACKOFF))
         return closing
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
@@ -1590,6 +1605,7 @@ class LlgMatcher(Matcher):
                 and not self._private:
             self._replayed()  # its lane's own parse came: its masks no longer wait for lane 0's lexer
         if tokens_left is not None and not self._m.is_stopped():
+            self._walk_max_bytes = _walk_limit(tokens_left)
             self._since_measure += 1
             if self._closing is None and (self._near(tokens_left) or self._since_measure >= self._measure_every):
                 kept = self._still_completes(self._m, *self._before_last) if self._before_last else None
@@ -1723,7 +1739,7 @@ class LlgMatcher(Matcher):
         if here is None or (kept and len(here) > tokens_left):  # (a walk from here may find a shorter one)
             walked = closing_tokens(self._m, self._g.vocab, self._followed(), self._g.hints, self._distinct_keys,
                                     self._g.key_names, self._g.endings, self._g.divisors, self._walk_refuses(),
-                                    self._values)
+                                    self._values, self._walk_max_bytes)
             if here is None or (walked is not None and len(walked) < len(here)):
                 here, kept = walked, False
         if here and len(here) <= tokens_left:

@@ -193,11 +193,34 @@ def test_llguidance_does_not_repeat_a_failed_closing_walk_every_step(gpt2_compil
     m = g.matcher()
     bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
     for step in range(200):
-        m.fill_bitmask(bm, 0, tokens_left=5000 - step)
+        m.fill_bitmask(bm, 0, tokens_left=500 - step)  # (the walk goes 2,048 bytes: `_walk_limit`)
         assert bm.count_nonzero() > 0
         assert m.accept(vocabs["gpt2"].byte_tokens()[ord("a")])
     assert real(m._m, vocabs["gpt2"]) is None  # the walk really fails here
     assert 1 <= len(walks) <= 6  # backoff 8, 16, 32, 64, 128 steps
+
+
+def test_llguidance_measures_a_long_completion_far_from_the_budget_as_rarely_as_it_is_long(
+        gpt2_compiler, vocabs, monkeypatch):
+    """`[a-z]{3000}` with 5,000 tokens left: the walk (as far as the tokens left may spell, `_walk_limit`) finds
+    a completion of some thousand tokens, which costs ~35 ms; measured every 8 steps it cost ~4 ms a step far from
+    the budget. A long one is measured every 1/16th of its length."""
+    import torch
+
+    from constrain import llg_backend
+
+    walks = []
+    real = llg_backend.closing_tokens
+    monkeypatch.setattr(llg_backend, "closing_tokens", lambda *args: walks.append(1) or real(*args))
+    g = gpt2_compiler.compile(ConstraintSpec(kind="regex", pattern="[a-z]{3000}", backend="llguidance"))
+    m = g.matcher()
+    bm = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+    for step in range(200):
+        m.fill_bitmask(bm, 0, tokens_left=5000 - step)
+        assert m.accept(vocabs["gpt2"].byte_tokens()[ord("a")])
+    found = real(m._m, vocabs["gpt2"], max_bytes=llg_backend._walk_limit(4800))
+    assert found is not None and len(found) >= 16 * 16  # (found, and long)
+    assert 1 <= len(walks) <= 200 // 16 + 1
 
 
 def test_llguidance_does_not_remeasure_every_step_a_completion_longer_than_the_budget(
@@ -733,3 +756,22 @@ def test_a_pattern_that_only_a_ref_leads_to_still_closes_within_the_budget(token
             assert all(m.accept(t) for t in toks) and m.can_end(), ("truncated", max_tokens)
             jsonschema.validate(json.loads(decode(vocab, toks)), PATTERN_UNDER_AN_UNKNOWN_KEY)
     compiler.close()
+
+
+def test_a_shortest_document_past_2048_bytes_still_closes_in_time(gpt2_compiler, vocabs):
+    """The closing walk went at most 2,048 bytes: a schema whose shortest document is longer (JSONSchemaBench
+    Github_ultra o90698, 2,479 bytes) was never steered, and every answer ran to max_tokens 2,000, cut. It now goes
+    as far as the tokens left may spell (`_walk_limit`)."""
+    names = [f"property_number_{i:02d}_with_a_rather_long_descriptive_name" for i in range(45)]
+    schema = {"type": "object", "properties": {n: {"type": "string"} for n in names}, "required": names,
+              "additionalProperties": False}
+    from constrain.llg_backend import closing_tokens
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="llguidance"))
+    shortest = closing_tokens(g.matcher()._m, g.vocab, max_bytes=32768)
+    assert len(decode(vocabs["gpt2"], shortest)) > 2048
+    rng = random.Random(3)
+    for _ in range(2):
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, len(shortest) + 120, budget=True)
+        assert ended, "truncated document"
+        jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
