@@ -992,7 +992,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
 # llguidance's refusals of keywords that meet (a `$ref` beside other keywords, objects an `allOf` joins), which
 # name no keyword: the keyword where they meet (`_refusal`).
 _MEETING_REFUSALS = (
-    (re.compile(r"circular references with sibling keys are not supported: \S*?#(/\S*)"), "$ref"),
+    (re.compile(r"circular references with sibling keys are not supported: \S*?#(\S*)"), "$ref"),  # (`#`: the root)
     (re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are (?:not )?disjoint"), "patternProperties"),
     (re.compile(r"Schema intersection stack level exceeded|Unable to determine if regex is empty"), "allOf"),
 )

@@ -121,6 +121,7 @@ def _mask_mean_us(compiled: list[CaseResult]) -> float:
 
 _ERROR_CLASSES = (
     (re.compile(r"cannot be enforced at \S+ \(([^)]*)\)"), "keyword {0}"),
+    (re.compile(r"the outlines backend serves only closed objects"), "outlines open object"),
     (re.compile(r"the outlines backend cannot enforce the keyword at (\S+)"), "outlines keyword {0}"),
     (re.compile(r"oneOf constraints are not supported"), "oneOf not provably disjoint"),
     (re.compile(r"invalid JSON Schema"), "invalid schema"),

@@ -209,6 +209,26 @@ def test_outlines_is_given_no_schema_where_it_would_write_an_open_object(tokeniz
         compiler.close()
 
 
+@pytest.mark.parametrize("schema, where, pointer", [
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, "at the root", "/"),
+    (_closed({"type": "object", "properties": {"k": {"type": "integer"}}}), "at /properties/x", "/properties/x"),
+])
+def test_an_open_object_outlines_cannot_serve_is_named_as_such(tokenizers, vocabs, schema, where, pointer):
+    """Its `additionalProperties` is absent: the refusal named a keyword at `/`, "in the equivalent form that the
+    subschema there is rewritten into" (QA: 56 of 94 outlines refusals of real-world schemas)."""
+    compiler = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines")
+    try:
+        with pytest.raises(ConstraintError) as exc:
+            compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                            extra={"source": schema}))
+        message = exc.value.message
+        assert f"closed objects, and the object {where} takes properties" in message, message
+        assert "additionalProperties: false" in message and "rewritten" not in message, message
+        assert exc.value.pointer == pointer and exc.value.code == "unsupported_schema"
+    finally:
+        compiler.close()
+
+
 def test_outlines_still_serves_references_to_definitions():
     schema = _closed({"$ref": "#/$defs/A"}, **{"$defs": {"A": {"type": "array", "items": {"type": "integer"}}}})
     assert outlines_unsupported(schema) == []

@@ -1055,3 +1055,17 @@ def test_a_refusal_of_a_recursive_ref_with_siblings_names_a_ref_with_siblings(gp
         assert exc.pointer is not None and exc.pointer.startswith("/$defs/n/properties/c"), exc.message
     else:
         pytest.fail("llguidance compiled a recursive $ref beside siblings")
+
+
+@pytest.mark.parametrize("kid, pointer", [
+    ({"$ref": "#", "type": "object"}, "/properties/kid/$ref"),
+    ({"allOf": [{"$ref": "#"}, {"required": ["n"]}]}, "/properties/kid/allOf/0/$ref"),
+])
+def test_a_refusal_of_a_recursive_ref_to_the_root_names_it(gpt2_compiler, kid, pointer):
+    """llguidance names the root as `json-schema:///#`, which the pointer's pattern read as no place (QA
+    realschemas F2: JSONSchemaBench WashingtonPost wp_4, a 400 without a pointer)."""
+    schema = {"type": "object", "properties": {"kid": kid, "n": {"type": "string"}}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    assert exc.value.pointer == pointer, exc.value.message
