@@ -74,6 +74,7 @@ def header_list(items) -> str:
 
 
 _LISTED_FIELD = re.compile(r"(messages|tools|functions)\.([0-9]+)\.(.+)")
+_CONSTRAINT_THREADS = 4  # (`Generation._constraints`: a small check shares the interpreter lock with large ones)
 
 
 def _per_entry_fields_collapsed(names: list[str]) -> list[str]:
@@ -197,10 +198,16 @@ class Generation:
         # which the loop answered nothing (/health included). One thread, so calls into the tokenizer stay one at a
         # time, as they were on the loop (a fast tokenizer may refuse concurrent use: "Already borrowed").
         self._prompts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="structgen-prompts")
+        # Constraints are read (and schemas checked and rewritten) on threads of their own: a 130 KB schema takes
+        # ~2 s, and on asyncio's default pool (6 threads on 2 cores), which reads every request's body and writes
+        # every answer, twelve such requests held a plain one 9 s (QA load F1). Queued checks of clients that left
+        # are dropped with their requests.
+        self._constraints = ThreadPoolExecutor(max_workers=_CONSTRAINT_THREADS, thread_name_prefix="structgen-checks")
 
     def close(self) -> None:
         """Stop the prompts thread (at shutdown, once no request is served)."""
         self._prompts.shutdown(wait=False, cancel_futures=True)
+        self._constraints.shutdown(wait=False, cancel_futures=True)
 
     async def _off_loop(self, fn, *args):
         """`fn(*args)` on the prompts thread."""
@@ -233,14 +240,18 @@ class Generation:
                        tool_format="json_array"):
         """Spec and grammar for the request's constraint (None, None when unconstrained)."""
         spec = None
+        fields = (req.response_format, req.regex, req.choice, tools, tool_choice, req.constraint_backend)
+        extra = req.model_extra or {}
+        if all(v is None for v in fields) and not any(f in extra for f in constrain.COMPAT_CONSTRAINT_FIELDS):
+            return None, None  # (no field a constraint is read from: nothing to wait for behind others' checks)
         try:
-            # Off the event loop: validating and rewriting a large schema can take a while (jsonschema).
-            spec = await asyncio.to_thread(
+            # Off the event loop and its default pool: checking and rewriting a large schema can take seconds.
+            spec = await asyncio.get_running_loop().run_in_executor(self._constraints, functools.partial(
                 constrain.spec_from_request,
                 response_format=req.response_format, regex=req.regex, choice=req.choice, tools=tools,
                 tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
                 backend=req.constraint_backend, named_schemas=getattr(self.compiler, "named_schemas", None),
-                other_fields=req.model_extra)
+                other_fields=req.model_extra))
             if spec is None:
                 return None, None
             started = time.monotonic()

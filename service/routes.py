@@ -56,11 +56,17 @@ async def _watch_disconnect(request: Request, gen: Generation, plan: Plan) -> No
             return
 
 
-async def _planned(request: Request, planning) -> Plan:
+async def _planned(request: Request, gen: Generation, planning) -> Plan:
     """The plan `planning` makes, or ClientGone once the client leaves before it is made: its compile is then
     cancelled, and an outlines build it was waiting for is dropped when nobody else waits for it (ten clients
-    that left while their schemas waited for builds had all ten made, one after the other)."""
-    return await until_done_or_gone(request, planning)
+    that left while their schemas waited for builds had all ten made, one after the other). The request counts
+    as in flight meanwhile (`Generation.events` counts it from there on): twelve requests whose schemas took
+    seconds to check read as an idle server."""
+    gen.metrics.in_flight.inc()
+    try:
+        return await until_done_or_gone(request, planning)
+    finally:
+        gen.metrics.in_flight.dec()
 
 
 def _streaming(request: Request, gen: Generation, plan: Plan, body) -> StreamingResponse:
@@ -112,7 +118,7 @@ async def chat_completions(request: Request):
     body = await _body(request, ChatCompletionRequest)
     gen = _gen(request)
     try:
-        plan = await _planned(request, gen.plan_chat(body))
+        plan = await _planned(request, gen, gen.plan_chat(body))
     except ClientGone:
         return JSONResponse({}, status_code=499)
     model = gen.config.model_name
@@ -157,7 +163,7 @@ async def completions(request: Request):
     body = await _body(request, CompletionRequest)
     gen = _gen(request)
     try:
-        plan = await _planned(request, gen.plan_completion(body))
+        plan = await _planned(request, gen, gen.plan_completion(body))
     except ClientGone:
         return JSONResponse({}, status_code=499)
     model = gen.config.model_name
