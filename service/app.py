@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -55,6 +56,26 @@ class _CountRequests:
             await send(message)
 
         return await self.app(scope, receive, counting_send)
+
+
+class _RequestIds:
+    """Every response names its request in `x-request-id`, as OpenAI's do: the SDKs show it (`_request_id`, an
+    error's `request_id`) for clients' logs. The outermost middleware, so a 401 or 413 has one too."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        header = (b"x-request-id", f"req_{uuid.uuid4().hex}".encode())
+
+        async def naming_send(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        return await self.app(scope, receive, naming_send)
 
 
 def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, template: ChatTemplate):
@@ -146,12 +167,13 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
         return _model_card(config, loaded, created)
 
-    # the last added is the outermost: counting, then auth, then the body limits (a client without the key is
-    # refused before its body is read: forty such held 7 MB each for up to a minute)
+    # the last added is the outermost: request ids, counting, then auth, then the body limits (a client without the
+    # key is refused before its body is read: forty such held 7 MB each for up to a minute)
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes,
                        max_body_seconds=config.max_body_seconds)
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_middleware(_CountRequests, metrics=metrics)
+    app.add_middleware(_RequestIds)
     return app
 
 

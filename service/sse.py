@@ -62,7 +62,8 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     tokens that spell none, with the last chunk: the chunks' logprobs add up to the whole answer's.
 
     Each choice's first chunk carries the role. Without tools it comes at once, `content: ""`; with tools it comes
-    with the choice's first delta, as OpenAI's does: `content: null` beside a call (or reasoning), so a stream's
+    with the choice's first delta (or in a chunk of its own just before, where that delta has logprobs), as
+    OpenAI's does: `content: null` beside a call (or reasoning), so a stream's
     assembled message has the whole answer's `content: null` where it made calls (a first `""` assembled to
     `""`)."""
     chunks = _Chunks(plan, model, created, "chat.completion.chunk", include_usage)
@@ -82,10 +83,12 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
     def chunk_of(index: int, delta: dict, logprobs_entry, finish_reason, says: bool = True) -> list[bytes]:
         """The choice's chunk (the role in front where it is its first), after a role chunk for each choice below
         it not opened yet: choices first appear in index order, as OpenAI streams them (the SDK's stream helper
-        adds a choice where its index first appears, and failed with an IndexError on 0, 2, 1). `says`: the delta
-        is the answer's (content or calls), not reasoning, which leaves the answer unsaid."""
+        adds a choice where its index first appears, and failed with an IndexError on 0, 2, 1). A choice's first
+        chunk carries no logprobs, as OpenAI's (the Node SDK's stream helper counted those twice): a role chunk
+        comes before one that has them. `says`: the delta is the answer's (content or calls), not reasoning, which
+        leaves the answer unsaid."""
         out = [chunks.chunk([{"index": j, "delta": opened(j, {}), "logprobs": None, "finish_reason": None}])
-               for j in sorted(j for j in unopened if j < index)]
+               for j in sorted(j for j in unopened if j < index or (j == index and logprobs_entry))]
         out.append(chunks.chunk([{"index": index, "delta": opened(index, delta), "logprobs": logprobs_entry,
                                   "finish_reason": finish_reason}]))
         if says:

@@ -198,6 +198,20 @@ def test_unknown_model_is_404(http):
     _assert_error(http.get("/v1/models/gpt-9"), 404)
 
 
+def test_every_response_names_its_request_as_openai_does(client, http):
+    """`x-request-id`, which the SDKs show (`_request_id`, an error's `request_id`), on answers and errors alike."""
+    import openai
+
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert raw.parse()._request_id == raw.headers["x-request-id"]
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="gpt-9", messages=HELLO)
+    ids = [raw.headers["x-request-id"], refused.value.request_id, http.get("/v1/models").headers["x-request-id"],
+           http.post("/v1/chat/completions", json={"model": MODEL, "messages": "x" * (9 << 20)}).headers.get(
+               "x-request-id")]
+    assert all(i and i.startswith("req_") for i in ids) and len(set(ids)) == len(ids), ids
+
+
 def test_unknown_route_is_404_in_the_openai_shape(http):
     _assert_error(http.post("/v1/embeddings", json={}), 404)
 
