@@ -98,7 +98,7 @@ _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
-                    "ipv6": "::", "uuid": "00000000-0000-0000-0000-000000000000", "duration": "P1D",
+                    "ipv6": "::", "uuid": "ffffffff-ffff-ffff-ffff-ffffffffffff", "duration": "P1D",
                     "date": "2000-01-01", "time": "00:00:00Z", "date-time": "2000-01-01T00:00:00Z"}
 
 

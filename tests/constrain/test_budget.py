@@ -775,3 +775,26 @@ def test_a_shortest_document_past_2048_bytes_still_closes_in_time(gpt2_compiler,
         toks, ended = random_walk(g, vocabs["gpt2"], rng, len(shortest) + 120, budget=True)
         assert ended, "truncated document"
         jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
+
+
+def test_uuids_close_in_time_where_a_document_fits(tokenizers, vocabs):
+    """Inside a `format: uuid` string the completion finished it with the format's example, `00000000-0000-...`,
+    which Qwen2 spells a token a digit (36 tokens, against 10 for `ffffffff-ffff-...`): so long that no completion
+    seemed to fit, and the rule let answers run to max_tokens, cut, a few tokens from where one fitted (all 12
+    random walks at the first completion's length plus 0-4; pydantic's `UUID` fields through instructor, QA)."""
+    schema = {"type": "object", "required": ["a", "b", "c"],
+              "properties": {k: {"type": "string", "format": "uuid"} for k in "abc"}}
+    compiler = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance")
+    try:
+        g = compiler.compile(spec_from_request(
+            response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema}},
+            backend="llguidance"))
+        shortest = _shortest(g)
+        rng = random.Random(0)
+        for max_tokens in (shortest, shortest + 2, shortest + 4, shortest + 8):
+            for _ in range(6):
+                toks, ended = random_walk(g, vocabs["qwen2"], rng, max_tokens, budget=True)
+                assert ended, decode(vocabs["qwen2"], toks)
+                jsonschema.validate(json.loads(decode(vocabs["qwen2"], toks)), schema)
+    finally:
+        compiler.close()
