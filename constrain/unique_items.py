@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,8 @@ class UniqueRule:
                         or ("s", written) not in seen)
             return any(v[0] == "s" and v not in seen and text.startswith(written) for v, text in self.values)
         if state.mode == "number":
+            if _zero_whatever_follows(state.buf):
+                return ("n", 0.0) not in seen
             if "number" in self.free or ("integer" in self.free and state.buf not in (b"0", b"-0")):
                 return True
             if "integer" in self.free and ("n", 0.0) not in seen:
@@ -76,6 +79,17 @@ class UniqueRule:
         if state.mode == "literal":
             return any(v[0] == "l" and v not in seen and text.startswith(state.buf) for v, text in self.values)
         return True
+
+
+_EXPONENT_AHEAD = re.compile(rb"[0-9.+-]*[eE]")
+
+
+def _zero_whatever_follows(number: bytes) -> bool:
+    """A number written up to here is 0 whatever follows: its exponent is begun after a mantissa of zeros (`0e`,
+    `-0.00E+1`). Its exponent's digits are bounded (json_follower.MAX_EXPONENT_DIGITS), so such an item where a 0
+    is used could only end as a repeat."""
+    at = max(number.find(b"e"), number.find(b"E"))
+    return at >= 0 and not any(c in b"123456789" for c in number[:at])
 
 
 @dataclass
@@ -438,7 +452,9 @@ class TokenIndex:
     - `multi`: tokens that may finish or begin a second item after a comma (checked one by one: `","+` after
       `"4` leaves a string at its maxLength that may repeat an earlier one);
     - `partial`: tokens that leave an item unfinished where few values can follow (a literal begun, an integer
-      at "0", which cannot grow: checked one by one);
+      at "0", which cannot grow, a number that is 0 whatever follows: checked one by one); `exponents`: tokens
+      that may begin a number's exponent (number characters holding an `e`: after a mantissa of zeros the item
+      is then 0 whatever follows);
     - `spelled`: tokens by their bytes (one that writes the rest of an earlier string at its maximum length
       leaves a string that can only finish as a repeat); `escaped_content`: those holding whole escapes and no
       quote (`\\\\`, `\\/`), by the characters they write inside a string; `after_backslash`: tokens by the
@@ -453,6 +469,7 @@ class TokenIndex:
         number_tails: dict[bytes, list[int]] = {}
         multi: list[int] = []
         partial: list[int] = []
+        exponents: list[int] = []
         escaped_content: dict[bytes, list[int]] = {}
         after_backslash: dict[bytes, list[int]] = {}
         opens: dict[bytes, list[int]] = {}
@@ -482,7 +499,8 @@ class TokenIndex:
                 events, end = item_events(before_item, data)
                 if events and isinstance(events[0], tuple):
                     start.setdefault(events[0], []).append(tid)
-                elif not events and (end.mode == "literal" or end.buf in (b"0", b"-0")):
+                elif not events and (end.mode == "literal" or end.buf in (b"0", b"-0")
+                                     or (end.mode == "number" and _zero_whatever_follows(bytes(end.buf)))):
                     partial.append(tid)
                 elif first[0] == QUOTE:
                     _index_content(opens, tid, events, end)
@@ -493,6 +511,8 @@ class TokenIndex:
                     multi.append(tid)
             if data == b"0":
                 partial.append(tid)
+            if _EXPONENT_AHEAD.match(data):
+                exponents.append(tid)
         self.quote_pre = {k: np.array(v, dtype=np.int64) for k, v in quote_pre.items()}
         self.quote_all = np.array(sorted(quote_other + [t for v in quote_pre.values() for t in v]), dtype=np.int64)
         self.quote_other = np.array(quote_other, dtype=np.int64)
@@ -500,6 +520,7 @@ class TokenIndex:
         self.number_tails = {k: np.array(v, dtype=np.int64) for k, v in number_tails.items()}
         self.multi = np.array(multi, dtype=np.int64)
         self.partial = np.array(partial, dtype=np.int64)
+        self.exponents = np.array(exponents, dtype=np.int64)
         self.escaped_content = {k: np.array(v, dtype=np.int64) for k, v in escaped_content.items()}
         self.after_backslash = {k: np.array(v, dtype=np.int64) for k, v in after_backslash.items()}
         self.opens = {k: np.array(v, dtype=np.int64) for k, v in opens.items()}
@@ -659,6 +680,8 @@ class UniqueItemsMatcher(CheckedMatcher):
             written = bytes(t.buf)
             fast = [ids for tail, ids in ix.number_tails.items() if _number(written + tail) in frame.seen]
             suspects = np.concatenate([ix.multi, ix.partial])
+            if not any(c in b"123456789eE" for c in written):  # (an exponent now would leave it 0 for good)
+                suspects = np.concatenate([suspects, ix.exponents])
         slow = [tid for tid in allowed_among(words, suspects).tolist() if self._refuses(ix.token_bytes[tid])]
         fast = [allowed_among(words, ids) for ids in fast]  # (a lookup can name many tokens, few allowed)
         return np.concatenate([*fast, np.array(slow, dtype=np.int64)])

@@ -370,3 +370,19 @@ def test_a_surrogate_pair_spelled_in_escapes_or_a_token_that_repeats_the_first_i
         assert b'","+' not in first and b'","' in first
     finally:
         compiler.close()
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_a_number_that_can_only_be_zero_is_not_begun_where_zero_is_used(backend, gpt2_compiler, vocabs):
+    """`0e...` is 0 whatever digits follow, and an exponent has at most two significant digits: after `[0, 0` an
+    `e` left an item that could only end as a repeat (a dead end, once its exponent was full)."""
+    g = _compile(gpt2_compiler, _array({"type": "number"}, minItems=2, maxItems=6), backend)
+    vocab = vocabs["gpt2"]
+    ids = vocab.ids_by_bytes()
+    m = g.matcher()
+    assert all(m.accept(ids[bytes([c])]) for c in b"[0, 0")
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    m.fill_bitmask(bitmask, 0)
+    words = bitmask[0].numpy().view("uint32")
+    allowed = {t for t in (ids[b"e"], ids[b"E"], ids[b"."]) if words[t >> 5] >> (t & 31) & 1}
+    assert allowed == {ids[b"."]}  # (`0.5` may still come)
