@@ -13,7 +13,7 @@ slack left it held only that token, which overrode greedy choices, logit_bias an
 also fit: `[ab]` with one token left always wrote `a`, at logprob 0). So the document closes complete and valid
 within max_tokens whenever the greedy completion fits at the start and, far from the budget, no single token more
 than doubles what remains to write. Far from the budget the completion is re-measured every
-_CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond, except a long one (~11 µs a byte, up to four
+_CLOSING_RECHECK_STEPS steps; a walk costs well under a millisecond, except a long one (~11 µs a byte, up to eight
 bytes a token left: `_walk_limit`): one far out of reach is re-measured ever less often.
 """
 
@@ -64,10 +64,11 @@ _CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + 
 # A walk longer than this gives up: no forcing (the grammar may not close at all). The bytes a completion may
 # take grow with the tokens left (`_walk_limit`): a real schema whose shortest document is 2,479 bytes (656 Qwen2
 # tokens, JSONSchemaBench Github_ultra o90698) was never steered to one, and ran to max_tokens 2,000 (QA realschemas
-# F1). A walk costs ~11 us a byte (a failed one to the cap: ~0.35 s, retried ever less often).
+# F1); long key names spell 4-6.4 bytes a token. A walk costs ~11-16 us a byte (a failed one to the cap: ~0.25 s,
+# retried ever less often).
 _CLOSING_MAX_BYTES = 2048
-_CLOSING_BYTES_A_TOKEN = 4
-_CLOSING_MAX_BYTES_CAP = 32768
+_CLOSING_BYTES_A_TOKEN = 8
+_CLOSING_MAX_BYTES_CAP = 16384
 _CLOSING_RECHECK_STEPS = 8  # far from the budget, re-measure the completion this often
 _CLOSING_RECHECK_SHARE = 16  # or, for a long one, every 1/16th of its length (a walk costs as its bytes)
 _CLOSING_MAX_BACKOFF = 256  # a walk that found no completion is retried ever less often, up to this many steps
