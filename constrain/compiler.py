@@ -50,7 +50,7 @@ from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, com
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
 from constrain.pattern_dialects import portable_pattern, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
-from constrain.support import client_pointer, outlines_unsupported, resolve_ref
+from constrain.support import client_pointer, outlines_unsupported, pointer_child, resolve_ref
 from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
                              MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
                              hermes_regex, text_may_not_start)
@@ -861,12 +861,14 @@ def _outlines_refusal(spec: ConstraintSpec, bad: list[str]) -> ConstraintError:
     refusal named it as a keyword at the root, `/`, said to be rewritten (QA: 56 of 94 outlines refusals)."""
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
     holder, _, keyword = bad[0].rpartition("/")
-    node = resolve_ref(spec.schema, "#" + holder)
+    node = spec.schema
+    for segment in holder.split("/")[1:]:  # (a pointer's segments, as written: `a%20b` is a name, not `a b`)
+        node = pointer_child(node, segment)[1]
     if keyword == "additionalProperties" and isinstance(node, dict) and keyword not in node:
-        where = f"at {holder}" if holder else "at the root"
+        where = f"at {holder}" if holder else "at the root"  # (the root's pointer is "", RFC 6901's)
         return ConstraintError(f"the outlines backend serves only closed objects, and the object {where} takes "
                                f"properties it does not declare: give it `additionalProperties: false`, or use the "
-                               f"llguidance backend{more}", param=spec.param, pointer=holder or "/",
+                               f"llguidance backend{more}", param=spec.param, pointer=holder,
                                code="unsupported_schema")
     return ConstraintError(f"the outlines backend cannot enforce the keyword at {bad[0]}{more}", param=spec.param,
                            pointer=bad[0], code="unsupported_schema")

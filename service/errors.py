@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import sys
+import uuid
 
 import h11
 from fastapi import FastAPI, Request
@@ -88,7 +89,7 @@ class OpenAIErrorH11Protocol(H11Protocol):
         body = json.dumps(error_body(400, "the HTTP request is malformed: its request line or headers could not be "
                                           "read", None, "invalid_request")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
+                   (b"connection", b"close"), (b"x-request-id", f"req_{uuid.uuid4().hex}".encode())]
         for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
                       h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))

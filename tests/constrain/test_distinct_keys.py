@@ -210,8 +210,10 @@ def test_outlines_is_given_no_schema_where_it_would_write_an_open_object(tokeniz
 
 
 @pytest.mark.parametrize("schema, where, pointer", [
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, "at the root", "/"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, "at the root", ""),
     (_closed({"type": "object", "properties": {"k": {"type": "integer"}}}), "at /properties/x", "/properties/x"),
+    ({"type": "object", "additionalProperties": False, "required": ["a%20b"],
+      "properties": {"a%20b": {"type": "object"}}}, "at /properties/a%20b", "/properties/a%20b"),
 ])
 def test_an_open_object_outlines_cannot_serve_is_named_as_such(tokenizers, vocabs, schema, where, pointer):
     """Its `additionalProperties` is absent: the refusal named a keyword at `/`, "in the equivalent form that the

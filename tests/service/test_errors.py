@@ -234,7 +234,7 @@ def test_a_request_the_http_parser_refuses_is_400_in_the_openai_shape(server, he
     status_line, _, rest = answer.partition(b"\r\n")
     headers, _, body = rest.partition(b"\r\n\r\n")
     assert status_line.startswith(b"HTTP/1.1 400"), answer
-    assert b"content-type: application/json" in headers.lower(), answer
+    assert b"content-type: application/json" in headers.lower() and b"x-request-id: req_" in headers.lower(), answer
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", error
     assert "malformed" in error["message"], error
