@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,7 +20,7 @@ from engine.model_loader import LoadedModel
 from service.auth import BearerAuth
 from service.chat_template import ChatTemplate
 from service.config import ServerConfig
-from service.errors import APIError, install_error_handlers
+from service.errors import APIError, install_error_handlers, new_request_id
 from service.generation import Generation
 from service.limits import BodySizeLimit
 from service.metrics import CONTENT_TYPE, Metrics
@@ -68,7 +67,7 @@ class _RequestIds:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        header = (b"x-request-id", f"req_{uuid.uuid4().hex}".encode())
+        header = (b"x-request-id", new_request_id().encode())
 
         async def naming_send(message):
             if message["type"] == "http.response.start":

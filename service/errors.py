@@ -89,11 +89,16 @@ class OpenAIErrorH11Protocol(H11Protocol):
         body = json.dumps(error_body(400, "the HTTP request is malformed: its request line or headers could not be "
                                           "read", None, "invalid_request")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close"), (b"x-request-id", f"req_{uuid.uuid4().hex}".encode())]
+                   (b"connection", b"close"), (b"x-request-id", new_request_id().encode())]
         for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
                       h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
+
+
+def new_request_id() -> str:
+    """The `x-request-id` of a response, in OpenAI's form (`req_` and 32 hex digits)."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 def error_response(exc: APIError) -> JSONResponse:
