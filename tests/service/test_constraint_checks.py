@@ -74,6 +74,10 @@ def test_requests_whose_constraints_are_being_read_hold_no_other_request(server_
         plain = http.post("/v1/chat/completions", timeout=60, json={
             "model": "structgen-builtin", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         assert plain.status_code == 200 and not release.is_set()
+        deadline = time.monotonic() + 60  # (every held request arrives and counts as in flight)
+        while metric(http.get("/metrics").text, "structgen_requests_in_flight") < HELD \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert metric(http.get("/metrics").text, "structgen_requests_in_flight") >= HELD
         release.set()
         assert all(a.result().status_code == 200 for a in answers)
