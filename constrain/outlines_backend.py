@@ -145,9 +145,10 @@ def _string_body(pattern: str, whitespace_pattern: str) -> str:
 
 # As llguidance reads JSON, so that both backends take the same documents: an exponent's sign is optional (`1e5`),
 # and it has at most two significant digits, as the llguidance grammar's check while decoding holds it
-# (constrain/distinct_keys.py: `-5E81779` parsed as infinity), and whitespace may come before an array's comma as before an object's (`[1 ,2]`: outlines-core writes `)(,`, the
-# whitespace pattern and `(` between an array's items, each item a group; a string's pattern would have to hold
-# that whole text, after an unescaped `)`, to be read as items: `^[0-9]+(,[ ]?[0-9]+)*$` is not).
+# (constrain/distinct_keys.py: `-5E81779` parsed as infinity); whitespace may come before an array's comma as
+# before an object's (`[1 ,2]`: outlines-core writes `)(,`, the whitespace pattern and `(` between an array's items,
+# each item a group; a string's pattern would have to hold that whole text, after an unescaped `)`, to be read as
+# items: `^[0-9]+(,[ ]?[0-9]+)*$` is not).
 _NUMBER_OLD = outlines_core.json_schema.NUMBER
 _NUMBER_NEW = _NUMBER_OLD.replace("[eE][+-][0-9]+", "[eE][+-]?0*[0-9]{1,%d}" % MAX_EXPONENT_DIGITS)
 

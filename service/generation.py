@@ -205,7 +205,7 @@ class Generation:
         self._constraints = ThreadPoolExecutor(max_workers=_CONSTRAINT_THREADS, thread_name_prefix="structgen-checks")
 
     def close(self) -> None:
-        """Stop the prompts thread (at shutdown, once no request is served)."""
+        """Stop the prompts and constraint threads (at shutdown, once no request is served)."""
         self._prompts.shutdown(wait=False, cancel_futures=True)
         self._constraints.shutdown(wait=False, cancel_futures=True)
 
