@@ -219,7 +219,7 @@ class Engine:
         """The engine thread's last act, at shutdown or after a failure it cannot go on from: every running,
         admitted and waiting request ends with an error, and no request is taken any more (`Scheduler.close`), so
         that none waits for an engine that is gone (a server would wait for them before it could stop)."""
-        message, code = self._unavailable()
+        message, code = self.unavailable()
         ended = set()
         for seq in self.seqs:
             if seq.finished is None:
@@ -233,14 +233,19 @@ class Engine:
                 self._fail_request(state, message, code)
         self._flush()
 
-    def _unavailable(self) -> tuple[str, ErrorCode]:
+    @property
+    def stopped(self) -> bool:
+        """Whether the engine is stopping or stopped (`stop`, or a failure): a request made now cannot run."""
+        return self._stopping or self.failure is not None
+
+    def unavailable(self) -> tuple[str, ErrorCode]:
         """The error of a request the engine cannot serve: shutting down, or stopped by a failure."""
         if self.failure is not None:
             return f"the engine stopped after a failure ({self.failure}); the server must be restarted", "engine_failed"
         return "the server is shutting down", "unavailable"
 
     def _unavailable_event(self, index: int, prompt_tokens: int) -> TokenEvent:
-        message, code = self._unavailable()
+        message, code = self.unavailable()
         return TokenEvent(index=index, text="", finish_reason="error", error=message, error_code=code,
                           usage=Usage(prompt_tokens, 0))
 

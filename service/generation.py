@@ -133,11 +133,11 @@ class Plan:
         return grammar.backend if grammar is not None and self.spec is not None else None
 
 
-def engine_error(message: str | None, code: str | None, plan: Plan) -> APIError:
+def engine_error(message: str | None, code: str | None, plan: Plan | None) -> APIError:
     """An engine-ended choice as an HTTP error, by the engine's error code (engine/types.py ErrorCode); the plan's
     constraint names the field a constraint's error is about."""
     message = message or "engine error"
-    spec = plan.spec
+    spec = plan.spec if plan is not None else None
     if code == "empty_allowed_set":  # (the grammar's doing: logit_bias adds to logits, never removes a token)
         return APIError(400, message, param=spec.param if spec is not None else None, code="empty_allowed_set")
     if code == "constraint_too_complex":  # the grammar gave up mid-output: the client's constraint is the cause
@@ -155,9 +155,10 @@ class ClientGone(Exception):
     """The client disconnected; what was under way for it (its planning, its engine requests) was cancelled."""
 
 
-async def until_done_or_gone(request, work, on_gone=None):
+async def until_done_or_gone(request, work, on_gone=None, ended=None):
     """The result of awaitable `work`, watching every 0.25 s for the client leaving; then ClientGone, and `work` is
-    cancelled (after `on_gone`, when given)."""
+    cancelled (after `on_gone`, when given). `ended`, when given, is asked as often for an error that makes `work`
+    pointless (it is then raised, and `work` cancelled likewise)."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -166,6 +167,8 @@ async def until_done_or_gone(request, work, on_gone=None):
                 return task.result()
             if await request.is_disconnected():
                 raise ClientGone()
+            if ended is not None and (error := ended()) is not None:
+                raise error
     finally:
         if not task.done():
             if on_gone is not None:
@@ -203,6 +206,11 @@ class Generation:
         # every answer, twelve such requests held a plain one 9 s (QA load F1). Queued checks of clients that left
         # are dropped with their requests.
         self._constraints = ThreadPoolExecutor(max_workers=_CONSTRAINT_THREADS, thread_name_prefix="structgen-checks")
+
+    def stopped_error(self) -> APIError | None:
+        """The 503 a request still being planned gets once the engine stopped (the shutdown's deadline, a failure),
+        as its engine request would have: the shutdown's deadline dropped its connection instead."""
+        return engine_error(*self.engine.unavailable(), plan=None) if self.engine.stopped else None
 
     def close(self) -> None:
         """Stop the prompts and constraint threads (at shutdown, once no request is served)."""

@@ -61,10 +61,10 @@ async def _planned(request: Request, gen: Generation, planning) -> Plan:
     cancelled, and an outlines build it was waiting for is dropped when nobody else waits for it (ten clients
     that left while their schemas waited for builds had all ten made, one after the other). The request counts
     as in flight meanwhile (`Generation.events` counts it from there on): twelve requests whose schemas took
-    seconds to check read as an idle server."""
+    seconds to check read as an idle server. Once the engine stops (a shutdown's deadline), a 503."""
     gen.metrics.in_flight.inc()
     try:
-        return await until_done_or_gone(request, planning)
+        return await until_done_or_gone(request, planning, ended=gen.stopped_error)
     finally:
         gen.metrics.in_flight.dec()
 
