@@ -94,11 +94,22 @@ class IncrementalDetokenizer:
                 upto = self.read + settled
                 text = self.tokenizer.decode(self.ids[self.prefix:upto], skip_special_tokens=self.skip)
                 begun = _finished_placeholder(before, text, self.stem if self.prefix == 0 else None)
+                delta = text[begun:] if begun is not None else self._past(before, text, upto)
                 self.prefix, self.read = (self.prefix if begun is not None else self.read), upto
-                return text[len(before) if begun is None else begun:]
-        delta = after[len(before):]
+                return delta
+        delta = self._past(before, after, len(self.ids))
         self.prefix, self.read = self.read, len(self.ids)
         return delta
+
+    def _past(self, before: str, text: str, upto: int) -> str:
+        """The text of the tokens read up to `upto`, from the window's decodes with and without them. SentencePiece's
+        byte fallback decodes a run of byte tokens as one, and a run that is not UTF-8 as U+FFFD throughout: a
+        stray byte after 😀's four byte tokens turned the 😀 already written into four U+FFFD, and their difference
+        was wrong (😀 then five U+FFFD for one byte). Where the decode rewrote what was written, the tokens' own
+        bytes say what they add (mid-text, where a `▁` is a space)."""
+        if text.startswith(before):
+            return text[len(before):]
+        return b"".join(self._bytes(t) for t in self.ids[self.read:upto]).decode("utf-8", errors="replace")
 
     def _settled(self) -> int:
         """How many of the held tokens spell only characters known now: the most that end where no character is

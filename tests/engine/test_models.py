@@ -213,6 +213,55 @@ def test_a_character_after_bytes_that_spell_none_is_kept_whole(name):
         assert text == tok.decode(ids, skip_special_tokens=True) and ("你" in text or not byte_level), (run, text)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "phi3"])
+def test_a_stray_byte_after_a_written_character_writes_it_no_second_time(name):
+    """Phi-3's byte tokens: 😀 spelled in four, then a stray byte (or the first bytes of a character max_tokens
+    cut): SentencePiece's byte fallback decodes the run as one, not UTF-8 throughout, so five U+FFFD, and the
+    stream wrote 😀 and then five U+FFFD for one byte (QA round 27). Random runs of characters, stray bytes and
+    words: never more characters than bytes, and no character the bytes do not spell, in order."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
+    texts = TokenTexts(tok)
+    byte_tokens = {}
+    for i in range(len(tok)):
+        data = texts.get(i)[1]
+        if len(data) == 1:
+            byte_tokens.setdefault(data[0], i)
+    prompt = tok.encode("so far", add_special_tokens=False)
+
+    def text_of(ids: list[int]) -> str:
+        detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=True, texts=texts)
+        return "".join(detok.push(i) for i in ids) + detok.flush()
+
+    emoji = [byte_tokens[b] for b in "😀".encode()]
+    if name == "phi3":
+        assert text_of(emoji + [byte_tokens[0x80]]) == "😀\ufffd"
+        assert text_of(emoji + [byte_tokens[0xF0], byte_tokens[0x9F]]) == "😀\ufffd"
+    rng = random.Random(3)
+    wrong = []
+    for _ in range(300):
+        ids = []
+        for _ in range(rng.randint(1, 6)):
+            r = rng.random()
+            if r < 0.5:
+                ids += [byte_tokens[b] for b in rng.choice("é😀日𓀀").encode()]
+            elif r < 0.75:
+                ids.append(byte_tokens[rng.choice([0x80, 0x9F, 0xC3, 0xE6, 0xF0])])
+            else:
+                ids += tok.encode(rng.choice([" x", " word", "中"]), add_special_tokens=False)
+        data = b"".join(texts.get(i)[1] for i in ids)
+        text = text_of(ids)
+        spelled = iter(c for c in data.decode("utf-8", errors="replace") if c != "\ufffd")
+        if len(text) > len(data) or not all(c in spelled for c in text if c != "\ufffd"):
+            wrong.append((tok.convert_ids_to_tokens(ids), text))
+    assert wrong == [], wrong[:3]
+
+
 def test_a_skipped_special_token_after_a_byte_that_spells_nothing_keeps_the_next_words_space():
     """Phi-3: `▁Hello <0x80> <|system|> ▁world`, the special token skipped: the decode still ended in U+FFFD, so the
     skipped token was released as settled and the window began on it, where SentencePiece drops the next word's
