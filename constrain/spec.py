@@ -691,6 +691,11 @@ def _compat_schema(value: Any, param: str) -> ConstraintSpec:
             value = json.loads(value)
         except ValueError as exc:
             raise ConstraintError(f"{param} must be a JSON schema or its JSON text: {exc}", param=param) from None
+        try:  # (JSON text may spell a lone UTF-16 surrogate, "\ud800", which no UTF-8 output can hold)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConstraintError(f"{param} is not valid Unicode text: its JSON holds a lone surrogate (a \\u escape "
+                                  "of half a UTF-16 pair)", param=param) from None
     validate_schema(value, param)
     return ConstraintSpec(kind="json_schema", schema=normalise_schema(value),
                           extra={"source": value, "param": param})
