@@ -6,8 +6,12 @@ a valid document, never followed by a second one.
 
 from __future__ import annotations
 
+import codecs
+
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.vocabulary import Vocabulary
+
+_UTF8 = codecs.getincrementaldecoder("utf-8")
 
 
 class ContinuedGrammar(Grammar):
@@ -26,7 +30,8 @@ class ContinuedGrammar(Grammar):
         probe = inner.matcher()
         for i, token in enumerate(self.tokens):
             if probe.is_terminated() or not probe.accept(token):
-                written = b"".join(vocab.token_bytes[t] for t in self.tokens[:i]).decode("utf-8", "replace")
+                written = _UTF8("replace").decode(b"".join(vocab.token_bytes[t] for t in self.tokens[:i]))
+                # (up to the last whole character: a token may end inside one)
                 where = f"after {written!r}" if written else "at its start"
                 raise ConstraintError(
                     f"the assistant message to continue (continue_final_message), {prefill!r}, does not fit the "

@@ -41,3 +41,15 @@ def test_a_prefill_the_constraint_cannot_continue_is_refused_naming_messages(pre
     assert repr(prefill) in exc.value.message  # (it quoted only what fit: '' where the first token did not)
     where = "at its start" if prefill == "[" else "after '{"
     assert where in exc.value.message
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_a_refused_prefill_is_quoted_up_to_a_whole_character(backend, gpt2_compiler, vocabs):
+    """GPT-2 spells U+2028 as `\\xe2\\x80` (which ’ begins with too) and `\\xa8`, which the pattern refuses: the quote
+    of what fit ended in half a character, written as U+FFFD (QA round 27)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[a-z’]*$"}},
+              "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend=backend))
+    with pytest.raises(ConstraintError) as exc:
+        ContinuedGrammar(g, vocabs["gpt2"], '{"s":"\u2028', "response_format")
+    assert "after '{\"s\":\"'" in exc.value.message and "\ufffd" not in exc.value.message
