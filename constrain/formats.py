@@ -1,7 +1,8 @@
 """Regular expressions for the JSON-Schema formats llguidance 1.9.1 has no matcher for, each the exact language of
 its RFC's grammar (every one of these grammars is regular; `uri` and `iri` with a hier-part, as ajv's), for the
-dates and times its matchers take too loosely, and for e-mail addresses and URIs, which it takes more widely than
-validators do. constrain/rewrite.py turns such a
+dates and times its matchers take too loosely, for e-mail addresses and URIs, which it takes more widely than
+validators do, and for IPv6 addresses, which it takes too narrowly (not those ending in an IPv4 address,
+`::ffff:1.2.3.4`). constrain/rewrite.py turns such a
 `format` into the equivalent `pattern`, so both backends enforce it instead of refusing the schema. `URI`,
 `HOSTNAME`, `DURATION` and the IP addresses also serve the tool formats whose string values are raw text
 (constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
@@ -124,6 +125,7 @@ IDN_EMAIL = (f"[A-Za-z0-9_%+\\-{_UCSCHAR}]+(?:\\.[A-Za-z0-9_%+\\-{_UCSCHAR}]+)*"
 FORMAT_PATTERNS = {
     "email": EMAIL,
     "idn-email": IDN_EMAIL,
+    "ipv6": IPV6,
     "idn-hostname": IDN_HOSTNAME,
     "date": _DATE,
     "time": _TIME,
@@ -140,11 +142,11 @@ FORMAT_PATTERNS = {
 
 # Formats llguidance checks itself, but only inside JSON strings, as patterns for where its checks do not reach
 # (raw text values, constrain/xml_calls.py; object keys, `propertyNames`): a UUID's hex groups (RFC 4122, as
-# Python's `uuid.UUID` and jsonschema read one), IP addresses (IPv4's dotted quads without leading zeros, which
-# Python's `ipaddress`, behind jsonschema's check, refuses), durations and host names.
+# Python's `uuid.UUID` and jsonschema read one), IPv4 addresses (dotted quads without leading zeros, which Python's
+# `ipaddress`, behind jsonschema's check, refuses), durations and host names.
 NATIVE_FORMAT_PATTERNS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": IPV4, "ipv6": IPV6, "duration": DURATION, "hostname": HOSTNAME,
+    "ipv4": IPV4, "duration": DURATION, "hostname": HOSTNAME,
 }
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import datetime
 import re
 
+import jsonschema
 import pytest
 
-from constrain import ConstraintSpec, GrammarCompiler
+from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.formats import FORMAT_PATTERNS, format_pattern
 from constrain.rewrite import rewrite_schema
 from constrain.spec import normalise_schema
@@ -33,6 +34,8 @@ VALID = {
     "date": ["2024-02-29", "2000-02-29", "2023-12-31", "0001-01-01", "9999-11-30"],
     "time": ["23:59:59Z", "00:00:00.5+05:30", "12:30:00.123456789-08:00"],
     "date-time": ["2024-02-29T23:59:59Z", "1996-12-19T16:39:57-08:00", "1985-04-12T23:20:50.52Z"],
+    "ipv6": ["::", "::1", "1::", "fe80::1", "2001:db8::8a2e:370:7334", "1:2:3:4:5:6:7:8", "ABCD:ef01::",
+             "::ffff:1.2.3.4", "1:2:3:4:5:6:1.2.3.4", "64:ff9b::192.0.2.33"],
 }
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
@@ -57,6 +60,9 @@ INVALID = {
     "time": ["23:59:60Z", "24:00:00Z", "12:00:00", "12:00:00z", "12:00Z"],
     "date-time": ["2023-02-29T00:00:00Z", "2020-01-01t00:00:00Z", "2020-01-01T00:00:00z", "2020-01-01 00:00:00Z",
                   "0000-01-01T00:00:00Z", "2020-01-01T23:59:60+01:00"],
+    # jsonschema's check (Python's ipaddress) refuses a zone index too
+    "ipv6": ["", ":1::", "1:::2", "1::2::3", "12345::", "1:2:3:4:5:6:7:8:9", "1.2.3.4", "::ffff:01.2.3.4",
+             "::ffff:1.2.3.256", "fe80::1%eth0", "1:2:3:4:5:6:7:1.2.3.4"],
 }
 
 
@@ -65,6 +71,27 @@ def test_pattern_is_the_rfc_grammar(name):
     pattern = re.compile(format_pattern(name))
     assert [s for s in VALID[name] if not pattern.fullmatch(s)] == []
     assert [s for s in INVALID[name] if pattern.fullmatch(s)] == []
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_ipv6_is_what_jsonschemas_check_takes(backend, tokenizers, vocabs):
+    """llguidance's own `ipv6` refused the forms ending in an IPv4 address (`::ffff:1.2.3.4`, RFC 4291 2.2.3),
+    which jsonschema, Python's ipaddress and the tool formats' raw values take, and outlines refused the format
+    (QA round 27): now the RFC's pattern, on both backends."""
+    checker = jsonschema.FormatChecker()
+    assert all(checker.conforms(s, "ipv6") for s in VALID["ipv6"])
+    assert not any(checker.conforms(s, "ipv6") for s in INVALID["ipv6"])
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": "ipv6"}}, "required": ["v"],
+              "additionalProperties": False}
+    compiler = GrammarCompiler(vocab, tok, backend=backend, background_outlines=False, compile_timeout_s=120)
+    try:
+        g = compiler.compile(spec_from_request(response_format={
+            "type": "json_schema", "json_schema": {"name": "ip", "schema": schema, "strict": True}}))
+        assert [s for s in VALID["ipv6"] if not accepts_value(g, tok, vocab, s)] == []
+        assert [s for s in INVALID["ipv6"] if accepts_value(g, tok, vocab, s)] == []
+    finally:
+        compiler.close()
 
 
 def test_formats_the_backends_lack_become_patterns_and_the_others_stay():
@@ -103,7 +130,8 @@ def test_both_backends_enforce_the_formats_in_strict_mode(backend, tokenizers, v
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
     compiler = GrammarCompiler(vocab, tok, backend=backend, background_outlines=False, compile_timeout_s=120)
     # json-pointer's strings may hold '"': outlines cannot escape it (constrain/support.py json_safe_pattern)
-    names = ["uri-template", "uri-reference", "date", "date-time", "email"] if backend == "outlines" else FORMAT_PATTERNS
+    names = ["uri-template", "uri-reference", "date", "date-time", "email", "ipv6"] if backend == "outlines" \
+        else FORMAT_PATTERNS
     try:
         for name in names:
             schema = {"type": "object", "properties": {"v": {"type": "string", "format": name}},
