@@ -334,6 +334,35 @@ def test_the_lru_counts_the_lanes_an_llguidance_grammar_parses_while_cached(toke
     c.close()
 
 
+def test_the_lru_counts_the_mask_rows_an_outlines_grammar_writes_while_cached(tokenizers, vocabs):
+    """An outlines grammar writes a mask row for each state decoding visits and keeps it: an enum of 1,990 words
+    held 85 MB of rows while the cache counted an allowance of 64 rows (QA round 27). It is counted as it is
+    when used, rows included, and evicted by that size."""
+    import torch
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", background_outlines=False)
+    try:
+        words = [f"w{i:03d}x" for i in range(300)]
+        first = c.compile(spec_from_request(choice=words))
+        empty = first.nbytes
+        assert c._lru.bytes == empty
+        bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+        for word in words[:100]:  # (each word's own states: a row each)
+            m = first.matcher()
+            for token in tokenizers["gpt2"].encode(word):
+                m.fill_bitmask(bitmask, 0)
+                assert m.accept(token)
+        row = 4 * vocabs["gpt2"].words
+        assert first.nbytes >= empty + 100 * row
+        assert c.compile(spec_from_request(choice=words)) is first  # (the cache hit reads its size again)
+        assert c._lru.bytes == first.nbytes
+        c._lru.max_bytes = first.nbytes + empty // 2  # no room for it beside another grammar of its size
+        c.compile(spec_from_request(choice=[w.upper() for w in words]))
+        assert len(c._lru) == 1 and c.compile(spec_from_request(choice=words)) is not first
+    finally:
+        c.close()
+
+
 def test_the_memory_cache_holds_its_bounds_in_bytes_and_in_entries(tokenizers, vocabs):
     """QA watched RSS climb ~200 KB per distinct schema with no plateau: the cache counted an llguidance grammar
     at ~66 KB (a third of what it holds) against a 1 GiB bound no option could lower. A grammar's size is counted
