@@ -132,6 +132,41 @@ def _learned_positions(model: torch.nn.Module) -> bool:
 
 
 _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+# The names configs give the positions a model was built for (MPT's `max_seq_len`; most map theirs onto the first)
+_CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length", "max_sequence_length")
+
+
+def _config_context_length(config) -> int | None:
+    """The positions the model was built for, read from its text model's config: a multimodal checkpoint loaded as
+    a causal LM keeps them in `text_config` (Gemma 3's 131,072), and MPT calls them `max_seq_len` (both fell back
+    to 4,096: MPT's ALiBi bias then failed past its 2,048 positions with a 500, QA round 27)."""
+    for part in (config.get_text_config(), config):
+        for key in _CONTEXT_KEYS:
+            value = getattr(part, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _recurrent_layers(config) -> list[str]:
+    """The layer types of the model whose cache holds a recurrent state rather than keys and values per position
+    (Mamba, Jamba, Falcon-H1, Qwen3-Next, LFM2's convolutions; RecurrentGemma, which keeps it on its modules): such
+    a state cannot be left-padded or merged into a running batch. Served, they failed every request with an
+    IndexError, or (RecurrentGemma) a newcomer's prefill overwrote the running rows' state (QA round 27)."""
+    from transformers import DynamicCache
+
+    types = getattr(config.get_text_config(), "layer_types", None) or []
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # (a transformers 5 release before recurrent cache layers: the types the config names)
+        return sorted({str(t) for t in types if "attention" not in str(t)})
+    try:
+        layers = DynamicCache(config=config.get_text_config()).layers
+    except Exception:  # (a config the cache cannot read: `batching_failure` tries the model itself)
+        return []
+    recurrent = {types[i] if i < len(types) else type(layer).__name__
+                 for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)}
+    return sorted(str(t) for t in recurrent)
 
 
 def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
@@ -160,7 +195,12 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
     except Exception as exc:  # (a device torch names but cannot use here: `mps` on Linux, `meta`, `cuda:7`)
         raise ModelLoadError(f"cannot put the model on device {device!r}: {' '.join(str(exc).split())[:200]}") \
             from None
-    config_len = getattr(model.config, "max_position_embeddings", None) or BUILTIN_CONTEXT_LENGTH
+    recurrent = _recurrent_layers(model.config)
+    if recurrent:
+        raise ModelLoadError(f"cannot serve model {name_or_path!r}: its layers of type {', '.join(recurrent)} keep a "
+                             "recurrent state (Mamba, linear attention, convolutions), which the batched engine "
+                             "cannot pad and merge across requests; serve an attention-only model")
+    config_len = _config_context_length(model.config) or BUILTIN_CONTEXT_LENGTH
     if max_model_len is not None and max_model_len > config_len:
         if _learned_positions(model):
             raise ModelLoadError(f"--max-model-len {max_model_len} exceeds the {config_len} positions this model "
@@ -168,8 +208,15 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
         log.warning("--max-model-len %d exceeds the model's %d positions", max_model_len, config_len)
     context_length = max_model_len or config_len
     logits_width = model.get_output_embeddings().weight.shape[0]
-    return LoadedModel(
+    loaded = LoadedModel(
         model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device, dtype=torch_dtype,
         context_length=int(context_length), eos_token_ids=_eos_token_ids(model, tokenizer, logits_width),
         logits_width=int(logits_width),
     )
+    from engine.model_runner import batching_failure  # (the runner imports this module)
+
+    failure = batching_failure(loaded)
+    if failure is not None:
+        raise ModelLoadError(f"cannot serve model {name_or_path!r}: two requests in one batch fail in its forward "
+                             f"pass ({failure}), as every batch the engine runs would")
+    return loaded

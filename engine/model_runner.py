@@ -74,3 +74,21 @@ class ModelRunner:
         """The model call, with its KV cache and without cuDNN attention (ATTENTION_BACKENDS)."""
         with sdpa_kernel(ATTENTION_BACKENDS):
             return self.model(use_cache=True, **inputs, **{self.cache_kwarg: cache})
+
+
+def batching_failure(loaded: LoadedModel) -> str | None:
+    """Why a batch of two requests fails in the model's forward pass, or None: the steps the engine takes (two
+    prompts of different lengths prefilled left-padded, one decode step, a newcomer prefilled and merged, another
+    decode step). transformers 5.24's multi-head latent attention (DeepSeek-V3, MiniCPM3) fails on any padded
+    batch of two rows, so such a model served one request at a time and failed every request that overlapped
+    another with a 500 (QA round 27); it is refused at start-up instead."""
+    runner = ModelRunner(loaded)
+    try:
+        kv, logits = runner.prefill([[1, 2, 3], [4, 5]])
+        runner.decode(kv, logits.argmax(-1))
+        newcomer, first = runner.prefill([[6]])
+        kv.merge(newcomer)
+        runner.decode(kv, torch.cat([logits.argmax(-1), first.argmax(-1)]))
+    except Exception as exc:  # (whatever the model raises: the reason, in one line)
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return None

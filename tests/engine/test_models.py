@@ -319,6 +319,72 @@ def _tiny_gpt2_dir(out, positions: int):
     return out
 
 
+def _tiny_dir(out, model_type: str, **config):
+    """A random model of `model_type` (2 small layers; `config` on top) with the GPT-2 tokenizer, saved as
+    `--model DIR` reads it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS["gpt2"]))
+    small = dict(hidden_size=64, d_model=64, num_hidden_layers=2, n_layers=2, num_attention_heads=4, n_heads=4,
+                 num_key_value_heads=2, intermediate_size=128, head_dim=16, n_routed_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=32)
+    keys = set(AutoConfig.for_model(model_type).to_dict())
+    settings = {k: v for k, v in small.items() if k in keys}
+    settings.update(vocab_size=len(tok), bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.eos_token_id, **config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings)).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_the_context_is_read_where_the_config_keeps_it(tmp_path):
+    """MPT names its positions `max_seq_len`, and a multimodal checkpoint loaded as a causal LM keeps them in its
+    `text_config`: both fell back to 4,096 (MPT's ALiBi bias then failed past its positions with a 500; a Gemma 3
+    refused prompts past 4,096 of its 131,072; QA round 27)."""
+    from transformers import Gemma3Config
+
+    from engine.model_loader import _config_context_length
+
+    path = _tiny_dir(tmp_path / "mpt", "mpt", max_seq_len=64)
+    assert load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE).context_length == 64
+    assert _config_context_length(Gemma3Config(text_config={"max_position_embeddings": 300})) == 300
+
+
+@pytest.mark.parametrize("model_type, config", [("mamba", {}), ("lfm2", {"layer_types": ["conv", "full_attention"]})])
+def test_models_that_keep_a_recurrent_state_are_refused_at_start_up(tmp_path, model_type, config):
+    """A recurrent state cannot be left-padded or merged into a running batch: such a model loaded, answered
+    /health, and failed every request with a 500 IndexError (QA round 27)."""
+    from engine.model_loader import ModelLoadError
+
+    path = _tiny_dir(tmp_path / model_type, model_type, **config)
+    with pytest.raises(ModelLoadError, match="keep a recurrent state"):
+        load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE)
+
+
+def test_a_model_is_served_only_if_two_requests_in_one_batch_run(tmp_path):
+    """transformers 5.24's multi-head latent attention (DeepSeek-V3) fails on a padded batch of two rows: the model
+    answered one request at a time and failed every two that overlapped with a 500 (QA round 27). A model is
+    refused at start-up unless such a batch runs (should transformers mend it, it loads and its batches run)."""
+    from engine.model_loader import ModelLoadError
+    from engine.model_runner import ModelRunner
+
+    path = _tiny_dir(tmp_path / "mla", "deepseek_v3", q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+                     qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_group=1, topk_group=1)
+    try:
+        loaded = load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE)
+    except ModelLoadError as exc:
+        assert "two requests in one batch fail" in str(exc)
+        return
+    runner = ModelRunner(loaded)
+    kv, logits = runner.prefill([[1, 2, 3], [4, 5]])
+    runner.decode(kv, logits.argmax(dim=-1))
+
+
 def test_a_context_past_the_positions_a_model_learned_is_refused_at_start_up(tmp_path):
     """`--max-model-len` past a GPT-2's `n_positions` was a warning; a request past them was then a 500
     IndexError for every row of its step (on CUDA, a device-side assert). A model that computes its positions
