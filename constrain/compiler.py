@@ -731,7 +731,7 @@ class GrammarCompiler:
                 log.warning("the grammar cache folder cannot be written (%s): building in memory", exc.message)
                 path = self._temporary_path(key)
                 self.workers.build(regex, path, self.compile_timeout_s)
-            dfa = TokenDFA.load(path)
+            dfa = TokenDFA.load(path, 32 * self.vocab.words)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
             if self.disk is not None and path.parent == self.disk.folder:
                 self.disk.finished(path, key)
@@ -801,7 +801,7 @@ class GrammarCompiler:
         if not path.exists():
             return None
         try:
-            g = OutlinesGrammar(TokenDFA.load(path), self.vocab, call_tag=call_tag)
+            g = OutlinesGrammar(TokenDFA.load(path, 32 * self.vocab.words), self.vocab, call_tag=call_tag)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("removing unreadable cache file %s (built again when asked for): %s", path, exc)
             with contextlib.suppress(OSError):  # (files are moved in whole: a broken one stays broken)

@@ -110,9 +110,34 @@ class TokenDFA:
                      slack=self.slack, dead=self.dead)
 
     @classmethod
-    def load(cls, path: Path) -> "TokenDFA":
+    def load(cls, path: Path, token_limit: int) -> "TokenDFA":
         """Distances and successor summaries are stored too (work the loading process should not repeat); a file
-        written before them gets them computed."""
-        with np.load(path) as z:
-            stored = {k: z[k] for k in ("dist", "slack", "dead") if k in z.files}
-            return cls(z["offsets"], z["tokens"], z["nexts"], z["final"], **stored)
+        written before them gets them computed. ValueError for arrays that do not make an automaton over tokens
+        below `token_limit` (`_check_arrays`)."""
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("offsets", "tokens", "nexts", "final", "dist", "slack", "dead") if k in z.files}
+        _check_arrays(arrays, token_limit)
+        return cls(**arrays)
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], token_limit: int) -> None:
+    """Raise ValueError unless `arrays` make an automaton: a file that reads but holds other arrays (written by
+    another program into the cache folder) made every request for its schema a 500 IndexError, and stayed
+    (QA round 27)."""
+    missing = {"offsets", "tokens", "nexts", "final"} - set(arrays)
+    if missing:
+        raise ValueError(f"arrays missing: {', '.join(sorted(missing))}")
+    if any(a.ndim != 1 for a in arrays.values()):
+        raise ValueError("arrays of more than one dimension")
+    offsets, tokens, nexts, final = (arrays[k] for k in ("offsets", "tokens", "nexts", "final"))
+    n = len(final)
+    if not all(np.issubdtype(arrays[k].dtype, np.integer) for k in arrays if k not in ("final", "dead")) \
+            or final.dtype != bool or arrays.get("dead", final).dtype != bool:
+        raise ValueError("arrays of the wrong types")
+    if n == 0 or len(offsets) != n + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0) \
+            or offsets[-1] != len(tokens) or len(nexts) != len(tokens):
+        raise ValueError("transitions that do not add up")
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= token_limit or nexts.min() < 0 or nexts.max() >= n):
+        raise ValueError("a token or state out of range")
+    if any(len(arrays[k]) != n for k in ("dist", "slack", "dead") if k in arrays):
+        raise ValueError("per-state arrays of another length")

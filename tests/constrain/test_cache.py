@@ -414,12 +414,30 @@ def test_an_automaton_a_request_had_built_by_outlines_serves_auto_only_where_aut
 
 def test_a_broken_automaton_file_on_disk_is_built_again_not_a_400(tmp_path, tokenizers, vocabs):
     """A truncated or empty `.outlines.npz` (a crash, a full disk, a copy cut short) was a 400 invalid_constraint
-    on every request for its schema, on every server sharing the cache, until someone deleted the file."""
+    on every request for its schema, on every server sharing the cache, until someone deleted the file. One that
+    reads but whose arrays make no automaton (written by another program) was a 500 IndexError on every request
+    for its schema, and stayed (QA round 27)."""
+    import io
+
+    import numpy as np
+
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
     c.compile(_spec())
     c.close()
     [written] = list(tmp_path.rglob("*.outlines.npz"))
-    for broken in (b"", written.read_bytes()[:100]):
+    with np.load(written) as z:
+        arrays = {k: z[k] for k in z.files}
+
+    def npz(**changed) -> bytes:
+        out = io.BytesIO()
+        np.savez(out, **{**arrays, **changed})
+        return out.getvalue()
+
+    inconsistent = [npz(nexts=np.full_like(arrays["nexts"], 1_000_000)),
+                    npz(tokens=np.full_like(arrays["tokens"], 32 * vocabs["gpt2"].words)),
+                    npz(offsets=arrays["offsets"][:-1]), npz(dist=arrays["dist"][:1]),
+                    npz(final=arrays["final"].astype(np.float64))]
+    for broken in (b"", written.read_bytes()[:100], *inconsistent):
         written.write_bytes(broken)
         restarted = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
         try:

@@ -35,8 +35,23 @@ def test_summaries_survive_the_disk_cache_and_older_files_get_them_computed(tmp_
         assert {"slack", "dead"} <= set(z.files)
     np.savez(tmp_path / "old.npz", offsets=OFFSETS, tokens=TOKENS, nexts=NEXTS, final=FINAL, dist=dfa.dist)
     for name in ("new.npz", "old.npz"):
-        loaded = TokenDFA.load(tmp_path / name)
+        loaded = TokenDFA.load(tmp_path / name, 100)
         assert loaded.slack.tolist() == dfa.slack.tolist() and loaded.dead.tolist() == dfa.dead.tolist()
+
+
+def test_arrays_that_make_no_automaton_are_refused_on_loading(tmp_path):
+    import pytest
+
+    dfa = TokenDFA(OFFSETS, TOKENS, NEXTS, FINAL)
+    dfa.save(tmp_path / "good.npz")
+    assert TokenDFA.load(tmp_path / "good.npz", 10).nexts.tolist() == NEXTS.tolist()
+    arrays = dict(offsets=OFFSETS, tokens=TOKENS, nexts=NEXTS, final=FINAL)
+    for name, changed, limit in [("state", dict(nexts=NEXTS + 5), 10), ("token", {}, 9),
+                                 ("offsets", dict(offsets=OFFSETS[::-1]), 10), ("missing", dict(final=None), 10),
+                                 ("2-d", dict(tokens=TOKENS.reshape(1, -1)), 10)]:
+        np.savez(tmp_path / f"{name}.npz", **{k: v for k, v in {**arrays, **changed}.items() if v is not None})
+        with pytest.raises(ValueError):
+            TokenDFA.load(tmp_path / f"{name}.npz", limit)
 
 
 def test_mask_rows_leave_out_tokens_into_states_that_never_accept(vocabs):
