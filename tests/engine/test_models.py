@@ -213,6 +213,16 @@ def test_a_character_after_bytes_that_spell_none_is_kept_whole(name):
         assert text == tok.decode(ids, skip_special_tokens=True) and ("你" in text or not byte_level), (run, text)
 
 
+def _byte_tokens(tok, texts: TokenTexts) -> dict[bytes, int]:
+    """The first token of each one-byte spelling (a byte-level BPE's byte, SentencePiece's `<0xXX>`)."""
+    out: dict[bytes, int] = {}
+    for i in range(len(tok)):
+        data = texts.get(i)[1]
+        if len(data) == 1:
+            out.setdefault(data, i)
+    return out
+
+
 @pytest.mark.parametrize("name", ["gpt2", "qwen2", "phi3"])
 def test_a_stray_byte_after_a_written_character_writes_it_no_second_time(name):
     """Phi-3's byte tokens: 😀 spelled in four, then a stray byte (or the first bytes of a character max_tokens
@@ -227,11 +237,8 @@ def test_a_stray_byte_after_a_written_character_writes_it_no_second_time(name):
 
     tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
     texts = TokenTexts(tok)
-    byte_tokens = {}
-    for i in range(len(tok)):
-        data = texts.get(i)[1]
-        if len(data) == 1:
-            byte_tokens.setdefault(data[0], i)
+    by_byte = _byte_tokens(tok, texts)
+    byte_tokens = {data[0]: i for data, i in by_byte.items()}
     prompt = tok.encode("so far", add_special_tokens=False)
 
     def text_of(ids: list[int]) -> str:
@@ -442,11 +449,7 @@ def test_output_that_finishes_a_character_the_prompt_began_writes_it(name):
 
     tok = AutoTokenizer.from_pretrained(str(TOKENIZERS[name]))
     texts = TokenTexts(tok)
-    byte_tokens = {}
-    for i in range(len(tok)):
-        data = texts.get(i)[1]
-        if len(data) == 1:
-            byte_tokens.setdefault(data, i)
+    byte_tokens = _byte_tokens(tok, texts)
     data = "𓀀".encode()
     spelled = [byte_tokens[data[k:k + 1]] for k in range(len(data))]
     words = tok.encode("so far", add_special_tokens=False)
