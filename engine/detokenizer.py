@@ -104,10 +104,11 @@ class IncrementalDetokenizer:
     def _past(self, before: str, text: str, upto: int) -> str:
         """The text of the tokens read up to `upto`, from the window's decodes with and without them. SentencePiece's
         byte fallback decodes a run of byte tokens as one, and a run that is not UTF-8 as U+FFFD throughout: a
-        stray byte after 😀's four byte tokens turned the 😀 already written into four U+FFFD, and their difference
-        was wrong (😀 then five U+FFFD for one byte). Where the decode rewrote what was written, the tokens' own
-        bytes say what they add (mid-text, where a `▁` is a space)."""
-        if text.startswith(before):
+        stray byte after 😀's four byte tokens turned the 😀 already written into four U+FFFD (the stream wrote 😀
+        then five U+FFFD for one byte), and a 😀 after it came out as four more. Where the decode rewrote what was
+        written, or writes U+FFFD, the tokens' own bytes say what they add, decoded as UTF-8 is (mid-text, where a
+        `▁` is a space; a byte-level BPE's decode is that decode already)."""
+        if text.startswith(before) and "\ufffd" not in text[len(before):]:
             return text[len(before):]
         return b"".join(self._bytes(t) for t in self.ids[self.read:upto]).decode("utf-8", errors="replace")
 

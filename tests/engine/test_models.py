@@ -194,7 +194,7 @@ def test_a_character_after_bytes_that_spell_none_is_kept_whole(name):
     """Seven or eight continuation bytes, then the byte tokens of 你: the bound on held tokens sent the held run
     out with 你's first byte in it, and 你 came out as U+FFFD. Only what is known to spell no character goes out.
     (SentencePiece's byte fallback decodes a run of byte tokens that is not UTF-8 as one U+FFFD per byte, 你's
-    too: the stream says what the tokenizer says.)"""
+    too: the stream says what the bytes say, as UTF-8 decodes them.)"""
     from transformers import AutoTokenizer
 
     from constrain.vocabulary import is_byte_level, piece_bytes
@@ -210,7 +210,7 @@ def test_a_character_after_bytes_that_spell_none_is_kept_whole(name):
         ids = [by_bytes[b"\x80"]] * run + character + tok.encode(" end", add_special_tokens=False)
         detok = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
         text = "".join(detok.push(i) for i in ids) + detok.flush()
-        assert text == tok.decode(ids, skip_special_tokens=True) and ("你" in text or not byte_level), (run, text)
+        assert "你" in text and text.endswith(" end") and "\ufffd" * run + "你" in text, (run, text)
 
 
 def _byte_tokens(tok, texts: TokenTexts) -> dict[bytes, int]:
@@ -227,8 +227,9 @@ def _byte_tokens(tok, texts: TokenTexts) -> dict[bytes, int]:
 def test_a_stray_byte_after_a_written_character_writes_it_no_second_time(name):
     """Phi-3's byte tokens: 😀 spelled in four, then a stray byte (or the first bytes of a character max_tokens
     cut): SentencePiece's byte fallback decodes the run as one, not UTF-8 throughout, so five U+FFFD, and the
-    stream wrote 😀 and then five U+FFFD for one byte (QA round 27). Random runs of characters, stray bytes and
-    words: never more characters than bytes, and no character the bytes do not spell, in order."""
+    stream wrote 😀 and then five U+FFFD for one byte (QA round 27), and a character after the stray byte came
+    out as U+FFFDs (review). Random runs of characters, stray bytes and words: the text is what the tokens'
+    bytes spell, decoded as UTF-8 is."""
     import random
 
     from transformers import AutoTokenizer
@@ -249,6 +250,8 @@ def test_a_stray_byte_after_a_written_character_writes_it_no_second_time(name):
     if name == "phi3":
         assert text_of(emoji + [byte_tokens[0x80]]) == "😀\ufffd"
         assert text_of(emoji + [byte_tokens[0xF0], byte_tokens[0x9F]]) == "😀\ufffd"
+        assert text_of(emoji + [byte_tokens[0x80]] + emoji) == "😀\ufffd😀"
+        assert text_of([byte_tokens[0x80], byte_tokens[0x20], tok.convert_tokens_to_ids("▁x")]) == "\ufffd  x"
     rng = random.Random(3)
     wrong = []
     for _ in range(300):
@@ -261,10 +264,8 @@ def test_a_stray_byte_after_a_written_character_writes_it_no_second_time(name):
                 ids.append(byte_tokens[rng.choice([0x80, 0x9F, 0xC3, 0xE6, 0xF0])])
             else:
                 ids += tok.encode(rng.choice([" x", " word", "中"]), add_special_tokens=False)
-        data = b"".join(texts.get(i)[1] for i in ids)
         text = text_of(ids)
-        spelled = iter(c for c in data.decode("utf-8", errors="replace") if c != "\ufffd")
-        if len(text) > len(data) or not all(c in spelled for c in text if c != "\ufffd"):
+        if text != b"".join(texts.get(i)[1] for i in ids).decode("utf-8", errors="replace"):
             wrong.append((tok.convert_ids_to_tokens(ids), text))
     assert wrong == [], wrong[:3]
 
