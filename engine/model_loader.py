@@ -140,12 +140,21 @@ def _config_context_length(config) -> int | None:
     """The positions the model was built for, read from its text model's config: a multimodal checkpoint loaded as
     a causal LM keeps them in `text_config` (Gemma 3's 131,072), and MPT calls them `max_seq_len` (both fell back
     to 4,096: MPT's ALiBi bias then failed past its 2,048 positions with a 500, QA round 27)."""
-    for part in (config.get_text_config(), config):
+    for part in (_text_config(config), config):
         for key in _CONTEXT_KEYS:
             value = getattr(part, key, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return None
+
+
+def _text_config(config):
+    """The config of the model's text decoder (a multimodal checkpoint's `text_config`; MusicGen's `decoder`, where
+    two text configs made `get_text_config()` raise)."""
+    try:
+        return config.get_text_config(decoder=True)
+    except ValueError:
+        return config
 
 
 def _recurrent_layers(config) -> list[str]:
@@ -155,13 +164,14 @@ def _recurrent_layers(config) -> list[str]:
     IndexError, or (RecurrentGemma) a newcomer's prefill overwrote the running rows' state (QA round 27)."""
     from transformers import DynamicCache
 
-    types = getattr(config.get_text_config(), "layer_types", None) or []
+    text_config = _text_config(config)
+    types = getattr(text_config, "layer_types", None) or []
     try:
         from transformers.cache_utils import LinearAttentionCacheLayerMixin
     except ImportError:  # (a transformers 5 release before recurrent cache layers: the types the config names)
         return sorted({str(t) for t in types if "attention" not in str(t)})
     try:
-        layers = DynamicCache(config=config.get_text_config()).layers
+        layers = DynamicCache(config=text_config).layers
     except Exception:  # (a config the cache cannot read: `batching_failure` tries the model itself)
         return []
     recurrent = {types[i] if i < len(types) else type(layer).__name__
@@ -217,6 +227,6 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
 
     failure = batching_failure(loaded)
     if failure is not None:
-        raise ModelLoadError(f"cannot serve model {name_or_path!r}: two requests in one batch fail in its forward "
-                             f"pass ({failure}), as every batch the engine runs would")
+        raise ModelLoadError(f"cannot serve model {name_or_path!r}: two requests in one batch, as the engine runs "
+                             f"them, go wrong: {failure}")
     return loaded

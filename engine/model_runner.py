@@ -77,18 +77,33 @@ class ModelRunner:
 
 
 def batching_failure(loaded: LoadedModel) -> str | None:
-    """Why a batch of two requests fails in the model's forward pass, or None: the steps the engine takes (two
-    prompts of different lengths prefilled left-padded, one decode step, a newcomer prefilled and merged, another
-    decode step). transformers 5.24's multi-head latent attention (DeepSeek-V3, MiniCPM3) fails on any padded
-    batch of two rows, so such a model served one request at a time and failed every request that overlapped
-    another with a 500 (QA round 27); it is refused at start-up instead."""
+    """Why the engine's steps give a model wrong logits, or None: two prompts of different lengths prefilled
+    left-padded, one decode step, a newcomer prefilled and merged, another decode step, each row's last logits
+    then compared with one forward pass over its whole sequence without a cache. transformers 5.24's multi-head
+    latent attention (DeepSeek-V3, MiniCPM3) fails on any padded batch of two rows: such a model answered one
+    request at a time and failed every two that overlapped with a 500 (QA round 27); RWKV ignores the cache it is
+    given, so each step saw its own token alone (review)."""
     runner = ModelRunner(loaded)
+    vocab = getattr(loaded.model.get_input_embeddings(), "num_embeddings", None) or loaded.logits_width
+    prompts = [[i % vocab for i in p] for p in ([1, 2, 3], [4, 5], [6])]
     try:
-        kv, logits = runner.prefill([[1, 2, 3], [4, 5]])
-        runner.decode(kv, logits.argmax(-1))
-        newcomer, first = runner.prefill([[6]])
+        kv, logits = runner.prefill(prompts[:2])
+        first = logits.argmax(-1)
+        second = runner.decode(kv, first).argmax(-1)
+        newcomer, alone = runner.prefill(prompts[2:])
         kv.merge(newcomer)
-        runner.decode(kv, torch.cat([logits.argmax(-1), first.argmax(-1)]))
+        last = runner.decode(kv, torch.cat([second, alone.argmax(-1)]))
+        sequences = [prompts[0] + [int(first[0]), int(second[0])], prompts[2] + [int(alone.argmax(-1)[0])]]
+        with torch.inference_mode():
+            reference = [runner.model(input_ids=torch.tensor([seq], device=loaded.device), use_cache=False)
+                         .logits[0, -1] for seq in sequences]
     except Exception as exc:  # (whatever the model raises: the reason, in one line)
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    for row, expected in zip((0, 2), reference):
+        got = last[row].float()
+        expected = expected.float()
+        # (far wider than bf16's rounding: a model that loses its state is off by as much as its logits spread)
+        if not torch.allclose(got, expected, rtol=0.0, atol=0.1 * float(expected.abs().max()) + 1e-3):
+            return f"a row's logits after the engine's steps differ from one pass over its tokens by " \
+                   f"{float((got - expected).abs().max()):.3g} (the model keeps state the engine cannot carry?)"
     return None
