@@ -336,8 +336,9 @@ def test_the_lru_counts_the_lanes_an_llguidance_grammar_parses_while_cached(toke
 
 def test_the_lru_counts_the_mask_rows_an_outlines_grammar_writes_while_cached(tokenizers, vocabs):
     """An outlines grammar writes a mask row for each state decoding visits and keeps it: an enum of 1,990 words
-    held 85 MB of rows while the cache counted an allowance of 64 rows (QA round 27). It is counted as it is
-    when used, rows included, and evicted by that size."""
+    held 85 MB of rows while the cache counted an allowance of 64 rows (QA round 27). Every grammar is counted as
+    it is each time the cache is used, rows included (rows written after a schema's last lookup were not:
+    review), and evicted by that size."""
     import torch
 
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", background_outlines=False)
@@ -354,8 +355,9 @@ def test_the_lru_counts_the_mask_rows_an_outlines_grammar_writes_while_cached(to
                 assert m.accept(token)
         row = 4 * vocabs["gpt2"].words
         assert first.nbytes >= empty + 100 * row
-        assert c.compile(spec_from_request(choice=words)) is first  # (the cache hit reads its size again)
-        assert c._lru.bytes == first.nbytes
+        other = c.compile(spec_from_request(regex="[a-z]+"))  # (another schema's lookup reads every size again:
+        assert c._lru.bytes == first.nbytes + other.nbytes    # rows written after a schema's last lookup count)
+        assert c.compile(spec_from_request(choice=words)) is first
         c._lru.max_bytes = first.nbytes + empty // 2  # no room for it beside another grammar of its size
         c.compile(spec_from_request(choice=[w.upper() for w in words]))
         assert len(c._lru) == 1 and c.compile(spec_from_request(choice=words)) is not first
