@@ -141,3 +141,11 @@ def _check_arrays(arrays: dict[str, np.ndarray], token_limit: int) -> None:
         raise ValueError("a token or state out of range")
     if any(len(arrays[k]) != n for k in ("dist", "slack", "dead") if k in arrays):
         raise ValueError("per-state arrays of another length")
+    if any(k in arrays and (arrays[k].min() < 0 or arrays[k].max() > INF) for k in ("dist", "slack")) \
+            or ("dist" in arrays and np.any(arrays["dist"][final] != 0)):
+        raise ValueError("distances out of range")
+    rising = np.diff(tokens) > 0  # (each state's tokens are sorted: `_next` searches them)
+    starts = np.zeros(len(tokens), dtype=bool)
+    starts[offsets[:-1][offsets[:-1] < len(tokens)]] = True
+    if not np.all(rising | starts[1:]):
+        raise ValueError("a state's tokens out of order")

@@ -40,6 +40,8 @@ def test_summaries_survive_the_disk_cache_and_older_files_get_them_computed(tmp_
 
 
 def test_arrays_that_make_no_automaton_are_refused_on_loading(tmp_path):
+    """A file that reads but whose arrays make no automaton (another program's, in the cache folder) was served:
+    every request for its schema failed (QA round 27; negative distances and unsorted tokens: review)."""
     import pytest
 
     dfa = TokenDFA(OFFSETS, TOKENS, NEXTS, FINAL)
@@ -48,7 +50,10 @@ def test_arrays_that_make_no_automaton_are_refused_on_loading(tmp_path):
     arrays = dict(offsets=OFFSETS, tokens=TOKENS, nexts=NEXTS, final=FINAL)
     for name, changed, limit in [("state", dict(nexts=NEXTS + 5), 10), ("token", {}, 9),
                                  ("offsets", dict(offsets=OFFSETS[::-1]), 10), ("missing", dict(final=None), 10),
-                                 ("2-d", dict(tokens=TOKENS.reshape(1, -1)), 10)]:
+                                 ("2-d", dict(tokens=TOKENS.reshape(1, -1)), 10),
+                                 ("dist", dict(dist=np.full(5, -1, dtype=np.int32)), 10),
+                                 ("final", dict(dist=np.array([2, 1, INF, INF, 3], dtype=np.int32)), 10),
+                                 ("order", dict(tokens=np.array([7, 5, 9, 5, 6], dtype=np.int32)), 10)]:
         np.savez(tmp_path / f"{name}.npz", **{k: v for k, v in {**arrays, **changed}.items() if v is not None})
         with pytest.raises(ValueError):
             TokenDFA.load(tmp_path / f"{name}.npz", limit)
