@@ -161,21 +161,20 @@ def _recurrent_layers(config) -> list[str]:
     """The layer types of the model whose cache holds a recurrent state rather than keys and values per position
     (Mamba, Jamba, Falcon-H1, Qwen3-Next, LFM2's convolutions; RecurrentGemma, which keeps it on its modules): such
     a state cannot be left-padded or merged into a running batch. Served, they failed every request with an
-    IndexError, or (RecurrentGemma) a newcomer's prefill overwrote the running rows' state (QA round 27)."""
-    from transformers import DynamicCache
+    IndexError, or (RecurrentGemma) a newcomer's prefill overwrote the running rows' state (QA round 27). Where the
+    cache cannot tell (a transformers release before its recurrent layers, a config it cannot read), none are
+    named, and `batching_failure` tries the model itself."""
+    from transformers import DynamicCache, cache_utils
 
+    recurrent_layer = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
     text_config = _text_config(config)
-    types = getattr(text_config, "layer_types", None) or []
     try:
-        from transformers.cache_utils import LinearAttentionCacheLayerMixin
-    except ImportError:  # (a transformers 5 release before recurrent cache layers: the types the config names)
-        return sorted({str(t) for t in types if "attention" not in str(t)})
-    try:
-        layers = DynamicCache(config=text_config).layers
-    except Exception:  # (a config the cache cannot read: `batching_failure` tries the model itself)
+        layers = DynamicCache(config=text_config).layers if recurrent_layer is not None else []
+    except Exception:
         return []
+    types = getattr(text_config, "layer_types", None) or []
     recurrent = {types[i] if i < len(types) else type(layer).__name__
-                 for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)}
+                 for i, layer in enumerate(layers) if isinstance(layer, recurrent_layer)}
     return sorted(str(t) for t in recurrent)
 
 
