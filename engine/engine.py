@@ -320,11 +320,20 @@ class Engine:
                 self._chunked = ChunkedPrefill(state)
         prefilled: list[tuple[list[RequestState], KVBatch, torch.Tensor]] = []
         if whole:
-            kv, logits = self.runner.prefill([s.request.prompt_ids for s in whole])
-            self._prefill_tokens += kv.rows * kv.length
-            prefilled.append((whole, kv, logits))
+            try:
+                kv, logits = self.runner.prefill([s.request.prompt_ids for s in whole])
+            except BaseException as exc:  # noqa: BLE001 - e.g. the device out of memory: these prompts only
+                self._prefill_failed(whole, exc)
+            else:
+                self._prefill_tokens += kv.rows * kv.length
+                prefilled.append((whole, kv, logits))
         if self._chunked is not None:
-            done = self._advance_chunked()
+            try:
+                done = self._advance_chunked()
+            except BaseException as exc:  # noqa: BLE001 - this prompt only
+                state, self._chunked = self._chunked.state, None
+                self._prefill_failed([state], exc)
+                done = None
             if done is not None:  # (it joins this step: a failure from here on fails it with the newcomers)
                 self._admitted = self._admitted + [done[0]]
                 prefilled.append(([done[0]], done[1], done[2]))
@@ -358,6 +367,19 @@ class Engine:
         if not seqs:
             return [], None, None
         return seqs, kv_all, torch.cat(logits_all, dim=0)
+
+    def _prefill_failed(self, states: list[RequestState], exc: BaseException) -> None:
+        """A prefill forward failed (a long prompt that runs the device out of memory, say): its prompts end with
+        an error, and the running rows, whose cache it never touched, go on. (A failed decode forward, or one
+        while rows join, still fails the whole batch: `_loop`.)"""
+        if not recoverable(exc):
+            raise exc
+        log.error("prefill failed for %s", ", ".join(s.request.request_id for s in states), exc_info=exc)
+        for state in states:
+            if state.open_choices > 0:
+                self._fail_request(state, f"internal engine error prefilling the prompt "
+                                          f"({len(state.request.prompt_ids)} tokens): {type(exc).__name__}",
+                                   "internal")
 
     def _advance_chunked(self) -> tuple[RequestState, KVBatch, torch.Tensor] | None:
         """Prefill the next chunk of the prompt in progress, scoring its positions when prompt logprobs are asked

@@ -307,6 +307,50 @@ def test_a_failure_as_a_chunked_prompt_joins_ends_it_with_an_error(builtin):
     assert after[0].last.finish_reason == "length"
 
 
+def test_a_prefill_that_fails_ends_only_its_prompts_and_the_running_rows_go_on(builtin):
+    """A prefill forward that raised (a long prompt running the GPU out of memory) failed every running row with
+    it. Now it fails the prompts it prefilled (whole, or the one prefilled in chunks), and the running request
+    ends as it does alone."""
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=4, max_prefill_tokens=16)
+    prefill, prefill_chunk = eng.runner.prefill, eng.runner.prefill_chunk
+
+    def failing_prefill(prompts):
+        if PROMPT_B in prompts:
+            raise RuntimeError("CUDA out of memory")
+        return prefill(prompts)
+
+    def failing_chunk(cache, prompt, start, end, all_logits):
+        if start > 0:  # (the second chunk: the first one's cache is dropped with the prompt)
+            raise RuntimeError("CUDA out of memory")
+        return prefill_chunk(cache, prompt, start, end, all_logits)
+
+    eng.runner.prefill, eng.runner.prefill_chunk = failing_prefill, failing_chunk
+    eng.start()
+    try:
+        (alone,) = run_all(eng, request("alone", PROMPT_A, **GREEDY))
+
+        async def main():
+            events, failed = [], []
+            async for ev in eng.generate(request("running", PROMPT_A, **GREEDY)):
+                events.append(ev)
+                if len(events) == 3:
+                    failed = [asyncio.create_task(run_one(eng, request("short", PROMPT_B, max_tokens=4))),
+                              asyncio.create_task(run_one(eng, request("long", LONG_PROMPT, max_tokens=4)))]
+            return collect_events(events), await asyncio.gather(*failed)
+
+        running, (short, long) = asyncio.run(main())
+        (after,) = run_all(eng, request("after", PROMPT_A, temperature=0.0, max_tokens=2))
+    finally:
+        eng.shutdown()
+    assert running[0].tokens == alone[0].tokens and running[0].last.finish_reason == "length"
+    for failed in (short, long):
+        assert failed[0].tokens == [] and failed[0].last.finish_reason == "error"
+        assert failed[0].last.error_code == "internal" and "prefilling the prompt" in failed[0].last.error
+    assert after[0].last.finish_reason == "length" and eng.stats()["batch_size"] == 0
+
+
 @pytest.mark.timeout(120)  # (without the fix the requests wait forever)
 def test_an_engine_thread_stopped_by_a_failure_ends_every_request_and_refuses_new_ones(builtin):
     """A failure the engine cannot go on from (`recoverable` is False: here a KeyboardInterrupt out of a step) ends
