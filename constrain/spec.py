@@ -691,6 +691,9 @@ def _compat_schema(value: Any, param: str) -> ConstraintSpec:
             value = json.loads(value)
         except ValueError as exc:
             raise ConstraintError(f"{param} must be a JSON schema or its JSON text: {exc}", param=param) from None
+        except RecursionError:  # (Python's JSON reader recurses per level: ~1,000 levels, as the body's)
+            raise ConstraintError(f"{param} nests arrays and objects deeper than this server reads (about 1,000 "
+                                  "levels)", param=param) from None
         try:  # (JSON text may spell a lone UTF-16 surrogate, "\ud800", which no UTF-8 output can hold)
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
