@@ -539,12 +539,15 @@ _Request = TypeVar("_Request", bound=_SamplingFields)
 
 def read_body(raw: bytes, content_type: str | None, model: type[_Request]) -> _Request:
     """The body as `model`, read as FastAPI reads a JSON body: as JSON where its Content-Type is JSON (`application/
-    json`, `application/*+json`), otherwise left as bytes, which no request model takes (curl -d without -H sends a
-    form); no body at all is None. Raises pydantic's ValidationError, or what `json.loads` raises."""
+    json`, `application/*+json`) or where it names none (`requests.post(url, data=...)`), otherwise left as bytes,
+    which no request model takes (curl -d without -H sends a form); no body at all is None. Raises pydantic's
+    ValidationError, or what `json.loads` raises."""
     if not raw:
         return model.model_validate(None)
     data: Any = raw
-    if content_type:
+    if not content_type:
+        data = json.loads(raw)
+    else:
         message = email.message.Message()
         message["content-type"] = content_type
         subtype = message.get_content_subtype()

@@ -139,6 +139,16 @@ def test_a_json_body_sent_as_another_content_type_is_told_which_one_to_use(http,
     assert "Content-Type: application/json" in error["message"] and content_type in error["message"]
 
 
+def test_a_json_body_sent_without_a_content_type_is_read_as_json(http):
+    """As FastAPI reads a body that names no Content-Type (`requests.post(url, data=json.dumps(...))`): it was a
+    400 saying the body "must be a JSON object" of a body that is one."""
+    body = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 1}).encode()
+    r = http.post("/v1/chat/completions", content=body)
+    assert "content-type" not in r.request.headers and r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 1
+    _assert_error(http.post("/v1/chat/completions", content=b'{"model": '), 400)
+
+
 def test_missing_messages_and_prompt_is_400(http):
     _assert_error(http.post("/v1/chat/completions", json={"model": MODEL}), 400, "messages")
     _assert_error(http.post("/v1/chat/completions", json={"messages": HELLO}), 400, "model")
