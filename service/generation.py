@@ -73,7 +73,7 @@ def header_list(items) -> str:
     return ",".join(written)
 
 
-_LISTED_FIELD = re.compile(r"(messages|tools|functions)\.([0-9]+)\.(.+)")
+_LISTED_FIELD = re.compile(r"(messages|tools|functions)\.([0-9]+)\.(.+)", re.DOTALL)
 _CONSTRAINT_THREADS = 4  # (`Generation._constraints`: a small check shares the interpreter lock with large ones)
 
 

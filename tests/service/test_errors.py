@@ -425,6 +425,9 @@ def test_a_field_many_messages_carry_is_named_once_and_the_list_is_bounded(http)
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": messages})
     assert r.status_code == 200, r.text
     assert r.headers["x-structgen-ignored-fields"] == "messages.*.created_at,messages.*.id,messages.3.weight"
+    odd = [{**m, "a\nb": 1} for m in HELLO * 2]  # (a field name may hold any character: still one entry)
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": odd})
+    assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "messages.*.a%0Ab", r.headers
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1,
                                           **{f"field_{i:04d}": 1 for i in range(5000)}})
     assert r.status_code == 200, r.text
