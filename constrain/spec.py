@@ -595,7 +595,7 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         schema = rf.get("schema")
         if schema is None:
             return ConstraintSpec(kind="json_object")
-        validate_schema(schema, p, "/schema")
+        validate_schema(schema, p)
         return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), extra={"source": schema})
     if kind == "json_schema":
         js = rf.get("json_schema")
@@ -622,7 +622,7 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
             schema = named_schemas[name]
         else:
             schema = js["schema"]
-            validate_schema(schema, p, "/json_schema/schema")
+            validate_schema(schema, p)
         return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
                               extra={"name": name, "source": schema})
     raise ConstraintError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",

@@ -252,7 +252,7 @@ def test_a_script_property_or_too_many_properties_are_a_400_naming_the_pattern()
     schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^\\p{Greek}$"}}}
     with pytest.raises(ConstraintError) as err:
         spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    assert err.value.pointer == "/json_schema/schema/properties/a/pattern"
+    assert err.value.pointer == "/properties/a/pattern"
     many = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^\\p{L}$"} for i in range(65)}}
     with pytest.raises(ConstraintError) as err:
         spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": many}})
