@@ -263,16 +263,18 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
     `tool_format` is how the model writes calls (`TOOL_FORMATS`): the server picks it from the chat template."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}")
-    if tool_choice == "none":
+    if parallel_tool_calls is None:
+        parallel_tool_calls = True
+    if not isinstance(parallel_tool_calls, bool):
+        raise ConstraintError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+    if tool_choice == "none":  # (the tools are checked all the same: a broken one is a 400 whatever tool_choice says)
+        if tools is not None:
+            _functions(tools)
         return None
     if tools is None:
         raise ConstraintError("tool_choice needs tools", param="tool_choice")
     functions = _functions(tools)
     position = {f["name"]: i for i, f in enumerate(functions)}  # (names are unique)
-    if parallel_tool_calls is None:
-        parallel_tool_calls = True
-    if not isinstance(parallel_tool_calls, bool):
-        raise ConstraintError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     mode = "auto" if tool_choice is None else tool_choice
     if isinstance(mode, dict) and mode.get("type") == "allowed_tools":
         functions, mode = _allowed_functions(functions, tool_choice.get("allowed_tools"))

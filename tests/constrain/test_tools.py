@@ -114,6 +114,15 @@ def test_auto_text_may_begin_with_a_word_that_begins_with_a_space(tool_format, t
 
 def test_tool_choice_none_and_errors():
     assert spec_from_request(tools=TOOLS, tool_choice="none") is None
+    for broken in ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                                 "properties": {"x": 5}}}}],
+                   TOOLS + TOOLS[:1]):  # (an invalid schema; a name given twice: checked under `none` too)
+        with pytest.raises(ConstraintError) as exc:
+            spec_from_request(tools=broken, tool_choice="none")
+        assert exc.value.param == "tools"
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(tools=TOOLS, tool_choice="none", parallel_tool_calls="no")
+    assert exc.value.param == "parallel_tool_calls"
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
     assert exc.value.param == "tool_choice"
