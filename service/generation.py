@@ -178,11 +178,28 @@ async def until_done_or_gone(request, work, on_gone=None, ended=None):
                 await task
 
 
-def _constraint_error(exc) -> APIError:
-    message = exc.message
-    if exc.pointer and exc.pointer not in message:
-        message = f"{message} (at {exc.pointer})"
-    return APIError(400, message, param=exc.param, code=getattr(exc, "code", None) or "invalid_constraint")
+def _constraint_error(exc, functions: bool = False) -> APIError:
+    """`functions`: the request sent the deprecated `functions`, which became its `tools`: an error about the
+    tools is told in terms of the `functions` sent (`_functions_pointer`)."""
+    message, param, pointer = exc.message, exc.param, exc.pointer
+    if functions and param == "tools":
+        param, pointer = "functions", _functions_pointer(pointer) if pointer else pointer
+        if exc.pointer:
+            message = message.replace(exc.pointer, pointer)
+        message = _TOOLS_ENTRY.sub(r"functions[\1]", message)
+    if pointer and pointer not in message:
+        message = f"{message} (at {pointer})"
+    return APIError(400, message, param=param, code=getattr(exc, "code", None) or "invalid_constraint")
+
+
+_TOOL_POINTER = re.compile(r"^/([0-9]+)/function(?=/|$)")
+_TOOLS_ENTRY = re.compile(r"\btools\[([0-9]+)\](?:\.function\b)?")
+
+
+def _functions_pointer(pointer: str) -> str:
+    """A pointer into `tools` (`/0/function/parameters/...`) as one into the `functions` they were made from
+    (`/0/parameters/...`): ChatCompletionRequest._legacy_functions."""
+    return _TOOL_POINTER.sub(r"/\1", pointer)
 
 
 class Generation:
@@ -266,7 +283,7 @@ class Generation:
             grammar = await self.compiler.compile_async(spec)
             self.metrics.grammar_wait.observe(time.monotonic() - started)
         except constrain.ConstraintError as exc:
-            raise _constraint_error(exc) from None
+            raise _constraint_error(exc, functions=getattr(req, "uses_functions", False)) from None
         except BaseException as exc:  # noqa: BLE001 - a backend failing on a client's constraint fails only this
             # request, as a 400; a panic in a Rust extension too (pyo3's PanicException is a BaseException: it was a
             # bare 500). A cancelled request (the client left) stays cancelled.
@@ -274,6 +291,7 @@ class Generation:
                 raise
             log.warning("constraint compile failed: %s: %s", type(exc).__name__, exc)
             param = spec.param if spec is not None else None
+            param = "functions" if param == "tools" and getattr(req, "uses_functions", False) else param
             raise APIError(400, f"the constraint could not be compiled: {type(exc).__name__}: {exc}",
                            param=param, code="invalid_constraint") from None
         return spec, grammar
@@ -303,6 +321,8 @@ class Generation:
         if grammar is not None and spec is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None and spec is not None else ()
+        if getattr(req, "uses_functions", False):
+            unenforced = tuple(_functions_pointer(p) for p in unenforced)
         if unenforced:
             headers["x-structgen-unenforced"] = header_list(unenforced)
         return Plan(request_id, requests, prompts, n, spec, reasoning, harmony, headers, started)

@@ -433,6 +433,23 @@ def test_deprecated_functions_mixed_or_malformed_are_400(http, body, said, param
     assert error["param"] == param
 
 
+def test_deprecated_functions_errors_and_unenforced_pointers_name_the_functions_sent(http):
+    """`functions` become `tools` inside: their errors named `param: "tools"` and `/1/function/parameters/...`,
+    neither of which the client sent."""
+    params = {"type": "object", "properties": {"tags": {"type": "string", "not": {"pattern": "(a)\\1"}}}}
+    functions = [FUNCTIONS[0], {"name": "tag", "parameters": params}]
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 40, "function_call": {"name": "tag"}}
+    r = http.post("/v1/chat/completions", json={**body, "functions": functions})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-unenforced"] == "/1/parameters/properties/tags/not"
+    invalid = [FUNCTIONS[0], {"name": "tag", "parameters": {"type": "object", "properties": {"tags": 5}}}]
+    error = http.post("/v1/chat/completions", json={**body, "functions": invalid}).json()["error"]
+    assert error["param"] == "functions" and "at /1/parameters/properties/tags" in error["message"], error
+    twice = http.post("/v1/chat/completions", json={**body, "function_call": "auto",
+                                                    "functions": FUNCTIONS + FUNCTIONS[:1]}).json()["error"]
+    assert twice["param"] == "functions" and "functions[2]: duplicate function name" in twice["message"], twice
+
+
 def test_min_tokens_holds_under_tools_auto_whose_answer_may_end_at_once(http):
     """Under `auto` the answer may be free text, which may end anywhere: `min_tokens` was dropped for every
     request with tools (1 token where 7 were asked for), unnamed. The end is banned until it is reached."""
