@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from constrain.grammar import ConstraintError
+from constrain.support import walk_with_refs
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class Limits:
     max_enum: int = 2_000
     max_nodes: int = 20_000
     max_pattern_chars: int = 2_000
+    # A string the output must spell whole (a `const`/`enum` string, a property name, a `choice` entry): its masks
+    # cost time with its length, on the engine thread, where every row of the batch waits: a 200 KB `const` took 2 s
+    # at its first mask and ~100 ms at each later one under llguidance (QA dos F1); 4,096 characters take ~20 ms,
+    # then 1-4 ms a step.
+    max_literal_chars: int = 4_096
 
 
 DEFAULT_LIMITS = Limits()
@@ -72,3 +78,32 @@ def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS
                 raise ConstraintError(f"the schema holds a number JSON cannot write at {p} (a number past float "
                                       "range, such as 1e999, reads as infinity; NaN and Infinity are not JSON)",
                                       param=param, pointer=p)
+    _check_literals(schema, param, limits, base)
+
+
+def _check_literals(schema: Any, param: str, limits: Limits, base: str) -> None:
+    """Refuse a string the output would have to spell whole past `max_literal_chars`: in a `const` or `enum`
+    value (keys of its objects too), a declared or required property name."""
+    def strings(value: Any):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                yield k
+                yield from strings(v)
+
+    most = limits.max_literal_chars
+    for ptr, key, node in walk_with_refs(schema, base):
+        value = node[key]
+        if key in ("const", "enum"):
+            found = strings(value)
+        elif key in ("properties", "required") and isinstance(value, (dict, list)):
+            found = (name for name in value if isinstance(name, str))
+        else:
+            continue
+        if any(len(text) > most for text in found):
+            raise ConstraintError(f"{key} at {ptr} holds a string longer than {most} characters", param=param,
+                                  pointer=ptr, code="schema_too_large")

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import jsonschema
 
 from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
-from constrain.limits import check_schema_limits
+from constrain.limits import DEFAULT_LIMITS, check_schema_limits
 from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
@@ -657,6 +657,10 @@ def _choice(choice: Any, param: str = "choice") -> ConstraintSpec:
         raise ConstraintError(f"{param} has more than 10000 entries", param=param)
     if sum(map(len, choice)) > _CHOICE_CHARS:  # (7 MB of them took 1 GB of the server's memory to compile)
         raise ConstraintError(f"{param} holds more than {_CHOICE_CHARS} characters", param=param)
+    longest = max(map(len, choice))
+    if longest > DEFAULT_LIMITS.max_literal_chars:  # (as a `const` string: see Limits)
+        raise ConstraintError(f"{param} has an entry of {longest} characters; the limit is "
+                              f"{DEFAULT_LIMITS.max_literal_chars}", param=param)
     return ConstraintSpec(kind="choice", choices=tuple(dict.fromkeys(choice)), extra=_from_field(param, "choice"))
 
 

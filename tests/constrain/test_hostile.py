@@ -31,6 +31,34 @@ def test_oversized_schemas_are_refused_before_compiling(schema, what):
     assert exc.value.code == "schema_too_large"
 
 
+LONG = "m" * 4097
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"const": LONG}, "/const"),
+    ({"type": "object", "properties": {"a": {"enum": ["x", {"k": [LONG]}]}}}, "/properties/a/enum"),
+    ({"const": {LONG: 1}}, "/const"),
+    ({"type": "object", "properties": {LONG: {"type": "integer"}}}, "/properties"),
+    ({"type": "object", "required": [LONG]}, "/required"),
+    ({"$ref": "#/x/y", "x": {"y": {"const": LONG}}}, "/x/y/const"),  # (reached through a $ref only)
+])
+def test_a_string_the_output_spells_whole_is_bounded(schema, pointer):
+    """A 200 KB `const` was within every limit, and its masks then held every row of the batch: 2 s at the first,
+    ~100 ms at each later one (QA dos F1). Strings the output must spell whole are held to 4,096 characters;
+    descriptions, defaults and examples are not spelled, and are not bounded."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "h", "schema": schema}})
+    assert exc.value.pointer == pointer and exc.value.code == "schema_too_large", exc.value.pointer
+    assert "longer than 4096 characters" in exc.value.message
+    fits = json.loads(json.dumps(schema).replace(LONG, LONG[1:]))
+    assert spec_from_request(response_format={"type": "json_object", "schema": fits}).kind == "json_schema"
+    noted = {"type": "string", "description": LONG, "default": LONG, "examples": [LONG]}
+    assert spec_from_request(response_format={"type": "json_object", "schema": noted}).kind == "json_schema"
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(choice=["yes", LONG])
+    assert exc.value.param == "choice" and "the limit is 4096" in exc.value.message
+
+
 def test_catastrophic_regex_is_refused_or_compiled_without_backtracking(gpt2_compiler):
     """(a+)+$ is catastrophic for backtracking engines; automata compile it in linear time."""
     spec = spec_from_request(regex=r"(a+)+b")
@@ -88,7 +116,7 @@ def test_a_schema_holding_every_private_use_character_is_refused_by_outlines_say
     """outlines' translation marks placeholders with private-use characters the schema holds nowhere: with none
     left its refusal gave no reason (review of 40f66b8 F5). auto serves it with llguidance."""
     every = "".join(chr(c) for c in range(0xE000, 0xF900))
-    schema = {"type": "object", "properties": {"a": {"enum": [every, "b"]}}, "required": ["a"],
+    schema = {"type": "object", "properties": {"a": {"enum": [every[:3200], every[3200:], "b"]}}, "required": ["a"],
               "additionalProperties": False}
     format_ = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
     with pytest.raises(ConstraintError) as exc:
