@@ -363,7 +363,7 @@ class GrammarCompiler:
             finished, _ = await asyncio.wait({waiting}, timeout=self.compile_timeout_s + 1.0)
             if not finished:
                 done = Future()
-                done.set_exception(FutureTimeout())
+                done.set_exception(FutureTimeout("queued" if not build.running() else "building"))
             elif build.cancelled():
                 done = None  # (the next compile builds it anew)
         finally:
@@ -643,11 +643,29 @@ class GrammarCompiler:
         return g
 
     def _outlines_regex(self, spec: ConstraintSpec) -> str:
-        param = spec.param
+        """The regex outlines builds for `spec`, or a ConstraintError where it cannot, or where the automaton would
+        be too large to build in time (a count past `max_outlines_repeat`, a regex past `max_outlines_regex_chars`:
+        for a client's `regex` and `choice` too, where `.{9000}x` held a build worker for the whole time limit)."""
         if spec.kind == "regex":
-            return without_edge_anchors(portable_pattern(spec.pattern))
-        if spec.kind == "choice":
-            return choice_regex(spec.choices)
+            regex = without_edge_anchors(portable_pattern(spec.pattern))
+        elif spec.kind == "choice":
+            regex = choice_regex(spec.choices)
+        else:
+            regex = self._outlines_schema_regex(spec)
+        big = [int(n) for pair in re.findall(r"(?<!\\)\{(\d+)(?:,(\d*))?\}", regex) for n in pair if n]
+        what = "schema" if spec.schema is not None else spec.kind
+        if big and max(big) > self.max_outlines_repeat:
+            raise ConstraintError(f"a length bound of {max(big)} makes the outlines automaton too large (limit "
+                                  f"{self.max_outlines_repeat}); use the llguidance backend", param=spec.param,
+                                  code="schema_too_large")
+        if core_regex_length(regex) > self.max_outlines_regex_chars:
+            raise ConstraintError(f"{what} expands to a {core_regex_length(regex)}-character regex; the outlines "
+                                  f"limit is {self.max_outlines_regex_chars}", param=spec.param,
+                                  code="schema_too_large")
+        return regex
+
+    def _outlines_schema_regex(self, spec: ConstraintSpec) -> str:
+        param = spec.param
         if spec.kind == "json_object" or spec.schema is None or (spec.kind == "tools" and spec.tool_choice == "auto"):
             raise ConstraintError("outlines cannot enforce an unbounded JSON object or free-text tool output; "
                                   "use the llguidance backend", param=param, code="unsupported_schema")
@@ -671,14 +689,6 @@ class GrammarCompiler:
         except Exception as exc:  # outlines raises ValueError / TypeError / PanicException subclasses
             raise ConstraintError(f"outlines cannot translate this schema: {str(exc)[:300]}", param=param,
                                   code="unsupported_schema") from None
-        big = [int(n) for pair in re.findall(r"(?<!\\)\{(\d+)(?:,(\d*))?\}", regex) for n in pair if n]
-        if big and max(big) > self.max_outlines_repeat:
-            raise ConstraintError(f"a length bound of {max(big)} makes the outlines automaton too large (limit "
-                                  f"{self.max_outlines_repeat}); use the llguidance backend", param=param,
-                                  code="schema_too_large")
-        if core_regex_length(regex) > self.max_outlines_regex_chars:
-            raise ConstraintError(f"schema expands to a {core_regex_length(regex)}-character regex; the outlines "
-                                  f"limit is {self.max_outlines_regex_chars}", param=param, code="schema_too_large")
         return regex
 
     def _outlines(self, spec: ConstraintSpec, wait: bool) -> Grammar | None:
@@ -705,12 +715,20 @@ class GrammarCompiler:
         try:
             # The build kills its worker at compile_timeout_s and resolves the future; the grace covers queueing.
             return fut.result(timeout=self.compile_timeout_s + 1.0)
-        except FutureTimeout:
-            raise self._timeout_error(spec.param) from None
+        except FutureTimeout as exc:
+            queued = exc.args == ("queued",) or not (fut.done() or fut.running())
+            raise self._timeout_error(spec.param, queued) from None
         except ConstraintError as exc:
             raise ConstraintError(exc.message, param=spec.param, pointer=exc.pointer, code=exc.code) from None
 
-    def _timeout_error(self, param: str | None) -> ConstraintError:
+    def _timeout_error(self, param: str | None, queued: bool = False) -> ConstraintError:
+        """`queued`: the build had not begun when its wait ended, every build worker busy with other constraints (a
+        `(yes|no)` was told it "took longer than 60 s" behind four slow builds)."""
+        if queued:
+            return ConstraintError(f"the outlines build of this constraint did not begin within "
+                                   f"{self.compile_timeout_s + 1.0:g} s: every build worker was busy with other "
+                                   f"constraints; send it again later, or use the llguidance backend", param=param,
+                                   code="compile_timeout")
         return ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
                                param=param, code="compile_timeout")
 

@@ -14,7 +14,7 @@ import pytest
 
 from constrain import ConstraintError, GrammarCompiler, spec_from_request
 
-SLOW = r".{0,3000}"  # outlines-core 0.2.14 on GPT-2: tens of seconds and gigabytes
+SLOW = "[^x]" * 2000  # outlines-core 0.2.14 on GPT-2: tens of seconds (`.{0,3000}` is refused at once)
 
 
 def _gone(pid: int) -> bool:
@@ -95,6 +95,47 @@ def test_requests_waiting_on_outlines_builds_hold_no_compile_thread_and_leaving_
             time.sleep(0.1)
         time.sleep(1.0)
         assert c.stats.outlines_builds == 1  # (none of the 39 that had not begun was built after it)
+    finally:
+        c.close()
+
+
+def test_a_build_that_never_began_is_told_so_when_its_wait_ends(tokenizers, vocabs):
+    """Behind slow builds holding every worker, a `(yes|no)` whose build never began was told "compiling this
+    constraint took longer than 60 s" (QA dos F3)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=2)
+
+    async def run():
+        ahead = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
+                 for i in range(3)]
+        await asyncio.sleep(0.2)
+        quick = c.compile_async(spec_from_request(regex="(yes|no)", backend="outlines"))
+        return await asyncio.gather(*ahead, quick, return_exceptions=True)
+
+    try:
+        first, *_, quick = asyncio.run(run())
+        assert isinstance(first, ConstraintError) and "took longer than 2 s" in first.message, first
+        assert isinstance(quick, ConstraintError) and quick.code == "compile_timeout", quick
+        assert "did not begin within 3 s: every build worker was busy" in quick.message, quick.message
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("request_fields, said", [
+    ({"regex": ".{9000}x"}, "a length bound of 9000"),
+    ({"choice": [f"{i:05d}" * 8 for i in range(1_000)]}, "choice expands to a"),
+])
+def test_a_regex_or_choice_too_large_for_outlines_is_refused_before_it_is_built(tokenizers, vocabs,
+                                                                                 request_fields, said):
+    """As a schema's are: `.{9000}x` held a build worker for the whole time limit, then timed out (QA dos F3).
+    auto serves them with llguidance."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConstraintError) as exc:
+            c.compile(spec_from_request(**request_fields, backend="outlines"))
+        assert said in exc.value.message and exc.value.code == "schema_too_large", exc.value.message
+        assert c.stats.outlines_builds == 0 and time.monotonic() - started < 10
+        assert c.compile(spec_from_request(**request_fields)).backend == "llguidance"
     finally:
         c.close()
 
