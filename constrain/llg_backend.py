@@ -964,8 +964,12 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
         keys, formats, other = _warnings(msgs)
         if other or kind == "regex" or not (keys or formats):
             code = "schema_too_large" if "schema too large" in msgs else "invalid_constraint"  # (its whole message)
-            raise _refusal(f"cannot compile constraint: {'; '.join(msgs)[:500]}", msgs, schema, base_pointer,
-                           param, code)
+            said = "; ".join(msgs)[:500]
+            if code == "schema_too_large":  # (llguidance names no limit: which one, in words a client can act on)
+                said += (" (llguidance's limit on the grammar it builds: the schema's subschemas, as `allOf` and "
+                         "the `anyOf`/`oneOf` alternatives it multiplies out, make too many; split the schema or "
+                         "flatten its combinations)")
+            raise _refusal(f"cannot compile constraint: {said}", msgs, schema, base_pointer, param, code)
         text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
         lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
         if not lenient_error:

@@ -105,6 +105,7 @@ def test_a_schema_llguidance_finds_too_large_is_schema_too_large(gpt2_compiler):
         gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
             "name": "h", "schema": schema}}, backend="llguidance"))
     assert exc.value.code == "schema_too_large" and "schema too large" in exc.value.message
+    assert "llguidance's limit on the grammar it builds" in exc.value.message  # (which limit: QA dos F5)
     with pytest.raises(ConstraintError) as exc:  # ("too large" in llguidance's words quoting the schema was taken)
         gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
             "name": "h", "schema": {"$ref": "#/$defs/too large", "$defs": {"too large": {"type": "integer"}}}}},
