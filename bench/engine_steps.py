@@ -49,7 +49,7 @@ def run(engine: Engine, prompt: list[int], n: int, grammar, max_tokens: int) -> 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=BUILTIN_MODEL, help="model directory or hub id (default: the built-in one)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto", help="auto: bfloat16/float16 on a GPU, float32 on a CPU")

@@ -34,6 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's service/ and constrain/
 
+from constrain.cli import at_least, existing_directory  # noqa: E402
 from constrain.walkbench import validator_for  # noqa: E402
 from tests.serverproc import ServerProcess  # noqa: E402
 
@@ -159,14 +160,16 @@ def judge(schema, response: Answer, label: str) -> tuple[str, str | None]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cases_dir", type=Path, help="searched recursively for *.json cases ({\"schema\": ...})")
-    ap.add_argument("--every", type=int, default=11, help="every Nth case, sorted by path")
-    ap.add_argument("--offset", type=int, default=0, help="start at the Kth case (another sample of the same size)")
-    ap.add_argument("--concurrency", type=int, default=1,
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases_dir", type=existing_directory,
+                    help="searched recursively for *.json cases ({\"schema\": ...})")
+    ap.add_argument("--every", type=at_least(1), default=11, help="every Nth case, sorted by path")
+    ap.add_argument("--offset", type=at_least(0), default=0,
+                    help="start at the Kth case (another sample of the same size)")
+    ap.add_argument("--concurrency", type=at_least(1), default=1,
                     help="requests in flight at once: cases then share the running batch, each with its own mask")
     ap.add_argument("--tools", action="store_true", help="send each schema as a function's parameters")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=at_least(1), default=48)
     ap.add_argument("--model", help="model directory (default: the built-in one)")
     ap.add_argument("--stream", action="store_true",
                     help="stream each answer (with usage) and judge the chunks assembled, and the stream's shape")
@@ -184,7 +187,7 @@ def main() -> int:
             return [judge(schema, ask(http, body, args.stream), label) + (label,)
                     for label, body in bodies(schema, args.tools, i, args.max_tokens)]
 
-        with ThreadPoolExecutor(max(1, args.concurrency)) as pool:
+        with ThreadPoolExecutor(args.concurrency) as pool:
             for i, (path, results) in enumerate(zip(cases, pool.map(sweep_case, range(len(cases)), cases))):
                 for outcome, why, label in results:
                     counts["requests"] += 1

@@ -23,6 +23,17 @@ def existing_directory(text: str) -> Path:
     return path
 
 
+def _readable_file(text: str) -> Path:
+    """A file that can be read, as an argparse `type`: `check-schema` said "not supported" (exit status 1, as for a
+    schema it refuses) of a file that does not exist."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} cannot be read")
+    return path
+
+
 def _writable_file(text: str) -> Path:
     """A file that can be written where it is named: `--json` is written at the end of a run (35-85 minutes for the
     whole walkbench), which a wrong folder lost."""
@@ -36,7 +47,7 @@ def _writable_file(text: str) -> Path:
     return path
 
 
-def _count(least: int):
+def at_least(least: int):
     """An argparse `type`: an integer of at least `least` (`--limit 0` ran every case, a negative one silently
     left cases out, `--walks 0` walked nothing)."""
     def parse(text: str) -> int:
@@ -75,7 +86,7 @@ def _tokenizer_dir(text: str) -> Path:
 def add_commands(subparsers) -> None:
     """Add this package's subcommands to the `structgen` parser."""
     p = subparsers.add_parser("check-schema", help="say whether a JSON schema is supported, and by which backend")
-    p.add_argument("file", type=Path, help="a JSON Schema file")
+    p.add_argument("file", type=_readable_file, help="a JSON Schema file")
     p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER,
                    help="tokenizer directory (default: the built-in model's Qwen2 tokenizer)")
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
@@ -90,7 +101,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--timeout", type=_seconds, default=60.0, help=_TIMEOUT_HELP)
     p.add_argument("--json", type=_writable_file, default=None,
                    help="write one JSON object per case (JSON lines) here")
-    p.add_argument("--limit", type=_count(0), default=None, help="only the first N cases (sorted by path)")
+    p.add_argument("--limit", type=at_least(0), default=None, help="only the first N cases (sorted by path)")
     p.set_defaults(func=_maskbench)
 
     p = subparsers.add_parser("walkbench", help="random walks through each compiled case's mask, every finished "
@@ -99,14 +110,14 @@ def add_commands(subparsers) -> None:
     p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=_seconds, default=60.0, help=_TIMEOUT_HELP)
-    p.add_argument("--walks", type=_count(1), default=3, help="walks per case")
-    p.add_argument("--max-tokens", type=_count(1), default=160, help="the budget of each walk")
+    p.add_argument("--walks", type=at_least(1), default=3, help="walks per case")
+    p.add_argument("--max-tokens", type=at_least(1), default=160, help="the budget of each walk")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--not-strict", action="store_true",
                    help="compile as the server compiles a schema sent without `strict` (OpenAI's default)")
     p.add_argument("--json", type=_writable_file, default=None,
                    help="write one JSON object per case (JSON lines) here")
-    p.add_argument("--limit", type=_count(0), default=None, help="only the first N cases (sorted by path)")
+    p.add_argument("--limit", type=at_least(0), default=None, help="only the first N cases (sorted by path)")
     p.set_defaults(func=_walkbench)
 
 

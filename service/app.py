@@ -119,11 +119,14 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
         started = time.monotonic()
         engine.start()
         precompile = getattr(compiler, "precompile_named", None)
+        named = {}
         if precompile is not None:
             result = await asyncio.to_thread(precompile)  # may compile: keep the loop free
             if asyncio.iscoroutine(result):
-                await result
-        log.info("engine started, named schemas precompiled in %.1f s", time.monotonic() - started)
+                result = await result
+            named = result if isinstance(result, dict) else {}
+        log.info("engine started; the compiler's tables built and %d named schemas compiled in %.1f s", len(named),
+                 time.monotonic() - started)
         watcher = asyncio.create_task(_stop_with_the_engine(app, engine))
         try:
             yield

@@ -100,7 +100,7 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--schemas-dir", type=existing_directory, default=_env("schemas_dir"),
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
-                   help="on-disk grammar cache (default: ~/.cache/structgen)")
+                   help="on-disk grammar cache (default: $XDG_CACHE_HOME/structgen, else ~/.cache/structgen)")
     p.add_argument("--cache-max-mb", type=_positive_int, default=_env("cache_max_mb", "4096"),
                    help="the on-disk grammar cache's size bound, in MiB: the automata least recently used go first "
                         "(one takes ~6 MB on a 152k-token vocabulary; default: 4096)")

@@ -18,11 +18,13 @@ CASES = Path(__file__).parent / "maskbench_cases"
 @pytest.mark.parametrize("args", [
     ["maskbench", "/no/such/cases"], ["walkbench", "/no/such/cases"],
     ["maskbench", str(CASES), "--json", "/no/such/dir/out.jsonl"],
-    ["check-schema", str(CASES / "Github_trivial"), "--tokenizer", "/no/such/tokenizer"],
+    ["check-schema", str(CASES / "Github_trivial" / "o10018.json"), "--tokenizer", "/no/such/tokenizer"],
+    ["check-schema", "/no/such/schema.json"],
 ])
 def test_a_path_that_is_not_there_is_a_one_line_error_before_any_work(args, capsys):
     """A wrong cases folder ran over no case (`cases=0`, exit status 0); a wrong `--json` folder failed with a
-    traceback after the whole run; a tokenizer path that is none was read as a hub id, with a traceback."""
+    traceback after the whole run; a tokenizer path that is none was read as a hub id, with a traceback; a schema
+    file that is not there was "not supported" (exit status 1, as a schema refused)."""
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert exc.value.code == 2 and "/no/such/" in capsys.readouterr().err
@@ -33,6 +35,9 @@ def test_a_json_path_that_is_a_directory_is_refused_before_any_work(tmp_path, ca
     with pytest.raises(SystemExit) as exc:
         main(["maskbench", str(CASES), "--json", str(tmp_path)])
     assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["check-schema", str(tmp_path)])
+    assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
 
 
 def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
