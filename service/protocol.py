@@ -36,6 +36,20 @@ _TOKEN_ID = re.compile(r"[0-9]+")  # logit_bias keys: ASCII digits (str.isdigit 
 # the chat template, the first one where both are sent.
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
+MAX_TEMPLATE_KWARGS_NESTING = 64  # (as a schema's: the values a template reads are flags, names, short lists)
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects nest in `value` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 # Variables of the chat template that the server derives from the request (chat_template_kwargs may not set them).
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
                                          "chat_template", "tokenize", "return_dict", "documents"})
@@ -411,6 +425,10 @@ class ChatCompletionRequest(_SamplingFields):
         if reserved:
             raise ParamError("chat_template_kwargs", f"`chat_template_kwargs` may not set {sorted(reserved)}: "
                              "the server sets them from the request's own fields")
+        if _nesting(self.chat_template_kwargs) > MAX_TEMPLATE_KWARGS_NESTING:
+            # (600 levels failed the render with a RecursionError, named as the messages' fault)
+            raise ParamError("chat_template_kwargs", f"`chat_template_kwargs` nests arrays and objects deeper than "
+                             f"{MAX_TEMPLATE_KWARGS_NESTING} levels")
         return self
 
     @property

@@ -187,6 +187,23 @@ def test_continue_final_message_continues_the_assistants_prefill(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
 
 
+def _nested(depth: int):
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_chat_template_kwargs_nested_past_64_levels_is_a_400_naming_them(http):
+    """600 levels failed the render with a RecursionError, and the 400 named `messages`."""
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1}
+    ok = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"x": _nested(63)}})
+    assert ok.status_code == 200, ok.text
+    r = http.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"x": _nested(600)}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    assert "deeper than 64 levels" in r.json()["error"]["message"]
+
+
 def test_a_constraint_applies_to_the_prefill_and_its_continuation_together(http):
     """With `continue_final_message`, the assistant message left open is the beginning of the constrained output:
     prefill + answer is one valid document. A prefill the constraint cannot continue is a 400 naming `messages`."""
