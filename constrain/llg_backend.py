@@ -768,8 +768,44 @@ def llguidance_schema(schema):
             else:
                 spell = str
             node[key] = {_quote_safe(spell(k)): v for k, v in value.items()}
+    _exclusive_ends_as_inclusive(schema, uncompiled)
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
+
+
+_SAFE_DIGITS = decimal.Context(prec=15)  # decimals of at most 15 significant digits are distinct doubles, in order
+_SAFE_END_RANGE = (1e-15, 1e15)  # |end| where its nearest 15-digit neighbour is a bound llguidance builds a range for
+
+
+def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
+    """`exclusiveMaximum: b` (`exclusiveMinimum`) of a number that may have a fraction becomes `maximum` at the
+    largest decimal of 15 significant digits below b (the smallest above), in place. llguidance compares the
+    decimal an answer spells, and parsers read the nearest double: `0.99999999999999999` is below 1, and Python
+    and JavaScript read 1.0, which `exclusiveMaximum: 1` refuses. A decimal up to that neighbour reads as a double
+    up to the neighbour's, which is below b's (15 digits: distinct doubles). What it costs: the numbers of 16 or
+    more digits between the neighbour and b (`0.9999999999999999`, which reads below 1) are not written. Inclusive
+    ends need nothing (reading rounds monotonically, so a decimal within one reads within it), and integers are
+    read exactly. Left alone: an end of 0 (only a number of 300 or more leading zeros reads as 0), and ends too small
+    or too large for llguidance to build the neighbour's range."""
+    for _, key, node in list(walk(schema)):
+        if key not in ("exclusiveMinimum", "exclusiveMaximum") or id(node) in uncompiled:
+            continue
+        types = node.get("type", "number")
+        if "number" not in (types if isinstance(types, list) else [types]):
+            continue
+        inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
+        end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
+        if isinstance(end, bool) or not isinstance(end, (int, float)) \
+                or not _SAFE_END_RANGE[0] <= abs(end) < _SAFE_END_RANGE[1]:
+            continue
+        exact = decimal.Decimal(repr(end)) if isinstance(end, float) else decimal.Decimal(end)
+        neighbour = exact.next_minus(_SAFE_DIGITS) if key == "exclusiveMaximum" else exact.next_plus(_SAFE_DIGITS)
+        bound = float(neighbour)
+        other = node.get(inclusive)
+        if node.get(key) is not True and isinstance(other, (int, float)) and not isinstance(other, bool):
+            bound = min(bound, other) if key == "exclusiveMaximum" else max(bound, other)
+        del node[key]
+        node[inclusive] = bound
 
 
 _HOSTNAME_MOST = 253  # characters of a hostname (RFC 1034)

@@ -662,6 +662,45 @@ def test_numbers_that_begin_a_bounds_digits_are_taken(gpt2_compiler, tokenizers,
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=5, walks=10) >= 5
 
 
+@pytest.mark.parametrize("schema, refused, taken", [
+    ({"type": "number", "exclusiveMaximum": 1}, ["0.99999999999999999", "1"], ["0.999999999999999", "0.5", "0"]),
+    ({"exclusiveMinimum": 2.5, "maximum": 3}, ["2.50000000000000001", "2.5"], ["2.50000000000001", "3"]),
+    ({"type": "number", "not": {"const": 1}}, ["1.0000000000000001", "0.99999999999999999"], ["1.5", "0.9"]),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "maximum": -0.1,
+      "exclusiveMaximum": True}, ["-0.10000000000000000001"], ["-0.100000000000001", "-5"]),
+])
+def test_a_number_that_parsers_read_as_an_exclusive_end_is_not_written(gpt2_compiler, tokenizers, vocabs, schema,
+                                                                       refused, taken):
+    """llguidance compares the decimal an answer spells; parsers read the nearest double, and
+    `0.99999999999999999` (below 1) reads as 1.0, which `exclusiveMaximum: 1` refuses: such answers were valid as
+    written and invalid as read (QA semantics F1). An exclusive end is now held at its nearest 15-digit neighbour."""
+    import json
+
+    import jsonschema
+    import torch
+
+    from tests.constrain.conftest import walk_instance
+
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    if "$schema" in schema:
+        document = {"$schema": schema["$schema"], **document, "properties": {"v": {
+            k: v for k, v in schema.items() if k != "$schema"}}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": document, "strict": True}}, backend="llguidance"))
+    validator = jsonschema.validators.validator_for(document)(document)
+
+    def takes(number: str) -> bool:
+        tokens = tokenizers["gpt2"].encode('{"v": ' + number + "}", add_special_tokens=False)
+        bitmask = torch.zeros((1, vocabs["gpt2"].words), dtype=torch.int32)
+        return walk_instance(grammar, tokens, min(vocabs["gpt2"].eos_token_ids), bitmask, [])
+
+    for number in refused:
+        assert not validator.is_valid(json.loads('{"v": ' + number + "}")), number  # (as parsers read it)
+        assert not takes(number), number
+    for number in taken:
+        assert validator.is_valid(json.loads('{"v": ' + number + "}")) and takes(number), number
+
+
 @pytest.mark.parametrize("schema, pointer", [
     ({"type": "number", "minimum": 1e308}, "/properties/v/minimum"),
     ({"type": "number", "exclusiveMaximum": -1e19}, "/properties/v/exclusiveMaximum"),
