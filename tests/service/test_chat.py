@@ -187,6 +187,16 @@ def test_continue_final_message_continues_the_assistants_prefill(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
 
 
+def test_a_chat_answer_without_max_tokens_may_take_the_contexts_room(http):
+    """As OpenAI's chat does (completions take 16). Read through `min_tokens`, which may not exceed the output's
+    limit and names it: an answer of thousands of tokens takes minutes on a CPU."""
+    body = {"model": MODEL, "messages": HELLO, "min_tokens": 5000}
+    error = http.post("/v1/chat/completions", json=body).json()["error"]
+    prompt = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1}).json()
+    room = 4096 - prompt["usage"]["prompt_tokens"]
+    assert error["param"] == "min_tokens" and f"({room}: the room the context leaves" in error["message"], error
+
+
 def _nested(depth: int):
     value: object = "x"
     for _ in range(depth):
