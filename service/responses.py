@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib.metadata
 import math
+import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,7 +103,8 @@ class TextOffsets:
     past the end of the text); special tokens the text leaves out (`skipped`) add nothing. Offsets count from
     the start of the prompt, echoed or not (OpenAI's definition). Given the echoed prompt's `text`, tokens are
     followed through it: a string prompt's BOS is not in it, nor a SentencePiece piece's leading space at its
-    start."""
+    start, and where the tokenizer normalised it (`_normalized_span`), a token stands for the characters it was
+    normalised from."""
 
     def __init__(self, start: int = 0, skipped: frozenset[int] = frozenset(), text: str | None = None):
         self.offset = start
@@ -129,8 +131,25 @@ class TextOffsets:
         elif text is not None and not text.startswith(chars, at) and chars.startswith(" ") \
                 and text.startswith(chars[1:], at):
             chars = chars[1:]
-        self.offset = at + len(chars) if text is None else min(at + len(chars), len(text))
-        return at + own if text is None else min(at + own, len(text))
+        if text is None:
+            self.offset = at + len(chars)
+            return at + own
+        spelled = _normalized_span(text, at, chars) if chars and not text.startswith(chars, at) else None
+        # (where the tokenizer normalised the text, `e` and U+0301 are one `é`: the characters they stand for)
+        self.offset = min(at + (len(chars) if spelled is None else spelled), len(text))
+        return min(at + own, len(text))
+
+
+def _normalized_span(text: str, at: int, chars: str) -> int | None:
+    """How many characters of `text` from `at` a token's `chars` stand for where the tokenizer normalised them
+    (Qwen2's normalizer is NFC: `cafe\u0301` is tokenised as `café`, and offsets counted in the token's
+    characters fell behind the echoed text by one for each such character); None where no normal form of the
+    text there spells them."""
+    for form in ("NFC", "NFKC"):
+        for length in range(1, min(len(text) - at, 4 * len(chars) + 4) + 1):
+            if unicodedata.normalize(form, text[at:at + length]) == chars:
+                return length
+    return None
 
 
 def legacy_logprobs(lps: list[TokenLogprob | None], offsets: list[int], as_ids: bool = False,

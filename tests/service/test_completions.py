@@ -175,6 +175,28 @@ def _logprobs_whole_and_streamed(http, body: dict) -> tuple[dict, dict, str]:
     return whole["logprobs"], streamed, whole["text"]
 
 
+def test_echoed_offsets_index_a_prompt_the_tokenizer_normalised(http):
+    """Qwen2's tokenizer reads its text in NFC: `cafe\u0301` (decomposed, as macOS writes file names) is tokenised
+    as `café`. The echo is the prompt as sent, and the offsets counted the tokens' characters, so each later
+    offset fell one behind the echoed text (QA prompts 1)."""
+    import unicodedata
+
+    for prompt in ("cafe\u0301 au lait", unicodedata.normalize("NFD", "한국어 텍스트") + " end"):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 0, "temperature": 0}
+        whole, streamed, text = _logprobs_whole_and_streamed(http, body)
+        assert text.startswith(prompt) and whole["text_offset"] == streamed["text_offset"]
+        offsets, tokens = whole["text_offset"], whole["tokens"]
+        spelled = b""
+        for token, at in zip(tokens, offsets):
+            # (the echoed text before each token's offset is, normalised, what the tokens before it spell: their
+            # whole characters; a token named by its bytes is one that splits a character)
+            written = spelled.decode("utf-8", "ignore")
+            assert unicodedata.normalize("NFC", text[:at]) == written, (token, text[:at], written, offsets)
+            spelled += (bytes.fromhex(token[len("bytes:"):].replace("\\x", "")) if token.startswith("bytes:")
+                        else token.encode())
+        assert offsets[-1] == len(prompt)  # (the generated token's, where the prompt ends)
+
+
 def test_offsets_count_characters_where_tokens_split_them_and_such_tokens_are_named_by_bytes(http):
     """Tokens 127 and 102 are the two bytes of "\u00e9" (the built-in model's byte-level vocabulary). Each was
     counted as one character (its U+FFFD), so later offsets went past their tokens and the last past the end of
