@@ -164,6 +164,22 @@ def test_other_servers_constraint_fields_are_refused_when_malformed_or_a_grammar
     assert exc.value.param == param and said in exc.value.message
 
 
+@pytest.mark.parametrize("regex", ["a++a", "a{2}+", "(ab)*+c", "x?+", "(?>ab)c"])
+def test_possessive_quantifiers_and_atomic_groups_are_refused_in_a_regex_and_a_pattern(regex):
+    """Python 3.11 reads `a{2}+` as `aa` held possessively, ECMA-262 as a syntax error, and both backends as a repeat
+    of a repeat: every answer under `a++a` failed the client's pattern (QA regex F1)."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(regex=regex)
+    assert exc.value.param == "regex" and ("possessive" in exc.value.message or "atomic" in exc.value.message)
+    for schema, pointer in (({"type": "object", "properties": {"v": {"type": "string", "pattern": regex}}},
+                             "/properties/v/pattern"), ({"patternProperties": {regex: {}}}, "/patternProperties")):
+        with pytest.raises(ConstraintError) as exc:
+            spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        assert exc.value.pointer == pointer and "ECMA-262" in exc.value.message, exc.value.message
+    assert spec_from_request(regex=regex.replace("+", "", 1).replace("?>", "?:")).kind == "regex"  # (the plain forms)
+    assert spec_from_request(regex="[+]+\\++a{2,3}?").kind == "regex"  # (a class, an escaped `+`, a lazy count)
+
+
 def test_an_other_servers_field_beside_response_format_is_two_constraints():
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(response_format={"type": "json_object"}, other_fields={"guided_regex": "a"})
