@@ -83,6 +83,14 @@ def choice_regex(choices: tuple[str, ...]) -> str:
     return "(" + "|".join(esc(c) for c in choices) + ")"
 
 
+def _entry_beginning_another(choices: tuple[str, ...]) -> tuple[str, str] | None:
+    """Two entries, the first a proper prefix of the second, if any: outlines-core 0.2.14 drops an automaton's
+    transitions out of an accepting state into one that is not (`["a", "a.b"]` could only answer `a`; QA regex F2).
+    (In sorted order an entry that begins another begins the entry right after it.)"""
+    ordered = sorted(choices)
+    return next(((a, b) for a, b in zip(ordered, ordered[1:]) if b.startswith(a) and a != b), None)
+
+
 class _LRU:
     """Grammars by key, evicting least recently used beyond `max_bytes` or `max_entries`. Each grammar reports its
     size (`nbytes`), which may grow while it is cached (an llguidance grammar parses a lane per mask thread as rows
@@ -649,6 +657,12 @@ class GrammarCompiler:
         if spec.kind == "regex":
             regex = without_edge_anchors(portable_pattern(spec.pattern))
         elif spec.kind == "choice":
+            begun = _entry_beginning_another(spec.choices)
+            if begun is not None:
+                raise ConstraintError(f"outlines cannot serve a choice where one entry begins another ({begun[0]!r} "
+                                      f"begins {begun[1]!r}): its automaton goes no further than an entry's end, so "
+                                      f"{begun[1]!r} could never be written; use the llguidance backend",
+                                      param=spec.param, code="unsupported_schema")
             regex = choice_regex(spec.choices)
         else:
             regex = self._outlines_schema_regex(spec)

@@ -9,7 +9,7 @@ import re
 import jsonschema
 import pytest
 
-from constrain import spec_from_request
+from constrain import ConstraintError, spec_from_request
 from tests.constrain.conftest import decode, random_walk, takes_text
 
 PERSON = {"type": "object", "properties": {
@@ -91,10 +91,27 @@ def test_regex_shorthands_mean_what_every_dialect_means(backend, gpt2_compiler, 
 
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
 def test_choice_walks_produce_one_of_the_choices(backend, gpt2_compiler, vocabs):
-    choices = ["yes", "no", "yes, but (maybe) [x]*", "日本"]
+    choices = ["yes", "no", "but (maybe) [x]*", "日本"]
     spec = spec_from_request(choice=choices, backend=backend)
     _, texts = _walks(gpt2_compiler, vocabs["gpt2"], spec, n=10, max_tokens=20)
     assert texts and set(texts) <= set(choices)
+
+
+@pytest.mark.parametrize("choices", [["a", "ab", "abc"], ["yes", "no", "yes please", "nope"], ["1", "12", "1.5"]])
+def test_a_choice_where_an_entry_begins_another_is_served_whole_or_refused_by_outlines(choices, gpt2_compiler,
+                                                                                        tokenizers):
+    """outlines-core drops its automaton's transitions out of an accepting state: under outlines, `["a", "ab",
+    "abc"]` answered `a` 12 times in 12 (QA regex F2). llguidance serves every entry; outlines refuses such a
+    choice, saying which entry begins which."""
+    grammar = gpt2_compiler.compile(spec_from_request(choice=choices, backend="llguidance"))
+    for entry in choices:
+        assert takes_text(grammar, tokenizers["gpt2"], entry, base="gpt2"), entry
+    for other in ("abcd", "ye", "yes pleas", "1.", "125"):
+        assert not takes_text(grammar, tokenizers["gpt2"], other, base="gpt2"), other
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(choice=choices, backend="outlines"))
+    assert exc.value.code == "unsupported_schema" and "begins" in exc.value.message, exc.value.message
+    assert gpt2_compiler.compile(spec_from_request(choice=["yes", "no"], backend="outlines")).backend == "outlines"
 
 
 def test_whitespace_is_bounded_in_json_mode(gpt2_compiler, vocabs, tokenizers):
