@@ -31,7 +31,7 @@ from engine.detokenizer import IncrementalDetokenizer, TokenTexts
 from engine.kv_batch import KVBatch
 from engine.model_loader import LoadedModel
 from engine.model_runner import ModelRunner
-from engine.sampler import SamplingBatch, StepOutput, ban_unless_alone, sample_step, unmask_empty_rows
+from engine.sampler import SamplingBatch, StepOutput, allows_other_than, sample_step, unmask_empty_rows
 from engine.scheduler import Scheduler
 from engine.sequence import RequestState, Sequence
 from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
@@ -303,7 +303,8 @@ class Engine:
         bitmask, empty = self._bitmask(running, new_seqs)
         clock.lap("mask")
         batch = self._sampling_batch()
-        out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator, empty)
+        out = sample_step(logits, batch, bitmask, self.counts, self.prompt_mask, self._shared_generator, empty,
+                          self._ends_banned(bitmask))
         clock.lap("sample")
         self._steps += 1
         self._postprocess(out, batch)
@@ -541,6 +542,20 @@ class Engine:
         empty = unmask_empty_rows(host, self.width)
         return host.to(self.device, non_blocking=True), empty
 
+    def _ends_banned(self, bitmask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows, columns) of the end tokens `min_tokens` bans this step in constrained rows (`_fill_rows` decides
+        which), or None. Banned after the logprobs, as the bias bans them in rows free of a constraint: clearing
+        them in the mask reported a token forced (logprob 0) where the model gave it -1.08."""
+        if bitmask is None:
+            return None
+        pairs = [(row, token) for row, seq in enumerate(self.seqs)
+                 if seq.matcher is not None and seq.ends_banned for token in seq.eos_ids if token < self.width]
+        if not pairs:
+            return None
+        rows, cols = zip(*pairs)
+        return (torch.tensor(rows, dtype=torch.long, device=self.device),
+                torch.tensor(cols, dtype=torch.long, device=self.device))
+
     def _in_mask(self, row: int, token: int) -> bool:
         """Whether this step's mask row `row` (on the host, filled for this step) allows `token`."""
         if not 0 <= token < self.width:
@@ -567,6 +582,7 @@ class Engine:
 
     def _fill_rows(self, bitmask: torch.Tensor, rows: list[tuple[int, Sequence]]) -> None:
         for row, seq in rows:
+            seq.ends_banned = False
             if seq.matcher is None or seq.grammar_error is not None:
                 bitmask[row].fill_(-1)
                 continue
@@ -578,8 +594,9 @@ class Engine:
                 _grammar_failed(seq, exc)
                 bitmask[row].fill_(-1)
                 continue
-            if seq.may_not_end_yet:  # (rows free of a constraint: by the bias, `_build_sampling_batch`)
-                ban_unless_alone(bitmask[row], seq.eos_ids)
+            # (`min_tokens`: the end tokens are banned after the logprobs, `_ends_banned`; in rows free of a
+            # constraint by the bias, `_build_sampling_batch`)
+            seq.ends_banned = seq.may_not_end_yet and allows_other_than(bitmask[row], seq.eos_ids)
 
     def _sampling_batch(self) -> SamplingBatch:
         """Per-row settings as device tensors; rebuilt only when the batch's rows change (mirostat mu: each step)."""

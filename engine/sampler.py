@@ -62,16 +62,14 @@ def unmask_empty_rows(bitmask: torch.Tensor, width: int) -> list[bool]:
     return empty.tolist()
 
 
-def ban_unless_alone(row: torch.Tensor, ids) -> None:
-    """Clears the bits of `ids` in one packed host mask row, in place, unless they are all the row allows: a
-    grammar's row keeps its end tokens where it may only end (`min_tokens` gives way to the document's end)."""
-    words = row.numpy().view("uint32")
-    before = words.copy()
+def allows_other_than(row: torch.Tensor, ids) -> bool:
+    """Whether one packed host mask row allows a token other than `ids` (`min_tokens` under a grammar bans its end
+    tokens only where it does: a document that may only end, ends)."""
+    words = row.numpy().view("uint32").copy()
     for token in ids:
         if token >> 5 < len(words):
             words[token >> 5] &= 0xFFFFFFFF ^ (1 << (token & 31))
-    if not words.any():
-        words[:] = before
+    return bool(words.any())
 
 
 def apply_logit_bias(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
@@ -271,9 +269,12 @@ class StepOutput:
 
 def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None,
                 counts: torch.Tensor, prompt_mask: torch.Tensor, shared: torch.Generator | None,
-                empty: list[bool] | None = None) -> StepOutput:
+                empty: list[bool] | None = None,
+                ends_banned: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepOutput:
     """logits [B, V] (any float dtype) -> one StepOutput, with exactly one device-to-host copy. `bitmask` allows
-    some token in every row (`unmask_empty_rows`); `empty` flags the rows whose own mask allowed none."""
+    some token in every row (`unmask_empty_rows`); `empty` flags the rows whose own mask allowed none;
+    `ends_banned` (rows, columns): end tokens `min_tokens` bans in constrained rows this step, after the logprobs,
+    as the logit bias bans them in the others."""
     logits = logits.float()
     if bitmask is not None:
         apply_bitmask(logits, bitmask)
@@ -281,6 +282,8 @@ def sample_step(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tenso
         logits.index_fill_(1, batch.unsampled, NEG_INF)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.want_logprobs else None
 
+    if ends_banned is not None:
+        logits = logits.index_put(ends_banned, torch.tensor(NEG_INF, device=logits.device))
     logits = apply_logit_bias(logits, batch.bias_rows, batch.bias_cols, batch.bias_values)
     if batch.any_penalty:
         logits = apply_penalties(logits, counts, prompt_mask, batch.repetition, batch.frequency, batch.presence)

@@ -50,6 +50,7 @@ class Sequence:
     error: str | None = None
     error_code: ErrorCode | None = None
     sent_first: bool = False
+    ends_banned: bool = False  # this step's mask row allows other tokens than the end ones, which `min_tokens` bans
     grammar_error: str | None = None  # the matcher raised: this choice ends with an error, the batch goes on
     grammar_error_code: ErrorCode = "internal"  # "constraint_too_complex": the matcher gave up (a work limit)
     # With reasoning tags: "before" (the model may open the block), "inside", "done" (the answer). Without: "done".

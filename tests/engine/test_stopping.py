@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
@@ -118,6 +119,30 @@ def test_min_tokens_bans_the_end_under_a_constraint_that_leaves_other_tokens(eng
                                      logit_bias={eos: 100.0}))
     assert len(out[0].tokens) == 7 and out[0].tokens[-1] in builtin.eos_token_ids
     assert eos not in out[0].tokens[:6] and out[0].last.finish_reason == "stop"
+
+
+def test_min_tokens_under_a_constraint_leaves_the_logprobs_as_the_model_gave_them(engine, builtin):
+    """Logprobs are the distribution after the grammar's mask, before logit bias: under a constraint `min_tokens`
+    cleared the end tokens in the mask, so after `a` of `["a", "ab"]` the `b` was reported forced (logprob 0,
+    listed alone) where the model gave it -1.08 (QA sampling 1). The ban now comes after the logprobs, as a -100
+    bias on the end does."""
+    tok = builtin.tokenizer
+    first, whole = tok.convert_tokens_to_ids("a"), tok.convert_tokens_to_ids("ab")
+    grammar = _grammar(builtin, choice=["a", "ab"])
+    bias = {whole: -100.0}  # (so the answer is `a`, then `b`)
+    ends = {eos: -100.0 for eos in builtin.eos_token_ids}
+    banned, biased = run_all(
+        engine,
+        request("m", PROMPT, grammar=grammar, temperature=0.0, max_tokens=4, min_tokens=2, logit_bias=bias,
+                logprobs=True, top_logprobs=5),
+        request("b", PROMPT, grammar=grammar, temperature=0.0, max_tokens=4, logit_bias={**bias, **ends},
+                logprobs=True, top_logprobs=5))
+    assert banned[0].tokens[:2] == biased[0].tokens[:2] == [first, tok.convert_tokens_to_ids("b")]
+    second = [ev.logprobs for ev in banned[0].events if ev.logprobs][1][0]
+    assert second.logprob < -1e-3 and {t for t, *_ in second.top} & set(builtin.eos_token_ids), second
+    expected = [ev.logprobs for ev in biased[0].events if ev.logprobs][1][0]
+    assert second.logprob == pytest.approx(expected.logprob, abs=1e-5)
+    assert [t for t, *_ in second.top] == [t for t, *_ in expected.top]
 
 
 def test_a_repetition_penalty_float32_rounds_to_zero_never_makes_nan(engine, builtin):
