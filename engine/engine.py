@@ -324,6 +324,8 @@ class Engine:
             try:
                 kv, logits = self.runner.prefill([s.request.prompt_ids for s in whole])
             except BaseException as exc:  # noqa: BLE001 - e.g. the device out of memory: these prompts only
+                if not recoverable(exc):
+                    raise
                 self._prefill_failed(whole, exc)
             else:
                 self._prefill_tokens += kv.rows * kv.length
@@ -332,6 +334,8 @@ class Engine:
             try:
                 done = self._advance_chunked()
             except BaseException as exc:  # noqa: BLE001 - this prompt only
+                if not recoverable(exc):
+                    raise  # (`_end_all` ends it, still the prompt in progress)
                 state, self._chunked = self._chunked.state, None
                 self._prefill_failed([state], exc)
                 done = None
@@ -373,8 +377,6 @@ class Engine:
         """A prefill forward failed (a long prompt that runs the device out of memory, say): its prompts end with
         an error, and the running rows, whose cache it never touched, go on. (A failed decode forward, or one
         while rows join, still fails the whole batch: `_loop`.)"""
-        if not recoverable(exc):
-            raise exc
         log.error("prefill failed for %s", ", ".join(s.request.request_id for s in states), exc_info=exc)
         for state in states:
             if state.open_choices > 0:

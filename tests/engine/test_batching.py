@@ -351,6 +351,30 @@ def test_a_prefill_that_fails_ends_only_its_prompts_and_the_running_rows_go_on(b
     assert after[0].last.finish_reason == "length" and eng.stats()["batch_size"] == 0
 
 
+@pytest.mark.timeout(120)
+def test_a_failure_that_stops_the_engine_in_a_later_chunk_still_ends_that_prompt(builtin):
+    """A failure the engine cannot go on from (here a KeyboardInterrupt) in a prompt's second chunk: the prompt was
+    let go as failed before the failure was raised on, so `_end_all` no longer found it, and it was never answered
+    (review of 67bd059)."""
+    from engine import Engine
+
+    eng = Engine(builtin, max_batch_size=4, max_prefill_tokens=16)
+    prefill_chunk = eng.runner.prefill_chunk
+
+    def failing_chunk(cache, prompt, start, end, all_logits):
+        if start > 0:
+            raise KeyboardInterrupt("stop here")
+        return prefill_chunk(cache, prompt, start, end, all_logits)
+
+    eng.runner.prefill_chunk = failing_chunk
+    eng.start()
+    try:
+        (out,) = run_all(eng, request("long", LONG_PROMPT, max_tokens=4))
+    finally:
+        eng.shutdown()
+    assert out[0].last.finish_reason == "error" and out[0].last.error_code == "engine_failed"
+
+
 @pytest.mark.timeout(120)  # (without the fix the requests wait forever)
 def test_an_engine_thread_stopped_by_a_failure_ends_every_request_and_refuses_new_ones(builtin):
     """A failure the engine cannot go on from (`recoverable` is False: here a KeyboardInterrupt out of a step) ends
