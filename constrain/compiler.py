@@ -48,8 +48,9 @@ from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
-from constrain.pattern_dialects import portable_pattern, without_edge_anchors
+from constrain.pattern_dialects import portable_pattern, python_pattern, schema_patterns, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
+from constrain.regex_sets import repeat_product
 from constrain.support import client_pointer, outlines_unsupported, pointer_child, resolve_ref
 from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
                              MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
@@ -656,6 +657,7 @@ class GrammarCompiler:
         for a client's `regex` and `choice` too, where `.{9000}x` held a build worker for the whole time limit)."""
         if spec.kind == "regex":
             regex = without_edge_anchors(portable_pattern(spec.pattern))
+            copies = repeat_product(spec.pattern)
         elif spec.kind == "choice":
             begun = _entry_beginning_another(spec.choices)
             if begun is not None:
@@ -663,15 +665,19 @@ class GrammarCompiler:
                                       f"begins {begun[1]!r}): its automaton goes no further than an entry's end, so "
                                       f"{begun[1]!r} could never be written; use the llguidance backend",
                                       param=spec.param, code="unsupported_schema")
-            regex = choice_regex(spec.choices)
+            regex, copies = choice_regex(spec.choices), 1
         else:
             regex = self._outlines_schema_regex(spec)
-        big = [int(n) for pair in re.findall(r"(?<!\\)\{(\d+)(?:,(\d*))?\}", regex) for n in pair if n]
+            copies = max((repeat_product(python_pattern(p)) for _, p in schema_patterns(spec.schema)), default=1)
+        # (a count in the regex outlines-core wrote, after an even run of backslashes: `\\{5}` counts, `\{5}` not)
+        counts = [int(n) for *_, low, high in re.findall(r"(?<!\\)(\\\\)*\{(\d+)(?:,(\d*))?\}", regex)
+                  for n in (low, high) if n]
+        copies = max([copies, *counts])
         what = "schema" if spec.schema is not None else spec.kind
-        if big and max(big) > self.max_outlines_repeat:
-            raise ConstraintError(f"a length bound of {max(big)} makes the outlines automaton too large (limit "
-                                  f"{self.max_outlines_repeat}); use the llguidance backend", param=spec.param,
-                                  code="schema_too_large")
+        if copies > self.max_outlines_repeat:
+            raise ConstraintError(f"a length bound of {copies} makes the outlines automaton too large (limit "
+                                  f"{self.max_outlines_repeat}, nested counts multiplied); use the llguidance "
+                                  f"backend", param=spec.param, code="schema_too_large")
         if core_regex_length(regex) > self.max_outlines_regex_chars:
             raise ConstraintError(f"{what} expands to a {core_regex_length(regex)}-character regex; the outlines "
                                   f"limit is {self.max_outlines_regex_chars}", param=spec.param,

@@ -135,6 +135,36 @@ def pattern_search(pattern: str, work: Work | None = None):
     return search
 
 
+def repeat_product(pattern: str) -> int:
+    """The most copies of one piece of `pattern` (Python's syntax) its nested bounded counts write out: 13,824 for
+    `((.{24}){24}){24}`, 30 for `(\\d{1,3}\\.){10}`, 1 without counts (an open count `{5,}` counts its least).
+    An automaton grows with it; 0 where Python cannot read the pattern."""
+    try:
+        tree = sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return 0
+    repeats = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
+    best = 1
+    stack: list[tuple[object, int]] = [(tree, 1)]
+    while stack:
+        items, factor = stack.pop()
+        for op, av in items:
+            if op in repeats:
+                low, high, sub = av
+                copies = factor * max(1, low if high == sre.MAXREPEAT else high)
+                best = max(best, copies)
+                stack.append((sub, copies))
+            elif op == sre.SUBPATTERN:
+                stack.append((av[-1], factor))
+            elif op == sre.ATOMIC_GROUP:
+                stack.append((av, factor))
+            elif op == sre.BRANCH:
+                stack.extend((branch, factor) for branch in av[1])
+            elif op in (sre.ASSERT, sre.ASSERT_NOT):
+                stack.append((av[1], factor))
+    return best
+
+
 def finite_language(pattern: str, limit: int, work: Work | None = None) -> list[str] | None:
     """Every string in which `pattern` finds a match, when they are at most `limit` (`^(math|art)$`, `^[a-e]$`);
     None when they are more, unbounded (a pattern not anchored at both ends finds matches in endlessly many), or

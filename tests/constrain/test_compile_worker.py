@@ -122,6 +122,11 @@ def test_a_build_that_never_began_is_told_so_when_its_wait_ends(tokenizers, voca
 
 @pytest.mark.parametrize("request_fields, said", [
     ({"regex": ".{9000}x"}, "a length bound of 9000"),
+    ({"regex": "\\\\{200000}x"}, "a length bound of 200000"),  # (a backslash, then a count: review R1)
+    ({"regex": "((.{24}){24}){24}x"}, "a length bound of 13824"),  # (nested counts multiply)
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"p": {"type": "string", "pattern": "^((a{20}){20})$"}}, "required": ["p"],
+        "additionalProperties": False}}}}, "a length bound of 400"),
     ({"choice": [f"{i:05d}" * 8 for i in range(1_000)]}, "choice expands to a"),
 ])
 def test_a_regex_or_choice_too_large_for_outlines_is_refused_before_it_is_built(tokenizers, vocabs,
