@@ -787,7 +787,7 @@ def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
     ends need nothing (reading rounds monotonically, so a decimal within one reads within it), and integers are
     read exactly. Left alone: an end of 0 (only a number of 300 or more leading zeros reads as 0), and ends too small
     or too large for llguidance to build the neighbour's range."""
-    for _, key, node in list(walk(schema)):
+    for _, key, node in list(walk_with_refs(schema)):  # (a `$ref` may name a subschema no keyword holds: `#/x/y`)
         if key not in ("exclusiveMinimum", "exclusiveMaximum") or id(node) in uncompiled:
             continue
         types = node.get("type", "number")

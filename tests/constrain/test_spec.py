@@ -684,6 +684,7 @@ def test_numbers_that_begin_a_bounds_digits_are_taken(gpt2_compiler, tokenizers,
     ({"type": "number", "not": {"const": 1}}, ["1.0000000000000001", "0.99999999999999999"], ["1.5", "0.9"]),
     ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "maximum": -0.1,
       "exclusiveMaximum": True}, ["-0.10000000000000000001"], ["-0.100000000000001", "-5"]),
+    ({"$ref": "#/x/y"}, ["0.99999999999999999"], ["0.5"]),  # (`x` below: a place no keyword names; review R2)
 ])
 def test_a_number_that_parsers_read_as_an_exclusive_end_is_not_written(gpt2_compiler, tokenizers, vocabs, schema,
                                                                        refused, taken):
@@ -701,6 +702,8 @@ def test_a_number_that_parsers_read_as_an_exclusive_end_is_not_written(gpt2_comp
     if "$schema" in schema:
         document = {"$schema": schema["$schema"], **document, "properties": {"v": {
             k: v for k, v in schema.items() if k != "$schema"}}}
+    if "$ref" in schema:
+        document["x"] = {"y": {"type": "number", "exclusiveMaximum": 1}}
     grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": document, "strict": True}}, backend="llguidance"))
     validator = jsonschema.validators.validator_for(document)(document)
