@@ -27,7 +27,7 @@ def _readable_file(text: str) -> Path:
     """A file that can be read, as an argparse `type`: `check-schema` said "not supported" (exit status 1, as for a
     schema it refuses) of a file that does not exist."""
     path = Path(text)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # (a pipe is taken: `check-schema /dev/stdin`, `<(...)`)
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"{text} cannot be read")

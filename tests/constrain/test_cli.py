@@ -126,6 +126,21 @@ def test_walkbench_prints_invalid_documents_and_a_summary_line(tmp_path, capsys)
                                                "escaped_keys", "named"}
 
 
+def test_check_schema_reads_a_schema_from_a_pipe(capsys):
+    """`... | structgen check-schema /dev/stdin` (or `<(...)`): a pipe is no regular file, and it was refused as "no
+    such file" once the path was checked (review of f5bce64, R8)."""
+    import os
+
+    read, write = os.pipe()
+    os.write(write, json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}).encode())
+    os.close(write)
+    try:
+        code = main(["check-schema", f"/proc/self/fd/{read}"])
+    finally:
+        os.close(read)
+    assert code == 0 and "supported" in capsys.readouterr().out
+
+
 def test_check_schema_reports_backend_and_unsupported_pointers(tmp_path, capsys):
     f = tmp_path / "s.json"
     f.write_text(json.dumps({"type": "string", "not": {"pattern": "(a)\\1"}}))
