@@ -144,10 +144,22 @@ def _normalized_span(text: str, at: int, chars: str) -> int | None:
     """How many characters of `text` from `at` a token's `chars` stand for where the tokenizer normalised them
     (Qwen2's normalizer is NFC: `cafe\u0301` is tokenised as `café`, and offsets counted in the token's
     characters fell behind the echoed text by one for each such character); None where no normal form of the
-    text there spells them."""
+    text there spells them (also where the text there is in both normal forms already: nothing to search)."""
+    window = text[at:at + 3 * len(chars) + 3]  # (decomposed Hangul: three characters for each syllable)
+    if unicodedata.is_normalized("NFC", window) and unicodedata.is_normalized("NFKC", window):
+        return None
     for form in ("NFC", "NFKC"):
-        for length in range(1, min(len(text) - at, 4 * len(chars) + 4) + 1):
-            if unicodedata.normalize(form, text[at:at + length]) == chars:
+        # (a normal form never gets shorter as characters are added: the shortest span whose form is as long as
+        # the token's characters, found by bisection, then the marks that may still compose into its last one)
+        low, high = 1, len(window)
+        while low < high:
+            mid = (low + high) // 2
+            if len(unicodedata.normalize(form, window[:mid])) >= len(chars):
+                high = mid
+            else:
+                low = mid + 1
+        for length in range(low, min(low + 4, len(window)) + 1):
+            if unicodedata.normalize(form, window[:length]) == chars:
                 return length
     return None
 
