@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import re._constants as sre
+import re._parser as sre_parse
 import unicodedata
 
 from constrain.regex_sets import Ranges, negate_ranges, python_class, ranges_of, regex_char, union_ranges
@@ -363,11 +365,8 @@ def python_only_syntax(pattern: str) -> str | None:
     `a{2}+`) or an atomic group (`(?>...)`), as Python 3.11 reads them. ECMA-262 has neither (`a++` is a syntax
     error there), and Rust's `regex` reads `a++` as a repeat of a repeat: both backends wrote `aaaa` under
     `^a{2}+$`, which means `aa` to Python. None where there is none, or where Python cannot read the pattern."""
-    import re._constants as sre
-    import re._parser as parser
-
     try:
-        stack = [parser.parse(python_pattern(pattern))]
+        stack = [sre_parse.parse(python_pattern(pattern))]
     except (re.error, RecursionError, OverflowError):
         return None
     while stack:
@@ -376,7 +375,7 @@ def python_only_syntax(pattern: str) -> str | None:
             return "a possessive quantifier (`*+`, `++`, `?+`, `{m,n}+`)"
         if isinstance(item, tuple) and item and item[0] is sre.ATOMIC_GROUP:
             return "an atomic group (`(?>...)`)"
-        if isinstance(item, (list, tuple, parser.SubPattern)):
+        if isinstance(item, (list, tuple, sre_parse.SubPattern)):
             stack.extend(item)
     return None
 

@@ -165,6 +165,31 @@ def repeat_product(pattern: str) -> int:
     return best
 
 
+def longest_literal(pattern: str) -> int:
+    """The most characters `pattern` (Python's syntax) spells in a row as plain literals: the answer must write
+    them whole, as a `const` string (constrain/limits.py `max_literal_chars`); 0 where Python cannot read it."""
+    try:
+        tree = sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return 0
+    best = 0
+    stack: list[object] = [tree]
+    while stack:
+        run = 0
+        for op, av in stack.pop():
+            run = run + 1 if op == sre.LITERAL else 0
+            best = max(best, run)
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+                stack.append(av[2])
+            elif op == sre.SUBPATTERN:
+                stack.append(av[-1])
+            elif op == sre.BRANCH:
+                stack.extend(av[1])
+            elif op == sre.ATOMIC_GROUP:
+                stack.append(av)
+    return best
+
+
 def finite_language(pattern: str, limit: int, work: Work | None = None) -> list[str] | None:
     """Every string in which `pattern` finds a match, when they are at most `limit` (`^(math|art)$`, `^[a-e]$`);
     None when they are more, unbounded (a pattern not anchored at both ends finds matches in endlessly many), or

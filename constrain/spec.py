@@ -22,6 +22,7 @@ from constrain.limits import DEFAULT_LIMITS, check_schema_limits
 from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_only_syntax, python_pattern,
                                         schema_patterns, with_python_patterns)
+from constrain.regex_sets import longest_literal
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
 from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, gives_another_base, map_subschemas, pointer_child,
                                references_followable, resolve_ref, walk)
@@ -652,6 +653,10 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
         re.compile(pattern)
     except re.error as exc:
         raise ConstraintError(f"invalid regex in {param}: {exc}", param=param) from None
+    literal = longest_literal(pattern)
+    if literal > DEFAULT_LIMITS.max_literal_chars:  # (as a `const` string: see Limits)
+        raise ConstraintError(f"{param} spells {literal} characters in a row; the limit is "
+                              f"{DEFAULT_LIMITS.max_literal_chars}", param=param)
     return ConstraintSpec(kind="regex", pattern=pattern, extra=_from_field(param, "regex"))
 
 
