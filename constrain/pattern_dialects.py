@@ -21,8 +21,6 @@ from __future__ import annotations
 import copy
 import functools
 import re
-import re._constants as sre
-import re._parser as sre_parse
 import unicodedata
 
 from constrain.regex_sets import Ranges, negate_ranges, python_class, ranges_of, regex_char, union_ranges
@@ -360,26 +358,6 @@ def with_python_patterns(schema):
 
 
 @functools.lru_cache(maxsize=4096)
-def python_only_syntax(pattern: str) -> str | None:
-    """What in `pattern` (as `python_pattern` writes it) only Python's `re` reads: a possessive quantifier (`a++`,
-    `a{2}+`) or an atomic group (`(?>...)`), as Python 3.11 reads them. ECMA-262 has neither (`a++` is a syntax
-    error there), and Rust's `regex` reads `a++` as a repeat of a repeat: both backends wrote `aaaa` under
-    `^a{2}+$`, which means `aa` to Python. None where there is none, or where Python cannot read the pattern."""
-    try:
-        stack = [sre_parse.parse(python_pattern(pattern))]
-    except (re.error, RecursionError, OverflowError):
-        return None
-    while stack:
-        item = stack.pop()
-        if isinstance(item, tuple) and item and item[0] is sre.POSSESSIVE_REPEAT:
-            return "a possessive quantifier (`*+`, `++`, `?+`, `{m,n}+`)"
-        if isinstance(item, tuple) and item and item[0] is sre.ATOMIC_GROUP:
-            return "an atomic group (`(?>...)`)"
-        if isinstance(item, (list, tuple, sre_parse.SubPattern)):
-            stack.extend(item)
-    return None
-
-
 def python_pattern(pattern: str) -> str:
     """An ECMA-262 `pattern` as Python's `re` (so jsonschema) and Rust's `regex` (the backends) read it alike:
     `ecma_escapes`, then `unicode_properties`."""

@@ -135,59 +135,86 @@ def pattern_search(pattern: str, work: Work | None = None):
     return search
 
 
+def _below(op, av) -> list:
+    """The item lists one item of a parsed pattern (`sre_parse.parse`) holds: a repeat's, a group's, a branch's."""
+    if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+        return [av[2]]
+    if op == sre.SUBPATTERN:
+        return [av[-1]]
+    if op == sre.BRANCH:
+        return list(av[1])
+    if op == sre.ATOMIC_GROUP:
+        return [av]
+    if op in (sre.ASSERT, sre.ASSERT_NOT):
+        return [av[1]]
+    return []
+
+
+def item_lists(tree) -> Iterable:
+    """Every item list of a parsed pattern, the whole first: what a check of sequences reads."""
+    stack = [tree]
+    while stack:
+        items = stack.pop()
+        yield items
+        for op, av in items:
+            stack.extend(_below(op, av))
+
+
+def _parsed(pattern: str):
+    try:
+        return sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None
+
+
 def repeat_product(pattern: str) -> int:
     """The most copies of one piece of `pattern` (Python's syntax) its nested bounded counts write out: 13,824 for
     `((.{24}){24}){24}`, 30 for `(\\d{1,3}\\.){10}`, 1 without counts (an open count `{5,}` counts its least).
     An automaton grows with it; 0 where Python cannot read the pattern."""
-    try:
-        tree = sre_parse.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
+    tree = _parsed(pattern)
+    if tree is None:
         return 0
-    repeats = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
     best = 1
     stack: list[tuple[object, int]] = [(tree, 1)]
     while stack:
         items, factor = stack.pop()
         for op, av in items:
-            if op in repeats:
-                low, high, sub = av
-                copies = factor * max(1, low if high == sre.MAXREPEAT else high)
-                best = max(best, copies)
-                stack.append((sub, copies))
-            elif op == sre.SUBPATTERN:
-                stack.append((av[-1], factor))
-            elif op == sre.ATOMIC_GROUP:
-                stack.append((av, factor))
-            elif op == sre.BRANCH:
-                stack.extend((branch, factor) for branch in av[1])
-            elif op in (sre.ASSERT, sre.ASSERT_NOT):
-                stack.append((av[1], factor))
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+                low, high, _ = av
+                factor_below = factor * max(1, low if high == sre.MAXREPEAT else high)
+                best = max(best, factor_below)
+            else:
+                factor_below = factor
+            stack.extend((below, factor_below) for below in _below(op, av))
     return best
 
 
 def longest_literal(pattern: str) -> int:
     """The most characters `pattern` (Python's syntax) spells in a row as plain literals: the answer must write
     them whole, as a `const` string (constrain/limits.py `max_literal_chars`); 0 where Python cannot read it."""
-    try:
-        tree = sre_parse.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return 0
+    tree = _parsed(pattern)
     best = 0
-    stack: list[object] = [tree]
-    while stack:
+    for items in item_lists(tree) if tree is not None else ():
         run = 0
-        for op, av in stack.pop():
+        for op, _ in items:
             run = run + 1 if op == sre.LITERAL else 0
             best = max(best, run)
-            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
-                stack.append(av[2])
-            elif op == sre.SUBPATTERN:
-                stack.append(av[-1])
-            elif op == sre.BRANCH:
-                stack.extend(av[1])
-            elif op == sre.ATOMIC_GROUP:
-                stack.append(av)
     return best
+
+
+def python_only_syntax(pattern: str) -> str | None:
+    """What in `pattern` (Python's syntax) only Python's `re` reads: a possessive quantifier (`a++`, `a{2}+`) or an
+    atomic group (`(?>...)`), as Python 3.11 reads them. ECMA-262 has neither (`a++` is a syntax error there), and
+    Rust's `regex` reads `a++` as a repeat of a repeat: both backends wrote `aaaa` under `^a{2}+$`, which means
+    `aa` to Python. None where there is none, or where Python cannot read the pattern."""
+    tree = _parsed(pattern)
+    for items in item_lists(tree) if tree is not None else ():
+        for op, _ in items:
+            if op == sre.POSSESSIVE_REPEAT:
+                return "a possessive quantifier (`*+`, `++`, `?+`, `{m,n}+`)"
+            if op == sre.ATOMIC_GROUP:
+                return "an atomic group (`(?>...)`)"
+    return None
 
 
 def finite_language(pattern: str, limit: int, work: Work | None = None) -> list[str] | None:

@@ -20,9 +20,9 @@ import jsonschema
 from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
 from constrain.limits import DEFAULT_LIMITS, check_schema_limits
 from constrain.llg_backend import unreadable_pattern
-from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_only_syntax, python_pattern,
-                                        schema_patterns, with_python_patterns)
-from constrain.regex_sets import longest_literal
+from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
+                                        with_python_patterns)
+from constrain.regex_sets import longest_literal, python_only_syntax
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
 from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, gives_another_base, map_subschemas, pointer_child,
                                references_followable, resolve_ref, walk)
@@ -323,7 +323,7 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         raise ConstraintError(f"the schema's patterns name more than {MAX_PROPERTY_ESCAPES} Unicode properties "
                               f"(\\p{{..}}, the first at {ptr})", param=param, pointer=ptr)
     for ptr, regex in schema_patterns(schema):
-        only_python = python_only_syntax(regex)
+        only_python = python_only_syntax(python_pattern(regex))
         if only_python is not None:
             raise ConstraintError(f"invalid JSON Schema at {base + ptr}: the regex {regex[:100]!r} uses "
                                   f"{only_python}, which ECMA-262 regexes (JSON Schema's) do not have", param=param,
@@ -644,15 +644,15 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     if property_escapes(pattern) > MAX_PROPERTY_ESCAPES:
         raise ConstraintError(f"{param} names more than {MAX_PROPERTY_ESCAPES} Unicode properties (\\p{{..}})",
                               param=param)
-    only_python = python_only_syntax(pattern)
-    if only_python is not None:
-        raise ConstraintError(f"invalid regex in {param}: it uses {only_python}, which only Python reads so; "
-                              f"the backends read another language", param=param)
     pattern = python_pattern(pattern)
     try:
         re.compile(pattern)
     except re.error as exc:
         raise ConstraintError(f"invalid regex in {param}: {exc}", param=param) from None
+    only_python = python_only_syntax(pattern)
+    if only_python is not None:
+        raise ConstraintError(f"invalid regex in {param}: it uses {only_python}, which only Python reads so; "
+                              f"the backends read another language", param=param)
     literal = longest_literal(pattern)
     if literal > DEFAULT_LIMITS.max_literal_chars:  # (as a `const` string: see Limits)
         raise ConstraintError(f"{param} spells {literal} characters in a row; the limit is "
