@@ -85,8 +85,9 @@ def choice_regex(choices: tuple[str, ...]) -> str:
 
 
 def _entry_beginning_another(choices: tuple[str, ...]) -> tuple[str, str] | None:
-    """Two entries, the first a proper prefix of the second, if any: outlines-core 0.2.14 drops an automaton's
-    transitions out of an accepting state into one that is not (`["a", "a.b"]` could only answer `a`; QA regex F2).
+    """Two entries, the first a proper prefix of the second, if any: outlines-core 0.2.14 drops some of its
+    automaton's transitions out of an accepting state (`["a", "ab"]` and `["a", "a.b"]` could only answer `a`; QA
+    regex F2).
     (In sorted order an entry that begins another begins the entry right after it.)"""
     ordered = sorted(choices)
     return next(((a, b) for a, b in zip(ordered, ordered[1:]) if b.startswith(a) and a != b), None)
