@@ -245,6 +245,12 @@ class ChatTemplate:
         # turns rather than lose the system prompt, the tools description or a tool's result.
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},
                                              {"role": "user", "content": "hi"}])
+        # Others render only the first message as the system prompt (gpt-oss's, Magistral's): a later system or
+        # developer message would be lost, where OpenAI applies each one where it stands.
+        self.renders_later_system = self.renders_system and self._renders(
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "ok"}, {"role": "system", "content": _PROBE},
+             {"role": "user", "content": "hi"}])
         self.renders_tool = self._renders([{"role": "user", "content": "hi"},
                                            {"role": "assistant", "content": "ok"},
                                            {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}])
@@ -353,12 +359,21 @@ class ChatTemplate:
         return _PROBE in text
 
     def _fold_roles(self, dicts: list[dict]) -> list[dict]:
+        """The messages with the roles the template would drop folded into ones it renders: a tool result into a
+        user turn; a system message into the next user turn, or, where the template renders only a first system
+        message, a system message right after it into that one."""
         out: list[dict] = []
         system: list[str] = []
         for d in dicts:
             if d["role"] == "tool" and not self.renders_tool:
                 label = d.get("name") or d.get("tool_call_id") or "tool"
                 d = {"role": "user", "content": f"Tool result ({label}): {d['content']}"}
+            if d["role"] == "system" and self.renders_system and not self.renders_later_system and out:
+                if len(out) == 1 and out[0]["role"] == "system":
+                    out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + d["content"]}
+                else:
+                    system.append(d["content"])
+                continue
             if d["role"] == "system" and not self.renders_system:
                 system.append(d["content"])
                 continue

@@ -405,3 +405,24 @@ def test_a_template_jinja_cannot_read_is_a_start_up_error():
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }{% endfor %}"
     with pytest.raises(ModelLoadError, match="chat template cannot be read: TemplateSyntaxError"):
         ChatTemplate(tokenizer)
+
+
+@pytest.mark.parametrize("shape", ["harmony", "magistral", "qwen2", "phi3"])
+def test_every_system_and_developer_message_reaches_the_prompt_where_it_stands(shape, tmp_path):
+    """OpenAI applies each system and developer message where it stands. gpt-oss's template (and Magistral's)
+    renders only the first message as the system prompt, and a later one was dropped without a word: one right
+    after the first joins it, one later on joins the next user turn (as on templates with no system role)."""
+    from tests.conftest import (HARMONY_TAGS, HARMONY_TEMPLATE, _build_tagged_tokenizer,
+                                build_magistral_tokenizer)
+
+    directory = {"harmony": lambda: _build_tagged_tokenizer(tmp_path, "qwen2", HARMONY_TAGS, HARMONY_TEMPLATE,
+                                                            special=True),
+                 "magistral": lambda: build_magistral_tokenizer(tmp_path)}.get(shape, lambda: TOKENIZERS[shape])()
+    template = ChatTemplate(AutoTokenizer.from_pretrained(str(directory)))
+    conversation = [ChatMessage(role="system", content="RULE_A"), ChatMessage(role="developer", content="RULE_B"),
+                    ChatMessage(role="user", content="QUESTION_1"), ChatMessage(role="assistant", content="ANSWER_1"),
+                    ChatMessage(role="system", content="RULE_C"), ChatMessage(role="user", content="QUESTION_2")]
+    text = template.render(conversation)
+    order = ["RULE_A", "RULE_B", "QUESTION_1", "ANSWER_1", "RULE_C", "QUESTION_2"]
+    assert all(word in text for word in order), text
+    assert sorted(order, key=text.index) == order, text
