@@ -1,4 +1,5 @@
-"""The `structgen` command: `serve`, plus the constraint tools that constrain/ registers (check-schema, maskbench).
+"""The `structgen` command: `serve`, plus the constraint tools that constrain/ registers (check-schema, maskbench,
+walkbench).
 
 Every `serve` option also reads STRUCTGEN_<OPTION> from the environment (e.g. STRUCTGEN_MODEL); the command
 line wins over the environment.
@@ -16,6 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
+from dataclasses import fields  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from constrain.cli import existing_directory  # noqa: E402
@@ -30,6 +32,13 @@ def _env(name: str, default=None, empty_is_a_value: bool = False):
     means something (`--json-whitespace ''`: compact JSON)."""
     value = os.environ.get("STRUCTGEN_" + name.upper().replace("-", "_"))
     return value if value or (empty_is_a_value and value is not None) else default
+
+
+def _default(name: str, empty_is_a_value: bool = False):
+    """A `serve` option's default: STRUCTGEN_<NAME>, else ServerConfig's (as text, which argparse's `type` reads
+    as it reads the command line's), so the defaults are written once."""
+    value = getattr(ServerConfig, name)
+    return _env(name, None if value is None else str(value), empty_is_a_value)
 
 
 def _positive_int(text: str) -> int:
@@ -73,45 +82,47 @@ def _add_serve(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve the OpenAI-compatible API",
                               description="Serve the OpenAI-compatible API. Each option can also be set with "
                                           "the environment variable STRUCTGEN_<OPTION>.")
-    p.add_argument("--model", default=_env("model", BUILTIN_MODEL),
+    p.add_argument("--model", default=_default("model"),
                    help=f"local model directory or hub id (default: the offline {BUILTIN_MODEL})")
-    p.add_argument("--host", default=_env("host", "127.0.0.1"))
-    p.add_argument("--port", type=_port, default=_env("port", "8000"))
-    p.add_argument("--api-key", default=_env("api_key"), help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--device", default=_env("device", "auto"), help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--host", default=_default("host"))
+    p.add_argument("--port", type=_port, default=_default("port"))
+    p.add_argument("--api-key", default=_default("api_key"), help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--device", default=_default("device"), help="auto, cpu, cuda, cuda:N")
     dtypes = ["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"]
-    p.add_argument("--dtype", default=_env("dtype", "auto"), type=_one_of(*dtypes), choices=dtypes)
-    p.add_argument("--max-batch-size", type=_positive_int, default=_env("max_batch_size", "16"))
-    p.add_argument("--max-prefill-tokens", type=_positive_int, default=_env("max_prefill_tokens", "4096"),
+    p.add_argument("--dtype", default=_default("dtype"), type=_one_of(*dtypes), choices=dtypes)
+    p.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"))
+    p.add_argument("--max-prefill-tokens", type=_positive_int, default=_default("max_prefill_tokens"),
                    help="prompt positions prefilled in one engine step for the waiting prompts that join together "
                         "(padded), and the chunk size of a longer prompt, which joins after several steps while the "
                         "running requests go on (a step may do both: up to twice this); lower it on a CPU so a long "
-                        "prompt holds the streams up for less (default: 4096)")
-    p.add_argument("--mask-threads", type=_positive_int, default=_env("mask_threads"),
+                        f"prompt holds the streams up for less (default: {ServerConfig.max_prefill_tokens})")
+    p.add_argument("--mask-threads", type=_positive_int, default=_default("mask_threads"),
                    help="threads that fill the output constraints' token masks, each step (default: 1 on a CPU; on "
                         "a GPU one per two cores, at most 8)")
-    p.add_argument("--max-model-len", type=_positive_int, default=_env("max_model_len"),
+    p.add_argument("--max-model-len", type=_positive_int, default=_default("max_model_len"),
                    help="context length (default: the model's)")
-    p.add_argument("--served-model-name", default=_env("served_model_name"),
+    p.add_argument("--served-model-name", default=_default("served_model_name"),
                    help="the name clients send as `model` (default: --model)")
     backends = ["auto", "outlines", "llguidance"]
-    p.add_argument("--constraint-backend", default=_env("constraint_backend", "auto"), type=_one_of(*backends),
+    p.add_argument("--constraint-backend", default=_default("constraint_backend"), type=_one_of(*backends),
                    choices=backends)
-    p.add_argument("--schemas-dir", type=existing_directory, default=_env("schemas_dir"),
+    p.add_argument("--schemas-dir", type=existing_directory, default=_default("schemas_dir"),
                    help="directory of named JSON schemas to precompile at start-up")
-    p.add_argument("--cache-dir", type=Path, default=_env("cache_dir"),
+    p.add_argument("--cache-dir", type=Path, default=_default("cache_dir"),
                    help="on-disk grammar cache (default: $XDG_CACHE_HOME/structgen, else ~/.cache/structgen)")
-    p.add_argument("--cache-max-mb", type=_positive_int, default=_env("cache_max_mb", "4096"),
+    p.add_argument("--cache-max-mb", type=_positive_int, default=_default("cache_max_mb"),
                    help="the on-disk grammar cache's size bound, in MiB: the automata least recently used go first "
-                        "(one takes ~6 MB on a 152k-token vocabulary; default: 4096)")
-    p.add_argument("--grammar-cache-mb", type=_positive_int, default=_env("grammar_cache_mb", "512"),
+                        f"(one takes ~6 MB on a 152k-token vocabulary; default: {ServerConfig.cache_max_mb})")
+    p.add_argument("--grammar-cache-mb", type=_positive_int, default=_default("grammar_cache_mb"),
                    help="the in-memory grammar cache's size bound, in MiB: the grammars least recently used go "
                         "first (an llguidance one takes ~0.2 MB, an outlines automaton ~6 MB on a 152k-token "
-                        "vocabulary; default: 512)")
-    p.add_argument("--json-whitespace", type=_whitespace, default=_env("json_whitespace", "[ ]?", empty_is_a_value=True),
+                        f"vocabulary; default: {ServerConfig.grammar_cache_mb})")
+    p.add_argument("--json-whitespace", type=_whitespace,
+                   default=_default("json_whitespace", empty_is_a_value=True),
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
-                        "\\r, at most 64 characters (default '[ ]?': one optional space; '' for compact JSON)")
-    p.add_argument("--tool-call-format", default=_env("tool_call_format", "auto"),
+                        f"\\r, at most 64 characters (default {ServerConfig.json_whitespace!r}: one optional space; "
+                        "'' for compact JSON)")
+    p.add_argument("--tool-call-format", default=_default("tool_call_format"),
                    type=_one_of("auto", *TOOL_FORMATS), choices=["auto", *TOOL_FORMATS],
                    help="how the model writes tool calls: 'hermes' between <tool_call> tags, 'llama3_json' as "
                         "Llama 3's one {\"name\", \"parameters\"} object, 'mistral' as a JSON array after the "
@@ -119,46 +130,38 @@ def _add_serve(subparsers) -> None:
                         "[TOOL_CALLS]name[ARGS]{...} per call, 'qwen3_coder', 'glm45' and 'glm47' as tags around "
                         "each argument, 'harmony' as gpt-oss's commentary-channel call, 'json_array' as a JSON array "
                         "(default 'auto': the format the chat template describes)")
-    p.add_argument("--reasoning", default=_env("reasoning", "auto"), type=_one_of("auto", "none"),
+    p.add_argument("--reasoning", default=_default("reasoning"), type=_one_of("auto", "none"),
                    choices=["auto", "none"],
                    help="'auto': a model whose chat template writes <think> (or Magistral's [THINK]) blocks, and "
                         "whose tokenizer has both tags as single tokens, may think before answering; the block "
                         "comes back as `reasoning_content` and constraints apply after it. 'none': the output is all "
                         "answer")
-    p.add_argument("--max-body-bytes", type=_positive_int, default=_env("max_body_bytes", str(8 * 1024 * 1024)),
-                   help="largest accepted request body; larger ones get a 413 (default: 8 MiB)")
-    p.add_argument("--max-body-seconds", type=_positive_int, default=_env("max_body_seconds", "60"),
+    p.add_argument("--max-body-bytes", type=_positive_int, default=_default("max_body_bytes"),
+                   help="largest accepted request body; larger ones get a 413 "
+                        f"(default: {ServerConfig.max_body_bytes >> 20} MiB)")
+    p.add_argument("--max-body-seconds", type=_positive_int, default=_default("max_body_seconds"),
                    help="seconds a request's body may take to arrive (a slower one gets a 408), and its request "
-                        "line and headers (else the connection is closed) (default: 60)")
+                        f"line and headers (else the connection is closed) (default: {ServerConfig.max_body_seconds})")
     levels = ["critical", "error", "warning", "info", "debug"]
-    p.add_argument("--log-level", default=_env("log_level", "info"), type=_one_of(*levels), choices=levels)
-    p.add_argument("--shutdown-timeout", type=_positive_int, default=_env("shutdown_timeout", "25"),
+    p.add_argument("--log-level", default=_default("log_level"), type=_one_of(*levels), choices=levels)
+    p.add_argument("--shutdown-timeout", type=_positive_int, default=_default("shutdown_timeout"),
                    help="seconds to finish the requests in flight after SIGTERM, after which those left are cut "
-                        "(default: 25, within Kubernetes' 30-second grace period)")
+                        f"(default: {ServerConfig.shutdown_timeout}, within Kubernetes' 30-second grace period)")
     p.set_defaults(func=_serve)
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The settings `serve`'s options (each read by its `type`) name: one option per ServerConfig field."""
+    settings = {f.name: getattr(args, f.name) for f in fields(ServerConfig)}
+    return ServerConfig(**{**settings, "api_key": args.api_key or None})  # (`--api-key ''`: no key)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from engine.model_loader import ModelLoadError
     from service.server import AddressUnusable, EngineStopped, run_server
 
-    config = ServerConfig(
-        model=args.model, host=args.host, port=int(args.port), api_key=args.api_key or None,
-        device=args.device, dtype=args.dtype, max_batch_size=int(args.max_batch_size),
-        max_prefill_tokens=int(args.max_prefill_tokens),
-        mask_threads=int(args.mask_threads) if args.mask_threads else None,
-        max_model_len=int(args.max_model_len) if args.max_model_len else None,
-        served_model_name=args.served_model_name, constraint_backend=args.constraint_backend,
-        schemas_dir=args.schemas_dir, cache_dir=args.cache_dir, cache_max_mb=int(args.cache_max_mb),
-        grammar_cache_mb=int(args.grammar_cache_mb),
-        log_level=args.log_level,
-        max_body_bytes=int(args.max_body_bytes), max_body_seconds=int(args.max_body_seconds),
-        json_whitespace=args.json_whitespace,
-        tool_call_format=args.tool_call_format, reasoning=args.reasoning,
-        shutdown_timeout=int(args.shutdown_timeout),
-    )
     try:
-        run_server(config)
+        run_server(server_config(args))
     except (AddressUnusable, ModelLoadError, EngineStopped) as exc:
         print(f"structgen: error: {exc}", file=sys.stderr)
         return 1

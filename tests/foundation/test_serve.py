@@ -300,3 +300,28 @@ def test_a_stream_the_shutdown_deadline_ends_gets_an_error_event_and_done():
     error = json.loads(events[-2])["error"]
     assert error["code"] == "server_shutting_down" and error["type"]
     assert all("error" not in json.loads(e) for e in events[:-2])
+
+
+def test_serve_without_options_runs_with_the_configs_defaults_and_each_option_reaches_its_setting(monkeypatch):
+    """`serve`'s defaults are ServerConfig's (they were written twice, as text in the parser too), and every
+    option lands in the field of its name."""
+    import os
+    from dataclasses import fields
+
+    from service.cli import build_parser, server_config
+    from service.config import ServerConfig
+
+    for name in [n for n in os.environ if n.startswith("STRUCTGEN_")]:
+        monkeypatch.delenv(name)
+    assert server_config(build_parser().parse_args(["serve"])) == ServerConfig()
+    given = {"port": "8123", "max_batch_size": "3", "max_prefill_tokens": "64", "mask_threads": "2",
+             "max_model_len": "512", "cache_max_mb": "7", "grammar_cache_mb": "9", "max_body_bytes": "1000",
+             "max_body_seconds": "5", "shutdown_timeout": "4", "json_whitespace": "", "host": "0.0.0.0",
+             "api_key": "k", "device": "cpu", "dtype": "float32", "served_model_name": "m",
+             "constraint_backend": "llguidance", "tool_call_format": "hermes", "reasoning": "none",
+             "log_level": "debug", "model": "some/model", "cache_dir": "/tmp/x", "schemas_dir": "schemas"}
+    assert set(given) == {f.name for f in fields(ServerConfig)}
+    argv = ["serve"] + [item for name, value in given.items() for item in ("--" + name.replace("_", "-"), value)]
+    config = server_config(build_parser().parse_args(argv))
+    for name, value in given.items():
+        assert str(getattr(config, name)) == value, name
