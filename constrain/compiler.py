@@ -44,7 +44,6 @@ from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_the_start, plan_late_keywords,
                                      token_sets)
-from constrain.limits import DEFAULT_LIMITS, Limits
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
@@ -139,7 +138,7 @@ class GrammarCompiler:
     def __init__(self, vocab: Vocabulary, tokenizer, *, backend: str = "auto", cache_dir: Path | None = None,
                  schemas_dir: Path | None = None, max_workers: int = 2, compile_timeout_s: float = 60.0,
                  whitespace_pattern: str = "[ ]?", lru_max_bytes: int = 512 << 20, disk_max_bytes: int = 4 << 30,
-                 limits: Limits = DEFAULT_LIMITS, background_outlines: bool = True,
+                 background_outlines: bool = True,
                  max_outlines_regex_chars: int = 30_000, max_outlines_repeat: int = 24,
                  compile_memory_mb: int = 8192):
         if backend not in BACKENDS:
@@ -152,7 +151,6 @@ class GrammarCompiler:
         self.schemas_dir = Path(schemas_dir) if schemas_dir else None
         self.compile_timeout_s = compile_timeout_s
         self.whitespace_pattern = whitespace_pattern
-        self.limits = limits
         self.background_outlines = background_outlines
         self.max_outlines_regex_chars = max_outlines_regex_chars
         self.max_outlines_repeat = max_outlines_repeat

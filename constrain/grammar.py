@@ -1,4 +1,6 @@
-"""The constraint compiler's public shapes: spec in, grammar out, matcher with four methods (and `vet`).
+"""The constraint compiler's public shapes: spec in, grammar out, matcher with four methods (`fill_bitmask`,
+`accept`, `is_terminated`, `can_end`) and what the budget rule and the engine's look-ahead ask of it (`vet`,
+`min_tokens_to_end`, `forced_after`, `mask_after`).
 
 Knows grammars and vocabularies; never imports HTTP or model code. Masks are packed int32 bitmasks of shape
 [batch, ceil(logits_width / 32)] (bit i of word w set = token 32*w+i allowed), the format both llguidance and

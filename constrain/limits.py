@@ -1,4 +1,5 @@
-"""Size limits a schema must meet before anything compiles it: bytes, nesting depth, enum sizes, node count.
+"""Size limits a constraint must meet before anything compiles it: a schema's bytes, nesting depth, enum sizes,
+node count, pattern and literal lengths; a `regex`'s length; a `choice`'s entries and characters.
 
 Checked in microseconds-to-milliseconds so hostile schemas are refused before they can cost compile time.
 """
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from constrain.grammar import ConstraintError
-from constrain.support import walk_with_refs
+from constrain.support import escape_pointer_part, walk_with_refs
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,18 @@ class Limits:
     # at its first mask and ~100 ms at each later one under llguidance (QA dos F1); 4,096 characters take ~20 ms,
     # then 1-4 ms a step.
     max_literal_chars: int = 4_096
+    max_regex_chars: int = 10_000  # a client's `regex`
+    max_choices: int = 10_000  # entries of a `choice`
+    # Characters of a `choice`, all entries together: 262,144 took ~50 MB as answers went through it, 65,536 ~3 MB
+    # (the cache counts ~32 bytes a character); 7 MB of them took 1 GB of the server's memory to compile.
+    max_choice_chars: int = 64 * 1024
 
 
 DEFAULT_LIMITS = Limits()
 
 
 def _ptr(parts: list, base: str = "") -> str:
-    return base + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts) or "/"
+    return base + "".join("/" + escape_pointer_part(p) for p in parts) or "/"
 
 
 def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS, base: str = "") -> None:

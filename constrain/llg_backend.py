@@ -42,8 +42,8 @@ from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
-from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape, llguidance_escape_gap, pointers_of, walk,
-                               walk_with_refs)
+from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, llguidance_escape_gap, pointer_child,
+                               pointers_of, walk, walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -354,8 +354,7 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
     texts of the checked keywords' const and enum values) where the grammar takes it: `contains: {"const": 7}`
     needs a 7, which the greedy walk never writes."""
     tables = _walk_bytes(vocab)
-    byte_tokens, order, closers = tables.byte_tokens, tables.order, tables.closers
-    quote, letter, null_byte = tables.quote, tables.letter, tables.null_byte
+    byte_tokens, closers, quote = tables.byte_tokens, tables.closers, tables.quote
     ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
     specials = {int(i) for data in endings for i in _SPECIAL_MARK.findall(data)}  # (kept as they are)
     walk = matcher.deep_copy()
@@ -860,7 +859,7 @@ def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
         if id(node) in done or id(node) in uncompiled:
             continue
         done.add(id(node))
-        if set(node) - _PLAIN_NUMBER_KEYWORDS - {"multipleOf"} - ANNOTATIONS or not ({"number"} & _types(node)):
+        if set(node) - _PLAIN_NUMBER_KEYWORDS - {"multipleOf"} - ANNOTATIONS or not ({"number"} & _numeric_types(node)):
             continue
         bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
         step = node.get("multipleOf")
@@ -875,7 +874,7 @@ def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
             node["anyOf"] = [inner, {"enum": sorted({float(p) for p in prefixes})}]
 
 
-def _types(node: dict) -> set[str]:
+def _numeric_types(node: dict) -> set[str]:
     t = node.get("type", ["number"])
     return {"number", "integer"} & set([t] if isinstance(t, str) else t if isinstance(t, list) else [])
 
@@ -963,10 +962,10 @@ def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:
 
 
 def _value_at(schema, pointer: str, base: str):
+    """The value at `pointer` (below `base`) in `schema`; None where nothing is there."""
     node = schema
     for part in pointer[len(base):].split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        node = node[int(part)] if isinstance(node, list) else node.get(part) if isinstance(node, dict) else None
+        _, node = pointer_child(node, part)
     return node
 
 
@@ -1151,8 +1150,8 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
             for name in node[key]:
                 unreadable = unreadable_pattern(name)
                 if unreadable is not None:  # (a name's pattern cannot be left out: it decides a key's schema)
-                    raise ConstraintError(f"the name pattern at {ptr}/{escape(name)} cannot be enforced: "
-                                          f"{unreadable}", param=param, pointer=f"{ptr}/{escape(name)}",
+                    raise ConstraintError(f"the name pattern at {ptr}/{escape_pointer_part(name)} cannot be enforced: "
+                                          f"{unreadable}", param=param, pointer=f"{ptr}/{escape_pointer_part(name)}",
                                           code="unsupported_schema")
         if reason is not None:  # (left out of what llguidance compiles: `llguidance_schema`)
             if strict:
@@ -1303,7 +1302,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
         body = [text(name + shape.after_name)]
         for j, (key, schema) in enumerate(props.items() if isinstance(props, dict) else ()):
-            pointer = f"/$defs/tool{i}/properties/{escape(key)}"
+            pointer = f"/$defs/tool{i}/properties/{escape_pointer_part(key)}"
             if pointer in unenforced or schema is False:
                 if key in required:
                     raise ConstraintError(f"tools[{i}]: the required parameter {key!r} cannot be written in the "

@@ -87,8 +87,8 @@ from constrain.formats import NATIVE_FORMAT_PATTERNS, format_pattern
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
-from constrain.support import (ASSERTIONS, STANDARD_FORMATS, map_subschemas, recursive_targets, references_followable,
-                               resolve_ref, walk)
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, map_subschemas, recursive_targets,
+                               references_followable, resolve_ref, unescape_pointer_part, walk)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -538,7 +538,7 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
     if not recursive:
         return root
     # the names a reference steps through (`#/components/Color`): a key by such a name may hold a reference's target
-    referenced = {part.replace("~1", "/").replace("~0", "~") for n in _iter_nodes(root)
+    referenced = {unescape_pointer_part(part) for n in _iter_nodes(root)
                   if isinstance(n.get("$ref"), str) for part in n["$ref"].split("#", 1)[-1].split("/")}
     left = [_MAX_INLINED_NODES]
     copies: dict[str, Any] = {}
@@ -608,10 +608,6 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
     return out
 
 
-def _esc(part: Any) -> str:
-    return str(part).replace("~", "~0").replace("/", "~1")
-
-
 def _refs(schema: Any) -> list[str]:
     """Every `$ref` value in `schema`."""
     return [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]
@@ -631,12 +627,12 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
     node = _discriminated_conditionals(node, ctx)  # (before its members' own rewrite: `_conditional`)
     # children first
     for key, value in list(node.items()):
-        kp = f"{ptr}/{_esc(key)}"
+        kp = f"{ptr}/{escape_pointer_part(key)}"
         if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") \
                 and isinstance(value, dict):
-            node[key] = {k: _rewrite(v, f"{kp}/{_esc(k)}", ctx, refs) for k, v in value.items()}
+            node[key] = {k: _rewrite(v, f"{kp}/{escape_pointer_part(k)}", ctx, refs) for k, v in value.items()}
         elif key == "dependencies" and isinstance(value, dict):
-            node[key] = {k: _rewrite(v, f"{kp}/{_esc(k)}", ctx, refs) if isinstance(v, dict) else v
+            node[key] = {k: _rewrite(v, f"{kp}/{escape_pointer_part(k)}", ctx, refs) if isinstance(v, dict) else v
                          for k, v in value.items()}
         elif key in ("allOf", "anyOf", "oneOf", "prefixItems") and isinstance(value, list):
             node[key] = [_rewrite(v, f"{kp}/{i}", ctx, refs) for i, v in enumerate(value)]

@@ -24,8 +24,8 @@ from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, 
                                         with_python_patterns)
 from constrain.regex_sets import longest_literal, python_only_syntax
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
-from constrain.support import (ANNOTATIONS, ASSERTIONS, escape, gives_another_base, map_subschemas, pointer_child,
-                               references_followable, resolve_ref, walk)
+from constrain.support import (ANNOTATIONS, ASSERTIONS, escape_pointer_part, gives_another_base, map_subschemas,
+                               pointer_child, references_followable, resolve_ref, walk)
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ _BACKENDS = ("outlines", "llguidance", "auto")
 
 
 def _schema_error(exc: jsonschema.SchemaError, param: str, base: str) -> ConstraintError:
-    ptr = base + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in exc.path)
+    ptr = base + "".join("/" + escape_pointer_part(p) for p in exc.path)
     return ConstraintError(f"invalid JSON Schema at {ptr or '/'}: {exc.message}", param=param, pointer=ptr or "/")
 
 
@@ -450,7 +450,7 @@ def _in_place_loop(root: dict) -> str | None:
     nodes: dict[int, dict] = {id(root): root}
     for ptr, key, node in _reached(root):
         if id(node) not in where:
-            where[id(node)], nodes[id(node)] = ptr[: -len(escape(key)) - 1], node
+            where[id(node)], nodes[id(node)] = ptr[: -len(escape_pointer_part(key)) - 1], node
 
     def in_place(node: dict) -> list[dict]:
         subs = [resolve_ref(root, node["$ref"])] if "$ref" in node else []
@@ -639,8 +639,8 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
 def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     if not isinstance(pattern, str) or not pattern:
         raise ConstraintError(f"{param} must be a non-empty string", param=param)
-    if len(pattern) > 10_000:
-        raise ConstraintError(f"{param} is longer than 10000 characters", param=param)
+    if len(pattern) > DEFAULT_LIMITS.max_regex_chars:
+        raise ConstraintError(f"{param} is longer than {DEFAULT_LIMITS.max_regex_chars} characters", param=param)
     if property_escapes(pattern) > MAX_PROPERTY_ESCAPES:
         raise ConstraintError(f"{param} names more than {MAX_PROPERTY_ESCAPES} Unicode properties (\\p{{..}})",
                               param=param)
@@ -660,18 +660,13 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     return ConstraintSpec(kind="regex", pattern=pattern, extra=_from_field(param, "regex"))
 
 
-# (a choice of 262,144 characters took ~50 MB as answers went through it, 65,536 ~3 MB; the cache counts ~32 bytes
-# a character)
-_CHOICE_CHARS = 64 * 1024
-
-
 def _choice(choice: Any, param: str = "choice") -> ConstraintSpec:
     if (not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice)):
         raise ConstraintError(f"{param} must be a non-empty list of non-empty strings", param=param)
-    if len(choice) > 10_000:
-        raise ConstraintError(f"{param} has more than 10000 entries", param=param)
-    if sum(map(len, choice)) > _CHOICE_CHARS:  # (7 MB of them took 1 GB of the server's memory to compile)
-        raise ConstraintError(f"{param} holds more than {_CHOICE_CHARS} characters", param=param)
+    if len(choice) > DEFAULT_LIMITS.max_choices:
+        raise ConstraintError(f"{param} has more than {DEFAULT_LIMITS.max_choices} entries", param=param)
+    if sum(map(len, choice)) > DEFAULT_LIMITS.max_choice_chars:
+        raise ConstraintError(f"{param} holds more than {DEFAULT_LIMITS.max_choice_chars} characters", param=param)
     longest = max(map(len, choice))
     if longest > DEFAULT_LIMITS.max_literal_chars:  # (as a `const` string: see Limits)
         raise ConstraintError(f"{param} has an entry of {longest} characters; the limit is "
@@ -854,7 +849,3 @@ def _with_answer(specs: list[tuple[str, ConstraintSpec]]) -> list[tuple[str, Con
 def _objects_only(schema: Any) -> bool:
     """The schema (as the client sent it: rewrites may move its `type`) takes objects only, or refers to one."""
     return isinstance(schema, dict) and (schema.get("type") == "object" or schema.get("$ref") is not None)
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))

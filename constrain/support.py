@@ -67,8 +67,14 @@ def map_subschemas(node: dict, fn) -> dict:
     return out
 
 
-def escape(part: Any) -> str:
+def escape_pointer_part(part: Any) -> str:
+    """A key or index as one segment of a JSON Pointer (RFC 6901: `~` is `~0`, `/` is `~1`)."""
     return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def unescape_pointer_part(segment: str) -> str:
+    """The key one JSON Pointer segment names."""
+    return segment.replace("~1", "/").replace("~0", "~")
 
 
 def walk(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
@@ -79,18 +85,18 @@ def walk(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
         if not isinstance(node, dict):
             continue
         for key, value in node.items():
-            kp = f"{ptr}/{escape(key)}"
+            kp = f"{ptr}/{escape_pointer_part(key)}"
             yield kp, key, node
             if key in _SUBSCHEMA and isinstance(value, dict):
                 stack.append((value, kp))
             elif key == "items" and isinstance(value, list):
                 stack.extend((v, f"{kp}/{i}") for i, v in enumerate(value))
             elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
-                stack.extend((v, f"{kp}/{escape(k)}") for k, v in value.items())
+                stack.extend((v, f"{kp}/{escape_pointer_part(k)}") for k, v in value.items())
             elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
                 stack.extend((v, f"{kp}/{i}") for i, v in enumerate(value))
             elif key == "dependencies" and isinstance(value, dict):
-                stack.extend((v, f"{kp}/{escape(k)}") for k, v in value.items() if isinstance(v, dict))
+                stack.extend((v, f"{kp}/{escape_pointer_part(k)}") for k, v in value.items() if isinstance(v, dict))
 
 
 def walk_with_refs(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
@@ -132,7 +138,7 @@ def client_pointer(source: Any, pointer: str) -> str:
         found, node = pointer_child(node, raw)
         if not found:
             return "/" + "/".join(parts[:schema_at]) if schema_at else "/"
-        part = raw.replace("~1", "/").replace("~0", "~")
+        part = unescape_pointer_part(raw)
         if kind == "schema":
             kind = ("map" if part in _SUBSCHEMA_MAPS or part == "dependencies" else
                     "list" if part in _SUBSCHEMA_LISTS or (part == "items" and isinstance(node, list)) else
@@ -147,7 +153,7 @@ def client_pointer(source: Any, pointer: str) -> str:
 def pointer_child(node: Any, segment: str) -> tuple[bool, Any]:
     """(True, the value) that one JSON Pointer segment (still ~-escaped) names inside `node`; (False, None) when
     it names nothing there."""
-    part = segment.replace("~1", "/").replace("~0", "~")
+    part = unescape_pointer_part(segment)
     if isinstance(node, dict) and part in node:
         return True, node[part]
     if isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -461,20 +467,10 @@ def _outlines_types(node: Any, root: Any, depth: int = 0) -> set[str] | None:
         values = node[builder] if builder == "enum" else [node[builder]]
         return {_JSON_TYPES.get(type(v), "?") for v in values} if isinstance(values, list) else None
     if builder == "$ref":
-        return _outlines_types(_local_target(root, node["$ref"]), root, depth + 1)
+        return _outlines_types(resolve_ref(root, node["$ref"]), root, depth + 1)
     if builder is None and "type" in node:
         return {node["type"]} if isinstance(node["type"], str) else set(node["type"])
     return None
-
-
-def _local_target(root: Any, ref: Any) -> Any:
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        return None
-    node = root
-    for part in (ref[1:].split("/")[1:] if ref != "#" else []):
-        part = part.replace("~1", "/").replace("~0", "~")
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def _types_within(found: set[str] | None, allowed: Any) -> bool:
@@ -515,9 +511,10 @@ def outlines_unsupported(schema: Any) -> list[str]:
         elif key in ("properties", "required") and node.get("type", "object") != "object":
             bad.append(ptr)  # outlines would build an object for a node typed otherwise
         elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            bad.extend(f"{ptr}/{escape(k)}" for k, v in value.items() if _any_value(v))
+            bad.extend(f"{ptr}/{escape_pointer_part(k)}" for k, v in value.items() if _any_value(v))
             if key == "properties":  # outlines-core writes property names between the quotes unescaped
-                bad.extend(f"{ptr}/{escape(k)}" for k in value if any(ord(ch) in _JSON_ESCAPED for ch in k))
+                bad.extend(f"{ptr}/{escape_pointer_part(k)}" for k in value
+                           if any(ord(ch) in _JSON_ESCAPED for ch in k))
         elif key in ("items", "anyOf") and (_any_value(value) or (isinstance(value, list)
                                                                   and any(_any_value(v) for v in value))):
             bad.append(ptr)
@@ -541,8 +538,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
                 and "items" not in node:
             bad.append(ptr)  # outlines writes any values, open objects among them, in an array without `items`
         if key == _outlines_builder(node):
-            node_ptr = ptr[: -len(escape(key)) - 1]
-            bad.extend(f"{node_ptr}/{escape(k)}" for k in _outlines_ignored_beside(node, key, schema))
+            node_ptr = ptr[: -len(escape_pointer_part(key)) - 1]
+            bad.extend(f"{node_ptr}/{escape_pointer_part(k)}" for k in _outlines_ignored_beside(node, key, schema))
     if not bad and recursive_targets(schema):
         bad.append("/$ref")
     return sorted(set(bad))

@@ -42,7 +42,7 @@ from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
-from constrain.support import STANDARD_FORMATS, escape, resolve_ref
+from constrain.support import STANDARD_FORMATS, escape_pointer_part, resolve_ref
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -204,13 +204,13 @@ def unsupported_keywords(params: Any) -> list[str]:
     its properties, required names it does not declare, names the tags cannot hold."""
     if not isinstance(params, dict):
         return [""]
-    out = [f"/{escape(k)}" for k in params if k not in _OBJECT_KEYWORDS]
+    out = [f"/{escape_pointer_part(k)}" for k in params if k not in _OBJECT_KEYWORDS]
     props = params.get("properties", {})
     if not isinstance(props, dict):
         return out + ["/properties"]
     if any(not isinstance(r, str) or r not in props for r in params.get("required", [])):
         out.append("/required")
-    out += [f"/properties/{escape(n)}" for n in props if not n or any(c in n for c in "<>\n")]
+    out += [f"/properties/{escape_pointer_part(n)}" for n in props if not n or any(c in n for c in "<>\n")]
     return out
 
 

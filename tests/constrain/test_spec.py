@@ -1017,3 +1017,15 @@ def test_siblings_of_a_ref_the_backend_could_not_compile_beside_it_are_read_as_t
     the draft says."""
     g = _compiled(gpt2_compiler, schema, strict=True)
     assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], accepted)
+
+
+def test_a_type_beside_a_percent_encoded_ref_is_known_kept_by_its_target_as_beside_a_plain_one():
+    """outlines builds a node with a `$ref` from the target alone: a `type` beside it is dropped unless the target
+    keeps to it. The target of `#/$defs/a%20b` is `a b`, as `resolve_ref` reads it (a second, plainer lookup
+    missed it, and named the `type` as dropped)."""
+    from constrain.support import outlines_unsupported
+
+    for name, ref in (("ab", "#/$defs/ab"), ("a b", "#/$defs/a%20b")):
+        schema = {"$defs": {name: {"type": "string"}}, "type": "object",
+                  "properties": {"x": {"type": "string", "$ref": ref}}, "required": ["x"]}
+        assert "/properties/x/type" not in outlines_unsupported(schema), ref
