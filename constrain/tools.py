@@ -112,11 +112,16 @@ def calls_opening(tool_format: str, tool_choice: str, object_answer: bool = Fals
                         first_tags=(lead,) if lead else ())
 
 
+def new_call_id() -> str:
+    """A tool call's id, as OpenAI spells them: `call_` and 24 random hex digits."""
+    return "call_" + secrets.token_hex(12)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str
     arguments: str  # a JSON object, as text (the OpenAI wire shape)
-    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+    id: str = field(default_factory=new_call_id)
 
 
 @dataclass(frozen=True)

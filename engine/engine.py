@@ -48,11 +48,11 @@ PROMPT_LOGPROB_CHUNK = 256
 
 class Engine:
     def __init__(self, loaded: LoadedModel, *, max_batch_size: int = 16, max_prefill_tokens: int = 4096,
-                 cpu_threads: int | None = None, overlap_fill: bool | None = None, mask_threads: int | None = None):
+                 overlap_fill: bool | None = None, mask_threads: int | None = None):
         """`overlap_fill`: fill grammar rows on other threads during the forward (None: when a core is free
-        for it, see `_overlap_fill`). `mask_threads`: how many threads fill them (None: `default_mask_threads`)."""
+        for it, see `_a_core_is_free_for_fills`). `mask_threads`: how many threads fill them (None:
+        `default_mask_threads`)."""
         self.loaded = loaded
-        self.cpu_threads = cpu_threads
         self.overlap_fill = overlap_fill
         self.device = loaded.device
         self.mask_threads = max(1, mask_threads) if mask_threads is not None else default_mask_threads(self.device)
@@ -81,7 +81,7 @@ class Engine:
         self._outbox: dict[asyncio.AbstractEventLoop, list] = {}
         self._filler = ThreadPoolExecutor(max_workers=self.mask_threads, thread_name_prefix="structgen-bitmask")
         self._fills: list[Future] = []  # this step's row fills on the mask threads
-        self._fill_during_forward = True  # set by the engine thread (see `_run`)
+        self._fill_during_forward = True  # `overlap_fill` as decided on the engine thread (see `_loop`)
         self._reset_batch()
         self._steps = 0
         self._tokens_generated = 0
@@ -191,7 +191,8 @@ class Engine:
     def _loop(self) -> None:
         if self.device.type == "cpu":
             torch.set_num_threads(self._engine_cpu_threads())
-        self._fill_during_forward = self._overlap_fill() if self.overlap_fill is None else self.overlap_fill
+        self._fill_during_forward = (self._a_core_is_free_for_fills() if self.overlap_fill is None
+                                     else self.overlap_fill)
         while not self._stopping:
             if not self.seqs and self._chunked is None and self.scheduler.depth() == 0:
                 self.scheduler.wakeup.wait(0.5)
@@ -253,14 +254,12 @@ class Engine:
         """Intra-op threads for the engine thread on CPU. The model was loaded on the main thread, which keeps
         its own OpenMP team; a second multi-threaded team here busy-waits against it, and measured 3-4x slower
         (65 vs 22 tok/s, 1 request, built-in model, 2 cores) unless OMP_WAIT_POLICY=passive was set before
-        torch started. So: 1 thread unless told otherwise or the wait policy is passive."""
-        if self.cpu_threads is not None:
-            return max(1, self.cpu_threads)
+        torch started. So: 1 thread unless the wait policy is passive."""
         if os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive":
             return torch.get_num_threads()
         return 1
 
-    def _overlap_fill(self) -> bool:
+    def _a_core_is_free_for_fills(self) -> bool:
         """Fill grammar rows on the mask threads while the forward runs only when a core is free for it: on a
         GPU (the forward runs on the device), or on a CPU whose cores the forward's threads do not all use.
         Otherwise the two threads fight over the cores and the GIL: measured on 2 cores, 1 constrained row,
@@ -307,7 +306,7 @@ class Engine:
                           self._ends_banned(bitmask))
         clock.lap("sample")
         self._steps += 1
-        self._postprocess(out, batch)
+        self._postprocess(out)
         clock.lap("postprocess")
 
     # ---- joining and leaving ------------------------------------------------------------------------------
@@ -670,7 +669,7 @@ class Engine:
                                 torch.tensor([v for _, v in entries], dtype=torch.float32, device=self.device))
         return state.logit_bias
 
-    def _postprocess(self, out: StepOutput, batch: SamplingBatch) -> None:
+    def _postprocess(self, out: StepOutput) -> None:
         for row, seq in enumerate(self.seqs):  # a grammar's budget rule may replace a sampled token
             token = out.tokens[row]
             if seq.matcher is not None and seq.grammar_error is None and not out.empty[row] \

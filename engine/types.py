@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from constrain import Grammar
     from constrain.tools import CallsOpening
 
-FinishReason = Literal["stop", "length", "tool_calls", "error"]
+FinishReason = Literal["stop", "length", "error"]  # ("tool_calls" is the service's reading of a "stop")
 # Why a choice ended with finish_reason "error"; the service maps each to an HTTP status.
 ErrorCode = Literal["invalid_request",  # the request cannot run (prompt, n): the client's fault
                     "empty_allowed_set",  # the grammar allows no token (logit_bias never removes one)

@@ -3,7 +3,9 @@
 Modules: protocol (request models and ranges), errors (OpenAI error shape), auth (bearer key), limits (body
 size), chat_template (messages -> prompt), prompts (completion prompt shapes, context rule), sampling (fields ->
 SamplingParams), generation (plan, compile, run and cancel engine requests), responses (JSON bodies, logprobs
-shapes), sse (stream chunks), tool_stream (tool calls as streamed deltas), metrics (Prometheus), routes, app.
+shapes), fingerprint (system_fingerprint), sse (stream chunks), tool_stream (tool calls as streamed deltas),
+metrics (Prometheus), routes, app, config (the server's settings), cli (the `structgen` command), server
+(start-up and uvicorn).
 
 Beyond OpenAI, documented for clients:
 - Request fields `regex` (a pattern) and `choice` (a list of strings) constrain the output; `response_format`

@@ -80,12 +80,10 @@ class _RequestIds:
 def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, template: ChatTemplate):
     vocab = constrain.Vocabulary.from_tokenizer(loaded.tokenizer, loaded.logits_width, loaded.eos_token_ids,
                                                 writable_special=template.written_special_tags)
-    kwargs = {"backend": config.constraint_backend, "cache_dir": config.grammar_cache_dir,
-              "whitespace_pattern": config.json_whitespace, "disk_max_bytes": config.cache_max_mb << 20,
-              "lru_max_bytes": config.grammar_cache_mb << 20}
-    if config.schemas_dir is not None:
-        kwargs["schemas_dir"] = config.schemas_dir
-    compiler = constrain.GrammarCompiler(vocab, loaded.tokenizer, **kwargs)
+    compiler = constrain.GrammarCompiler(
+        vocab, loaded.tokenizer, backend=config.constraint_backend, cache_dir=config.grammar_cache_dir,
+        schemas_dir=config.schemas_dir, whitespace_pattern=config.json_whitespace,
+        disk_max_bytes=config.cache_max_mb << 20, lru_max_bytes=config.grammar_cache_mb << 20)
     engine = engine_pkg.Engine(loaded, max_batch_size=config.max_batch_size,
                                max_prefill_tokens=config.max_prefill_tokens, mask_threads=config.mask_threads)
     return engine, compiler
@@ -107,24 +105,13 @@ async def _stop_with_the_engine(app: FastAPI, engine) -> None:
 def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     template = ChatTemplate(loaded.tokenizer, tool_format=config.tool_call_format, reasoning=config.reasoning)
     engine, compiler = _build_engine_and_compiler(config, loaded, template)
-
-    def compiler_stats():
-        stats = getattr(compiler, "stats", None)
-        return stats() if callable(stats) else stats
-
-    metrics = Metrics(engine_stats=engine.stats, compiler_stats=compiler_stats)
+    metrics = Metrics(engine_stats=engine.stats, compiler_stats=lambda: compiler.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         started = time.monotonic()
         engine.start()
-        precompile = getattr(compiler, "precompile_named", None)
-        named = {}
-        if precompile is not None:
-            result = await asyncio.to_thread(precompile)  # may compile: keep the loop free
-            if asyncio.iscoroutine(result):
-                result = await result
-            named = result if isinstance(result, dict) else {}
+        named = await asyncio.to_thread(compiler.precompile_named)  # may compile: keep the loop free
         log.info("engine started; the compiler's tables built and %d named schemas compiled in %.1f s", len(named),
                  time.monotonic() - started)
         watcher = asyncio.create_task(_stop_with_the_engine(app, engine))
@@ -134,9 +121,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             watcher.cancel()
             engine.shutdown()
             app.state.generation.close()
-            close = getattr(compiler, "close", None)
-            if close is not None:
-                close()
+            compiler.close()
 
     app = FastAPI(title="structgen", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.generation = Generation(engine=engine, compiler=compiler, loaded=loaded, config=config,

@@ -34,7 +34,7 @@ from service.chat_template import ChatTemplate
 from service.errors import APIError, invalid
 from service.metrics import Metrics
 from service.prompts import Prompt, completion_prompts, encode_chat_prompt, encode_prompt, fit_max_tokens
-from service.protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest, _SamplingFields
+from service.protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from service.sampling import sampling_params
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ class Generation:
         return await asyncio.get_running_loop().run_in_executor(self._prompts, functools.partial(fn, *args))
 
     # ---- validation shared by both endpoints
-    def _check_common(self, req: _SamplingFields) -> dict[str, str]:
+    def _check_common(self, req: SamplingFields) -> dict[str, str]:
         """The checks both endpoints share, and the header naming the fields ignored. Run on a worker thread: a body
         of 550,000 unknown fields took 0.7 s to list them, which held every other client."""
         if req.model != self.config.model_name:
@@ -261,7 +261,7 @@ class Generation:
         ignored += constrain.compat_options_ignored(req.model_extra or {})
         return {"x-structgen-ignored-fields": header_list(_per_entry_fields_collapsed(ignored))} if ignored else {}
 
-    async def _compile(self, req: _SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None,
+    async def _compile(self, req: SamplingFields, tools=None, tool_choice=None, parallel_tool_calls=None,
                        tool_format="json_array"):
         """Spec and grammar for the request's constraint (None, None when unconstrained)."""
         spec = None
@@ -296,7 +296,7 @@ class Generation:
                            param=param, code="invalid_constraint") from None
         return spec, grammar
 
-    def _plan(self, req: _SamplingFields, prompts: list[Prompt], spec, grammar, headers, *, default_max, started,
+    def _plan(self, req: SamplingFields, prompts: list[Prompt], spec, grammar, headers, *, default_max, started,
               logprobs=False, top_logprobs=0, prompt_logprobs=None, prefix="chatcmpl",
               reasoning: ReasoningTags | None = None, harmony: bool = False) -> Plan:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -422,7 +422,7 @@ class Generation:
                           prompt_logprobs=(req.logprobs or 0) if (want_logprobs and req.echo) else None,
                           prefix="cmpl")
 
-    def _fit(self, req: _SamplingFields, prompt_len: int, default_max: int | None) -> int:
+    def _fit(self, req: SamplingFields, prompt_len: int, default_max: int | None) -> int:
         """`fit_max_tokens` for this request, its errors naming the fields it sent. `min_tokens` past the limit
         so found (sent, the endpoint's default or the context's room) is a 400, as vLLM answers."""
         chat_messages = isinstance(req, ChatCompletionRequest) and req.messages is not None
@@ -443,11 +443,12 @@ class Generation:
 
     def parse_tool_calls(self, text: str, spec):
         """constrain's parsed tool calls (`ParsedCalls`) for a finished choice, or None when it is plain text."""
-        if spec is None or getattr(spec, "kind", None) != "tools":
+        if spec is None or spec.kind != "tools":
             return None
         try:
             return constrain.parse_tool_calls(text, spec) or None
-        except Exception:  # text that is not a tool call is content, not an error
+        except Exception:  # noqa: BLE001 - the parser answers None for text: raising is a bug in it, logged
+            log.exception("reading tool calls failed; the output is returned as content")
             return None
 
     # ---- running

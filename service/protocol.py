@@ -261,7 +261,7 @@ def _spelled_path(place: tuple | None) -> str:
     return where or "body"
 
 
-class _SamplingFields(BaseModel):
+class SamplingFields(BaseModel):
     """Fields shared by chat and completions, ranges from the seed pages (inclusive where a page says so)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
@@ -379,7 +379,7 @@ class _SamplingFields(BaseModel):
         return sorted(self.model_extra or {}) + [f"stream_options.{name}" for name in sorted(options or {})]
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] | None = None
     prompt: str | None = None  # raw prompt, bypassing the chat template (seed 001)
     logprobs: StrictBool | None = False
@@ -508,7 +508,7 @@ class ChatCompletionRequest(_SamplingFields):
 MAX_PROMPTS = 2048
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: StrictBool | None = False
     logprobs: int | None = Field(default=None, ge=0, le=5, strict=True)
@@ -552,7 +552,7 @@ class CompletionRequest(_SamplingFields):
         return value
 
 
-_Request = TypeVar("_Request", bound=_SamplingFields)
+_Request = TypeVar("_Request", bound=SamplingFields)
 
 
 def read_body(raw: bytes, content_type: str | None, model: type[_Request]) -> _Request:

@@ -7,40 +7,12 @@ never disagree.
 from __future__ import annotations
 
 import codecs
-import functools
-import hashlib
-import importlib.metadata
 import math
 import unicodedata
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import engine
-from constrain.compiler import code_fingerprint
 from engine.types import TokenEvent, TokenLogprob
-
-
-def system_fingerprint(model_name: str, constraint_backend: str | None = None) -> str:
-    """OpenAI's promise: the same seed, parameters and fingerprint give mostly the same output. The backend that
-    served the constraint is part of it: the backends' masks allow different spellings (tokenizations) of the same
-    documents (llguidance only the tokenizer's own for bytes the grammar forces, outlines any), so a seeded request
-    samples differently when the `auto` policy moves its schema from one to the other."""
-    key = model_name if constraint_backend is None else f"{model_name}\0{constraint_backend}"
-    return "fp_structgen_" + hashlib.sha256(f"{key}\0{code_identity()}".encode()).hexdigest()[:10]
-
-
-@functools.cache
-def code_identity() -> str:
-    """The rest of what decides a seeded output: the code of the engine (its sampler) and of the constraint
-    compiler (its masks), and the versions of the libraries they run on. Another version of any of them may sample
-    other tokens from the same seed, so it gets another fingerprint."""
-    h = hashlib.sha256(code_fingerprint().encode())  # (the compiler's code and outlines-core's version)
-    for package in ("torch", "transformers", "llguidance"):
-        h.update(f"{package}={importlib.metadata.version(package)}\0".encode())
-    for path in sorted(Path(engine.__file__).parent.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
+from service.fingerprint import system_fingerprint
 
 
 def reasoning_fields(text: str | None) -> dict:
@@ -222,13 +194,9 @@ class ChoiceState:
             self.reasoning_tokens = event.usage.reasoning_tokens if event.usage else 0
 
 
-def new_tool_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
 def tool_calls_json(calls) -> list[dict]:
     """constrain's parsed calls (name, arguments JSON string) -> OpenAI `tool_calls`."""
-    return [{"id": getattr(c, "id", None) or new_tool_call_id(), "type": "function",
+    return [{"id": c.id, "type": "function",
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from engine.types import SamplingParams
 from service.errors import invalid
-from service.protocol import _SamplingFields
+from service.protocol import SamplingFields
 
 GREEDY_BELOW = 1e-5  # a temperature below this is served as 0 (greedy)
 MIROSTAT_TARGET = 1.5  # seed 002: the target perplexity when a request sets only `mirostat_lr`
 
 
-def logit_bias(req: _SamplingFields, vocab_size: int) -> dict[int, float]:
+def logit_bias(req: SamplingFields, vocab_size: int) -> dict[int, float]:
     """Token id -> bias. Ids are those of the tokenizer's vocabulary: a model's padded logits beyond it are no
     token (a bias of 100 on one made the model write ids that decode to nothing, to `max_tokens`)."""
     out = {}
@@ -28,7 +28,7 @@ def logit_bias(req: _SamplingFields, vocab_size: int) -> dict[int, float]:
     return out
 
 
-def stop_token_ids(req: _SamplingFields, vocab_size: int) -> tuple[int, ...]:
+def stop_token_ids(req: SamplingFields, vocab_size: int) -> tuple[int, ...]:
     """vLLM's `stop_token_ids`: ids of the tokenizer's vocabulary, as `logit_bias` keys are."""
     for token in req.stop_token_ids or ():
         if not 0 <= token < vocab_size:
@@ -37,7 +37,7 @@ def stop_token_ids(req: _SamplingFields, vocab_size: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(req.stop_token_ids or ()))
 
 
-def sampling_params(req: _SamplingFields, *, max_tokens: int, logits_width: int, vocab_size: int,
+def sampling_params(req: SamplingFields, *, max_tokens: int, logits_width: int, vocab_size: int,
                     logprobs: bool = False, top_logprobs: int = 0, prompt_logprobs: int | None = None) -> SamplingParams:
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p

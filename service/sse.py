@@ -12,9 +12,10 @@ import json
 from typing import AsyncIterator
 
 from service.errors import APIError, error_body
+from service.fingerprint import system_fingerprint
 from service.generation import Generation, Plan, engine_error
 from service.responses import (ChoiceState, TextOffsets, chat_logprobs, finish_for, function_call_delta,
-                               legacy_logprobs, reasoning_fields, system_fingerprint, token_pairs, usage_dict)
+                               legacy_logprobs, reasoning_fields, token_pairs, usage_dict)
 from service.tool_stream import answer_calls, tool_stream_for
 
 DONE = b"data: [DONE]\n\n"

@@ -1,33 +1,28 @@
 """Streams one choice's output as OpenAI streams tool calls: an id-and-name delta per call, then argument pieces.
 
 The model writes one of constrain's tool-call formats (constrain/tools.py): a JSON array of `{"name": ...,
-"arguments": {...}}` (also after Mistral's `[TOOL_CALLS]`, when the text keeps special tokens: the characters
-before the first call's brace are skipped), ("hermes") each such object between `<tool_call>` tags, or
-("llama3_json") one object with "parameters" for "arguments", or ("mistral_args") each call as
-`[TOOL_CALLS]name[ARGS]{...}`, after any text, or ("qwen3_coder") each call in `<tool_call>` tags as
-`<function=NAME>` with a `<parameter=KEY>` per argument, its value raw text or JSON (constrain/xml_calls.py),
-whose arguments are streamed as the JSON object they make. This reads it character by character and emits
-OpenAI `tool_calls` deltas as soon as they are known. Output whose first character other than whitespace does not
-open calls (tool_choice "auto" answering in text) streams as content, that whitespace included; in the hermes
-format, so does the text before the first tag, less the whitespace that ends it, as in the whole answer
-(`ParsedCalls.content`). Protocol shaping only: the grammar guarantees the format, so this never
+"arguments": {...}}` (also after Mistral's `[TOOL_CALLS]` or Granite's `<|tool_call|>`, when the text keeps
+special tokens: the characters before the first call's brace are skipped), ("hermes") each such object between
+`<tool_call>` tags, or ("llama3_json") one object with "parameters" for "arguments", or ("mistral_args") each call
+as `[TOOL_CALLS]name[ARGS]{...}`, after any text, or ("harmony") gpt-oss's tags around the name, then the
+arguments, or ("qwen3_coder", "glm45", "glm47") each call in tags with a tag per argument, its value raw text or
+JSON (constrain/xml_calls.py), whose arguments are streamed as the JSON object they make. This reads it character
+by character and emits OpenAI `tool_calls` deltas as soon as they are known. Output whose first character other
+than whitespace does not open calls (tool_choice "auto" answering in text) streams as content, that whitespace
+included; in the hermes format, so does the text before the first tag, less the whitespace that ends it, as in the
+whole answer (`ParsedCalls.content`). Protocol shaping only: the grammar guarantees the format, so this never
 validates.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 
 from constrain.tools import (HERMES_CLOSE, HERMES_OPEN, LEAD_TAGS, NAME_THEN_ARGS, XML_FORMATS, ParsedCalls, ToolCall,
-                             arguments_key, text_may_not_start)
+                             arguments_key, new_call_id, text_may_not_start)
 from constrain.xml_calls import SHAPES, ValueForm, XmlShape, function_forms
 
 _WS = " \t\r\n"
-
-
-def _call_id() -> str:
-    return "call_" + secrets.token_hex(12)
 
 
 class _CallScanner:
@@ -236,7 +231,7 @@ class ToolCallStream:
                 name = self.between[len(call_tag):-len(args_tag)]
                 self._open_call()
                 self.call.state = "args"  # (entered before the object's opening brace: depth 0)
-                deltas.append({"tool_calls": [{"index": self.calls - 1, "id": _call_id(), "type": "function",
+                deltas.append({"tool_calls": [{"index": self.calls - 1, "id": new_call_id(), "type": "function",
                                                "function": {"name": name, "arguments": ""}}]})
         return self._merge(deltas)
 
@@ -250,7 +245,7 @@ class ToolCallStream:
         for name, piece in self.xml.feed(text):
             if name is not None:
                 self.calls += 1
-                deltas.append({"tool_calls": [{"index": self.calls - 1, "id": _call_id(), "type": "function",
+                deltas.append({"tool_calls": [{"index": self.calls - 1, "id": new_call_id(), "type": "function",
                                                "function": {"name": name, "arguments": ""}}]})
             if piece:
                 deltas.append({"tool_calls": [{"index": self.calls - 1, "function": {"arguments": piece}}]})
@@ -271,7 +266,7 @@ class ToolCallStream:
         index = self.calls - 1
         if not self.announced and self.call.name is not None:
             self.announced = True
-            deltas.append({"tool_calls": [{"index": index, "id": _call_id(), "type": "function",
+            deltas.append({"tool_calls": [{"index": index, "id": new_call_id(), "type": "function",
                                            "function": {"name": self.call.name, "arguments": ""}}]})
             if self.held_args:
                 deltas.append({"tool_calls": [{"index": index, "function": {"arguments": self.held_args}}]})
@@ -427,5 +422,5 @@ def as_streamed(text: str, spec) -> ParsedCalls:
             slot["id"] = slot["id"] or d.get("id")
             slot["name"] += (d.get("function") or {}).get("name") or ""
             slot["arguments"] += (d.get("function") or {}).get("arguments") or ""
-    return ParsedCalls([ToolCall(c["name"], c["arguments"], c["id"] or _call_id()) for c in calls.values()],
+    return ParsedCalls([ToolCall(c["name"], c["arguments"], c["id"] or new_call_id()) for c in calls.values()],
                        content or None, complete=False)
