@@ -632,15 +632,23 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
             validate_schema(schema, p)
         return ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
                               extra={"name": name, "source": schema})
+    if kind in _GRAMMAR_FORMATS:
+        raise ConstraintError(f"response_format.type {kind!r}: {_GRAMMAR_LANGUAGE}", param=p,
+                              code="unsupported_parameter")
     raise ConstraintError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                           param=p)
+
+
+# response_format types other servers take for a grammar (vLLM's structural tags; grammar languages by name)
+_GRAMMAR_FORMATS = ("structural_tag", "grammar", "ebnf", "gbnf", "lark")
 
 
 def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     if not isinstance(pattern, str) or not pattern:
         raise ConstraintError(f"{param} must be a non-empty string", param=param)
     if len(pattern) > DEFAULT_LIMITS.max_regex_chars:
-        raise ConstraintError(f"{param} is longer than {DEFAULT_LIMITS.max_regex_chars} characters", param=param)
+        raise ConstraintError(f"{param} is longer than {DEFAULT_LIMITS.max_regex_chars} characters", param=param,
+                              code="schema_too_large")
     if property_escapes(pattern) > MAX_PROPERTY_ESCAPES:
         raise ConstraintError(f"{param} names more than {MAX_PROPERTY_ESCAPES} Unicode properties (\\p{{..}})",
                               param=param)
@@ -656,7 +664,7 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     literal = longest_literal(pattern)
     if literal > DEFAULT_LIMITS.max_literal_chars:  # (as a `const` string: see Limits)
         raise ConstraintError(f"{param} spells {literal} characters in a row; the limit is "
-                              f"{DEFAULT_LIMITS.max_literal_chars}", param=param)
+                              f"{DEFAULT_LIMITS.max_literal_chars}", param=param, code="schema_too_large")
     return ConstraintSpec(kind="regex", pattern=pattern, extra=_from_field(param, "regex"))
 
 
@@ -664,13 +672,15 @@ def _choice(choice: Any, param: str = "choice") -> ConstraintSpec:
     if (not isinstance(choice, list) or not choice or not all(isinstance(c, str) and c for c in choice)):
         raise ConstraintError(f"{param} must be a non-empty list of non-empty strings", param=param)
     if len(choice) > DEFAULT_LIMITS.max_choices:
-        raise ConstraintError(f"{param} has more than {DEFAULT_LIMITS.max_choices} entries", param=param)
+        raise ConstraintError(f"{param} has more than {DEFAULT_LIMITS.max_choices} entries", param=param,
+                              code="schema_too_large")
     if sum(map(len, choice)) > DEFAULT_LIMITS.max_choice_chars:
-        raise ConstraintError(f"{param} holds more than {DEFAULT_LIMITS.max_choice_chars} characters", param=param)
+        raise ConstraintError(f"{param} holds more than {DEFAULT_LIMITS.max_choice_chars} characters", param=param,
+                              code="schema_too_large")
     longest = max(map(len, choice))
     if longest > DEFAULT_LIMITS.max_literal_chars:  # (as a `const` string: see Limits)
         raise ConstraintError(f"{param} has an entry of {longest} characters; the limit is "
-                              f"{DEFAULT_LIMITS.max_literal_chars}", param=param)
+                              f"{DEFAULT_LIMITS.max_literal_chars}", param=param, code="schema_too_large")
     return ConstraintSpec(kind="choice", choices=tuple(dict.fromkeys(choice)), extra=_from_field(param, "choice"))
 
 
@@ -724,7 +734,7 @@ def compat_options_ignored(fields: dict[str, Any]) -> list[str]:
     outputs = fields.get("structured_outputs")
     if not isinstance(outputs, dict):
         return []
-    return [f"structured_outputs.{name}" for name in STRUCTURED_OUTPUTS_OPTIONS
+    return [f"structured_outputs.{name}" for name in STRUCTURED_OUTPUTS_OPTIONS + _STRUCTURED_OUTPUTS_INTERNAL
             if outputs.get(name) not in (None, False)]  # (false: the default, which asks for nothing)
 
 

@@ -57,9 +57,14 @@ def test_a_string_the_output_spells_whole_is_bounded(schema, pointer):
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(choice=["yes", LONG])
     assert exc.value.param == "choice" and "the limit is 4096" in exc.value.message
+    assert exc.value.code == "schema_too_large"  # (as every size limit answers: README)
     with pytest.raises(ConstraintError) as exc:  # (a regex that is one long literal costs as much: review R5)
         spec_from_request(regex="(x|" + LONG + ")[0-9]")
     assert exc.value.param == "regex" and "4097 characters in a row; the limit is 4096" in exc.value.message
+    assert exc.value.code == "schema_too_large"
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(regex="[ab]" * 2_501)
+    assert "longer than 10000 characters" in exc.value.message and exc.value.code == "schema_too_large"
     assert spec_from_request(regex="(x|" + LONG[1:] + ")[0-9]{3}" + LONG[1:]).kind == "regex"
 
 

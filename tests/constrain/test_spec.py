@@ -98,7 +98,7 @@ def test_a_choice_is_bounded_in_entries_and_in_characters():
                          ([str(i) for i in range(10_001)], "more than 10000 entries")):
         with pytest.raises(ConstraintError) as exc:
             spec_from_request(choice=choice)
-        assert said in exc.value.message and exc.value.param == "choice"
+        assert said in exc.value.message and exc.value.param == "choice" and exc.value.code == "schema_too_large"
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(other_fields={"guided_choice": ["a" * 70_000]})
     assert exc.value.param == "guided_choice"
@@ -162,6 +162,19 @@ def test_other_servers_constraint_fields_are_refused_when_malformed_or_a_grammar
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(other_fields=fields)
     assert exc.value.param == param and said in exc.value.message
+
+
+@pytest.mark.parametrize("kind", ["structural_tag", "grammar", "ebnf"])
+def test_a_response_format_holding_a_grammar_is_refused_as_the_grammar_fields_are(kind):
+    """vLLM's `response_format: {"type": "structural_tag"}` got "type must be 'text', ..." and `invalid_constraint`,
+    where the other ways to send a grammar get `unsupported_parameter` (README; QA readme F5)."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": kind, kind: {}})
+    assert exc.value.param == "response_format" and exc.value.code == "unsupported_parameter"
+    assert "grammar language" in exc.value.message
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(other_fields={"grammar": 'root ::= "a"'})
+    assert exc.value.code == "unsupported_parameter"
 
 
 @pytest.mark.parametrize("regex", ["a++a", "a{2}+", "(ab)*+c", "x?+", "(?>ab)c"])

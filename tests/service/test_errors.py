@@ -459,6 +459,9 @@ def test_options_of_vllms_structured_outputs_that_change_nothing_are_named(http)
         "choice": ["yes", "no"], "disable_fallback": False, "disable_any_whitespace": False,
         "_backend": None, "_backend_was_auto": False}})
     assert r.status_code == 200 and "x-structgen-ignored-fields" not in r.headers
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "structured_outputs": {
+        "choice": ["yes", "no"], "_backend": "xgrammar"}})  # (a backend of vLLM's asked for: not served here)
+    assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "structured_outputs._backend"
     r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3,
                                           "structured_outputs": {"json_schema": {"type": "integer"}}})
     assert _assert_error(r, 400)["param"] == "structured_outputs.json_schema"
