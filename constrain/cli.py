@@ -153,13 +153,14 @@ def _check_schema(args: argparse.Namespace) -> int:
     tok, vocab = load_tokenizer(args.tokenizer)
     compiler = GrammarCompiler(vocab, tok, backend=args.backend, compile_timeout_s=args.timeout,
                                background_outlines=False)
-    schema = normalise_schema(schema)  # as the server compiles it (exact rewrites included)
+    source, schema = schema, normalise_schema(schema)  # as the server compiles it (exact rewrites included)
     plan = plan_unique_items(schema)
     if plan is not None:
         print(f"enforced while decoding: {', '.join(plan.pointers)}")
     bad = outlines_unsupported(plan.schema if plan is not None else schema)
+    bad = list(dict.fromkeys(_in_file(source, p) for p in bad))
     print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
-    spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict)
+    spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict, extra={"source": source})
     if args.backend != "outlines":  # (what a server pays once, at start-up: llguidance's tokenizer and tables)
         t0 = time.perf_counter()
         compiler.compile(ConstraintSpec(kind="json_schema", schema={"type": "string"}, backend="llguidance"))
@@ -188,6 +189,17 @@ def _check_schema(args: argparse.Namespace) -> int:
             print(f"outlines compile failed: {exc.message}")
     compiler.close()
     return 0
+
+
+def _in_file(source, pointer: str) -> str:
+    """A pointer into the schema as compiled, as a place in the file, as the server names them: the subschema an
+    exact rewrite replaced (`client_pointer`), but for an object of the file left open, whose absent
+    `additionalProperties` is named at its place."""
+    from constrain.support import client_pointer
+
+    mapped, holder = client_pointer(source, pointer), pointer.rpartition("/")[0]
+    return pointer if pointer.endswith("/additionalProperties") and mapped in (holder, "/" if not holder else holder) \
+        else mapped
 
 
 def _maskbench(args: argparse.Namespace) -> int:

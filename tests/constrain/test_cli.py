@@ -222,3 +222,15 @@ def test_check_schema_on_false_says_it_is_unsatisfiable_and_points_at_the_root(t
     out = capsys.readouterr().out
     assert "outlines: cannot enforce /\n" in out and "/type" not in out
     assert "Unsatisfiable" in out
+
+
+def test_check_schema_names_what_outlines_cannot_enforce_at_places_in_the_file(tmp_path, capsys):
+    """outlines' refusals were printed at places in the schema as rewritten (`/properties/n/allOf/0/anyOf/1/
+    exclusiveMaximum` for a `not: {const: 3}`), which the file does not have; the server names the subschema the
+    rewrite replaced, and an open object's absent `additionalProperties` at its place (QA readme F4)."""
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"type": "object", "properties": {
+        "n": {"not": {"const": 3}}, "o": {"type": "object", "properties": {"a": {"type": "integer"}}}}}))
+    main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("outlines: "))
+    assert line == "outlines: cannot enforce /additionalProperties, /properties/n, /properties/o/additionalProperties"
