@@ -2,7 +2,7 @@
 its RFC's grammar (every one of these grammars is regular; `uri` and `iri` with a hier-part, as ajv's), for the
 dates and times its matchers take too loosely, for e-mail addresses and URIs, which it takes more widely than
 validators do, and for IPv6 addresses, which it takes too narrowly (not those ending in an IPv4 address,
-`::ffff:1.2.3.4`). constrain/rewrite.py turns such a
+`::ffff:1.2.3.4`), and for durations, held to what Python's timedelta holds. constrain/rewrite.py turns such a
 `format` into the equivalent `pattern`, so both backends enforce it instead of refusing the schema. `URI`,
 `HOSTNAME`, `DURATION` and the IP addresses also serve the tool formats whose string values are raw text
 (constrain/xml_calls.py), where llguidance's checks of JSON strings do not reach.
@@ -94,11 +94,22 @@ URI = _reference(iri=False, absolute=True)
 # and hyphens, neither first nor last a hyphen (no bound on the whole name's length, nor a trailing dot).
 _LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME = f"{_LABEL}(?:\\.{_LABEL})*"
-# RFC 3339's durations (its Appendix A): "P" and the date's parts in order, each with the ones below it, then the
-# time's, or weeks alone; every part a whole number.
-_DUR_TIME = "T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
-DURATION = (f"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DUR_TIME})?"
-            f"|{_DUR_TIME}|[0-9]+W)")
+
+
+def _duration(y: str, mo: str, w: str, d: str, h: str, mi: str, s: str) -> str:
+    """RFC 3339's durations (its Appendix A): "P" and the date's parts in order, each with the ones below it, then
+    the time's, or weeks alone; every part a whole number of the digits given."""
+    time = f"T(?:{h}H(?:{mi}M(?:{s}S)?)?|{mi}M(?:{s}S)?|{s}S)"
+    return f"P(?:(?:{d}D|{mo}M(?:{d}D)?|{y}Y(?:{mo}M(?:{d}D)?)?)(?:{time})?|{time}|{w}W)"
+
+
+DURATION = _duration(*["[0-9]+"] * 7)
+# The durations Python's timedelta (behind pydantic) holds: pydantic reads each part as at most 2**32 - 1, the time's
+# together as seconds within it, the whole within 999,999,999 days; `P7822699Y` and `PT99999999H` are RFC 3339
+# durations it refuses (QA schemagen F1). Parts of at most 4, 5, 5, 6 digits (years, months, weeks, days) and 5, 6,
+# 9 (hours, minutes, seconds) stay within all three (at most ~7.7 million days, ~1.4e9 seconds).
+PYTHON_DURATION = _duration("[0-9]{1,4}", "[0-9]{1,5}", "[0-9]{1,5}", "[0-9]{1,6}", "[0-9]{1,5}", "[0-9]{1,6}",
+                            "[0-9]{1,9}")
 
 # E-mail addresses every validator takes: dot-separated atoms of letters, digits and `_%+-`, at a domain of two or
 # more host-name labels whose last is letters. RFC 5321 also allows quoted local parts, single-label domains and
@@ -137,6 +148,7 @@ FORMAT_PATTERNS = {
     "uri-template": _uri_template(),
     "json-pointer": _JSON_POINTER,
     "relative-json-pointer": f"(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})",
+    "duration": PYTHON_DURATION,  # (a part of RFC 3339's: constrain/rewrite.py `_PART_PATTERNS`)
 }
 
 

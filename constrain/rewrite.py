@@ -783,7 +783,7 @@ _FORMAT_LONGEST = {"idn-hostname": 253}  # characters a format's pattern leaves 
 # value must hold the format. Under `not` the part would let through what the rest of the format holds for (`"a@b"`
 # under `not: {format: idn-email}`), so there, and where the value may or may not hold it (`if`, a `oneOf` branch,
 # `contains`), the format stays, and is checked on finished values (constrain/late_keywords.py).
-_PART_PATTERNS = frozenset({"idn-email", "idn-hostname"})
+_PART_PATTERNS = frozenset({"idn-email", "idn-hostname", "duration"})
 _UNASSERTED = frozenset({"not", "if", "oneOf", "contains"})
 
 

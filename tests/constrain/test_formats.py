@@ -1,6 +1,6 @@
 """constrain/formats.py: each format's pattern is its RFC grammar (RFC examples in, near misses out; e-mail: the
-addresses every validator takes; uri and iri: a hier-part), the rewrite puts it in place of the `format`, and both backends then accept and
-refuse the same strings through the mask."""
+addresses every validator takes; uri and iri: a hier-part; durations: those Python's timedelta holds), the rewrite
+puts it in place of the `format`, and both backends then accept and refuse the same strings through the mask."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ VALID = {
     "date-time": ["2024-02-29T23:59:59Z", "1996-12-19T16:39:57-08:00", "1985-04-12T23:20:50.52Z"],
     "ipv6": ["::", "::1", "1::", "fe80::1", "2001:db8::8a2e:370:7334", "1:2:3:4:5:6:7:8", "ABCD:ef01::",
              "::ffff:1.2.3.4", "1:2:3:4:5:6:1.2.3.4", "64:ff9b::192.0.2.33"],
+    "duration": ["P1D", "PT0S", "P1Y2M3DT4H5M6S", "P4W", "P0001Y", "PT1H0M1S", "P1MT1M",
+                 "P9999Y99999M999999DT99999H999999M999999999S", "P99999W"],
 }
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
@@ -63,6 +65,10 @@ INVALID = {
     # jsonschema's check (Python's ipaddress) refuses a zone index too
     "ipv6": ["", ":1::", "1:::2", "1::2::3", "12345::", "1:2:3:4:5:6:7:8:9", "1.2.3.4", "::ffff:01.2.3.4",
              "::ffff:1.2.3.256", "fe80::1%eth0", "1:2:3:4:5:6:7:1.2.3.4"],
+    # not RFC 3339's (nothing after P or T, the time's parts without T, weeks beside days, fractions, lower case),
+    # and RFC 3339's that Python's timedelta (pydantic) cannot hold (QA schemagen F1)
+    "duration": ["P", "PT", "P1H", "P1DT", "P1W2D", "P1.5D", "p1d", "PT1H1S", "P7822699Y", "PT99999999H",
+                 "PT0064M00227365777789525S"],
 }
 
 
@@ -71,6 +77,26 @@ def test_pattern_is_the_rfc_grammar(name):
     pattern = re.compile(format_pattern(name))
     assert [s for s in VALID[name] if not pattern.fullmatch(s)] == []
     assert [s for s in INVALID[name] if pattern.fullmatch(s)] == []
+
+
+def test_durations_are_those_python_holds(tokenizers, vocabs):
+    """pydantic writes a `timedelta` as `format: duration`, and llguidance's own check took any number of digits
+    in every part: `P7822699Y`, which no timedelta holds, failed `model_validate_json` (and the SDK's `parse()`)
+    in 8 answers of 20 (QA schemagen F1). Now the parts are held to what Python's timedelta holds."""
+    from pydantic import TypeAdapter
+
+    as_timedelta = TypeAdapter(datetime.timedelta)
+    assert [as_timedelta.validate_python(s) for s in VALID["duration"]]  # (raises where one is not held)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    try:
+        g = compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "d", "strict": True, "schema": {"type": "object", "properties": {
+                "v": {"type": "string", "format": "duration"}}, "required": ["v"], "additionalProperties": False}}}))
+        assert [s for s in VALID["duration"] if not accepts_value(g, tok, vocab, s)] == []
+        assert [s for s in INVALID["duration"] if accepts_value(g, tok, vocab, s)] == []
+    finally:
+        compiler.close()
 
 
 @pytest.mark.parametrize("backend", ["llguidance", "outlines"])
@@ -168,6 +194,7 @@ def test_email_and_uri_take_only_what_every_validator_takes(tokenizers, vocabs):
     ({"type": "string", "not": {"format": "idn-email"}}, "a@b", False),
     ({"type": "string", "oneOf": [{"format": "idn-hostname"}, {"minLength": 5}]}, "münchen.de", False),
     ({"type": "string", "not": {"$ref": "#/$defs/h"}}, "münchen.de", False),
+    ({"type": "string", "not": {"format": "duration"}}, "P7822699Y", False),  # (a duration, which Python can't hold)
 ])
 def test_a_format_whose_pattern_is_part_of_it_stays_exact_where_it_is_not_asserted(schema, text, valid, tokenizers,
                                                                                      vocabs):
