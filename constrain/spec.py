@@ -313,6 +313,10 @@ def validate_schema(schema: Any, param: str, base: str = "") -> None:
                 _valid.popitem(last=False)
 
 
+# A `\p{..}` (not an escaped backslash's `p`) that `unicode_properties` left as written: not a general category
+_UNREAD_PROPERTY = re.compile(r"(?:^|[^\\])(?:\\\\)*(\\[pP]\{[^}]*\})")
+
+
 def _check_schema(schema: Any, param: str, base: str) -> None:
     check_schema_limits(schema, param, base=base)
     if isinstance(schema, bool):
@@ -323,6 +327,12 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         raise ConstraintError(f"the schema's patterns name more than {MAX_PROPERTY_ESCAPES} Unicode properties "
                               f"(\\p{{..}}, the first at {ptr})", param=param, pointer=ptr)
     for ptr, regex in schema_patterns(schema):
+        unread = _UNREAD_PROPERTY.search(python_pattern(regex))
+        if unread is not None:  # (a script: ECMA-262 and Rust read it, Python's re and so the checks here do not)
+            raise ConstraintError(f"the pattern at {base + ptr} cannot be enforced: it names the Unicode property "
+                                  f"`{unread[1]}`; of Unicode properties, this server reads the general categories "
+                                  f"(\\p{{L}}, \\p{{Nd}}, \\p{{Letter}}, ...)", param=param, pointer=base + ptr,
+                                  code="unsupported_schema")
         only_python = python_only_syntax(python_pattern(regex))
         if only_python is not None:
             raise ConstraintError(f"invalid JSON Schema at {base + ptr}: the regex {regex[:100]!r} uses "
@@ -653,6 +663,11 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
         raise ConstraintError(f"{param} names more than {MAX_PROPERTY_ESCAPES} Unicode properties (\\p{{..}})",
                               param=param)
     pattern = python_pattern(pattern)
+    unread = _UNREAD_PROPERTY.search(pattern)
+    if unread is not None:
+        raise ConstraintError(f"{param} cannot be enforced: it names the Unicode property `{unread[1]}`; of Unicode "
+                              f"properties, this server reads the general categories (\\p{{L}}, \\p{{Nd}}, "
+                              f"\\p{{Letter}}, ...)", param=param)
     try:
         re.compile(pattern)
     except re.error as exc:

@@ -1042,3 +1042,22 @@ def test_a_type_beside_a_percent_encoded_ref_is_known_kept_by_its_target_as_besi
         schema = {"$defs": {name: {"type": "string"}}, "type": "object",
                   "properties": {"x": {"type": "string", "$ref": ref}}, "required": ["x"]}
         assert "/properties/x/type" not in outlines_unsupported(schema), ref
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_unicode_property_other_than_a_category_is_named_as_one_that_cannot_be_enforced(strict):
+    """`\\p{Greek}` (zod's `.emoji()` writes `\\p{Extended_Pictographic}`) is valid ECMA-262, which Python's `re`
+    (so jsonschema and the checks here) cannot read: it was called an invalid JSON Schema (`is not a 'regex'`,
+    `invalid_constraint`), where it is one this server cannot enforce (QA schemagen F2)."""
+    for pattern in ("^\\p{Greek}+$", "^(\\p{Extended_Pictographic}|\\p{Emoji_Component})+$", "^[\\p{L}\\p{Emoji}]$"):
+        schema = {"type": "object", "properties": {"e": {"type": "string", "pattern": pattern}}}
+        with pytest.raises(ConstraintError) as exc:
+            spec_from_request(response_format={"type": "json_schema", "json_schema": {
+                "name": "e", "schema": schema, "strict": strict}})
+        assert (exc.value.code, exc.value.pointer) == ("unsupported_schema", "/properties/e/pattern"), pattern
+        assert "cannot be enforced" in exc.value.message and "Unicode property `\\p{" in exc.value.message
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(regex="\\p{Greek}+")
+    assert "cannot be enforced" in exc.value.message and exc.value.param == "regex"
+    escaped = {"type": "string", "pattern": "^\\\\p{x}$"}  # (a backslash, then `p{x}`: no property)
+    assert spec_from_request(response_format={"type": "json_object", "schema": escaped}).kind == "json_schema"
