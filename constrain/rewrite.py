@@ -83,7 +83,7 @@ from urllib.parse import unquote
 import jsonschema
 
 from constrain.finite_values import finite_values
-from constrain.formats import NATIVE_FORMAT_PATTERNS, format_pattern
+from constrain.formats import LIBRARY_FORMATS, NATIVE_FORMAT_PATTERNS, format_pattern
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
@@ -756,15 +756,18 @@ def _search_counts(node: dict, ctx: _Ctx) -> dict:
 
 
 def _format(node: dict, ctx: _Ctx) -> dict:
-    """A `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation validators ignore: dropped.
-    A format whose RFC grammar is regular and that llguidance lacks becomes that grammar's `pattern`."""
+    """A `format` JSON Schema does not define (`url`, `int64`, ...) is an annotation validators ignore: dropped;
+    pydantic's (`uuid4`, `LIBRARY_FORMATS`) become the pattern pydantic checks where a value must hold them. A
+    format whose RFC grammar is regular and that llguidance lacks becomes that grammar's `pattern`."""
     name = node.get("format")
     if not isinstance(name, str):
         return node
     pattern = format_pattern(name)
     if name in STANDARD_FORMATS and pattern is None:
         return node
-    if name in _PART_PATTERNS and not _asserted(ctx.here, ctx):
+    if name in LIBRARY_FORMATS and not _asserted(ctx.here, ctx):
+        pattern = None  # (an annotation to JSON Schema: under `not`, a value need not be one)
+    elif name in _PART_PATTERNS and not _asserted(ctx.here, ctx):
         return node  # (checked on finished values, exactly)
     node = {k: v for k, v in node.items() if k != "format"}
     if pattern is not None and "pattern" not in node:

@@ -38,6 +38,9 @@ VALID = {
              "::ffff:1.2.3.4", "1:2:3:4:5:6:1.2.3.4", "64:ff9b::192.0.2.33"],
     "duration": ["P1D", "PT0S", "P1Y2M3DT4H5M6S", "P4W", "P0001Y", "PT1H0M1S", "P1MT1M",
                  "P9999Y99999M999999DT99999H999999M999999999S", "P99999W"],
+    **{f"uuid{v}": [f"1b4e28ba-2fa1-{v}1d2-883f-0016d3cca427", f"1B4E28BA-2FA1-{v}1D2-B83F-0016D3CCA427"]
+       for v in range(1, 9)},
+    "ipvanyaddress": ["1.2.3.4", "::1", "::ffff:1.2.3.4", "fe80::1"],
 }
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
@@ -69,6 +72,11 @@ INVALID = {
     # and RFC 3339's that Python's timedelta (pydantic) cannot hold (QA schemagen F1)
     "duration": ["P", "PT", "P1H", "P1DT", "P1W2D", "P1.5D", "p1d", "PT1H1S", "P7822699Y", "PT99999999H",
                  "PT0064M00227365777789525S"],
+    # another version, another variant (Python's uuid reads no version there), no hyphens, braces
+    **{f"uuid{v}": [f"1b4e28ba-2fa1-{v % 8 + 1}1d2-883f-0016d3cca427", f"1b4e28ba-2fa1-{v}1d2-c83f-0016d3cca427",
+                    f"1b4e28ba2fa1{v}1d2883f0016d3cca427", f"{{1b4e28ba-2fa1-{v}1d2-883f-0016d3cca427}}"]
+       for v in range(1, 9)},
+    "ipvanyaddress": ["01.2.3.4", "1.2.3", "1::2::3", "", "localhost"],
 }
 
 
@@ -95,6 +103,33 @@ def test_durations_are_those_python_holds(tokenizers, vocabs):
                 "v": {"type": "string", "format": "duration"}}, "required": ["v"], "additionalProperties": False}}}))
         assert [s for s in VALID["duration"] if not accepts_value(g, tok, vocab, s)] == []
         assert [s for s in INVALID["duration"] if accepts_value(g, tok, vocab, s)] == []
+    finally:
+        compiler.close()
+
+
+def test_pydantics_uuid_versions_and_any_ip_address_are_what_pydantic_reads(tokenizers, vocabs):
+    """pydantic writes `UUID4` as `format: uuid4` and `IPvAnyAddress` as `format: ipvanyaddress`, which JSON Schema
+    does not define: dropped as annotations, any string was written, and `model_validate_json` refused most
+    (`UUID version 4 expected`). They are now the patterns of what pydantic reads, where a value must hold them."""
+    from pydantic import UUID1, UUID4, UUID7, BaseModel, IPvAnyAddress, TypeAdapter
+
+    for name, kind in (("uuid1", UUID1), ("uuid4", UUID4), ("uuid7", UUID7), ("ipvanyaddress", IPvAnyAddress)):
+        reads = TypeAdapter(kind)
+        assert [reads.validate_python(s) for s in VALID[name]]  # (raises where one is not read)
+        for text in INVALID[name][:2 if name.startswith("uuid") else None]:  # (pydantic also reads a UUID without
+            with pytest.raises(ValueError):                                # hyphens or in braces, never written)
+                reads.validate_python(text)
+
+    class Host(BaseModel):
+        v: UUID4
+
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    try:
+        g = compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "h", "strict": True, "schema": {**Host.model_json_schema(), "additionalProperties": False}}}))
+        assert [s for s in VALID["uuid4"] if not accepts_value(g, tok, vocab, s)] == []
+        assert [s for s in INVALID["uuid4"] if accepts_value(g, tok, vocab, s)] == []
     finally:
         compiler.close()
 
