@@ -48,6 +48,11 @@ def _arguments_object(arguments: str | dict) -> Any:
     return value
 
 
+def _arguments_text(arguments: str | dict) -> str:
+    """An earlier call's `arguments` as JSON text, for templates that add them to a string (DeepSeek's)."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
 def tool_calls_as_text(message: ChatMessage) -> str:
     """An assistant's earlier tool calls written the way constrain asks the model to write them (a JSON array of
     {"name", "arguments"})."""
@@ -143,7 +148,21 @@ def _one_call_each(item: dict) -> list[dict]:
 
 
 _PROBE = "structgen-role-probe-7f3a"
+_FIRST_PROBE = "structgen-first-probe-7f3a"
 _PROBE_TOOL = "structgen_tool_probe_7f3a"
+_PROBE_CALL = "structgen_call_probe_7f3a"  # (another name than the tool's: a call is not told by the tools' list)
+_PROBE_TOOLS = [{"type": "function", "function": {
+    "name": _PROBE_TOOL, "description": "A probe.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}}}]
+
+
+def _probe_call(arguments: Any, name: str = _PROBE_TOOL) -> dict:
+    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# Phi-4-mini's calls (in llama.cpp's copy of its template) are each an object between `<|tool_call|>` and this:
+# not Granite's list after `<|tool_call|>`.
+PHI4_CALL_CLOSE = "<|/tool_call|>"
 # Llama 3.1-3.3's templates tell the model: 'Respond in the format {"name": function name, "parameters":
 # dictionary of argument name and its value}.'
 LLAMA3_JSON_INSTRUCTION = re.compile(r'"name": [^\n"]{0,80}"parameters": ')
@@ -213,13 +232,24 @@ def _check_compiles(template: str) -> None:
 class ChatTemplate:
     """Renders a conversation for one tokenizer."""
 
-    def __init__(self, tokenizer, tool_format: str = "auto", reasoning: str = "auto"):
+    def __init__(self, tokenizer, tool_format: str = "auto", reasoning: str = "auto", template: str | None = None):
+        """`template`: the one to render with (default: the tokenizer's; where it has named ones, `tool_use`, with
+        `default` for requests without tools)."""
         self.tokenizer = tokenizer
         specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special and t.content},
                           key=len, reverse=True)
         self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
-        self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
-        self.has_own_template = bool(getattr(tokenizer, "chat_template", None))
+        own = getattr(tokenizer, "chat_template", None)
+        self._without_tools: ChatTemplate | None = None
+        if template is None and isinstance(own, dict) and own:
+            # Named templates (Hermes-2-Pro's and 3's, Command-R's): transformers and vLLM render a request with
+            # tools by `tool_use` (which may refuse a conversation without them), any other by `default`.
+            template = own.get("tool_use") or own.get("default") or next(iter(own.values()))
+            plain = own.get("default")
+            if plain and plain != template:
+                self._without_tools = ChatTemplate(tokenizer, tool_format, reasoning, template=plain)
+        self.template = template or (own if isinstance(own, str) else None) or FALLBACK_TEMPLATE
+        self.has_own_template = bool(own)
         _check_compiles(self.template)
         self.knows_tools = "tools" in self.template and self._renders_tools()
         self.knows_tool_calls = "tool_calls" in self.template
@@ -243,17 +273,23 @@ class ChatTemplate:
         self.reasoning = self._reasoning_tags() if reasoning == "auto" else None
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
         # turns rather than lose the system prompt, the tools description or a tool's result.
+        # (each probe is tried with tools given too: Hermes-3's `tool_use` template refuses a conversation without)
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},
                                              {"role": "user", "content": "hi"}])
-        # Others render only the first message as the system prompt (gpt-oss's, Magistral's): a later system or
-        # developer message would be lost, where OpenAI applies each one where it stands.
+        # Others render one system message as the system prompt: the first (gpt-oss's, Magistral's) or the last
+        # (DeepSeek-R1's); the others would be lost, where OpenAI applies each one where it stands.
         self.renders_later_system = self.renders_system and self._renders(
-            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+            [{"role": "system", "content": _FIRST_PROBE}, {"role": "user", "content": "hi"},
              {"role": "assistant", "content": "ok"}, {"role": "system", "content": _PROBE},
-             {"role": "user", "content": "hi"}])
-        self.renders_tool = self._renders([{"role": "user", "content": "hi"},
-                                           {"role": "assistant", "content": "ok"},
-                                           {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}])
+             {"role": "user", "content": "hi"}], _FIRST_PROBE)
+        # (a tool result after the call it answers, as gpt-oss's template demands one, or after a plain answer)
+        self.renders_tool = any(self._renders(conversation) for conversation in (
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+             {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}],
+            [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "", "tool_calls": [_probe_call({"x": "y"})]},
+             {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}]))
+        self._calls_in_history = self._calls_written_as()
 
     def _tool_format(self) -> str:
         """How the model writes tool calls (constrain/tools.py), as its template tells it to: the `<tool_call>` tags
@@ -273,7 +309,8 @@ class ChatTemplate:
             return "glm47" if ARG_KEY_CLOSE + ARG_VALUE_OPEN in self.template else "glm45"
         if HERMES_OPEN in self.template:
             return "hermes"
-        if GRANITE_CALLS in self.template and self._special_token(GRANITE_CALLS):
+        if GRANITE_CALLS in self.template and PHI4_CALL_CLOSE not in self.template \
+                and self._special_token(GRANITE_CALLS):
             return "granite"
         if MISTRAL_CALLS in self.template and call_token_id(self.tokenizer) is not None:
             if MISTRAL_ARGS not in self.template:
@@ -338,39 +375,64 @@ class ChatTemplate:
         (Phi-4-mini's, from the system message's own `tools` field), so the model would never see them: those get
         the tools prompt instead, as templates without tool support do. A template that refuses the probe is
         trusted to know tools."""
-        tool = {"type": "function", "function": {
-            "name": _PROBE_TOOL, "description": "A probe.",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string", "description": "x"}},
-                           "required": ["x"]}}}
         for conversation in ([{"role": "user", "content": "hi"}],
                              [{"role": "system", "content": "hi"}, {"role": "user", "content": "hi"}]):
             try:
-                if _PROBE_TOOL in self._apply(conversation, {"add_generation_prompt": True, "tools": [tool]}):
+                if _PROBE_TOOL in self._apply(conversation, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
                     return True
             except Exception:  # noqa: BLE001 - a template that refuses the probe (it may want other fields)
                 return True
         return False
 
-    def _renders(self, conversation: list[dict]) -> bool:
-        try:
-            text = self._apply(conversation, {"add_generation_prompt": True})
-        except Exception:  # a template that refuses the role does not render it
-            return False
-        return _PROBE in text
+    def _renders(self, conversation: list[dict], *also: str) -> bool:
+        """The template writes `_PROBE` (and each of `also`) of `conversation`, as it is or with tools given."""
+        for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
+            try:
+                text = self._apply(conversation, options)
+            except Exception:  # noqa: BLE001 - a template that refuses the role does not render it
+                continue
+            if all(probe in text for probe in (_PROBE, *also)):
+                return True
+        return False
+
+    def _calls_written_as(self) -> str:
+        """How an assistant's earlier calls reach the prompt: "arguments" (the template writes `tool_calls`, their
+        arguments a mapping), "arguments text" (it adds them to a string: DeepSeek's), or "content" (written as text
+        in the message's content, where the template has no `tool_calls`, or drops them without a word: DeepSeek-R1's
+        and V3's write calls only where the content is None, which transformers 5 takes out of every message). A
+        template that refuses every probe is trusted with a mapping."""
+        if not self.knows_tool_calls:
+            return "content"
+        dropped = False
+        for written_as, arguments in (("arguments", {"x": "y"}), ("arguments text", '{"x": "y"}')):
+            conversation = [{"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": "", "tool_calls": [_probe_call(arguments, _PROBE_CALL)]},
+                            {"role": "tool", "content": "ok", "tool_call_id": "call_0"}]
+            for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
+                try:
+                    text = self._apply(conversation, options)
+                except Exception:  # noqa: BLE001 - not a shape it takes
+                    continue
+                if _PROBE_CALL in text:
+                    return written_as
+                dropped = True
+        return "content" if dropped else "arguments"
 
     def _fold_roles(self, dicts: list[dict]) -> list[dict]:
         """The messages with the roles the template would drop folded into ones it renders: a tool result into a
-        user turn; a system message into the next user turn, or, where the template renders only a first system
-        message, a system message right after it into that one."""
-        out: list[dict] = []
+        user turn; a system message into the next user turn, or, where the template renders one system message
+        only, a system message right after the first into that one. A user turn this makes joins a user turn
+        beside it (Gemma's template refuses two in a row: parallel results, or a result and the next question)."""
+        out: list[tuple[dict, bool]] = []  # (message, whether this made it a user turn)
         system: list[str] = []
         for d in dicts:
+            made = False
             if d["role"] == "tool" and not self.renders_tool:
                 label = d.get("name") or d.get("tool_call_id") or "tool"
-                d = {"role": "user", "content": f"Tool result ({label}): {d['content']}"}
+                d, made = {"role": "user", "content": f"Tool result ({label}): {d['content']}"}, True
             if d["role"] == "system" and self.renders_system and not self.renders_later_system and out:
-                if len(out) == 1 and out[0]["role"] == "system":
-                    out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + d["content"]}
+                if len(out) == 1 and out[0][0]["role"] == "system":
+                    out[0] = ({**out[0][0], "content": out[0][0]["content"] + "\n\n" + d["content"]}, False)
                 else:
                     system.append(d["content"])
                 continue
@@ -380,10 +442,17 @@ class ChatTemplate:
             if system and d["role"] == "user":
                 d = {**d, "content": "\n\n".join(system + [d["content"]])}
                 system = []
-            out.append(d)
+            out.append((d, made))
         if system:
-            out.append({"role": "user", "content": "\n\n".join(system)})
-        return out
+            out.append(({"role": "user", "content": "\n\n".join(system)}, True))
+        joined: list[tuple[dict, bool]] = []
+        for d, made in out:
+            if joined and d["role"] == "user" == joined[-1][0]["role"] and (made or joined[-1][1]):
+                before = joined[-1][0]
+                joined[-1] = ({**before, "content": before["content"] + "\n\n" + d["content"]}, True)
+            else:
+                joined.append((d, made))
+        return [d for d, _ in joined]
 
     def _message_dicts(self, messages: list[ChatMessage], held: _HeldText | None = None,
                        prefill: bool = False) -> list[dict]:
@@ -395,11 +464,13 @@ class ChatTemplate:
             role = "system" if m.role == "developer" else m.role
             item: dict[str, Any] = {"role": role, "content": m.text}
             if m.role == "assistant" and m.tool_calls:
-                if self.knows_tool_calls:
+                if self._calls_in_history != "content":
                     item["tool_calls"] = [
                         {"id": c.id, "type": "function",
                          "function": {"name": c.function.name,
-                                      "arguments": _arguments_object(c.function.arguments)}}
+                                      "arguments": _arguments_text(c.function.arguments)
+                                      if self._calls_in_history == "arguments text"
+                                      else _arguments_object(c.function.arguments)}}
                         for c in m.tool_calls]
                 else:
                     item["content"] = (m.text + "\n" if m.text else "") + tool_calls_as_text(m)
@@ -437,6 +508,10 @@ class ChatTemplate:
         models read content as text, and so a message cannot end its turn and begin another (an injected system or
         assistant turn). The template's own tokens, a prefill's (`_message_dicts`) and a raw `prompt`'s stay
         tokens."""
+        if not tools and self._without_tools is not None:
+            return self._without_tools.render_with_text_spans(
+                messages, None, tools_prompt, generation_prompt=generation_prompt,
+                continue_final_message=continue_final_message, template_kwargs=template_kwargs)
         held = _HeldText(self._special_text) if self._special_text is not None else None
         dicts = self._message_dicts(messages, held, prefill=continue_final_message)
         kwargs: dict[str, Any] = dict(template_kwargs or {})

@@ -192,6 +192,15 @@ def build_llama3_tagged_tokenizer(out: Path) -> Path:
     return _build_tagged_tokenizer(out, "qwen2", LLAMA3_PYTHON_TAG, LLAMA3_TOOLS_TEMPLATE, special=True)
 
 
+# Real models' chat templates, as llama.cpp keeps copies of them (models/templates/, MIT): DeepSeek-R1-Distill-Qwen's
+# (the last system message only; calls written only where the content is None), Gemma 2's (no system role, user and
+# assistant alternating), Hermes 3's `tool_use` (named templates; iterates `tools`), gpt-oss's (less the built-in
+# browser and python tools' prose; a tool result must answer a call), and llama.cpp's Phi-4-mini (calls closed by
+# `<|/tool_call|>`).
+REAL_TEMPLATES = {name: ROOT / "tests" / "tokenizers" / name / "chat_template.jinja"
+                  for name in ("deepseek_r1_distill", "gemma2", "hermes3_tool_use", "gpt_oss", "phi4_mini_llamacpp")}
+
+
 def build_template_tokenizer(out: Path, template: Path) -> Path:
     """The Qwen2 tokenizer with `template` for its chat template, saved into `out` (these formats are in the
     template's text, not in the vocabulary)."""

@@ -426,3 +426,97 @@ def test_every_system_and_developer_message_reaches_the_prompt_where_it_stands(s
     order = ["RULE_A", "RULE_B", "QUESTION_1", "ANSWER_1", "RULE_C", "QUESTION_2"]
     assert all(word in text for word in order), text
     assert sorted(order, key=text.index) == order, text
+
+
+def _call(i: int) -> dict:
+    return {"id": f"call_{i}abcdefghijklmnop", "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps({"q": f"ARG{i}"})}}
+
+
+LOOKUP = [{"type": "function", "function": {"name": "lookup", "description": "Looks a word up.", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}]
+
+
+def _real(name: str, tmp_path, **tags) -> ChatTemplate:
+    from tests.conftest import HARMONY_TAGS, REAL_TEMPLATES, _build_tagged_tokenizer, build_template_tokenizer
+
+    if name == "gpt_oss":
+        directory = _build_tagged_tokenizer(tmp_path, "qwen2", HARMONY_TAGS, REAL_TEMPLATES[name], special=True)
+    else:
+        directory = build_template_tokenizer(tmp_path, REAL_TEMPLATES[name])
+    return ChatTemplate(AutoTokenizer.from_pretrained(str(directory)))
+
+
+def test_on_deepseek_r1_earlier_calls_every_system_message_and_the_tools_reach_the_prompt(tmp_path):
+    """DeepSeek-R1's template writes a call only where its message's content is None (transformers 5 takes None
+    out of every message), and renders the last system message only: earlier calls, the first system message
+    and the tools prompt added to it were lost without a word (QA templatezoo F2, F3)."""
+    template = _real("deepseek_r1_distill", tmp_path)
+    conversation = [ChatMessage(role="system", content="SYS1"), ChatMessage(role="system", content="SYS2"),
+                    ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content=None, tool_calls=[_call(1)]),
+                    ChatMessage(role="tool", tool_call_id=_call(1)["id"], content="RES1")]
+    text = template.render(conversation, tools=LOOKUP, tools_prompt=tools_system_prompt)
+    order = ["SYS1", "SYS2", "USR1", "ARG1", "RES1"]
+    assert all(word in text for word in order) and sorted(order, key=text.index) == order, text
+    assert text.index("Looks a word up.") < text.index("USR1")
+
+
+def test_on_gemma_a_tool_conversation_goes_on_after_the_results(tmp_path):
+    """Gemma's template has no tool role and refuses two user turns in a row: results folded into user turns
+    made every conversation that went on after them a 400 (parallel results, or a result and the next
+    question; QA templatezoo F5). A folded turn joins the user turn beside it."""
+    template = _real("gemma2", tmp_path)
+    conversation = [ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content=None, tool_calls=[_call(1), _call(2)]),
+                    ChatMessage(role="tool", tool_call_id=_call(1)["id"], content="RES1"),
+                    ChatMessage(role="tool", tool_call_id=_call(2)["id"], content="RES2"),
+                    ChatMessage(role="user", content="USR2")]
+    text = template.render(conversation, tools=LOOKUP, tools_prompt=tools_system_prompt)
+    order = ["USR1", "ARG1", "ARG2", "RES1", "RES2", "USR2"]
+    assert sorted(order, key=text.index) == order and text.count("<start_of_turn>user") == 2, text
+
+
+def test_tool_results_and_system_messages_are_written_as_the_template_writes_them(tmp_path):
+    """The probes of which roles a template renders refused gpt-oss's (a tool result must answer a call) and
+    Hermes 3's `tool_use` (it iterates `tools`): every tool result became a user turn `Tool result (...)`, and
+    Hermes 3's system messages user text (QA templatezoo F4). They now probe after a call, with tools given."""
+    conversation = [ChatMessage(role="system", content="SYS1"), ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content=None, tool_calls=[_call(1)]),
+                    ChatMessage(role="tool", tool_call_id=_call(1)["id"], content="RES1")]
+    for name, result in (("gpt_oss", 'functions.lookup to=assistant<|channel|>commentary<|message|>"RES1"'),
+                         ("hermes3_tool_use", "<tool_response>\nRES1\n</tool_response>")):
+        template = _real(name, tmp_path / name)
+        text = template.render(conversation, tools=LOOKUP)
+        assert result in text and "Tool result (" not in text, (name, text)
+    hermes = _real("hermes3_tool_use", tmp_path / "again")
+    assert "<|im_start|>system\nSYS1<|im_end|>" in hermes.render(conversation, tools=LOOKUP)
+
+
+def test_named_templates_render_a_request_with_tools_by_tool_use_and_any_other_by_default(tmp_path):
+    """Hermes-2-Pro's and 3's (and Command-R's) tokenizer_config names its templates (`default`, `tool_use`):
+    the model could not be served at all (`unhashable type: 'dict'`, QA templatezoo F1)."""
+    from tests.conftest import REAL_TEMPLATES, build_template_tokenizer
+
+    directory = build_template_tokenizer(tmp_path, REAL_TEMPLATES["hermes3_tool_use"])
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": "DEFAULT{% for m in messages %}[{{ m['content'] }}]"
+                                                               "{% endfor %}"},
+                               {"name": "tool_use", "template": (directory / "chat_template.jinja").read_text()}]
+    (directory / "chat_template.jinja").unlink()
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    template = ChatTemplate(AutoTokenizer.from_pretrained(str(directory)))
+    assert template.tool_format == "hermes"
+    hi = [ChatMessage(role="user", content="hi")]
+    assert template.render(hi) == "DEFAULT[hi]"
+    assert "<tools>" in template.render(hi, tools=LOOKUP)
+
+
+def test_a_template_whose_calls_close_with_a_tag_is_not_read_as_granites_list(tmp_path):
+    """`<|tool_call|>` alone made the format `granite` (a JSON list after the tag); llama.cpp's Phi-4-mini template
+    asks for an object between `<|tool_call|>` and `<|/tool_call|>` (QA templatezoo F7)."""
+    from tests.conftest import REAL_TEMPLATES, _build_tagged_tokenizer
+
+    tags = {151659: "<|tool_call|>", 151660: "<|/tool_call|>"}
+    directory = _build_tagged_tokenizer(tmp_path, "qwen2", tags, REAL_TEMPLATES["phi4_mini_llamacpp"], special=True)
+    assert ChatTemplate(AutoTokenizer.from_pretrained(str(directory))).tool_format == "json_array"
