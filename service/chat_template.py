@@ -532,8 +532,23 @@ class ChatTemplate:
         try:
             rendered = self._apply(dicts, options)
         except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
-            raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
+            rendered = self._with_descriptions(dicts, options)
+            if rendered is None:
+                raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
         return held.put_back(rendered) if held is not None else (rendered, ())
+
+    def _with_descriptions(self, dicts: list[dict], options: dict[str, Any]) -> str | None:
+        """The conversation rendered with a `description` ("" where none) on every tool; None where every tool has
+        one, or the template still refuses. Hermes 3's template, as gpt-oss's, reads each tool's description,
+        which OpenAI's API does not require."""
+        tools = options.get("tools")
+        described = [_with_description(t) for t in tools or ()]
+        if described == (tools or []):
+            return None
+        try:
+            return self._apply(dicts, {**options, "tools": described})
+        except Exception:  # noqa: BLE001 - the first refusal is the one to tell
+            return None
 
     def _apply(self, dicts: list[dict], options: dict[str, Any]) -> str:
         """The template applied; where it refuses the conversation, applied again with the tool call ids made

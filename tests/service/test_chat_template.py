@@ -491,6 +491,9 @@ def test_tool_results_and_system_messages_are_written_as_the_template_writes_the
         assert result in text and "Tool result (" not in text, (name, text)
     hermes = _real("hermes3_tool_use", tmp_path / "again")
     assert "<|im_start|>system\nSYS1<|im_end|>" in hermes.render(conversation, tools=LOOKUP)
+    bare = [{"type": "function", "function": {"name": "f", "parameters": {  # (OpenAI requires no description)
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    assert '"name": "f"' in hermes.render(conversation[:2], tools=bare)  # (its template read each one's)
 
 
 def test_named_templates_render_a_request_with_tools_by_tool_use_and_any_other_by_default(tmp_path):
