@@ -585,19 +585,19 @@ def test_the_fingerprint_changes_with_the_code_and_libraries_that_sample(monkeyp
     fingerprint says so, as OpenAI's does when its backend changes."""
     import importlib.metadata
 
-    from service import responses
+    from service import fingerprint
 
-    before = responses.system_fingerprint("m", "llguidance")
+    before = fingerprint.system_fingerprint("m", "llguidance")
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda name: "99.0" if name == "torch" else real_version(name))
-    responses.code_identity.cache_clear()
+    fingerprint.code_identity.cache_clear()
     try:
-        assert responses.system_fingerprint("m", "llguidance") != before
+        assert fingerprint.system_fingerprint("m", "llguidance") != before
     finally:
         monkeypatch.undo()
-        responses.code_identity.cache_clear()
-    assert responses.system_fingerprint("m", "llguidance") == before
+        fingerprint.code_identity.cache_clear()
+    assert fingerprint.system_fingerprint("m", "llguidance") == before
 
 
 def test_a_pattern_naming_unicode_properties_is_enforced_as_ecma_reads_it(http):
