@@ -132,6 +132,9 @@ IDN_HOSTNAME = f"{_IDN_LABEL}(?:\\.{_IDN_LABEL})*"
 IDN_EMAIL = (f"[A-Za-z0-9_%+\\-{_UCSCHAR}]+(?:\\.[A-Za-z0-9_%+\\-{_UCSCHAR}]+)*"
              "@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}")
 
+_IPV4_INTERFACE = f"{IPV4}(?:/(?:3[0-2]|[12]?[0-9]))?"
+_IPV6_INTERFACE = f"{IPV6}(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
+
 # format name -> the regex its strings match in full
 FORMAT_PATTERNS = {
     "email": EMAIL,
@@ -156,9 +159,15 @@ FORMAT_PATTERNS = {
     **{f"uuid{v}": f"[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{v}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-[0-9a-fA-F]{{12}}"
        for v in range(1, 9)},
     "ipvanyaddress": f"(?:{IPV4}|{IPV6})",
+    # (an interface: an address and its prefix length; a network's address must also have no bits set past its
+    # prefix, which no short pattern states: `ipvanynetwork` and the like stay annotations)
+    "ipv4interface": _IPV4_INTERFACE,
+    "ipv6interface": _IPV6_INTERFACE,
+    "ipvanyinterface": f"(?:{_IPV4_INTERFACE}|{_IPV6_INTERFACE})",
 }
 # The formats above that JSON Schema does not define (pydantic's)
-LIBRARY_FORMATS = frozenset({*(f"uuid{v}" for v in range(1, 9)), "ipvanyaddress"})
+LIBRARY_FORMATS = frozenset({*(f"uuid{v}" for v in range(1, 9)), "ipvanyaddress", "ipv4interface", "ipv6interface",
+                             "ipvanyinterface"})
 
 
 # Formats llguidance checks itself, but only inside JSON strings, as patterns for where its checks do not reach

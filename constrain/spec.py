@@ -667,7 +667,7 @@ def _regex(pattern: Any, param: str = "regex") -> ConstraintSpec:
     if unread is not None:
         raise ConstraintError(f"{param} cannot be enforced: it names the Unicode property `{unread[1]}`; of Unicode "
                               f"properties, this server reads the general categories (\\p{{L}}, \\p{{Nd}}, "
-                              f"\\p{{Letter}}, ...)", param=param)
+                              f"\\p{{Letter}}, ...)", param=param, code="unsupported_schema")
     try:
         re.compile(pattern)
     except re.error as exc:

@@ -41,6 +41,9 @@ VALID = {
     **{f"uuid{v}": [f"1b4e28ba-2fa1-{v}1d2-883f-0016d3cca427", f"1B4E28BA-2FA1-{v}1D2-B83F-0016D3CCA427"]
        for v in range(1, 9)},
     "ipvanyaddress": ["1.2.3.4", "::1", "::ffff:1.2.3.4", "fe80::1"],
+    "ipv4interface": ["1.2.3.4", "1.2.3.4/0", "10.0.0.1/8", "255.255.255.255/32"],
+    "ipv6interface": ["::1", "::1/128", "fe80::1/64", "::ffff:1.2.3.4/96", "2001:db8::/0"],
+    "ipvanyinterface": ["1.2.3.4/24", "::1/128", "fe80::1"],
 }
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
@@ -77,6 +80,9 @@ INVALID = {
                     f"1b4e28ba2fa1{v}1d2883f0016d3cca427", f"{{1b4e28ba-2fa1-{v}1d2-883f-0016d3cca427}}"]
        for v in range(1, 9)},
     "ipvanyaddress": ["01.2.3.4", "1.2.3", "1::2::3", "", "localhost"],
+    "ipv4interface": ["1.2.3.4/33", "::1/64", "1.2.3.4/", "1.2.3/8"],
+    "ipv6interface": ["::1/129", "1.2.3.4/8", "::1/", "1::2::3/64"],
+    "ipvanyinterface": ["1.2.3.4/33", "::1/129", "1.2.3.4/", ""],
 }
 
 
@@ -111,9 +117,13 @@ def test_pydantics_uuid_versions_and_any_ip_address_are_what_pydantic_reads(toke
     """pydantic writes `UUID4` as `format: uuid4` and `IPvAnyAddress` as `format: ipvanyaddress`, which JSON Schema
     does not define: dropped as annotations, any string was written, and `model_validate_json` refused most
     (`UUID version 4 expected`). They are now the patterns of what pydantic reads, where a value must hold them."""
-    from pydantic import UUID1, UUID4, UUID7, BaseModel, IPvAnyAddress, TypeAdapter
+    from ipaddress import IPv4Interface, IPv6Interface
 
-    for name, kind in (("uuid1", UUID1), ("uuid4", UUID4), ("uuid7", UUID7), ("ipvanyaddress", IPvAnyAddress)):
+    from pydantic import UUID1, UUID4, UUID7, BaseModel, IPvAnyAddress, IPvAnyInterface, TypeAdapter
+
+    for name, kind in (("uuid1", UUID1), ("uuid4", UUID4), ("uuid7", UUID7), ("ipvanyaddress", IPvAnyAddress),
+                       ("ipv4interface", IPv4Interface), ("ipv6interface", IPv6Interface),
+                       ("ipvanyinterface", IPvAnyInterface)):
         reads = TypeAdapter(kind)
         assert [reads.validate_python(s) for s in VALID[name]]  # (raises where one is not read)
         for text in INVALID[name][:2 if name.startswith("uuid") else None]:  # (pydantic also reads a UUID without

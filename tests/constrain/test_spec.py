@@ -1059,5 +1059,6 @@ def test_a_unicode_property_other_than_a_category_is_named_as_one_that_cannot_be
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(regex="\\p{Greek}+")
     assert "cannot be enforced" in exc.value.message and exc.value.param == "regex"
+    assert exc.value.code == "unsupported_schema"  # (as in a schema: review)
     escaped = {"type": "string", "pattern": "^\\\\p{x}$"}  # (a backslash, then `p{x}`: no property)
     assert spec_from_request(response_format={"type": "json_object", "schema": escaped}).kind == "json_schema"
