@@ -137,6 +137,23 @@ def _with_description(tool: dict) -> dict:
     return {**tool, "function": {**function, "description": ""}}
 
 
+def _with_optional_fields(tool: dict) -> dict:
+    """A tool with the fields OpenAI's API leaves optional that some templates read without asking: a `description`
+    on the function and on each property ("" where none), and `parameters` with `properties` (`{}` where none):
+    Hermes 3's and Command-R's read descriptions, Command-R's and Seed-OSS's walk the properties (gpt-oss's reads
+    the function's: `_with_description`, given it always)."""
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        return tool
+    parameters = function.get("parameters")
+    parameters = {"type": "object", "properties": {}} if not isinstance(parameters, dict) else parameters
+    properties = parameters.get("properties")
+    properties = {name: {**value, "description": ""} if isinstance(value, dict) and "description" not in value
+                  else value for name, value in properties.items()} if isinstance(properties, dict) else {}
+    return {**tool, "function": {**function, "description": function.get("description") or "",
+                                 "parameters": {**parameters, "properties": properties}}}
+
+
 def _one_call_each(item: dict) -> list[dict]:
     """An assistant message with several tool calls as one message per call, the first with its text: harmony
     writes one call per message, and gpt-oss's template renders only the first call of each."""
@@ -149,6 +166,7 @@ def _one_call_each(item: dict) -> list[dict]:
 
 _PROBE = "structgen-role-probe-7f3a"
 _FIRST_PROBE = "structgen-first-probe-7f3a"
+_ANSWER_PROBE = "structgen-answer-probe-7f3a"
 _PROBE_TOOL = "structgen_tool_probe_7f3a"
 _PROBE_CALL = "structgen_call_probe_7f3a"  # (another name than the tool's: a call is not told by the tools' list)
 _PROBE_TOOLS = [{"type": "function", "function": {
@@ -274,14 +292,19 @@ class ChatTemplate:
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
         # turns rather than lose the system prompt, the tools description or a tool's result.
         # (each probe is tried with tools given too: Hermes-3's `tool_use` template refuses a conversation without)
+        # (Mistral's render a system message only where a user message ends the conversation: one ending with an
+        # answer, a prefill or a tool result lost it)
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},
-                                             {"role": "user", "content": "hi"}])
+                                             {"role": "user", "content": "hi"}]) \
+            and not self._drops([{"role": "system", "content": _PROBE}, {"role": "user", "content": "hi"},
+                                 {"role": "assistant", "content": "ok"}])
         # Others render one system message as the system prompt: the first (gpt-oss's, Magistral's) or the last
-        # (DeepSeek-R1's); the others would be lost, where OpenAI applies each one where it stands.
+        # (DeepSeek-R1's), or all of them together at the top (DeepSeek-V3's); the others would be lost, or moved,
+        # where OpenAI applies each one where it stands.
         self.renders_later_system = self.renders_system and self._renders(
             [{"role": "system", "content": _FIRST_PROBE}, {"role": "user", "content": "hi"},
-             {"role": "assistant", "content": "ok"}, {"role": "system", "content": _PROBE},
-             {"role": "user", "content": "hi"}], _FIRST_PROBE)
+             {"role": "assistant", "content": _ANSWER_PROBE}, {"role": "system", "content": _PROBE},
+             {"role": "user", "content": "hi"}], in_order=(_FIRST_PROBE, _ANSWER_PROBE, _PROBE))
         # (a tool result after the call it answers, as gpt-oss's template demands one, or after a plain answer)
         self.renders_tool = any(self._renders(conversation) for conversation in (
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
@@ -384,16 +407,32 @@ class ChatTemplate:
                 return True
         return False
 
-    def _renders(self, conversation: list[dict], *also: str) -> bool:
-        """The template writes `_PROBE` (and each of `also`) of `conversation`, as it is or with tools given."""
+    def _renders(self, conversation: list[dict], in_order: tuple[str, ...] = (_PROBE,)) -> bool:
+        """The template writes the probes `in_order` of `conversation`, in that order, as it is or with tools
+        given."""
         for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
             try:
                 text = self._apply(conversation, options)
             except Exception:  # noqa: BLE001 - a template that refuses the role does not render it
                 continue
-            if all(probe in text for probe in (_PROBE, *also)):
+            places = [text.find(probe) for probe in in_order]
+            if -1 not in places and places == sorted(places):
                 return True
         return False
+
+    def _drops(self, conversation: list[dict]) -> bool:
+        """The template renders `conversation` without its `_PROBE`, as it is or with tools given, and never with
+        it (a template that refuses the conversation drops nothing)."""
+        dropped = False
+        for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
+            try:
+                text = self._apply(conversation, options)
+            except Exception:  # noqa: BLE001 - refused: not silently dropped
+                continue
+            if _PROBE in text:
+                return False
+            dropped = True
+        return dropped
 
     def _calls_written_as(self) -> str:
         """How an assistant's earlier calls reach the prompt: "arguments" (the template writes `tool_calls`, their
@@ -441,6 +480,9 @@ class ChatTemplate:
                 continue
             if system and d["role"] == "user":
                 d = {**d, "content": "\n\n".join(system + [d["content"]])}
+                system = []
+            elif system and d["role"] == "assistant":  # (before the answer it stood before: a prefill ends the prompt)
+                out.append(({"role": "user", "content": "\n\n".join(system)}, True))
                 system = []
             out.append((d, made))
         if system:
@@ -532,21 +574,20 @@ class ChatTemplate:
         try:
             rendered = self._apply(dicts, options)
         except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
-            rendered = self._with_descriptions(dicts, options)
+            rendered = self._with_optional_fields(dicts, options)
             if rendered is None:
                 raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
         return held.put_back(rendered) if held is not None else (rendered, ())
 
-    def _with_descriptions(self, dicts: list[dict], options: dict[str, Any]) -> str | None:
-        """The conversation rendered with a `description` ("" where none) on every tool; None where every tool has
-        one, or the template still refuses. Hermes 3's template, as gpt-oss's, reads each tool's description,
-        which OpenAI's API does not require."""
+    def _with_optional_fields(self, dicts: list[dict], options: dict[str, Any]) -> str | None:
+        """The conversation rendered with the tools' optional fields filled in (`_with_optional_fields`); None where
+        they have them all, or the template still refuses."""
         tools = options.get("tools")
-        described = [_with_description(t) for t in tools or ()]
-        if described == (tools or []):
+        filled = [_with_optional_fields(t) for t in tools or ()]
+        if filled == (tools or []):
             return None
         try:
-            return self._apply(dicts, {**options, "tools": described})
+            return self._apply(dicts, {**options, "tools": filled})
         except Exception:  # noqa: BLE001 - the first refusal is the one to tell
             return None
 

@@ -193,12 +193,16 @@ def build_llama3_tagged_tokenizer(out: Path) -> Path:
 
 
 # Real models' chat templates, as llama.cpp keeps copies of them (models/templates/, MIT): DeepSeek-R1-Distill-Qwen's
-# (the last system message only; calls written only where the content is None), Gemma 2's (no system role, user and
-# assistant alternating), Hermes 3's `tool_use` (named templates; iterates `tools`), gpt-oss's (less the built-in
-# browser and python tools' prose; a tool result must answer a call), and llama.cpp's Phi-4-mini (calls closed by
-# `<|/tool_call|>`).
+# (the last system message only; calls written only where the content is None), DeepSeek-V3.1's (every system
+# message at the top), Gemma 2's (no system role, user and assistant alternating), Hermes 3's and Command R+'s
+# `tool_use` (named templates; iterate `tools`, read each one's descriptions), gpt-oss's (less the built-in browser
+# and python tools' prose; a tool result must answer a call), Mistral-Nemo's (the system message only where a user
+# message ends the conversation), Seed-OSS's (walks each tool's properties), and llama.cpp's Phi-4-mini (calls
+# closed by `<|/tool_call|>`).
 REAL_TEMPLATES = {name: ROOT / "tests" / "tokenizers" / name / "chat_template.jinja"
-                  for name in ("deepseek_r1_distill", "gemma2", "hermes3_tool_use", "gpt_oss", "phi4_mini_llamacpp")}
+                  for name in ("deepseek_r1_distill", "deepseek_v3_1", "gemma2", "hermes3_tool_use",
+                               "command_r_plus_tool_use", "gpt_oss", "mistral_nemo", "seed_oss",
+                               "phi4_mini_llamacpp")}
 
 
 def build_template_tokenizer(out: Path, template: Path) -> Path:

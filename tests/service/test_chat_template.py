@@ -523,3 +523,57 @@ def test_a_template_whose_calls_close_with_a_tag_is_not_read_as_granites_list(tm
     tags = {151659: "<|tool_call|>", 151660: "<|/tool_call|>"}
     directory = _build_tagged_tokenizer(tmp_path, "qwen2", tags, REAL_TEMPLATES["phi4_mini_llamacpp"], special=True)
     assert ChatTemplate(AutoTokenizer.from_pretrained(str(directory))).tool_format == "json_array"
+
+
+@pytest.mark.parametrize("name", ["command_r_plus_tool_use", "seed_oss", "hermes3_tool_use"])
+def test_tools_without_the_fields_openai_leaves_optional_render_on_templates_that_read_them(name, tmp_path):
+    """Command R+'s template reads each property's description and walks `parameters.properties`, Seed-OSS's walks
+    the properties: a property without a description, a function without `parameters` or with `parameters: {}`
+    (all valid in OpenAI's API) were a 400 (QA templatezoo2 F1). They are filled in for the template alone."""
+    template = _real(name, tmp_path)
+    tools = [{"type": "function", "function": {"name": "no_descriptions", "parameters": {
+                 "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}},
+             {"type": "function", "function": {"name": "no_parameters"}},
+             {"type": "function", "function": {"name": "empty_parameters", "parameters": {}}}]
+    text = template.render([ChatMessage(role="user", content="hi")], tools=tools)
+    assert all(tool["function"]["name"] in text for tool in tools), text
+
+
+def test_a_system_message_a_template_would_move_to_the_top_goes_where_it_stands(tmp_path):
+    """DeepSeek-V3.1's template writes every system message before the first user turn: a reminder sent later
+    was moved ahead of the turns it follows (QA templatezoo2 F2). The probe now asks for the later one in its
+    place; it joins the next user turn."""
+    template = _real("deepseek_v3_1", tmp_path)
+    conversation = [ChatMessage(role="system", content="SYS1"), ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content="AST1"), ChatMessage(role="system", content="SYSMID"),
+                    ChatMessage(role="user", content="USR2")]
+    text = template.render(conversation)
+    order = ["SYS1", "USR1", "AST1", "SYSMID", "USR2"]
+    assert all(word in text for word in order) and sorted(order, key=text.index) == order, text
+
+
+def test_on_mistral_the_system_message_reaches_a_conversation_that_ends_with_a_tool_result(tmp_path):
+    """Mistral-Nemo's template (as Mistral 7B v0.3's) writes the system message into the last message, and only
+    where that is a user message: every agent-loop request after a tool result lost it without a word (review of
+    this session's commits, F2). Such a template gets the system message in the first user turn."""
+    template = _real("mistral_nemo", tmp_path)
+    conversation = [ChatMessage(role="system", content="SYS1"), ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content=None, tool_calls=[_call(1)]),
+                    ChatMessage(role="tool", tool_call_id=_call(1)["id"], content="RES1")]
+    text = template.render(conversation, tools=LOOKUP)
+    order = ["SYS1", "USR1", "ARG1", "RES1"]
+    assert all(word in text for word in order) and sorted(order, key=text.index) == order, text
+
+
+@pytest.mark.parametrize("shape", ["gpt_oss", "gemma2", "mistral_nemo", "magistral"])
+def test_a_system_message_before_a_prefill_stays_before_it(shape, tmp_path):
+    """A system message that waited for the next user turn, where the assistant's prefill came instead, was put
+    after the prefill: the prompt ended inside a user turn, and a constrained prefill was a 400 (review F1)."""
+    from tests.conftest import build_magistral_tokenizer
+
+    template = ChatTemplate(AutoTokenizer.from_pretrained(str(build_magistral_tokenizer(tmp_path)))) \
+        if shape == "magistral" else _real(shape, tmp_path)
+    conversation = [ChatMessage(role="system", content="SYS1"), ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="system", content="LATE"), ChatMessage(role="assistant", content="PREFILL")]
+    text = template.render(conversation, generation_prompt=False, continue_final_message=True)
+    assert text.endswith("PREFILL") and "LATE" in text and text.index("LATE") < text.index("PREFILL"), text
