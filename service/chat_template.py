@@ -313,6 +313,17 @@ class ChatTemplate:
              {"role": "assistant", "content": "", "tool_calls": [_probe_call({"x": "y"})]},
              {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}]))
         self._calls_in_history = self._calls_written_as()
+        # (Llama 3.x's and Hermes 3's write an answer's calls and not the text before them, which the hermes format
+        # returns as its content: such text is given to them as an answer of its own, just before the calls, where
+        # two answers in a row render: Mistral's refuse them)
+        self._answer_before_calls = self._calls_in_history != "content" and not self.harmony and self._drops(
+            [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": _PROBE, "tool_calls": [_probe_call({"x": "y"})]},
+             {"role": "tool", "content": "ok", "tool_call_id": "call_0"}]) and self._renders(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE},
+             {"role": "assistant", "content": "", "tool_calls": [_probe_call({"x": "y"})]},
+             {"role": "tool", "content": "ok", "tool_call_id": "call_0"}, {"role": "assistant", "content": "ok"},
+             {"role": "user", "content": "hi"}])
 
     def _tool_format(self) -> str:
         """How the model writes tool calls (constrain/tools.py), as its template tells it to: the `<tool_call>` tags
@@ -527,6 +538,9 @@ class ChatTemplate:
                 item["name"] = m.name
             if held is not None and not (prefill and i == len(messages) - 1):
                 item = {key: value if key in _NOT_HELD else held.hold(value) for key, value in item.items()}
+            if item.get("tool_calls") and item["content"] and self._answer_before_calls:
+                out.append({"role": "assistant", "content": item["content"]})
+                item = {**item, "content": ""}
             out.extend(_one_call_each(item) if self.harmony else [item])
         return out
 

@@ -577,3 +577,18 @@ def test_a_system_message_before_a_prefill_stays_before_it(shape, tmp_path):
                     ChatMessage(role="system", content="LATE"), ChatMessage(role="assistant", content="PREFILL")]
     text = template.render(conversation, generation_prompt=False, continue_final_message=True)
     assert text.endswith("PREFILL") and "LATE" in text and text.index("LATE") < text.index("PREFILL"), text
+
+
+def test_an_answers_text_before_its_calls_reaches_templates_that_write_only_the_calls(tmp_path):
+    """Hermes 3's template (as Llama 3.x's) writes an answer's calls and not its text, which the hermes format
+    returns as the answer's content: it was lost from the history (QA templatezoo F6). It is given to them as an
+    answer of its own, just before the calls; not to Mistral's, which refuses two answers in a row."""
+    conversation = [ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content="PRECALL", tool_calls=[_call(1)]),
+                    ChatMessage(role="tool", tool_call_id=_call(1)["id"], content="RES1"),
+                    ChatMessage(role="assistant", content="AST1"), ChatMessage(role="user", content="USR2")]
+    text = _real("hermes3_tool_use", tmp_path / "hermes").render(conversation, tools=LOOKUP)
+    order = ["USR1", "PRECALL", "ARG1", "RES1", "AST1", "USR2"]
+    assert all(word in text for word in order) and sorted(order, key=text.index) == order, text
+    mistral = _real("mistral_nemo", tmp_path / "mistral").render(conversation, tools=LOOKUP)
+    assert all(word in mistral for word in order[2:]), mistral  # (as before: its calls, without the text)
