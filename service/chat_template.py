@@ -168,14 +168,22 @@ _PROBE = "structgen-role-probe-7f3a"
 _FIRST_PROBE = "structgen-first-probe-7f3a"
 _ANSWER_PROBE = "structgen-answer-probe-7f3a"
 _PROBE_TOOL = "structgen_tool_probe_7f3a"
-_PROBE_CALL = "structgen_call_probe_7f3a"  # (another name than the tool's: a call is not told by the tools' list)
+_ARGUMENTS_PROBE = "structgen-arguments-probe-7f3a"  # (in a call's arguments: a call is not told by its name,
+# which the tools' list and a tool result's name may hold too)
 _PROBE_TOOLS = [{"type": "function", "function": {
     "name": _PROBE_TOOL, "description": "A probe.",
     "parameters": {"type": "object", "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}}}]
 
 
-def _probe_call(arguments: Any, name: str = _PROBE_TOOL) -> dict:
-    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+def _probe_call(as_text: bool = False) -> dict:
+    arguments = {"x": _ARGUMENTS_PROBE}
+    return {"id": "call_0", "type": "function",
+            "function": {"name": _PROBE_TOOL, "arguments": json.dumps(arguments) if as_text else arguments}}
+
+
+def _probe_result(content: str) -> dict:
+    """A tool result answering `_probe_call`, named as `_message_dicts` names one (vLLM's hermes template asks)."""
+    return {"role": "tool", "content": content, "tool_call_id": "call_0", "name": _PROBE_TOOL}
 
 
 # Phi-4-mini's calls (in llama.cpp's copy of its template) are each an object between `<|tool_call|>` and this:
@@ -307,23 +315,20 @@ class ChatTemplate:
              {"role": "user", "content": "hi"}], in_order=(_FIRST_PROBE, _ANSWER_PROBE, _PROBE))
         # (a tool result after the call it answers, as gpt-oss's template demands one, or after a plain answer)
         self.renders_tool = any(self._renders(conversation) for conversation in (
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
-             {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}],
-            [{"role": "user", "content": "hi"},
-             {"role": "assistant", "content": "", "tool_calls": [_probe_call({"x": "y"})]},
-             {"role": "tool", "content": _PROBE, "tool_call_id": "call_0"}]))
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}, _probe_result(_PROBE)],
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [_probe_call()]},
+             _probe_result(_PROBE)]))
         self._calls_in_history = self._calls_written_as()
         # (Llama 3.x's and Hermes 3's write an answer's calls and not the text before them, which the hermes format
-        # returns as its content: such text is given to them as an answer of its own, just before the calls, where
-        # two answers in a row render: Mistral's refuse them)
+        # returns as its content; vLLM's phi4_mini writes the text and not the calls: the text is given to them as
+        # an answer of its own, just before the calls, where two answers in a row render: Mistral's refuse them)
         self._answer_before_calls = self._calls_in_history != "content" and not self.harmony and self._drops(
             [{"role": "user", "content": "hi"},
-             {"role": "assistant", "content": _PROBE, "tool_calls": [_probe_call({"x": "y"})]},
-             {"role": "tool", "content": "ok", "tool_call_id": "call_0"}]) and self._renders(
+             {"role": "assistant", "content": _PROBE, "tool_calls": [_probe_call()]}, _probe_result("ok")],
+            (_PROBE, _ARGUMENTS_PROBE)) and self._renders(
             [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE},
-             {"role": "assistant", "content": "", "tool_calls": [_probe_call({"x": "y"})]},
-             {"role": "tool", "content": "ok", "tool_call_id": "call_0"}, {"role": "assistant", "content": "ok"},
-             {"role": "user", "content": "hi"}])
+             {"role": "assistant", "content": "", "tool_calls": [_probe_call()]}, _probe_result("ok"),
+             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "hi"}], (_PROBE, _ARGUMENTS_PROBE))
 
     def _tool_format(self) -> str:
         """How the model writes tool calls (constrain/tools.py), as its template tells it to: the `<tool_call>` tags
@@ -431,16 +436,16 @@ class ChatTemplate:
                 return True
         return False
 
-    def _drops(self, conversation: list[dict]) -> bool:
-        """The template renders `conversation` without its `_PROBE`, as it is or with tools given, and never with
-        it (a template that refuses the conversation drops nothing)."""
+    def _drops(self, conversation: list[dict], probes: tuple[str, ...] = (_PROBE,)) -> bool:
+        """The template renders `conversation` without one of its `probes`, as it is or with tools given, and never
+        with them all (a template that refuses the conversation drops nothing)."""
         dropped = False
         for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
             try:
                 text = self._apply(conversation, options)
             except Exception:  # noqa: BLE001 - refused: not silently dropped
                 continue
-            if _PROBE in text:
+            if all(probe in text for probe in probes):
                 return False
             dropped = True
         return dropped
@@ -454,16 +459,16 @@ class ChatTemplate:
         if not self.knows_tool_calls:
             return "content"
         dropped = False
-        for written_as, arguments in (("arguments", {"x": "y"}), ("arguments text", '{"x": "y"}')):
+        for written_as, as_text in (("arguments", False), ("arguments text", True)):
             conversation = [{"role": "user", "content": "hi"},
-                            {"role": "assistant", "content": "", "tool_calls": [_probe_call(arguments, _PROBE_CALL)]},
-                            {"role": "tool", "content": "ok", "tool_call_id": "call_0"}]
+                            {"role": "assistant", "content": "", "tool_calls": [_probe_call(as_text)]},
+                            _probe_result("ok")]
             for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
                 try:
                     text = self._apply(conversation, options)
                 except Exception:  # noqa: BLE001 - not a shape it takes
                     continue
-                if _PROBE_CALL in text:
+                if _ARGUMENTS_PROBE in text:
                     return written_as
                 dropped = True
         return "content" if dropped else "arguments"
@@ -513,6 +518,7 @@ class ChatTemplate:
         reasoning, calls' arguments, names) held out as placeholders, but in a final assistant message the answer
         continues (`prefill`): that one may open the model's channels, as gpt-oss's do."""
         out = []
+        call_names = {c.id: c.function.name for m in messages for c in m.tool_calls or ()}
         for i, m in enumerate(messages):
             role = "system" if m.role == "developer" else m.role
             item: dict[str, Any] = {"role": role, "content": m.text}
@@ -536,6 +542,8 @@ class ChatTemplate:
                 item["tool_call_id"] = m.tool_call_id
             if m.name:  # (a participant's name: templates that write names get it; the others leave it out)
                 item["name"] = m.name
+            elif m.role == "tool" and m.tool_call_id in call_names:  # (the function's: vLLM's hermes template asks)
+                item["name"] = call_names[m.tool_call_id]
             if held is not None and not (prefill and i == len(messages) - 1):
                 item = {key: value if key in _NOT_HELD else held.hold(value) for key, value in item.items()}
             if item.get("tool_calls") and item["content"] and self._answer_before_calls:

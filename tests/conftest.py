@@ -198,11 +198,12 @@ def build_llama3_tagged_tokenizer(out: Path) -> Path:
 # `tool_use` (named templates; iterate `tools`, read each one's descriptions), gpt-oss's (less the built-in browser
 # and python tools' prose; a tool result must answer a call), Mistral-Nemo's (the system message only where a user
 # message ends the conversation), Seed-OSS's (walks each tool's properties), and llama.cpp's Phi-4-mini (calls
-# closed by `<|/tool_call|>`).
+# closed by `<|/tool_call|>`); and vLLM's examples/ (Apache-2.0) hermes (a tool result must be named) and phi4_mini
+# (an answer's text or its calls, not both).
 REAL_TEMPLATES = {name: ROOT / "tests" / "tokenizers" / name / "chat_template.jinja"
                   for name in ("deepseek_r1_distill", "deepseek_v3_1", "gemma2", "hermes3_tool_use",
                                "command_r_plus_tool_use", "gpt_oss", "mistral_nemo", "seed_oss",
-                               "phi4_mini_llamacpp")}
+                               "phi4_mini_llamacpp", "vllm_hermes", "vllm_phi4_mini")}
 
 
 def build_template_tokenizer(out: Path, template: Path) -> Path:

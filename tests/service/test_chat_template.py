@@ -592,3 +592,7 @@ def test_an_answers_text_before_its_calls_reaches_templates_that_write_only_the_
     assert all(word in text for word in order) and sorted(order, key=text.index) == order, text
     mistral = _real("mistral_nemo", tmp_path / "mistral").render(conversation, tools=LOOKUP)
     assert all(word in mistral for word in order[2:]), mistral  # (as before: its calls, without the text)
+    for name in ("vllm_hermes", "vllm_phi4_mini"):  # (a result must be named: its call's function's name, which
+        # `_message_dicts` gives it; an answer's text or its calls, not both: the calls were lost; QA templatezoo3)
+        text = _real(name, tmp_path / name).render(conversation, tools=LOOKUP)
+        assert all(word in text for word in order) and sorted(order, key=text.index) == order, (name, text)
