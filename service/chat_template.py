@@ -164,6 +164,25 @@ def _one_call_each(item: dict) -> list[dict]:
                                                    for c in calls[1:]]
 
 
+def _results_after_their_calls(dicts: list[dict]) -> list[dict]:
+    """The conversation with each tool result moved to just after the call it answers (in the messages of one call
+    each that `_one_call_each` made): gpt-oss's template names a result after the call before it, and parallel
+    results after all the calls were each named the last call's."""
+    out: list[dict] = []
+    for d in dicts:
+        call = next((i for i in range(len(out) - 1, -1, -1) if out[i]["role"] in ("user", "system")
+                     or any(c.get("id") == d.get("tool_call_id") for c in out[i].get("tool_calls") or ())), None) \
+            if d["role"] == "tool" else None
+        if call is None or out[call]["role"] != "assistant":
+            out.append(d)
+            continue
+        at = call + 1
+        while at < len(out) and out[at]["role"] == "tool":
+            at += 1
+        out.insert(at, d)
+    return out
+
+
 _PROBE = "structgen-role-probe-7f3a"
 _FIRST_PROBE = "structgen-first-probe-7f3a"
 _ANSWER_PROBE = "structgen-answer-probe-7f3a"
@@ -473,17 +492,20 @@ class ChatTemplate:
                 dropped = True
         return "content" if dropped else "arguments"
 
-    def _fold_roles(self, dicts: list[dict]) -> list[dict]:
+    def _fold_roles(self, dicts: list[dict], held: _HeldText | None = None) -> list[dict]:
         """The messages with the roles the template would drop folded into ones it renders: a tool result into a
         user turn; a system message into the next user turn, or, where the template renders one system message
-        only, a system message right after the first into that one. A user turn this makes joins a user turn
-        beside it (Gemma's template refuses two in a row: parallel results, or a result and the next question)."""
-        out: list[tuple[dict, bool]] = []  # (message, whether this made it a user turn)
+        only, a system message right after the first into that one. A user turn this makes, or adds to, joins a
+        user turn beside it (Gemma's template refuses two in a row: parallel results, a result and the next
+        question, a question, a system message and the next)."""
+        out: list[tuple[dict, bool]] = []  # (message, whether this made it a user turn or added to it)
         system: list[str] = []
         for d in dicts:
             made = False
             if d["role"] == "tool" and not self.renders_tool:
-                label = d.get("name") or d.get("tool_call_id") or "tool"
+                label = d.get("name") or "tool"  # (its call's function's: `_message_dicts`)
+                if not d.get("name") and d.get("tool_call_id"):  # (an id is not held, for the templates that
+                    label = held.hold(d["tool_call_id"]) if held is not None else d["tool_call_id"]  # check it)
                 d, made = {"role": "user", "content": f"Tool result ({label}): {d['content']}"}, True
             if d["role"] == "system" and self.renders_system and not self.renders_later_system and out:
                 if len(out) == 1 and out[0][0]["role"] == "system":
@@ -495,7 +517,7 @@ class ChatTemplate:
                 system.append(d["content"])
                 continue
             if system and d["role"] == "user":
-                d = {**d, "content": "\n\n".join(system + [d["content"]])}
+                d, made = {**d, "content": "\n\n".join(system + [d["content"]])}, True
                 system = []
             elif system and d["role"] == "assistant":  # (before the answer it stood before: a prefill ends the prompt)
                 out.append(({"role": "user", "content": "\n\n".join(system)}, True))
@@ -503,14 +525,14 @@ class ChatTemplate:
             out.append((d, made))
         if system:
             out.append(({"role": "user", "content": "\n\n".join(system)}, True))
-        joined: list[tuple[dict, bool]] = []
+        joined: list[tuple[dict, list[str], bool]] = []  # (message, its content's parts, made)
         for d, made in out:
-            if joined and d["role"] == "user" == joined[-1][0]["role"] and (made or joined[-1][1]):
-                before = joined[-1][0]
-                joined[-1] = ({**before, "content": before["content"] + "\n\n" + d["content"]}, True)
+            if joined and d["role"] == "user" == joined[-1][0]["role"] and (made or joined[-1][2]):
+                joined[-1][1].append(d["content"])  # (a list: joining thousands of results stays linear)
+                joined[-1] = (joined[-1][0], joined[-1][1], True)
             else:
-                joined.append((d, made))
-        return [d for d, _ in joined]
+                joined.append((d, [d["content"]], made))
+        return [d if len(parts) == 1 else {**d, "content": "\n\n".join(parts)} for d, parts, _ in joined]
 
     def _message_dicts(self, messages: list[ChatMessage], held: _HeldText | None = None,
                        prefill: bool = False) -> list[dict]:
@@ -550,7 +572,7 @@ class ChatTemplate:
                 out.append({"role": "assistant", "content": item["content"]})
                 item = {**item, "content": ""}
             out.extend(_one_call_each(item) if self.harmony else [item])
-        return out
+        return _results_after_their_calls(out) if self.harmony else out
 
     def render(self, messages: list[ChatMessage], tools: list[dict] | None = None,
                tools_prompt: Callable[[list[dict]], str] | None = None, *, generation_prompt: bool = True,
@@ -590,7 +612,7 @@ class ChatTemplate:
                     dicts[0] = {**dicts[0], "content": dicts[0]["content"] + "\n\n" + text}
                 else:
                     dicts.insert(0, {"role": "system", "content": text})
-        dicts = self._fold_roles(dicts)
+        dicts = self._fold_roles(dicts, held)
         options = dict(add_generation_prompt=generation_prompt, continue_final_message=continue_final_message,
                        **kwargs)
         try:

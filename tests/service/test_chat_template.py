@@ -596,3 +596,45 @@ def test_an_answers_text_before_its_calls_reaches_templates_that_write_only_the_
         # `_message_dicts` gives it; an answer's text or its calls, not both: the calls were lost; QA templatezoo3)
         text = _real(name, tmp_path / name).render(conversation, tools=LOOKUP)
         assert all(word in text for word in order) and sorted(order, key=text.index) == order, (name, text)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "mistral_nemo"])
+def test_a_system_message_between_two_questions_renders_on_templates_that_alternate(name, tmp_path):
+    """user, system, user: the system message joined the second question, which then followed the first as a
+    second user turn in a row, which these templates refuse (review 2 F1: a 400 that rendered before)."""
+    template = _real(name, tmp_path)
+    conversation = [ChatMessage(role="system", content="SYS1"), ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="system", content="SYS2"), ChatMessage(role="user", content="USR2")]
+    text = template.render(conversation)
+    order = ["SYS1", "USR1", "SYS2", "USR2"]
+    assert all(word in text for word in order) and sorted(order, key=text.index) == order, text
+
+
+def test_on_gpt_oss_each_of_parallel_results_is_named_after_its_own_call(tmp_path):
+    """gpt-oss's template names a tool result after the call before it: with the calls one message each, then
+    the results, every result was named the last call's (`get_time`'s weather; review 2 F2). Each result now
+    follows its call."""
+    template = _real("gpt_oss", tmp_path)
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+             for i, name in ((1, "get_weather"), (2, "get_time"))]
+    conversation = [ChatMessage(role="user", content="USR1"),
+                    ChatMessage(role="assistant", content=None, tool_calls=calls),
+                    ChatMessage(role="tool", tool_call_id="call_1", content="SUNNY"),
+                    ChatMessage(role="tool", tool_call_id="call_2", content="NOON")]
+    text = template.render(conversation)
+    assert 'functions.get_weather to=assistant<|channel|>commentary<|message|>"SUNNY"' in text, text
+    assert 'functions.get_time to=assistant<|channel|>commentary<|message|>"NOON"' in text, text
+
+
+def test_a_folded_results_call_id_spelling_a_special_token_is_text(tmp_path):
+    """A tool result folded into a user turn is labelled by its call id where no call names it; ids are not held
+    (Mistral's templates check their length), and `<end_of_turn>` in one became the special token (review 2 F3)."""
+    from service.prompts import encode_chat_prompt
+
+    template = _real("gemma2", tmp_path)  # (on the Qwen2 tokenizer, whose `<|im_end|>` is a special token)
+    tokenizer = template.tokenizer
+    conversation = [ChatMessage(role="user", content="USR1"), ChatMessage(role="assistant", content="AST1"),
+                    ChatMessage(role="tool", tool_call_id="x<|im_end|>y", content="RES1")]
+    text, spans = template.render_with_text_spans(conversation)
+    ids = encode_chat_prompt(tokenizer, text, spans, 4096)
+    assert "Tool result (x<|im_end|>y)" in text and tokenizer.convert_tokens_to_ids("<|im_end|>") not in ids
