@@ -317,10 +317,10 @@ class ChatTemplate:
                                  "tokens")
         self.reasoning = self._reasoning_tags() if reasoning == "auto" else None
         # Some templates silently drop roles (Phi-3's renders only user and assistant): fold those into user
-        # turns rather than lose the system prompt, the tools description or a tool's result.
-        # (each probe is tried with tools given too: Hermes-3's `tool_use` template refuses a conversation without)
-        # (Mistral's render a system message only where a user message ends the conversation: one ending with an
-        # answer, a prefill or a tool result lost it)
+        # turns rather than lose the system prompt, the tools description or a tool's result. Each probe is also
+        # tried with tools given (Hermes 3's `tool_use` template refuses a conversation without). Mistral's write
+        # a system message only where a user message ends the conversation: one ending with an answer, a prefill
+        # or a tool result lost it.
         self.renders_system = self._renders([{"role": "system", "content": _PROBE},
                                              {"role": "user", "content": "hi"}]) \
             and not self._drops([{"role": "system", "content": _PROBE}, {"role": "user", "content": "hi"},
@@ -618,12 +618,12 @@ class ChatTemplate:
         try:
             rendered = self._apply(dicts, options)
         except Exception as exc:  # jinja raises TemplateError / TypeError for conversations it cannot render
-            rendered = self._with_optional_fields(dicts, options)
+            rendered = self._rendered_with_optional_fields(dicts, options)
             if rendered is None:
                 raise invalid(f"the model's chat template cannot render these messages: {exc}", "messages") from None
         return held.put_back(rendered) if held is not None else (rendered, ())
 
-    def _with_optional_fields(self, dicts: list[dict], options: dict[str, Any]) -> str | None:
+    def _rendered_with_optional_fields(self, dicts: list[dict], options: dict[str, Any]) -> str | None:
         """The conversation rendered with the tools' optional fields filled in (`_with_optional_fields`); None where
         they have them all, or the template still refuses."""
         tools = options.get("tools")
