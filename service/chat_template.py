@@ -167,19 +167,33 @@ def _one_call_each(item: dict) -> list[dict]:
 def _results_after_their_calls(dicts: list[dict]) -> list[dict]:
     """The conversation with each tool result moved to just after the call it answers (in the messages of one call
     each that `_one_call_each` made): gpt-oss's template names a result after the call before it, and parallel
-    results after all the calls were each named the last call's."""
+    results after all the calls were each named the last call's. Results no call of theirs names stay after them."""
     out: list[dict] = []
-    for d in dicts:
-        call = next((i for i in range(len(out) - 1, -1, -1) if out[i]["role"] in ("user", "system")
-                     or any(c.get("id") == d.get("tool_call_id") for c in out[i].get("tool_calls") or ())), None) \
-            if d["role"] == "tool" else None
-        if call is None or out[call]["role"] != "assistant":
-            out.append(d)
+    i = 0
+    while i < len(dicts):
+        if not dicts[i].get("tool_calls"):
+            out.append(dicts[i])
+            i += 1
             continue
-        at = call + 1
-        while at < len(out) and out[at]["role"] == "tool":
-            at += 1
-        out.insert(at, d)
+        calls_end = i
+        while calls_end < len(dicts) and dicts[calls_end].get("tool_calls"):
+            calls_end += 1
+        results_end = calls_end
+        while results_end < len(dicts) and dicts[results_end]["role"] == "tool":
+            results_end += 1
+        ids = {call["id"] for message in dicts[i:calls_end] for call in message["tool_calls"] if call.get("id")}
+        results: dict[Any, list[dict]] = {}
+        for result in dicts[calls_end:results_end]:
+            results.setdefault(result.get("tool_call_id") if result.get("tool_call_id") in ids else None,
+                               []).append(result)
+        for message in dicts[i:calls_end]:
+            out.append(message)
+            for call in message["tool_calls"]:  # (one result each, in order: ids may repeat; a call sent
+                answers = results.get(call.get("id") or None)  # without an id takes the next result no id names)
+                if answers:
+                    out.append(answers.pop(0))
+        out.extend(result for rest in results.values() for result in rest)
+        i = results_end
     return out
 
 
@@ -198,6 +212,16 @@ def _probe_call(as_text: bool = False) -> dict:
     arguments = {"x": _ARGUMENTS_PROBE}
     return {"id": "call_0", "type": "function",
             "function": {"name": _PROBE_TOOL, "arguments": json.dumps(arguments) if as_text else arguments}}
+
+
+def _answered_call(call_id: str | None, calls: list, answered: int, earlier: dict[str, Any]):
+    """The call a tool result answers: the next of the last answer's `calls` (`answered` of them are answered)
+    where its id is the result's, else the call of that id there, else the latest earlier one, else, where no call
+    has the id (calls sent without ids), the next by order."""
+    in_order = calls[answered] if answered < len(calls) else None
+    if in_order is not None and in_order.id == call_id:
+        return in_order
+    return next((c for c in calls if c.id and c.id == call_id), None) or earlier.get(call_id) or in_order
 
 
 def _probe_result(content: str) -> dict:
@@ -540,7 +564,9 @@ class ChatTemplate:
         reasoning, calls' arguments, names) held out as placeholders, but in a final assistant message the answer
         continues (`prefill`): that one may open the model's channels, as gpt-oss's do."""
         out = []
-        call_names = {c.id: c.function.name for m in messages for c in m.tool_calls or ()}
+        calls: list = []  # the calls of the last answer that made some, and how many results have answered them
+        answered = 0
+        earlier: dict[str, Any] = {}  # every call so far by its id, the latest where ids repeat
         for i, m in enumerate(messages):
             role = "system" if m.role == "developer" else m.role
             item: dict[str, Any] = {"role": role, "content": m.text}
@@ -555,6 +581,7 @@ class ChatTemplate:
                         for c in m.tool_calls]
                 else:
                     item["content"] = (m.text + "\n" if m.text else "") + tool_calls_as_text(m)
+            unheld_calls = item.get("tool_calls") or []
             reasoning = next((m.model_extra[name] for name in REASONING_FIELDS if m.renders(name)), None)
             if reasoning is not None:
                 item["reasoning_content"] = reasoning  # (templates of reasoning models read it; others ignore it)
@@ -564,10 +591,19 @@ class ChatTemplate:
                 item["tool_call_id"] = m.tool_call_id
             if m.name:  # (a participant's name: templates that write names get it; the others leave it out)
                 item["name"] = m.name
-            elif m.role == "tool" and m.tool_call_id in call_names:  # (the function's: vLLM's hermes template asks)
-                item["name"] = call_names[m.tool_call_id]
+            elif m.role == "tool":  # (the function's: vLLM's hermes template asks)
+                call = _answered_call(m.tool_call_id, calls, answered, earlier)
+                if call is not None:
+                    item["name"] = call.function.name
+                answered += 1
+            if m.role == "assistant" and m.tool_calls:
+                calls, answered = list(m.tool_calls), 0
+                earlier.update((c.id, c) for c in m.tool_calls if c.id)
             if held is not None and not (prefill and i == len(messages) - 1):
                 item = {key: value if key in _NOT_HELD else held.hold(value) for key, value in item.items()}
+                if "tool_calls" in item:  # (a call's id stays as its results' `tool_call_id`: `_NOT_HELD`)
+                    item["tool_calls"] = [{**held_call, "id": call["id"]} for held_call, call
+                                          in zip(item["tool_calls"], unheld_calls)]
             if item.get("tool_calls") and item["content"] and self._answer_before_calls:
                 out.append({"role": "assistant", "content": item["content"]})
                 item = {**item, "content": ""}

@@ -638,3 +638,33 @@ def test_a_folded_results_call_id_spelling_a_special_token_is_text(tmp_path):
     text, spans = template.render_with_text_spans(conversation)
     ids = encode_chat_prompt(tokenizer, text, spans, 4096)
     assert "Tool result (x<|im_end|>y)" in text and tokenizer.convert_tokens_to_ids("<|im_end|>") not in ids
+
+
+def test_a_tool_result_is_named_after_the_call_it_answers_where_ids_repeat_or_are_missing(tmp_path):
+    """Results carry their call's function name: ids repeated across turns (`call_0` each turn) named an earlier
+    result after the later call, and a call sent without an id left its result unnamed, which vLLM's hermes
+    template refuses; on gpt-oss, ids spelling special-token text were held in the calls, not in the results, so
+    results no longer followed their calls (review 3). A call without an id is answered by order."""
+    def call(name, call_id):
+        return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+    turns = [ChatMessage(role="user", content="USR1"),
+             ChatMessage(role="assistant", content=None, tool_calls=[call("get_weather", "call_0")]),
+             ChatMessage(role="tool", tool_call_id="call_0", content="RAINY"),
+             ChatMessage(role="assistant", content="AST1"), ChatMessage(role="user", content="USR2"),
+             ChatMessage(role="assistant", content=None, tool_calls=[call("get_time", "call_0")]),
+             ChatMessage(role="tool", tool_call_id="call_0", content="NOON")]
+    text = _real("gemma2", tmp_path / "gemma").render(turns)
+    assert "Tool result (get_weather): RAINY" in text and "Tool result (get_time): NOON" in text, text
+    anonymous = [ChatMessage(role="user", content="USR1"),
+                 ChatMessage(role="assistant", content=None, tool_calls=[call("get_weather", None)]),
+                 ChatMessage(role="tool", tool_call_id="weather-1", content="RAINY")]
+    text = _real("vllm_hermes", tmp_path / "hermes").render(anonymous, tools=LOOKUP)
+    assert '"name": "get_weather"' in text and "RAINY" in text, text
+    special = [ChatMessage(role="user", content="USR1"),
+               ChatMessage(role="assistant", content=None, tool_calls=[call("get_weather", "c<|call|>1"),
+                                                                       call("get_time", "c<|call|>2")]),
+               ChatMessage(role="tool", tool_call_id="c<|call|>1", content="RAINY"),
+               ChatMessage(role="tool", tool_call_id="c<|call|>2", content="NOON")]
+    text = _real("gpt_oss", tmp_path / "oss").render(special)
+    assert 'functions.get_weather to=assistant<|channel|>commentary<|message|>"RAINY"' in text, text
