@@ -154,7 +154,7 @@ FORMAT_PATTERNS = {
     "duration": PYTHON_DURATION,  # (a part of RFC 3339's: constrain/rewrite.py `_PART_PATTERNS`)
     # Formats pydantic names for the types it checks more closely than JSON Schema's formats say (`UUID4`,
     # `IPvAnyAddress`): to JSON Schema annotations, which any string satisfies, so written only where a value must
-    # hold them (constrain/rewrite.py `_PART_PATTERNS`). pydantic checks a UUID's version, which Python's
+    # hold them (constrain/rewrite.py `_format`). pydantic checks a UUID's version, which Python's
     # `uuid.UUID` reads only under RFC 4122's variant (`8`-`b` first in the fourth group).
     **{f"uuid{v}": f"[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-{v}[0-9a-fA-F]{{3}}-[89abAB][0-9a-fA-F]{{3}}-[0-9a-fA-F]{{12}}"
        for v in range(1, 9)},
