@@ -206,6 +206,9 @@ _ARGUMENTS_PROBE = "structgen-arguments-probe-7f3a"  # (in a call's arguments: a
 _PROBE_TOOLS = [{"type": "function", "function": {
     "name": _PROBE_TOOL, "description": "A probe.",
     "parameters": {"type": "object", "properties": {"x": {"type": "string", "description": "x"}}, "required": ["x"]}}}]
+# Each probe is rendered as it is, then with tools given (Hermes 3's `tool_use` template refuses a conversation
+# without them).
+_PROBE_OPTIONS = ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS})
 
 
 def _probe_call(as_text: bool = False) -> dict:
@@ -469,7 +472,7 @@ class ChatTemplate:
     def _renders(self, conversation: list[dict], in_order: tuple[str, ...] = (_PROBE,)) -> bool:
         """The template writes the probes `in_order` of `conversation`, in that order, as it is or with tools
         given."""
-        for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
+        for options in _PROBE_OPTIONS:
             try:
                 text = self._apply(conversation, options)
             except Exception:  # noqa: BLE001 - a template that refuses the role does not render it
@@ -483,7 +486,7 @@ class ChatTemplate:
         """The template renders `conversation` without one of its `probes`, as it is or with tools given, and never
         with them all (a template that refuses the conversation drops nothing)."""
         dropped = False
-        for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
+        for options in _PROBE_OPTIONS:
             try:
                 text = self._apply(conversation, options)
             except Exception:  # noqa: BLE001 - refused: not silently dropped
@@ -506,7 +509,7 @@ class ChatTemplate:
             conversation = [{"role": "user", "content": "hi"},
                             {"role": "assistant", "content": "", "tool_calls": [_probe_call(as_text)]},
                             _probe_result("ok")]
-            for options in ({"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": _PROBE_TOOLS}):
+            for options in _PROBE_OPTIONS:
                 try:
                     text = self._apply(conversation, options)
                 except Exception:  # noqa: BLE001 - not a shape it takes
