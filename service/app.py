@@ -104,6 +104,7 @@ async def _stop_with_the_engine(app: FastAPI, engine) -> None:
 
 def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     template = ChatTemplate(loaded.tokenizer, tool_format=config.tool_call_format, reasoning=config.reasoning)
+    log.info("%s", template.summary())
     engine, compiler = _build_engine_and_compiler(config, loaded, template)
     metrics = Metrics(engine_stats=engine.stats, compiler_stats=lambda: compiler.stats)
 

@@ -376,6 +376,34 @@ class ChatTemplate:
              {"role": "assistant", "content": "", "tool_calls": [_probe_call()]}, _probe_result("ok"),
              {"role": "assistant", "content": "ok"}, {"role": "user", "content": "hi"}], (_PROBE, _ARGUMENTS_PROBE))
 
+    def summary(self) -> str:
+        """What the probes found, in one line for the start-up log: they decide without a word where each message
+        reaches the prompt, which whoever reads a new model's prompts needs to know."""
+        if not self.renders_system:
+            system = "folded into user turns"
+        elif not self.renders_later_system:
+            system = "the first as the system prompt, later ones folded into user turns"
+        else:
+            system = "where they stand"
+        parts = [("its own" if self.has_own_template else "ChatML (the tokenizer has none)")
+                 + (" (named: tool_use, default)" if self._without_tools is not None else ""),
+                 f"tool calls written as {self.tool_format}",
+                 "tools written by the template" if self.knows_tools else "tools described in a system message",
+                 f"system messages {system}",
+                 "tool results " + ("as the tool role" if self.renders_tool else "folded into user turns"),
+                 "earlier calls " + {"arguments": "as tool_calls", "arguments text": "as tool_calls, arguments text",
+                                     "content": "written into the content as JSON"}[self._calls_in_history]]
+        if self._answer_before_calls:
+            parts.append("an answer's text beside its calls as an answer of its own")
+        if self.harmony:
+            parts.append("harmony channels")
+        if self.reasoning is not None:
+            parts.append(f"reasoning in {self.reasoning[0]}...{self.reasoning[1]}")
+        summary = "chat template: " + "; ".join(parts)
+        if self._without_tools is not None:
+            summary += "\n  without tools, " + self._without_tools.summary()
+        return summary
+
     def _tool_format(self) -> str:
         """How the model writes tool calls (constrain/tools.py), as its template tells it to: the `<tool_call>` tags
         of Qwen2.5, Qwen3 and Hermes, around the `<function=...>` and `<parameter=...>` tags of Qwen3-Coder and

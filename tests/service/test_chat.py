@@ -644,3 +644,12 @@ def test_logprobs_never_list_the_bytes_of_a_character_a_stop_string_cut_off(http
         data, text = b"".join(bytes(e["bytes"]) for e in entries), choice["message"]["content"].encode()
         assert data.startswith(text), (seed, data, text)
         assert not entries or len(data) - len(text) < len(bytes(entries[-1]["bytes"])), (seed, data, text)
+
+
+def test_the_start_up_log_tells_how_the_chat_template_renders_conversations(server):
+    """The built-in model's (Qwen2's) template writes system messages and tool results in their own roles, but
+    neither tools nor calls: the log says so, as the chat template's probes found it."""
+    log = server.log_path.read_text()
+    assert ("chat template: its own; tool calls written as json_array; tools described in a system message; "
+            "system messages where they stand; tool results as the tool role; earlier calls written into the "
+            "content as JSON") in log, log[-2000:]

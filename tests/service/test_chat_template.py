@@ -668,3 +668,21 @@ def test_a_tool_result_is_named_after_the_call_it_answers_where_ids_repeat_or_ar
                ChatMessage(role="tool", tool_call_id="c<|call|>2", content="NOON")]
     text = _real("gpt_oss", tmp_path / "oss").render(special)
     assert 'functions.get_weather to=assistant<|channel|>commentary<|message|>"RAINY"' in text, text
+
+
+@pytest.mark.parametrize(("name", "found"), [
+    ("mistral_nemo", "system messages folded into user turns; tool results as the tool role; earlier calls as "
+                     "tool_calls"),
+    ("deepseek_r1_distill", "system messages the first as the system prompt, later ones folded into user turns; "
+                            "tool results as the tool role; earlier calls written into the content as JSON"),
+    ("hermes3_tool_use", "tool calls written as hermes; tools written by the template; system messages where they "
+                         "stand; tool results as the tool role; earlier calls as tool_calls; an answer's text "
+                         "beside its calls as an answer of its own"),
+    ("gemma2", "tools described in a system message; system messages folded into user turns; tool results folded "
+               "into user turns"),
+])
+def test_what_the_start_up_probes_found_is_told_in_one_line(name, found, tmp_path):
+    """The probes decide without a word where each message reaches the prompt: the start-up log says what they
+    found (service/app.py logs `summary()`)."""
+    summary = _real(name, tmp_path).summary()
+    assert summary.startswith("chat template: its own; ") and found in summary, summary
