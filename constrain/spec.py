@@ -711,7 +711,7 @@ def _from_field(param: str, usual: str) -> dict[str, Any]:
 #   TGI: grammar {"type": "json" | "regex" | "json_object", "value": ...}.
 # Grammars written in a grammar language (GBNF, EBNF, Lark, structural tags) are refused, never ignored.
 COMPAT_CONSTRAINT_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                            "json_schema", "grammar", "ebnf", "structural_tag")
+                            "json_schema", "grammar", "ebnf", "structural_tag", "format")
 # vLLM's `structured_outputs`: the constraints it may name (one of them; those of a grammar language are refused),
 # and its options that change nothing this server enforces (accepted, named in `x-structgen-ignored-fields`).
 _STRUCTURED_OUTPUTS_KINDS = {"json": "schema", "regex": "regex", "choice": "choice", "json_object": "json_object"}
@@ -797,17 +797,41 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
                                   param="structured_outputs")
     grammar = fields.get("grammar")
     if isinstance(grammar, dict):  # TGI
-        kind = {"json": "schema", "regex": "regex", "json_object": "json_object"}.get(grammar.get("type"))
-        if kind is None:
-            raise ConstraintError("grammar.type must be 'json', 'regex' or 'json_object'", param="grammar")
-        refuse_unread_fields(grammar, ("type", "value"), "grammar")
-        if kind != "json_object" and grammar.get("value") is None:
-            raise ConstraintError(f"grammar.value is required with grammar.type {grammar['type']!r}: the "
-                                  f"{'schema' if kind == 'schema' else 'pattern'} to follow", param="grammar.value")
-        add("grammar", kind, True if kind == "json_object" else grammar.get("value"))
+        found.append(("grammar", _tgi_grammar(grammar)))
     elif grammar is not None:  # llama.cpp: GBNF text
         add("grammar", "grammar", grammar)
+    ollama = fields.get("format")  # Ollama's: "json", or a schema
+    if ollama == "json":
+        add("format", "json_object", True)
+    elif isinstance(ollama, dict):
+        add("format", "schema", ollama)
+    elif ollama not in (None, ""):  # ("": no format, as Ollama reads it)
+        raise ConstraintError("format must be \"json\" or a JSON schema (Ollama's field)", param="format")
     return found
+
+
+def _tgi_grammar(grammar: dict) -> ConstraintSpec:
+    """TGI's `grammar`: `json` (its alias `json_object`) with a schema as `value`, `json_schema` with `{"name",
+    "schema"}`, or `regex` with a pattern. `json_object` without a value asks for any JSON object."""
+    kind = grammar.get("type")
+    if kind not in ("json", "json_object", "json_schema", "regex"):
+        raise ConstraintError("grammar.type must be 'json', 'json_object', 'json_schema' or 'regex'", param="grammar")
+    refuse_unread_fields(grammar, ("type", "value"), "grammar")
+    value = grammar.get("value")
+    if value is None and kind == "json_object":
+        return ConstraintSpec(kind="json_object", extra={"param": "grammar"})
+    if value is None:
+        raise ConstraintError(f"grammar.value is required with grammar.type {kind!r}: the "
+                              f"{'pattern' if kind == 'regex' else 'schema'} to follow", param="grammar.value")
+    if kind == "regex":
+        return _regex(value, "grammar")
+    if kind == "json_schema":
+        if not isinstance(value, dict) or value.get("schema") is None:
+            raise ConstraintError('grammar.value must be {"name": ..., "schema": {...}} with grammar.type '
+                                  "'json_schema'", param="grammar.value")
+        refuse_unread_fields(value, ("name", "schema"), "grammar.value")
+        return _compat_schema(value["schema"], "grammar")
+    return _compat_schema(value, "grammar")
 
 
 def spec_from_request(*, response_format=None, regex=None, choice=None, tools=None, tool_choice=None,

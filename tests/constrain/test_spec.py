@@ -117,6 +117,10 @@ def test_a_choice_is_bounded_in_entries_and_in_characters():
     ({"structured_outputs": {"choice": ["a", "b"]}}, "choice", "structured_outputs.choice"),
     ({"structured_outputs": {"json_object": True}}, "json_object", "structured_outputs.json_object"),
     ({"grammar": {"type": "json_object"}}, "json_object", "grammar"),
+    ({"grammar": {"type": "json_object", "value": S}}, "json_schema", "grammar"),  # (TGI: an alias of `json`)
+    ({"grammar": {"type": "json_schema", "value": {"name": "s", "schema": S}}}, "json_schema", "grammar"),
+    ({"format": S}, "json_schema", "format"),  # (Ollama's)
+    ({"format": "json"}, "json_object", "format"),
 ])
 def test_other_servers_constraint_fields_are_the_same_constraints(fields, kind, param):
     spec = spec_from_request(other_fields={"unrelated": 1, **fields})
@@ -146,6 +150,12 @@ def test_other_servers_constraint_fields_are_the_same_constraints(fields, kind, 
     ({"grammar": {"type": "json"}}, "grammar.value", "grammar.value is required"),
     ({"grammar": {"type": "regex", "value": None}}, "grammar.value", "grammar.value is required"),
     ({"grammar": {"type": "json", "value": S, "schema": S}}, "grammar.schema", "Unknown parameter"),
+    ({"grammar": {"type": "json_object", "value": {"type": "strin"}}}, "grammar", "invalid JSON Schema at /type"),
+    ({"grammar": {"type": "json_schema", "value": S}}, "grammar.value", '{"name": ..., "schema": {...}}'),
+    ({"grammar": {"type": "json_schema", "value": {"schema": S, "strict": True}}}, "grammar.value.strict",
+     "Unknown parameter"),
+    ({"format": "yaml"}, "format", 'must be "json" or a JSON schema'),
+    ({"format": {"type": "strin"}}, "format", "invalid JSON Schema at /type"),
     ({"guided_json": "{not json"}, "guided_json", "JSON text"),
     ({"guided_json": '{"type": "string", "pattern": "^\\ud800$"}'}, "guided_json", "holds a lone surrogate"),
     ({"grammar": {"type": "json", "value": '{"enum": ["\\udc00x"]}'}}, "grammar", "holds a lone surrogate"),

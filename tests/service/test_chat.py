@@ -151,7 +151,8 @@ def test_other_servers_constraint_fields_constrain_the_answer_too(client, http):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}
     for extra in [{"guided_json": schema}, {"structured_outputs": {"json": json.dumps(schema)}},
-                  {"json_schema": schema}]:
+                  {"json_schema": schema}, {"grammar": {"type": "json_object", "value": schema}},
+                  {"grammar": {"type": "json_schema", "value": {"name": "s", "schema": schema}}}, {"format": schema}]:
         r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30, seed=4, extra_body=extra)
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
@@ -160,6 +161,8 @@ def test_other_servers_constraint_fields_constrain_the_answer_too(client, http):
     r = client.completions.create(model=MODEL, prompt="Pick:", max_tokens=20,
                                   extra_body={"guided_choice": ["red", "green", "blue"]})
     assert r.choices[0].text in ("red", "green", "blue")
+    r = client.completions.create(model=MODEL, prompt="JSON:", max_tokens=30, seed=4, extra_body={"format": "json"})
+    assert isinstance(json.loads(r.choices[0].text), dict)  # (Ollama's JSON mode)
     # read as constraints, so not named among the ignored fields
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 20,
                                                "grammar": {"type": "regex", "value": "x{3}"}})
