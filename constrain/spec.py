@@ -628,7 +628,8 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         if strict is None:
             strict = False
         if not isinstance(strict, bool):
-            raise ConstraintError("response_format.json_schema.strict must be a boolean", param=p)
+            raise ConstraintError(f"response_format.json_schema.strict must be a boolean, not {strict!r}",
+                                  param="response_format.json_schema.strict", code="invalid_request")
         if "schema" not in js:
             if name is None:
                 raise ConstraintError("response_format.json_schema needs 'schema' (or the 'name' of a preloaded "

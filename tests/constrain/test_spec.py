@@ -174,6 +174,17 @@ def test_other_servers_constraint_fields_are_refused_when_malformed_or_a_grammar
     assert exc.value.param == param and said in exc.value.message
 
 
+@pytest.mark.parametrize("strict", ["true", 1, {}])
+def test_a_strict_that_is_not_a_boolean_is_refused_naming_it(strict):
+    """LM Studio's documentation sends `"strict": "true"`: refused, as OpenAI does, and the error names the field,
+    not the whole response_format (QA migration F3)."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": S,
+                                                                                  "strict": strict}})
+    assert exc.value.param == "response_format.json_schema.strict" and exc.value.code == "invalid_request"
+    assert repr(strict) in exc.value.message
+
+
 @pytest.mark.parametrize("kind", ["structural_tag", "grammar", "ebnf"])
 def test_a_response_format_holding_a_grammar_is_refused_as_the_grammar_fields_are(kind):
     """vLLM's `response_format: {"type": "structural_tag"}` got "type must be 'text', ..." and `invalid_constraint`,
