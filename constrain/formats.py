@@ -132,6 +132,15 @@ IDN_HOSTNAME = f"{_IDN_LABEL}(?:\\.{_IDN_LABEL})*"
 IDN_EMAIL = (f"[A-Za-z0-9_%+\\-{_UCSCHAR}]+(?:\\.[A-Za-z0-9_%+\\-{_UCSCHAR}]+)*"
              "@(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,}")
 
+def _base64(last_two: str) -> str:
+    """pydantic's `Base64Bytes` and `Base64Str` are both `format: base64` (`base64url`: `-_` for `+/`), and
+    `Base64Str` also wants UTF-8 inside: padded base64 of ASCII text, which a reader of either takes. Four characters
+    hold three bytes; a byte's top bit is zero where the first three come from the sets below."""
+    first, second, third = "[A-Za-f]", "[A-HQ-Xg-nw-z0-3]", "[ABEFIJMNQRUVYZcdghklopstwx014589]"
+    return (f"(?:{first}{second}{third}[A-Za-z0-9{last_two}])*"
+            f"(?:{first}[AQgw]==|{first}{second}[AEIMQUYcgkosw048]=)?")
+
+
 _IPV4_INTERFACE = f"{IPV4}(?:/(?:3[0-2]|[12]?[0-9]))?"
 _IPV6_INTERFACE = f"{IPV6}(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?"
 
@@ -164,10 +173,12 @@ FORMAT_PATTERNS = {
     "ipv4interface": _IPV4_INTERFACE,
     "ipv6interface": _IPV6_INTERFACE,
     "ipvanyinterface": f"(?:{_IPV4_INTERFACE}|{_IPV6_INTERFACE})",
+    "base64": _base64("+/"),
+    "base64url": _base64("_\\-"),
 }
 # The formats above that JSON Schema does not define (pydantic's)
 LIBRARY_FORMATS = frozenset({*(f"uuid{v}" for v in range(1, 9)), "ipvanyaddress", "ipv4interface", "ipv6interface",
-                             "ipvanyinterface"})
+                             "ipvanyinterface", "base64", "base64url"})
 
 
 # Formats llguidance checks itself, but only inside JSON strings, as patterns for where its checks do not reach

@@ -44,6 +44,8 @@ VALID = {
     "ipv4interface": ["1.2.3.4", "1.2.3.4/0", "10.0.0.1/8", "255.255.255.255/32"],
     "ipv6interface": ["::1", "::1/128", "fe80::1/64", "::ffff:1.2.3.4/96", "2001:db8::/0"],
     "ipvanyinterface": ["1.2.3.4/24", "::1/128", "fe80::1"],
+    "base64": ["", "YQ==", "YWI=", "YWJj", "aGVsbG8gd29ybGQ=", "fn8A", "Pz8+", "Lz8/"],
+    "base64url": ["", "YQ==", "YWI=", "YWJj", "fn8A", "Pz8-", "Lz8_"],
 }
 INVALID = {
     # RFC 5321 takes these; ajv's check and email-validator (pydantic's EmailStr) refuse them.
@@ -83,6 +85,9 @@ INVALID = {
     "ipv4interface": ["1.2.3.4/33", "::1/64", "1.2.3.4/", "1.2.3/8"],
     "ipv6interface": ["::1/129", "1.2.3.4/8", "::1/", "1::2::3/64"],
     "ipvanyinterface": ["1.2.3.4/33", "::1/129", "1.2.3.4/", ""],
+    # unpadded, padded wrongly, spaces, another alphabet; and bytes that are not ASCII (`/+8=`, `wqM=`: "£")
+    "base64": ["YQ", "YQ=", "Y", "YQ===", "Y Q==", "Pz8-", "/+8=", "wqM=", "YR=="],
+    "base64url": ["YQ", "YQ=", "Pz8+", "Lz8/", "_-8=", "wqM="],
 }
 
 
@@ -140,6 +145,50 @@ def test_pydantics_uuid_versions_and_any_ip_address_are_what_pydantic_reads(toke
             "name": "h", "strict": True, "schema": {**Host.model_json_schema(), "additionalProperties": False}}}))
         assert [s for s in VALID["uuid4"] if not accepts_value(g, tok, vocab, s)] == []
         assert [s for s in INVALID["uuid4"] if accepts_value(g, tok, vocab, s)] == []
+    finally:
+        compiler.close()
+
+
+def test_pydantics_base64_is_padded_base64_of_ascii_text_which_base64str_and_base64bytes_read(tokenizers, vocabs):
+    """pydantic writes `Base64Str` and `Base64Bytes` as `format: base64` (the URL-safe ones as `base64url`), which
+    JSON Schema does not define: dropped, any string was written, and `parse()` refused it. `Base64Str` also wants
+    UTF-8 inside: the pattern is exactly the padded base64 of ASCII text (checked on random strings), which both
+    read."""
+    import base64
+    import random
+
+    from pydantic import Base64Bytes, Base64Str, Base64UrlBytes, Base64UrlStr, BaseModel, TypeAdapter
+
+    for name, kinds in (("base64", (Base64Str, Base64Bytes)), ("base64url", (Base64UrlStr, Base64UrlBytes))):
+        for kind in kinds:
+            reads = TypeAdapter(kind)
+            for text in VALID[name]:
+                reads.validate_python(text)  # (raises where one is not read)
+        pattern, alphabet = re.compile(format_pattern(name)), "ABCXYZabcxyz0189+/-_="
+        decode, encode = ((base64.b64decode, base64.b64encode) if name == "base64"
+                          else (base64.urlsafe_b64decode, base64.urlsafe_b64encode))
+        rng = random.Random(0)
+        for text in ["".join(rng.choice(alphabet) for _ in range(rng.choice([2, 3, 4, 8]))) for _ in range(20_000)]:
+            try:
+                data = decode(text.encode())
+                ascii_text = encode(data).decode() == text and data.isascii()
+            except ValueError:
+                ascii_text = False
+            assert bool(pattern.fullmatch(text)) == ascii_text, (name, text)
+        for _ in range(200):
+            text = "".join(chr(rng.randrange(128)) for _ in range(rng.randrange(9)))
+            assert pattern.fullmatch(encode(text.encode()).decode())
+
+    class Host(BaseModel):
+        v: Base64Str
+
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance")
+    try:
+        g = compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "h", "strict": True, "schema": {**Host.model_json_schema(), "additionalProperties": False}}}))
+        assert [s for s in VALID["base64"] if not accepts_value(g, tok, vocab, s)] == []
+        assert [s for s in INVALID["base64"] if accepts_value(g, tok, vocab, s)] == []
     finally:
         compiler.close()
 

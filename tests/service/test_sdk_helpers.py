@@ -70,3 +70,22 @@ def test_parse_with_a_strict_pydantic_tool_gives_parsed_arguments(client):
     for call in choice.message.tool_calls:
         assert call.function.name == "GetWeather"
         assert isinstance(call.function.parsed_arguments, GetWeather)
+
+
+def test_parse_reads_pydantics_own_formats(client):
+    """pydantic writes these types as formats JSON Schema does not define (`uuid4`, `base64`, `ipvanyaddress`) or
+    holds more narrowly (`duration`): each answer is one the model validates, so `parse()` never fails on them."""
+    import datetime
+
+    from pydantic import UUID4, Base64Str, IPvAnyAddress
+
+    class Record(BaseModel):
+        id: UUID4
+        token: Base64Str
+        host: IPvAnyAddress
+        wait: datetime.timedelta
+
+    for seed in range(3):
+        r = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Record, seed=seed,
+                                          max_tokens=160)
+        assert isinstance(r.choices[0].message.parsed, Record), r.choices[0].message.content
