@@ -20,7 +20,7 @@ from engine.model_loader import LoadedModel
 from service.auth import BearerAuth
 from service.chat_template import ChatTemplate
 from service.config import ServerConfig
-from service.errors import APIError, install_error_handlers, new_request_id
+from service.errors import APIError, UnexpectedErrors, install_error_handlers, new_request_id
 from service.generation import Generation
 from service.limits import BodySizeLimit
 from service.metrics import CONTENT_TYPE, Metrics
@@ -124,7 +124,10 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
             app.state.generation.close()
             compiler.close()
 
-    app = FastAPI(title="structgen", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    # (no redirect from `/v1/completions/` to `/v1/completions`: an empty 307, its Location built from the Host
+    # header, which a client behind a proxy may not reach; an unknown route is a 404 in the error shape)
+    app = FastAPI(title="structgen", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+                  redirect_slashes=False)
     app.state.generation = Generation(engine=engine, compiler=compiler, loaded=loaded, config=config,
                                       template=template, metrics=metrics)
     app.state.metrics = metrics
@@ -132,7 +135,8 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # (load balancers and uptime probes may send HEAD)
+    # (HEAD wherever GET is served, as HTTP asks: load balancers and uptime probes send it)
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         """200 while requests can be served; 503 once the engine thread has stopped after a failure (while the
         server stops with it: `_stop_with_the_engine`)."""
@@ -141,22 +145,23 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
                            code="engine_unavailable")
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def list_models() -> dict:
         return {"object": "list", "data": [_model_card(config, loaded, created)]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
     async def get_model(model_id: str) -> dict:
         if model_id != config.model_name:
             raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
         return _model_card(config, loaded, created)
 
     # the last added is the outermost: request ids, counting, then auth, then the body limits (a client without the
-    # key is refused before its body is read: forty such held 7 MB each for up to a minute)
+    # key is refused before its body is read: forty such held 7 MB each for up to a minute), then the 500s
+    app.add_middleware(UnexpectedErrors)
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes,
                        max_body_seconds=config.max_body_seconds)
     app.add_middleware(BearerAuth, api_key=config.api_key)

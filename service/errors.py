@@ -22,7 +22,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",  # (OpenAI's)
-          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          500: "server_error",
           503: "server_error"}
 
 
@@ -185,7 +186,39 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(exc.status_code, message, None, None), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
+    @app.exception_handler(Exception)  # (the last resort: an error in a middleware outside UnexpectedErrors)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(500, "internal server error", None, "internal_error"), status_code=500)
+        return _internal_error()
+
+
+def _internal_error() -> JSONResponse:
+    return JSONResponse(error_body(500, "internal server error", None, "internal_error"), status_code=500)
+
+
+class UnexpectedErrors:
+    """An unexpected exception becomes OpenAI's 500 here, inside the middlewares that name and count every response
+    (service/app.py): Starlette runs the app's catch-all handler outside all of them, so that 500, the error an
+    operator most needs to trace, had no `x-request-id` and was not counted in /metrics. One raised after the
+    response began goes on up (the connection is closed)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watching_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watching_send)
+        except Exception:
+            if started:
+                raise
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            await _internal_error()(scope, receive, send)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from service.errors import invalid_body, unreadable_body
+from service.errors import APIError, invalid_body, unreadable_body
 from service.generation import ClientGone, Generation, Plan, engine_error, until_done_or_gone
 from service.protocol import ChatCompletionRequest, CompletionRequest, read_body
 from service.responses import ChoiceState, chat_body, completion_body
@@ -27,6 +27,11 @@ async def _body(request: Request, model):
     """The request body as `model` (ChatCompletionRequest or CompletionRequest), read and validated on a worker
     thread rather than by FastAPI on the event loop: a body near the size limit holding many JSON values (200,000
     messages, a million token ids) took 1-3 s to validate, during which no other client was answered."""
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):  # (a gzip body was read as bytes and refused as "not valid JSON")
+        raise APIError(415, f"the request body's Content-Encoding {encoding!r} is not supported: send the body "
+                            "uncompressed", code="unsupported_content_encoding",
+                       headers={"accept-encoding": "identity"})
     raw = await request.body()
     content_type = request.headers.get("content-type")
 

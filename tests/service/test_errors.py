@@ -6,8 +6,10 @@ import json
 import socket
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
+from tests.serverproc import ServerProcess
 from tests.service.conftest import MODEL
 
 HELLO = [{"role": "user", "content": "hi"}]
@@ -224,6 +226,79 @@ def test_every_response_names_its_request_as_openai_does(client, http):
 
 def test_unknown_route_is_404_in_the_openai_shape(http):
     _assert_error(http.post("/v1/embeddings", json={}), 404)
+
+
+RAISING_SERVER = """
+import sys
+
+import service.generation
+
+
+async def plan_chat(self, req):
+    raise RuntimeError("a bug, for this test")
+
+
+service.generation.Generation.plan_chat = plan_chat
+from service.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_unexpected_error_is_a_500_that_names_its_request_and_is_counted(tmp_path):
+    """The real `structgen serve`, its chat planning raising as no request should make it: the 500 is in the
+    OpenAI shape, has its `x-request-id` and is counted in /metrics. Starlette answered it outside the middlewares
+    that name and count responses (QA http F1); the error is logged with the request id's route."""
+    log = tmp_path / "server.log"
+    with ServerProcess("--log-level", "warning", launcher=("-c", RAISING_SERVER), log_path=log) as server:
+        r = httpx.post(server.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": HELLO},
+                       timeout=60)
+        error = _assert_error(r, 500)
+        assert error["type"] == "server_error" and error["code"] == "internal_error"
+        assert r.headers["x-request-id"].startswith("req_")
+        metrics = httpx.get(server.base_url + "/metrics", timeout=60).text
+        assert 'structgen_requests_total{endpoint="chat",status="500"} 1.0' in metrics
+        assert httpx.get(server.base_url + "/health", timeout=60).status_code == 200  # (the server goes on)
+    assert "unexpected error on POST /v1/chat/completions" in log.read_text()
+    assert "RuntimeError: a bug, for this test" in log.read_text()
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/v1/chat/completions/"), ("POST", "/v1/completions/"),
+                                          ("GET", "/health/")])
+def test_a_route_with_a_trailing_slash_is_404_in_the_openai_shape_not_a_redirect(http, method, path):
+    """Starlette redirected it (an empty 307 whose Location came from the Host header, `Host: evil.example` made
+    `http://evil.example/...`), which curl shows as nothing and the SDK follows where a proxy may not reach
+    (QA http F2)."""
+    r = http.request(method, path, json={"model": MODEL, "messages": HELLO}, headers={"host": "evil.example"})
+    assert "location" not in r.headers
+    assert _assert_error(r, 404)["message"] == f"unknown route: {method} {path}"
+
+
+@pytest.mark.parametrize("path", ["/v1/models", f"/v1/models/{MODEL}", "/metrics", "/health"])
+def test_head_is_served_wherever_get_is(http, path):
+    """HTTP asks for HEAD wherever GET is served; /v1/models and /metrics answered 405 (QA http F5)."""
+    got, head = http.get(path), http.head(path)
+    assert got.status_code == head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+def test_a_compressed_request_body_is_415_naming_its_encoding(http, encoding):
+    """A gzip body was read as bytes and refused as "not valid JSON", and a plain one labelled `br` was read as if
+    nothing were declared (QA http F3): compressed bodies are not read here, and the error says so."""
+    import gzip
+    import zlib
+
+    body = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 2}).encode()
+    sent = {"gzip": gzip.compress, "deflate": zlib.compress}.get(encoding, lambda b: b)(body)
+    r = http.post("/v1/chat/completions", content=sent,
+                  headers={"content-type": "application/json", "content-encoding": encoding})
+    error = _assert_error(r, 415)
+    assert error["code"] == "unsupported_content_encoding" and repr(encoding) in error["message"]
+    assert r.headers["accept-encoding"] == "identity"
+    plain = http.post("/v1/chat/completions", content=body,
+                      headers={"content-type": "application/json", "content-encoding": "identity"})
+    assert plain.status_code == 200
 
 
 @pytest.mark.parametrize("head", [
