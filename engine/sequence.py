@@ -8,6 +8,7 @@ beyond creating the per-request generator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -16,6 +17,14 @@ import torch
 from constrain.stops import StopMatcher
 from engine.detokenizer import IncrementalDetokenizer
 from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
+
+
+def _without_leading(logprob: TokenLogprob, dropped: str) -> TokenLogprob:
+    """The entry of the answer's first token without the whitespace dropped before the answer (`" Heard"` after
+    `</think>` is listed as `"Heard"`), so that the tokens listed spell the content from its first character."""
+    token, data, spelled = logprob.token, logprob.token_bytes, dropped.encode()
+    return dataclasses.replace(logprob, token=token[len(dropped):] if token.startswith(dropped) else token,
+                               token_bytes=data[len(spelled):] if data.startswith(spelled) else data)
 
 
 @dataclass
@@ -127,6 +136,8 @@ class Sequence:
             raw = self.detok.push(token)
             answer = self._answer_text(raw)
             in_answer = bool(answer) or not raw  # (not whitespace dropped after a reasoning block)
+            if logprob is not None and answer and len(answer) < len(raw):
+                logprob = _without_leading(logprob, raw[:len(raw) - len(answer)])
             text, stopped = self._push_answer(answer)
             if stopped or (self.matcher is not None and self.matcher.is_terminated()):
                 self.finished = "stop"

@@ -364,6 +364,33 @@ def test_prompt_logprobs_of_a_prompt_prefilled_in_chunks_match_one_full_forward(
     assert scored[0].tokens == plain[0].tokens
 
 
+def test_the_answers_first_token_is_listed_without_the_whitespace_dropped_after_the_block(engine, builtin):
+    """Where the whitespace dropped after the block begins the answer's first token (`" Heard"`), its logprob
+    entry leaves it out too, so the tokens listed spell the text (QA reasoning F2: they began with a space the
+    text had not). Tags here are ids a seeded output uses, so the same tokens come out as without tags."""
+    import dataclasses as dc
+
+    from engine.types import ReasoningTags
+
+    tok = builtin.tokenizer
+    for seed in range(20):
+        (plain,) = run_all(engine, request("p", PROMPT, max_tokens=12, temperature=1.0, seed=seed))
+        toks = plain[0].tokens
+        spaced = [k for k in range(len(toks) - 1) if toks[k] not in toks[:k]
+                  and tok.decode([toks[k + 1]])[:1].isspace() and tok.decode([toks[k + 1]]).strip()]
+        if spaced:
+            break
+    k = spaced[0]
+    thinking = request("r", PROMPT, max_tokens=12, temperature=1.0, seed=seed, logprobs=True)
+    thinking = dc.replace(thinking, reasoning=ReasoningTags(open_id=151667, close_id=toks[k], opened=True))
+    (out,) = run_all(engine, thinking)
+    assert out[0].tokens == toks
+    listed = [lp for e in out[0].events for lp in e.logprobs]
+    assert listed[0].token_id == toks[k + 1] and listed[0].token == tok.decode([toks[k + 1]]).lstrip()
+    assert "".join(lp.token for lp in listed) == out[0].text
+    assert b"".join(lp.token_bytes for lp in listed) == out[0].text.encode()
+
+
 def test_a_reasoning_block_comes_out_apart_from_the_answer(engine, builtin):
     """With reasoning tags, the block's text is `reasoning` (tags dropped), the answer is `text` less the whitespace
     after the block; stop strings and logprobs belong to the answer, and usage counts the block's tokens. The
