@@ -337,6 +337,14 @@ class Generation:
         # gpt-oss's harmony format: the answer is a message after any reasoning messages (constrain/harmony.py)
         harmony = (self.template.harmony and req.messages is not None and req.generation_prompt
                    and not req.continue_final_message)
+        if self.template.harmony and not harmony and tools and req.tool_choice != "none":
+            # (a call is a message of its own, after the reasoning ones: one cannot continue a message, or follow a
+            # prompt that does not open the assistant's turn, and its reasoning then went unreported)
+            param, sent = (("continue_final_message", "`continue_final_message: true`") if req.continue_final_message
+                           else ("add_generation_prompt", "`add_generation_prompt: false`") if req.messages is not None
+                           else ("prompt", "a `prompt`"))
+            raise invalid(f"on this model (gpt-oss's harmony format) tool calls are messages of their own: `tools` "
+                          f"cannot be used with {sent}", param)
         reasoning, answer_prefill = None, ""
         if req.messages is not None:
             text, ids, reasoning, answer_prefill = await self._off_loop(self._chat_prompt, req, tools)

@@ -114,6 +114,24 @@ def test_auto_may_answer_in_text(http, ids):
     assert message["content"] and not message.get("tool_calls")
 
 
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": [*MESSAGES, {"role": "assistant", "content": ""}], "continue_final_message": True},
+     "continue_final_message"),
+    ({"add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": None, "prompt": "Name a city."}, "prompt")])
+def test_tools_with_a_prompt_that_does_not_open_a_new_message_are_refused(http, fields, param):
+    """A call is a message of its own after the reasoning ones: from a continued message (or a prompt that does not
+    open the assistant's turn) the tool grammar wrote its reasoning messages inside, and the whole answer left that
+    reasoning out, the stream sent it, and neither counted it (QA reasoning F1). Without tools it goes on as text."""
+    body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "max_tokens": 12,
+            **fields}
+    body = {k: v for k, v in body.items() if v is not None}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "tool calls are messages of their own" in r.json()["error"]["message"]
+    assert http.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).status_code == 200
+
+
 def test_tools_with_a_response_format_put_it_on_the_final_message(http, ids):
     body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "response_format": RESPONSE_FORMAT,
             "max_tokens": 40, "seed": 6}
