@@ -602,6 +602,8 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
     if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
         raise ConstraintError("response_format must be an object with a string 'type'", param=p)
     kind = rf["type"]
+    if kind in ("json", "regex") or rf.get("value") is not None:  # (TGI's chat takes its grammar here)
+        return _tgi_grammar(rf, p)
     if kind in _RESPONSE_FORMAT_FIELDS:
         refuse_unread_fields(rf, _RESPONSE_FORMAT_FIELDS[kind], p, f" with type {kind!r} (a schema goes in "
                              f"'schema' with type 'json_object', in 'json_schema': {{'name', 'schema', 'strict'}} "
@@ -811,28 +813,29 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
     return found
 
 
-def _tgi_grammar(grammar: dict) -> ConstraintSpec:
-    """TGI's `grammar`: `json` (its alias `json_object`) with a schema as `value`, `json_schema` with `{"name",
-    "schema"}`, or `regex` with a pattern. `json_object` without a value asks for any JSON object."""
+def _tgi_grammar(grammar: dict, param: str = "grammar") -> ConstraintSpec:
+    """TGI's grammar (its `grammar` field, and its chat's `response_format`): `json` (its alias `json_object`) with a
+    schema as `value`, `json_schema` with `{"name", "schema"}`, or `regex` with a pattern. `json_object` without a
+    value asks for any JSON object."""
     kind = grammar.get("type")
     if kind not in ("json", "json_object", "json_schema", "regex"):
-        raise ConstraintError("grammar.type must be 'json', 'json_object', 'json_schema' or 'regex'", param="grammar")
-    refuse_unread_fields(grammar, ("type", "value"), "grammar")
+        raise ConstraintError(f"{param}.type must be 'json', 'json_object', 'json_schema' or 'regex'", param=param)
+    refuse_unread_fields(grammar, ("type", "value"), param)
     value = grammar.get("value")
     if value is None and kind == "json_object":
-        return ConstraintSpec(kind="json_object", extra={"param": "grammar"})
+        return ConstraintSpec(kind="json_object", extra={"param": param})
     if value is None:
-        raise ConstraintError(f"grammar.value is required with grammar.type {kind!r}: the "
-                              f"{'pattern' if kind == 'regex' else 'schema'} to follow", param="grammar.value")
+        raise ConstraintError(f"{param}.value is required with {param}.type {kind!r}: the "
+                              f"{'pattern' if kind == 'regex' else 'schema'} to follow", param=f"{param}.value")
     if kind == "regex":
-        return _regex(value, "grammar")
+        return _regex(value, param)
     if kind == "json_schema":
         if not isinstance(value, dict) or value.get("schema") is None:
-            raise ConstraintError('grammar.value must be {"name": ..., "schema": {...}} with grammar.type '
-                                  "'json_schema'", param="grammar.value")
-        refuse_unread_fields(value, ("name", "schema"), "grammar.value")
-        return _compat_schema(value["schema"], "grammar")
-    return _compat_schema(value, "grammar")
+            raise ConstraintError(f'{param}.value must be {{"name": ..., "schema": {{...}}}} with {param}.type '
+                                  "'json_schema'", param=f"{param}.value")
+        refuse_unread_fields(value, ("name", "schema"), f"{param}.value")
+        return _compat_schema(value["schema"], param)
+    return _compat_schema(value, param)
 
 
 def spec_from_request(*, response_format=None, regex=None, choice=None, tools=None, tool_choice=None,

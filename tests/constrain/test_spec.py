@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -26,13 +27,29 @@ def test_response_format_shapes():
     assert openai.kind == "json_schema" and openai.strict and openai.schema == S
 
 
-@pytest.mark.parametrize("rf", [{"type": "xml"}, "json", {"type": "json_schema"},
-                                {"type": "json_schema", "json_schema": {"schema": S, "strict": "yes"}},
-                                {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}])
-def test_malformed_response_format_is_a_client_error(rf):
+@pytest.mark.parametrize("rf, param", [
+    ({"type": "xml"}, "response_format"), ("json", "response_format"), ({"type": "json_schema"}, "response_format"),
+    ({"type": "json_schema", "json_schema": {"schema": S, "strict": "yes"}}, "response_format.json_schema.strict"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}, "response_format"),
+    ({"type": "json"}, "response_format.value"), ({"type": "regex", "value": ""}, "response_format"),
+    ({"type": "json_object", "value": S, "schema": S}, "response_format.schema"),
+    ({"type": "json_schema", "value": S}, "response_format.value")])
+def test_malformed_response_format_is_a_client_error(rf, param):
     with pytest.raises(ConstraintError) as exc:
         spec_from_request(response_format=rf)
-    assert exc.value.param == "response_format"
+    assert exc.value.param == param
+
+
+@pytest.mark.parametrize("rf, kind", [
+    ({"type": "json_object", "value": S}, "json_schema"), ({"type": "json", "value": json.dumps(S)}, "json_schema"),
+    ({"type": "json_schema", "value": {"name": "s", "schema": S}}, "json_schema"),
+    ({"type": "regex", "value": "[0-9]+"}, "regex")])
+def test_tgis_chat_grammar_in_response_format_is_the_same_constraint(rf, kind):
+    """TGI's chat takes its grammar as `response_format` (`{"type": "json_object", "value": SCHEMA}` in its docs):
+    read as the same constraint as in its `grammar` field, where it was a 400 (QA migration)."""
+    spec = spec_from_request(response_format=rf)
+    assert spec.kind == kind and not spec.strict
+    assert spec.key == spec_from_request(other_fields={"grammar": rf}).key
 
 
 @pytest.mark.parametrize("rf, param", [

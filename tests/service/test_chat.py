@@ -152,7 +152,8 @@ def test_other_servers_constraint_fields_constrain_the_answer_too(client, http):
               "additionalProperties": False}
     for extra in [{"guided_json": schema}, {"structured_outputs": {"json": json.dumps(schema)}},
                   {"json_schema": schema}, {"grammar": {"type": "json_object", "value": schema}},
-                  {"grammar": {"type": "json_schema", "value": {"name": "s", "schema": schema}}}, {"format": schema}]:
+                  {"grammar": {"type": "json_schema", "value": {"name": "s", "schema": schema}}}, {"format": schema},
+                  {"response_format": {"type": "json_object", "value": schema}}]:  # (TGI's chat)
         r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30, seed=4, extra_body=extra)
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=20,
