@@ -178,6 +178,12 @@ async def until_done_or_gone(request, work, on_gone=None, ended=None):
                 await task
 
 
+def _prompt_made_of(req: ChatCompletionRequest) -> str:
+    """What a chat prompt was rendered from, for the context errors: a long tools list eats the context too, and
+    OpenAI's error names it ("Please reduce the length of the messages or functions")."""
+    return "messages and tools" if req.tools and req.tool_choice != "none" else "messages"
+
+
 def _constraint_error(exc, functions: bool = False) -> APIError:
     """`functions`: the request sent the deprecated `functions`, which became its `tools`: an error about the
     tools is told in terms of the `functions` sent (`_functions_pointer`)."""
@@ -386,7 +392,8 @@ class Generation:
             reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
         elif req.generation_prompt:
             reasoning = self.template.reasoning_for(text)
-        ids = encode_chat_prompt(self.template.tokenizer, text, text_spans, self.loaded.context_length)
+        ids = encode_chat_prompt(self.template.tokenizer, text, text_spans, self.loaded.context_length,
+                                 what=_prompt_made_of(req))
         return text, ids, reasoning, answer_prefill
 
     def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
@@ -437,7 +444,8 @@ class Generation:
         sent = getattr(req, req.tokens_field)
         limit = fit_max_tokens(prompt_len, sent, default_max, self.loaded.context_length,
                                req.context_length_exceeded_behavior or "truncate",
-                               prompt_param="messages" if chat_messages else "prompt", tokens_param=req.tokens_field)
+                               prompt_param="messages" if chat_messages else "prompt", tokens_param=req.tokens_field,
+                               what=_prompt_made_of(req) if chat_messages else None)
         if req.min_tokens and req.min_tokens > limit:
             source = (f"`{req.tokens_field}`" if limit == sent else
                       f"the default `max_tokens` of {default_max}" if sent is None and limit == default_max else

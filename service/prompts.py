@@ -23,31 +23,32 @@ _PIECE_SLACK = 8  # tokens a piece's edges may add to a count (a word cut in two
 
 
 def encode_prompt(tokenizer, text: str, context_length: int, *, add_special_tokens: bool,
-                  param: str = "prompt") -> list[int]:
+                  param: str = "prompt", what: str | None = None) -> list[int]:
     """The token ids of `text`. A text far longer than the context is first counted in pieces, and refused
     (`context_length_exceeded`) as soon as its count is past the context by more than the pieces' edges could add:
-    tokenizing 5 MB of text whole took 4 s and 740 MB, on the one thread that tokenizes every request's prompt."""
+    tokenizing 5 MB of text whole took 4 s and 740 MB, on the one thread that tokenizes every request's prompt.
+    `what` the text was made of, for the error (default: the `param`'s name)."""
     if len(text) > 4 * context_length:
         count = 0
         for pieces, start in enumerate(range(0, len(text), _COUNT_PIECE_CHARS), 1):
             count += len(tokenizer.encode(text[start:start + _COUNT_PIECE_CHARS], add_special_tokens=False))
             if count - _PIECE_SLACK * pieces > context_length:
-                what, counted = _prompt_words(param), start + _COUNT_PIECE_CHARS
-                part = f" (its first {counted} characters do)" if counted < len(text) else ""
+                what, counted = what or _prompt_words(param), start + _COUNT_PIECE_CHARS
+                part = f" (the prompt's first {counted} characters do)" if counted < len(text) else ""
                 raise APIError(400, f"{_context_words(context_length)} However, your {what} resulted in more than "
-                                    f"{context_length} tokens{part}. Please reduce the length of the {what}.",
-                               param=param, code="context_length_exceeded")
+                                    f"{context_length} tokens{part}. Please reduce the length of the "
+                                    f"{what.replace(' and ', ' or ')}.", param=param, code="context_length_exceeded")
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def encode_chat_prompt(tokenizer, text: str, text_spans: tuple[tuple[int, int], ...], context_length: int
-                       ) -> list[int]:
+def encode_chat_prompt(tokenizer, text: str, text_spans: tuple[tuple[int, int], ...], context_length: int,
+                       what: str = "messages") -> list[int]:
     """The token ids of a rendered conversation (`encode_prompt`), where the text within `text_spans` (special
     tokens' text that messages spelled: ChatTemplate.render_with_text_spans) is text: the special tokens no span
     overlaps are the template's, and each stretch of text between two of them that a span lies in is tokenized
     again with special tokens read as text (one encode a stretch, as the tokenizer reads the text between two
     special tokens: a token that took in the whitespace beside it, `rstrip`, overlaps its span too)."""
-    ids = encode_prompt(tokenizer, text, context_length, add_special_tokens=False, param="messages")
+    ids = encode_prompt(tokenizer, text, context_length, add_special_tokens=False, param="messages", what=what)
     if not text_spans:
         return ids
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
@@ -129,16 +130,19 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
 
 
 def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, context_length: int,
-                   behavior: str, prompt_param: str = "messages", tokens_param: str = "max_tokens") -> int:
+                   behavior: str, prompt_param: str = "messages", tokens_param: str = "max_tokens",
+                   what: str | None = None) -> int:
     """The `max_tokens` to run with. `truncate` lowers it to fit the context; `error` refuses (OpenAI's way). The
-    errors name the request's fields: `prompt_param` (`messages` or `prompt`) and `tokens_param` (`max_tokens` or
-    `max_completion_tokens`). A prompt that fills the context is taken only to be scored (`max_tokens: 0`)."""
+    errors name the request's fields: `prompt_param` (`messages` or `prompt`; `what` the prompt was made of, where
+    more: "messages and tools") and `tokens_param` (`max_tokens` or `max_completion_tokens`). A prompt that fills
+    the context is taken only to be scored (`max_tokens: 0`)."""
     room = context_length - prompt_len
-    what = _prompt_words(prompt_param)
+    what = what or _prompt_words(prompt_param)
+    shorten = what.replace(" and ", " or ")
     if room < 0 or (room == 0 and requested != 0):
         leaves = "" if room < 0 else ", which leaves no room for the completion"
         raise APIError(400, f"{_context_words(context_length)} However, your {what} resulted in {prompt_len} "
-                            f"tokens{leaves}. Please reduce the length of the {what}.", param=prompt_param,
+                            f"tokens{leaves}. Please reduce the length of the {shorten}.", param=prompt_param,
                        code="context_length_exceeded")
     wanted = requested if requested is not None else (default if default is not None else room)
     if wanted <= room:
@@ -146,7 +150,7 @@ def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, 
     if behavior == "error":
         raise APIError(400, f"{_context_words(context_length)} However, you requested {prompt_len + wanted} tokens "
                             f"({prompt_len} in the {what}, {wanted} in the completion: {tokens_param} is "
-                            f"{wanted}). Please reduce the length of the {what} or {tokens_param}, or send "
+                            f"{wanted}). Please reduce the length of the {shorten} or {tokens_param}, or send "
                             f"context_length_exceeded_behavior='truncate'.", param=tokens_param,
                        code="context_length_exceeded")
     return room

@@ -354,6 +354,25 @@ def test_prompt_longer_than_the_context_is_400(http):
         assert error["message"].startswith(CONTEXT_WORDS + f"your {field} resulted in more than 4096 tokens"), error
 
 
+def test_a_prompt_its_tools_take_past_the_context_names_the_tools_too(http):
+    """A long tools list eats the context as messages do: the error blamed the messages alone (QA context), where
+    OpenAI's names both ("Please reduce the length of the messages or functions")."""
+    tools = [{"type": "function", "function": {"name": f"f{i}", "description": "word " * 1500,
+                                               "parameters": {"type": "object"}}} for i in range(3)]
+    for content, more in (("hi", ""), ("a " * 600_000, "more than ")):  # (counted whole, and in pieces)
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "tools": tools,
+                                                   "messages": [{"role": "user", "content": content}]})
+        error = _assert_error(r, 400, "messages")
+        assert error["message"].startswith(CONTEXT_WORDS + f"your messages and tools resulted in {more}"), error
+        assert "Please reduce the length of the messages or tools." in error["message"], error
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "tools": tools[:1], "messages": HELLO,
+                                               "max_tokens": 4000, "context_length_exceeded_behavior": "error"})
+    assert "in the messages and tools, 4000 in the completion" in _assert_error(r, 400, "max_tokens")["message"]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "tools": tools, "tool_choice": "none",
+                                               "messages": HELLO, "max_tokens": 2})
+    assert r.status_code == 200  # (tools the prompt leaves out take no room)
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_context_length_exceeded_error_behaviour_refuses(http, field):
     """The error names the field the request sent (it said max_tokens for max_completion_tokens)."""

@@ -35,7 +35,7 @@ def test_a_text_far_past_the_context_is_refused_without_tokenizing_it_whole():
         encode_prompt(tok, text, 4096, add_special_tokens=True, param="messages")
     assert exc.value.code == "context_length_exceeded" and exc.value.param == "messages"
     assert max(tok.lengths) <= 1 << 16 and sum(tok.lengths) < len(text) // 10
-    assert "more than 4096 tokens (its first 65536 characters do)" in exc.value.message, exc.value.message
+    assert "more than 4096 tokens (the prompt's first 65536 characters do)" in exc.value.message, exc.value.message
 
 
 def test_a_text_refused_once_counted_whole_names_no_part_of_it():
