@@ -19,12 +19,18 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.types import ErrorCode, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
 
-def _without_leading(logprob: TokenLogprob, dropped: str) -> TokenLogprob:
-    """The entry of the answer's first token without the whitespace dropped before the answer (`" Heard"` after
-    `</think>` is listed as `"Heard"`), so that the tokens listed spell the content from its first character."""
-    token, data, spelled = logprob.token, logprob.token_bytes, dropped.encode()
-    return dataclasses.replace(logprob, token=token[len(dropped):] if token.startswith(dropped) else token,
-                               token_bytes=data[len(spelled):] if data.startswith(spelled) else data)
+def _as_spelled(logprob: TokenLogprob, text: str) -> TokenLogprob:
+    """The entry of a token whose text is `text` without the whitespace the text leaves out before it: after a
+    reasoning block (`" Heard"` after `</think>` is listed as `"Heard"`), and a SentencePiece piece's `▁` at the
+    start of the output, which the tokenizer's decode drops (`" alcuni"` after a prompt of special tokens only).
+    So the tokens listed (and `text_offset`s) spell the text from its first character."""
+    token, data = logprob.token, logprob.token_bytes
+    dropped = token[:len(token) - len(text)]
+    if len(text) >= len(token) or not token.endswith(text) or not dropped.isspace():
+        return logprob
+    spelled = dropped.encode()
+    return dataclasses.replace(logprob, token=text, token_bytes=data[len(spelled):] if data.startswith(spelled)
+                               else data)
 
 
 @dataclass
@@ -136,8 +142,8 @@ class Sequence:
             raw = self.detok.push(token)
             answer = self._answer_text(raw)
             in_answer = bool(answer) or not raw  # (not whitespace dropped after a reasoning block)
-            if logprob is not None and answer and len(answer) < len(raw):
-                logprob = _without_leading(logprob, raw[:len(raw) - len(answer)])
+            if logprob is not None and answer:
+                logprob = _as_spelled(logprob, answer)
             text, stopped = self._push_answer(answer)
             if stopped or (self.matcher is not None and self.matcher.is_terminated()):
                 self.finished = "stop"

@@ -45,6 +45,23 @@ def test_echoed_offsets_follow_the_prompt_text(phi3):
     assert offsets[:4] == [0, 0, 5, 11] and all(offset < len(choice["text"]) for offset in offsets)
 
 
+@pytest.mark.parametrize("prompt", ["", "<|endoftext|>", [1]])
+def test_after_a_prompt_with_no_text_the_tokens_listed_spell_the_output(phi3, prompt):
+    """The tokenizer's decode drops the `▁` of the output's first piece where nothing came before it (`alcuni`),
+    while its offsets and bytes counted the space: every later offset was one character past its token (QA
+    vocabularies F2). The first token is now listed as the text spells it."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "seed": 1, "logprobs": 0}
+    choice = phi3.post("/v1/completions", json=body).json()["choices"][0]
+    text, tokens, offsets = choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+    assert "".join(tokens) == text
+    start = offsets[0]
+    assert [text[o - start:o - start + len(t)] for o, t in zip(offsets, tokens)] == tokens
+    if isinstance(prompt, str) and prompt:  # (chat's raw `prompt` extension: a non-empty string)
+        chat = phi3.post("/v1/chat/completions", json={**body, "logprobs": True}).json()["choices"][0]
+        listed = chat["logprobs"]["content"]
+        assert b"".join(bytes(t["bytes"]) for t in listed) == chat["message"]["content"].encode()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_calls_opened_with_a_token_that_begins_with_a_space_are_calls(phi3, stream):
     """A model with no tool template gets calls as a JSON array; a SentencePiece model opens it as it opens a
