@@ -42,7 +42,7 @@ from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, al
 from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower
-from constrain.llg_backend import LlgMatcher
+from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end
 from constrain.regex_sets import Work, pattern_search
 from constrain.support import references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
@@ -341,14 +341,19 @@ def late_from_the_start(schema: Any) -> bool:
 def misread_bounds(node: dict) -> list[str]:
     """The exclusive end of a number interval that llguidance 1.x misreads: an integer k with the other end less
     than 1 away, as `(0, 0.5]` or `(-1.5, -1)`. Its grammar then takes `k` itself (`0`, `-0`, `-1`): 9 of 10
-    answers under `exclusiveMinimum: 0, maximum: 0.5` were `0`. Such an end is made inclusive for the backend
-    (`_widen`, which llguidance reads right) and the client's interval checked on the finished number."""
+    answers under `exclusiveMinimum: 0, maximum: 0.5` were `0`. An interval exactly 1 wide whose ends are both
+    exclusive counts too: the backend's own rewrite moves one end inward (`exclusiveMaximum: 1` becomes `maximum:
+    0.999999999999999`), which left `(0, 1)`, pydantic's `Field(gt=0, lt=1)`, answering `0` (QA frameworks F1).
+    Such an end is made inclusive for the backend (`_widen`) and the client's interval checked on the finished
+    number."""
     types = node.get("type", "number")
     if "number" not in (types if isinstance(types, list) else [types]):
         return []
     low, low_key = _interval_end(node, "minimum", "exclusiveMinimum", max)
     high, high_key = _interval_end(node, "maximum", "exclusiveMaximum", min)
-    if low is None or high is None or not 0 < high - low < 1:
+    if low is None or high is None:
+        return []
+    if not (0 < high - low < 1 or (high - low == 1 and low_key is not None and high_key is not None)):
         return []
     return [key for end, key in ((low, low_key), (high, high_key)) if key is not None and float(end).is_integer()]
 
@@ -370,12 +375,21 @@ def _interval_end(node: dict, inclusive: str, exclusive: str, tighter) -> tuple[
 
 
 def _widen(node: dict, key: str) -> None:
-    """`misread_bounds`: the exclusive end `key` becomes inclusive (a superset the backend reads right)."""
-    value = node.pop(key)
-    if value is True:  # (draft 4: `minimum` stays, now inclusive)
+    """`misread_bounds`: the exclusive end `key` becomes an inclusive one the backend reads right, its nearest
+    15-digit decimal inside the interval (`inward_end`: `exclusiveMaximum: 1` is `maximum: 0.999999999999999`,
+    `exclusiveMinimum: 0` is `minimum: 1e-15`). Made inclusive at `k` itself, an upper end (or a negative lower one)
+    let `1` be written, which no digit after it could leave: `1.000...` ran to `max_tokens` (QA frameworks F2). An
+    end too large for that range is made inclusive at `k` (a superset; the finished number is checked)."""
+    upper = key == "exclusiveMaximum"
+    inclusive = "maximum" if upper else "minimum"
+    end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
+    bound = inward_end(end, upper)
+    if bound is not None:
+        end_as_inclusive(node, key, bound)
         return
-    inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
-    node[inclusive] = value
+    value = node.pop(key)
+    if value is not True:  # (draft 4: `minimum` stays, now inclusive)
+        node[inclusive] = value
 
 
 def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:

@@ -794,17 +794,34 @@ def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
             continue
         inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
         end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
-        if isinstance(end, bool) or not isinstance(end, (int, float)) \
-                or not _SAFE_END_RANGE[0] <= abs(end) < _SAFE_END_RANGE[1]:
+        if isinstance(end, bool) or not isinstance(end, (int, float)) or end == 0:
             continue
-        exact = decimal.Decimal(repr(end)) if isinstance(end, float) else decimal.Decimal(end)
-        neighbour = exact.next_minus(_SAFE_DIGITS) if key == "exclusiveMaximum" else exact.next_plus(_SAFE_DIGITS)
-        bound = float(neighbour)
-        other = node.get(inclusive)
-        if node.get(key) is not True and isinstance(other, (int, float)) and not isinstance(other, bool):
-            bound = min(bound, other) if key == "exclusiveMaximum" else max(bound, other)
-        del node[key]
-        node[inclusive] = bound
+        bound = inward_end(end, upper=key == "exclusiveMaximum")
+        if bound is not None:
+            end_as_inclusive(node, key, bound)
+
+
+def inward_end(end: float, upper: bool) -> float | None:
+    """The inclusive bound that stands for the exclusive `end` of an interval (its upper one if `upper`): the
+    nearest decimal of 15 significant digits inside (`_exclusive_ends_as_inclusive`); for 0, ±1e-15 (the numbers
+    between are never written). None where `end` is too small or too large for llguidance to build that range."""
+    if end == 0:
+        return -_SAFE_END_RANGE[0] if upper else _SAFE_END_RANGE[0]
+    if not _SAFE_END_RANGE[0] <= abs(end) < _SAFE_END_RANGE[1]:
+        return None
+    exact = decimal.Decimal(repr(end)) if isinstance(end, float) else decimal.Decimal(end)
+    return float(exact.next_minus(_SAFE_DIGITS) if upper else exact.next_plus(_SAFE_DIGITS))
+
+
+def end_as_inclusive(node: dict, key: str, bound: float) -> None:
+    """The exclusive bound `key` of `node` made the inclusive `bound` (the tighter of it and an inclusive one the
+    node has beside it), in place. Draft 4's `exclusiveMinimum: true` beside `minimum` is a flag: `minimum` moves."""
+    inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
+    other = node.get(inclusive)
+    if node.get(key) is not True and isinstance(other, (int, float)) and not isinstance(other, bool):
+        bound = min(bound, other) if key == "exclusiveMaximum" else max(bound, other)
+    del node[key]
+    node[inclusive] = bound
 
 
 _HOSTNAME_MOST = 253  # characters of a hostname (RFC 1034)

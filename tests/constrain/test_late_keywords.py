@@ -560,6 +560,36 @@ def test_a_number_interval_llguidance_misreads_never_takes_its_excluded_end(gpt2
     assert ended_walks_valid(g, vocab, schema, seed=5, walks=12, max_tokens=40, prefer_end=0.3) == 12
 
 
+NO_WAY_ON = [  # (number keywords, the excluded ends as written, a value inside)
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, ["0", "1"], "0.5"),  # (pydantic's `gt=0, lt=1`)
+    ({"minimum": 0.5, "exclusiveMaximum": 1}, ["1"], "0.75"),
+    ({"exclusiveMinimum": 0.5, "exclusiveMaximum": 1}, ["1"], "0.75"),
+    ({"minimum": 1.5, "exclusiveMaximum": 2}, ["2"], "1.75"),
+    ({"exclusiveMinimum": -1, "maximum": -0.5}, ["-1"], "-0.75"),
+    ({"exclusiveMinimum": -1, "exclusiveMaximum": 0}, ["-1", "0", "-0"], "-0.5"),
+]
+
+
+@pytest.mark.parametrize("bounds, ends, inside", NO_WAY_ON, ids=[str(i) for i in range(len(NO_WAY_ON))])
+def test_an_excluded_end_no_digit_after_could_leave_is_never_begun(gpt2_compiler, tokenizers, vocabs, bounds, ends,
+                                                                   inside):
+    """`(0, 1)` (pydantic's `Field(gt=0, lt=1)`) answered `0`: the backend's own rewrite moved the upper end to
+    0.999999999999999, which left an interval llguidance misreads (QA frameworks F1). And an excluded end made
+    inclusive for it at `1` (or `-1` below) let the answer write `1`, then `.000...` to `max_tokens`, since every
+    number that begins so is out (F2: half the answers under `ge=0.5, lt=1`). Such an end becomes the nearest
+    15-digit decimal inside: neither it nor its spellings are begun, and every walk ends valid."""
+    schema = {"type": "object", "properties": {"x": {"type": "number", **bounds}}, "required": ["x"],
+              "additionalProperties": False}
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    for backend in ("llguidance", "auto"):
+        g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                                 backend=backend))
+        assert [end for end in ends if _accepts(g, tok, vocab, '{"x": %s}' % end)
+                or _accepts(g, tok, vocab, '{"x": %s.0}' % end)] == []
+        assert _accepts(g, tok, vocab, '{"x": %s}' % inside)
+    assert ended_walks_valid(g, vocab, schema, seed=5, walks=16, max_tokens=30, prefer_end=0.3) == 16
+
+
 SPLIT_INTERVALS = [  # (the number's schema, the excluded end, values inside)
     ({"type": "number", "maximum": 1.5, "not": {"const": 1}}, "1", ["0.5", "1.2", "1.5"]),
     ({"type": "number", "maximum": 1.5, "anyOf": [{"exclusiveMaximum": 1}, {"exclusiveMinimum": 1}]}, "1",

@@ -89,3 +89,17 @@ def test_parse_reads_pydantics_own_formats(client):
         r = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Record, seed=seed,
                                           max_tokens=160)
         assert isinstance(r.choices[0].message.parsed, Record), r.choices[0].message.content
+
+
+def test_parse_reads_pydantics_open_intervals(client):
+    """`Field(gt=0, lt=1)` answered `0` in half the seeds, and `Field(ge=0.5, lt=1)` wrote `1.000...` until
+    `max_tokens` (QA frameworks F1, F2): every answer now ends, and parses."""
+    class Scores(BaseModel):
+        confidence: float = Field(gt=0, lt=1)
+        ratio: float = Field(ge=0.5, lt=1)
+        shift: float = Field(gt=-1, le=-0.5)
+
+    for seed in range(6):
+        r = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Scores, seed=seed,
+                                          max_tokens=80)
+        assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, Scores)
