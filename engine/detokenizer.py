@@ -21,9 +21,14 @@ class IncrementalDetokenizer:
     """vLLM-style offsets: decode ids[prefix:] and ids[prefix:read], emit the difference when it is whole."""
 
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True,
-                 texts: "TokenTexts | None" = None):
+                 texts: "TokenTexts | None" = None, spelled_start: bool = False):
+        """`spelled_start`: where the output is the first text (the prompt's window writes none), it begins as its
+        tokens spell it, a SentencePiece piece's `▁` a space; otherwise as the tokenizer decodes a text, which drops
+        that `▁` as its dummy prefix. A constrained output needs the first: its grammar read the `▁` as the space
+        it allowed (`regex: " x"` came out "x", which the regex refuses)."""
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
+        self.spelled_start = spelled_start
         self.texts = texts or TokenTexts(tokenizer)
         start = max(0, len(prompt_ids) - _CONTEXT_TOKENS)
         while start > 0 and len(prompt_ids) - start < _CONTEXT_TOKENS + 3 and self._continues(prompt_ids[start]):
@@ -79,6 +84,10 @@ class IncrementalDetokenizer:
             self.read = len(self.ids)
             return after[begun:]
         if not final and len(after) <= len(before):
+            if self.spelled_start and not before and (own := self._own(len(self.ids))) and own.isspace():
+                # (a lone `▁` as the window's first text, which a SentencePiece decode drops: see `_past`)
+                self.prefix, self.read = self.read, len(self.ids)
+                return own
             # The token wrote nothing (e.g. a skipped special token): it is read, but the window still begins on
             # written text. Begun on the skipped token, a SentencePiece decode dropped the next word's space as a
             # text's first ("назна<s> communes" came out "назнаcommunes"; after a U+FFFD too).
@@ -108,8 +117,17 @@ class IncrementalDetokenizer:
         then five U+FFFD for one byte), and a 😀 after it came out as four more. Where the decode rewrote what was
         written, or writes U+FFFD, the tokens' own bytes say what they add, decoded as UTF-8 is (mid-text, where a
         `▁` is a space; a byte-level BPE's decode is that decode already)."""
+        own = self._own(upto)
         if text.startswith(before) and "\ufffd" not in text[len(before):]:
-            return text[len(before):]
+            delta = text[len(before):]
+            if self.spelled_start and not before and len(delta) < len(own) and own.endswith(delta) \
+                    and own[:len(own) - len(delta)].isspace():  # (the window's first text: `spelled_start`)
+                return own
+            return delta
+        return own
+
+    def _own(self, upto: int) -> str:
+        """The text the tokens read up to `upto` add by their own bytes, decoded as UTF-8 is."""
         return b"".join(self._bytes(t) for t in self.ids[self.read:upto]).decode("utf-8", errors="replace")
 
     def _settled(self) -> int:

@@ -439,7 +439,7 @@ class Engine:
         return Sequence(
             state=state, index=index,
             detok=IncrementalDetokenizer(self.loaded.tokenizer, request.prompt_ids, params.skip_special_tokens,
-                                        self.texts),
+                                        self.texts, spelled_start=request.grammar is not None),
             stops=StopMatcher(params.stop, params.include_stop_str_in_output, request.calls), eos_ids=eos,
             max_new_tokens=min(params.max_tokens, room),
             matcher=request.grammar.matcher(lane) if request.grammar is not None else None, lane=lane,

@@ -50,6 +50,25 @@ def test_tiny_models_decode_a_mixed_batch_with_their_own_vocabulary(tiny_model):
     assert constrained[0].last.finish_reason == "stop"
 
 
+def test_a_text_first_sentencepiece_space_is_kept_where_the_output_must_spell_its_tokens():
+    """Phi-3's decode drops the `▁` of a text's first piece (its dummy prefix): where the prompt's window writes no
+    text, an output's first `▁x` is "x", as the tokenizer reads it, or, for a constrained output (whose grammar
+    wrote the space), " x" (`spelled_start`); a lone `▁` likewise. Mid-text nothing changes."""
+    from transformers import AutoTokenizer
+
+    from tests.conftest import TOKENIZERS
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZERS["phi3"]))
+    x, space, bare_x, y = tok.convert_tokens_to_ids(["\u2581x", "\u2581", "x", "\u2581y"])
+    for spelled, outputs in ((True, [[x, y], [space, bare_x, y]]), (False, [[x, y], [space, bare_x, y]])):
+        for ids in outputs:
+            detok = IncrementalDetokenizer(tok, [1], spelled_start=spelled)
+            text = "".join(detok.push(i) for i in ids) + detok.flush()
+            assert text == (" x y" if spelled else "x y"), (spelled, ids, text)
+    detok = IncrementalDetokenizer(tok, tok.encode("Hello", add_special_tokens=True), spelled_start=True)
+    assert detok.push(x) == " x"  # (after text: the space as the tokenizer reads it)
+
+
 @pytest.mark.parametrize("name", ["qwen2", "phi3"])
 def test_incremental_detokenization_never_splits_a_utf8_character(name):
     from transformers import AutoTokenizer
