@@ -353,7 +353,9 @@ def misread_bounds(node: dict) -> list[str]:
     high, high_key = _interval_end(node, "maximum", "exclusiveMaximum", min)
     if low is None or high is None:
         return []
-    if not (0 < high - low < 1 or (high - low == 1 and low_key is not None and high_key is not None)):
+    moved = any(key is not None and end != 0 and inward_end(end, key == high_key) is not None
+                for end, key in ((low, low_key), (high, high_key)))  # (by the backend's rewrite)
+    if not (0 < high - low < 1 or (high - low == 1 and low_key is not None and high_key is not None and moved)):
         return []
     return [key for end, key in ((low, low_key), (high, high_key)) if key is not None and float(end).is_integer()]
 
@@ -379,12 +381,15 @@ def _widen(node: dict, key: str) -> None:
     15-digit decimal inside the interval (`inward_end`: `exclusiveMaximum: 1` is `maximum: 0.999999999999999`,
     `exclusiveMinimum: 0` is `minimum: 1e-15`). Made inclusive at `k` itself, an upper end (or a negative lower one)
     let `1` be written, which no digit after it could leave: `1.000...` ran to `max_tokens` (QA frameworks F2). An
-    end too large for that range is made inclusive at `k` (a superset; the finished number is checked)."""
+    end too large for that range, or whose neighbour lies at or past the other end (`(0, 1e-16]` made `[1e-15,
+    1e-16]`, which holds no number), is made inclusive at `k` (a superset; the finished number is checked)."""
     upper = key == "exclusiveMaximum"
     inclusive = "maximum" if upper else "minimum"
     end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
     bound = inward_end(end, upper)
-    if bound is not None:
+    other, _ = _interval_end(node, "minimum", "exclusiveMinimum", max) if upper else \
+        _interval_end(node, "maximum", "exclusiveMaximum", min)
+    if bound is not None and (other is None or (bound > other if upper else bound < other)):
         end_as_inclusive(node, key, bound)
         return
     value = node.pop(key)
