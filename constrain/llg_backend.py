@@ -57,9 +57,10 @@ _REPEATED = re.compile(r" \(\d+ times\)$")  # how llguidance ends a warning it g
 
 # Bytes the closing walk tries, best first: closers, then the shortest JSON values, letters (a letter ends a
 # pattern's alternative sooner than punctuation opens another: `Z` ends a date-time where `+` needs `00:00`), then
-# anything printable.
+# anything printable, a space last (JSON never needs one: `{"x": 3}` for `{"x":3}` under `minimum: 3` was a token
+# more than the shortest answer, which then did not fit the budget it was measured against).
 _CLOSING_PREFERENCE = (b'}]",0:ntf[{1' + bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("A"), ord("Z") + 1))
-                       + bytes(range(0x20, 0x7F))
+                       + bytes(range(0x21, 0x7F)) + b" "
                        + bytes(range(0x80, 0x100)) + bytes(range(0x20)))
 # A walk longer than this gives up: no forcing (the grammar may not close at all). The bytes a completion may
 # take grow with the tokens left (`_walk_limit`): a real schema whose shortest document is 2,479 bytes (656 Qwen2
@@ -219,6 +220,7 @@ class _WalkBytes:
     letter: int | None
     null_byte: int | None
     zero: int | None
+    number_bytes: frozenset[int]  # the bytes a JSON number is written with
 
 
 _WALK_BYTES: "weakref.WeakKeyDictionary[Vocabulary, _WalkBytes]" = weakref.WeakKeyDictionary()
@@ -232,7 +234,8 @@ def _walk_bytes(vocab: Vocabulary) -> _WalkBytes:
                            order=tuple(byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE) if b in byte_tokens),
                            closers=frozenset(byte_tokens[b] for b in b'}]",:' if b in byte_tokens),
                            quote=byte_tokens.get(ord('"')), letter=byte_tokens.get(ord("q")),
-                           null_byte=byte_tokens.get(ord("n")), zero=byte_tokens.get(ord("0")))
+                           null_byte=byte_tokens.get(ord("n")), zero=byte_tokens.get(ord("0")),
+                           number_bytes=frozenset(byte_tokens[b] for b in b"-0123456789.eE+" if b in byte_tokens))
         _WALK_BYTES[vocab] = found  # (two threads may both make it: the same value)
     return found
 
@@ -552,6 +555,13 @@ def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats:
         avoid.clear()
     if pick == quote and fits(null_byte) and walk.validate_tokens([quote, quote]) != 2:
         pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
+    if pick in tables.number_bytes and keys is not None and keys.mode in ("value", "number") \
+            and not any(walk.validate_tokens([pick, c]) == 2 for c in tables.closers):
+        # A number's byte after which it may end, where one fits: `1` under `exclusiveMinimum: 0` and `3` under
+        # `minimum: 3`, where the first that fits (`0`, `1`) goes on longer: the completion overestimated by a
+        # token or more, and answers that fit were cut at the budget (QA numbers F1).
+        pick = next((t for t in tables.order if t in tables.number_bytes and t not in avoid and fits(t)
+                     and any(walk.validate_tokens([t, c]) == 2 for c in tables.closers)), pick)
     return pick
 
 

@@ -658,6 +658,31 @@ def test_an_integer_under_a_multiple_of_closes_within_the_budget(divisor, tokeni
         compiler.close()
 
 
+@pytest.mark.parametrize("bounds, shortest", [
+    ({"minimum": 3, "maximum": 3}, "3"), ({"exclusiveMinimum": 0}, "1"), ({"minimum": 7}, "7"),
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, "0.5"), ({"type": "integer", "minimum": 5}, "5")])
+def test_a_number_with_a_lower_bound_closes_within_a_budget_of_its_shortest_document(bounds, shortest, tokenizers,
+                                                                                     vocabs):
+    """The closing walk wrote a space after the colon and then the first digit that fit (`0` under `exclusiveMinimum:
+    0`, which goes on as `0.000...1`): its completion overestimated, and at a budget of the shortest document 16
+    answers in 20 under `ge=3, le=3` were cut (QA numbers F1). It now writes no space JSON does not need, and a
+    number's byte after which it may end where one fits."""
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
+    try:
+        schema = {"type": "object", "properties": {"x": {"type": "number", **bounds}}, "required": ["x"],
+                  "additionalProperties": False}
+        grammar = compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True))
+        budget = len(tok.encode('{"x":%s}' % shortest, add_special_tokens=False))
+        rng = random.Random(0)
+        for _ in range(12):
+            toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
+            assert ended, decode(vocab, toks)
+            jsonschema.validate(json.loads(decode(vocab, toks)), schema)
+    finally:
+        compiler.close()
+
+
 def test_the_multiple_written_is_of_the_number_s_own_divisor(tokenizers, vocabs):
     """The walk took the schema's first divisor whose digits the grammar took, another property's (7 for `k`
     inside `n`, under 10007): its multiples never let `n` end, and no completion was found (42 ms a walk)."""
