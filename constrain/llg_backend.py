@@ -1338,6 +1338,15 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 continue
             opening = text(shape.before_key + key + shape.between)
             form = value_form(schema, params)
+            # (a value none of whose allowed strings can be written raw failed the answer midway, a 400
+            # `constraint_too_complex` after the call had begun)
+            if form.raw and not form.writable(shape.value_close):
+                if key in required:
+                    raise ConstraintError(f"tools[{i}]: every value of the required parameter {key!r} holds "
+                                          f"{shape.value_close!r}, which ends a value in the {spec.tool_format} "
+                                          "tool-call format of this model's chat template", param="tools",
+                                          pointer=pointer, code="unsupported_schema")
+                continue  # (an optional one is left out: the only way a call can hold it)
             if form.raw:  # (a raw value is the string a JSON string would hold, unescaped)
                 hints += tuple(h for h in string_hints(schema) if b"\\" not in h)
             if form.raw and closing_token is None:  # (the closing text in the lexeme: a token may span both)

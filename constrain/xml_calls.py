@@ -97,6 +97,12 @@ class ValueForm:
     raw: bool
     nullable: bool = False
     parts: tuple[str, ...] = ()
+    values: tuple[str, ...] | None = None  # the strings an enum or const allows, where one does
+
+    def writable(self, value_close: str) -> bool:
+        """Some value can be written raw: not every value the enum or const allows holds `value_close`, which
+        would end it (the text `null` stays writable where the value may be null)."""
+        return self.values is None or self.nullable or any(value_close not in v for v in self.values)
 
     def lexeme(self, value_close: str) -> str:
         """The Lark expression of the raw text, which never holds `value_close`."""
@@ -188,7 +194,8 @@ def value_form(schema: Any, root: dict) -> ValueForm:
         parts.append(_lark_regex(_unanchored(regex)))
         if fmt in ("hostname", "idn-hostname"):  # (RFC 1034's 253 characters, as JSON strings hold them)
             parts.append(_lark_regex(f"{_ANY_TEXT}{{0,253}}"))
-    return ValueForm(raw=True, nullable=nullable, parts=tuple(parts))
+    return ValueForm(raw=True, nullable=nullable, parts=tuple(parts),
+                     values=tuple(strings) if values is not None else None)
 
 
 def parameter_forms(params: Any) -> dict[str, ValueForm]:

@@ -328,6 +328,27 @@ def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_ot
                 ("/0/function/parameters/properties/v/oneOf",)
 
 
+def test_a_parameter_every_value_of_which_holds_the_closing_tag_is_refused_or_left_out(coder):
+    """A raw value ends at `</parameter>`: a parameter whose only values hold it could not be written, and the
+    answer failed midway with a 400 `constraint_too_complex`, after the call had begun (QA toolformats). A required
+    one is refused before any token, with its pointer; an optional one is left out of the calls."""
+    tok, vocab, compiler = coder
+    closing = {"type": "string", "enum": ["a</parameter>b"]}
+    params = {"type": "object", "properties": {"text": closing}, "required": ["text"], "additionalProperties": False}
+    with pytest.raises(ConstraintError) as exc:
+        compiler.compile(_spec("required", tools=[{"type": "function", "function": {"name": "f",
+                                                                                     "parameters": params}}]))
+    assert exc.value.pointer == "/0/function/parameters/properties/text" and exc.value.code == "unsupported_schema"
+    optional = {"type": "object", "properties": {"text": closing, "n": {"type": "integer"}}, "required": ["n"],
+                "additionalProperties": False}
+    spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": optional}}])
+    g = compiler.compile(spec)
+    for seed in range(4):
+        toks, ended = random_walk(g, vocab, random.Random(seed), 60, budget=True)
+        assert ended and "<parameter=text>" not in decode(vocab, toks)
+    assert value_form({"type": ["string", "null"], "enum": ["</parameter>", None]}, {}).writable("</parameter>")
+
+
 def test_the_outlines_backend_is_refused(coder):
     _, _, compiler = coder
     with pytest.raises(ConstraintError) as exc:
