@@ -401,7 +401,7 @@ class ChatTemplate:
             parts.append(f"reasoning in {self.reasoning[0]}...{self.reasoning[1]}")
         summary = "chat template: " + "; ".join(parts)
         if self._without_tools is not None:
-            summary += "\n  without tools, " + self._without_tools.summary()
+            summary += " | without tools: " + self._without_tools.summary().removeprefix("chat template: ")
         return summary
 
     def _tool_format(self) -> str:

@@ -181,7 +181,9 @@ async def until_done_or_gone(request, work, on_gone=None, ended=None):
 def _prompt_made_of(req: ChatCompletionRequest) -> str:
     """What a chat prompt was rendered from, for the context errors: a long tools list eats the context too, and
     OpenAI's error names it ("Please reduce the length of the messages or functions")."""
-    return "messages and tools" if req.tools and req.tool_choice != "none" else "messages"
+    if not req.tools or req.tool_choice == "none":
+        return "messages"
+    return "messages and functions" if req.uses_functions else "messages and tools"
 
 
 def _constraint_error(exc, functions: bool = False) -> APIError:

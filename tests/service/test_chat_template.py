@@ -513,6 +513,10 @@ def test_named_templates_render_a_request_with_tools_by_tool_use_and_any_other_b
     hi = [ChatMessage(role="user", content="hi")]
     assert template.render(hi) == "DEFAULT[hi]"
     assert "<tools>" in template.render(hi, tools=LOOKUP)
+    summary = template.summary()  # (one line: each template's probes, the one without tools after a bar)
+    assert "\n" not in summary and summary.startswith("chat template: its own (named: tool_use, default); tool "
+                                                       "calls written as hermes; tools written by the template")
+    assert " | without tools: its own; " in summary, summary
 
 
 def test_a_template_whose_calls_close_with_a_tag_is_not_read_as_granites_list(tmp_path):

@@ -371,6 +371,9 @@ def test_a_prompt_its_tools_take_past_the_context_names_the_tools_too(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "tools": tools, "tool_choice": "none",
                                                "messages": HELLO, "max_tokens": 2})
     assert r.status_code == 200  # (tools the prompt leaves out take no room)
+    functions = [t["function"] for t in tools]  # (the deprecated field: named as OpenAI names it)
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "functions": functions, "messages": HELLO})
+    assert "your messages and functions resulted in" in _assert_error(r, 400, "messages")["message"]
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
