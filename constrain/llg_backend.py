@@ -1207,10 +1207,11 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
             raise ConstraintError(f"the bound {value!r} at {ptr} cannot be enforced (llguidance builds no number "
                                   f"range with an end past ±1e18 on that side)", param=param, pointer=ptr,
                                   code="unsupported_schema")
-        largest = max((abs(i) for i in numbers(value) if isinstance(i, int)), default=0)
+        widest = max((i for i in numbers(value) if isinstance(i, int)), key=abs, default=0)
+        largest = abs(widest)
         unreadable = _NO_RANGE_PAST if bound and id(node) not in uncompiled else 2 ** 63
         if largest >= unreadable or (largest > _EXACT_FLOAT_INT and strict):
-            raise ConstraintError(f"the integer {largest} at {ptr} cannot be enforced exactly (llguidance reads "
+            raise ConstraintError(f"the integer {widest} at {ptr} cannot be enforced exactly (llguidance reads "
                                   f"numbers as 64-bit floats, exact up to 2**53)", param=param, pointer=ptr,
                                   code="unsupported_schema")
         spelled = [v for v in numbers(value) if isinstance(v, float) and math.isfinite(v) and v.is_integer()

@@ -670,6 +670,9 @@ def test_integers_llguidance_would_round_are_refused_strict_named_otherwise_or_s
     with pytest.raises(ConstraintError) as exc:
         compiled({"type": "integer", "minimum": 10 ** 30}, False)
     assert exc.value.pointer == "/minimum"
+    with pytest.raises(ConstraintError) as exc:  # (the message quoted 9223372036854775808: QA numbers F2)
+        compiled({"type": "integer", "exclusiveMaximum": -(2 ** 63)}, True)
+    assert "the integer -9223372036854775808 at /exclusiveMaximum" in exc.value.message, exc.value.message
     record = {"type": "object", "properties": {"id": {"const": 12345678901234567890}}, "required": ["id"],
               "additionalProperties": False}
     exact = compiled(record, True)
