@@ -141,9 +141,7 @@ class Sequence:
         else:
             raw = self.detok.push(token)
             answer = self._answer_text(raw)
-            # (not whitespace dropped after a reasoning block, nor a token that wrote nothing: a special token the text
-            # skips, a SentencePiece `▁` its decode drops at the start; a character's first bytes are listed with it)
-            in_answer = bool(answer) or (not raw and self.detok.holding)
+            in_answer = bool(answer) or not raw  # (not whitespace dropped after a reasoning block)
             if logprob is not None and answer:
                 logprob = _as_spelled(logprob, answer)
             text, stopped = self._push_answer(answer)

@@ -74,18 +74,6 @@ def test_a_constrained_output_after_a_prompt_with_no_text_keeps_the_space_its_gr
             assert choice["text"] in answers and "".join(choice["logprobs"]["tokens"]) == choice["text"], choice
 
 
-def test_a_special_token_the_text_leaves_out_is_not_listed(phi3):
-    """A special token the output skips (`<|placeholder5|>`, sampled now and then) was listed with its bytes, which
-    the content lacks (QA vocabularies F4): the tokens listed spell the text, as the end token's absence does."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "seed": 1,
-            "logprobs": True, "logit_bias": {"32008": 100}}
-    choice = phi3.post("/v1/chat/completions", json=body).json()["choices"][0]
-    assert choice["message"]["content"] == "" and choice["logprobs"]["content"] == []
-    whole = phi3.post("/v1/completions", json={**body, "messages": None, "prompt": "Hi", "logprobs": 0}).json()
-    assert whole["choices"][0]["text"] == "" and whole["choices"][0]["logprobs"]["tokens"] == []
-    assert whole["usage"]["completion_tokens"] == 3  # (counted, as the end token is)
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_calls_opened_with_a_token_that_begins_with_a_space_are_calls(phi3, stream):
     """A model with no tool template gets calls as a JSON array; a SentencePiece model opens it as it opens a
