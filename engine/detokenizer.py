@@ -117,14 +117,14 @@ class IncrementalDetokenizer:
         then five U+FFFD for one byte), and a 😀 after it came out as four more. Where the decode rewrote what was
         written, or writes U+FFFD, the tokens' own bytes say what they add, decoded as UTF-8 is (mid-text, where a
         `▁` is a space; a byte-level BPE's decode is that decode already)."""
-        own = self._own(upto)
         if text.startswith(before) and "\ufffd" not in text[len(before):]:
             delta = text[len(before):]
-            if self.spelled_start and not before and len(delta) < len(own) and own.endswith(delta) \
-                    and own[:len(own) - len(delta)].isspace():  # (the window's first text: `spelled_start`)
-                return own
+            if self.spelled_start and not before:  # (the window's first text: `spelled_start`)
+                own = self._own(upto)
+                if len(delta) < len(own) and own.endswith(delta) and own[:len(own) - len(delta)].isspace():
+                    return own
             return delta
-        return own
+        return self._own(upto)
 
     def _own(self, upto: int) -> str:
         """The text the tokens read up to `upto` add by their own bytes, decoded as UTF-8 is."""
