@@ -98,6 +98,9 @@ _HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that 
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
+_NUMBER_TAIL_MAX = 24  # bytes a number's tail is searched to (`_number_tail`)
+_MAX_FILL = 64  # bytes of filler a string is tried with (`_filler_tail`)
+_FORCED_PROBES = 16  # first bytes of a string compared by the bytes they force (`_least_forced`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
                     "ipv6": "::", "uuid": "ffffffff-ffff-ffff-ffff-ffffffffffff", "duration": "P1D",
@@ -187,10 +190,58 @@ def _multiple_tail(walk: "llguidance.LLMatcher", divisors: tuple[int, ...], numb
     return None
 
 
-def _ends_after(walk: "llguidance.LLMatcher", tail: list[int], closers: frozenset[int]) -> bool:
-    """Whether the number may end after `tail`: a closer follows it, or (a number at the root) the output ends."""
+def _number_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes, written: bytes) -> list[int] | None:
+    """The bytes that finish the number being begun (or written) where no one byte may end it: the shorter of two
+    greedy runs, one taking the first digit that fits, the other the largest, each ending at the first digit after
+    which the number may end. The first digit alone wrote `100` under `minimum: 42`, a token more than `90` (the
+    largest finishes any range in its fewest digits, but alone writes `2000` where `enum: [100, 2000]` takes
+    `100`): the completion overestimated, and answers that fitted the budget were cut. `written`: the number's bytes so far; neither ends it as `-0` (which checks on the number
+    refuse where they refuse 0, `_closing_pick`). None where neither run ends within _NUMBER_TAIL_MAX bytes."""
+    minus = tables.byte_tokens.get(ord("-"))
+    best = None
+    for digits in (b"0123456789", b"9876543210"):
+        order = [tables.byte_tokens[b] for b in digits if b in tables.byte_tokens]
+        run: list[int] = []
+        while len(run) < _NUMBER_TAIL_MAX and (best is None or len(run) < len(best)):
+            fitting = [t for t in tables.number_order if walk.validate_tokens([*run, t]) == len(run) + 1]
+            signed = run[-1:] == [minus] or (not run and written == b"-")
+            ending = next((t for t in fitting if t in tables.digits and not (signed and t == tables.zero)
+                           and _ends_after(walk, [*run, t], tables.closers, tables.eos)), None)
+            if ending is not None:
+                best = [*run, ending]
+                break
+            step = next((t for t in order if t in fitting), fitting[0] if fitting else None)
+            if step is None:
+                break
+            run.append(step)
+    return best
+
+
+def _filler_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes) -> list[int] | None:
+    """In a string whose closing quote does not fit yet: the fewest of one filler byte after which it does, and
+    the quote; None where none gets there in _MAX_FILL bytes. The walk's preferred bytes filled `minLength: 10`
+    with `}}}}]]]],""` (11 tokens where `{"s":"xxxxxxxxxx"}` takes 6), and a string that must not be empty with a
+    whole hint of the schema's, whichever string that came from (`ffffffff-ffff-...` of another property's
+    uuid): the completion overestimated, and answers that fitted the budget were cut (QA budget F1)."""
+    quote = tables.quote
+    for filler in tables.fillers:
+        probe = walk.deep_copy()
+        for k in range(1, _MAX_FILL + 1):
+            if not probe.consume_token(filler):
+                break
+            if probe.validate_tokens([quote]) == 1:
+                return [filler] * k + [quote]
+    return None
+
+
+def _ends_after(walk: "llguidance.LLMatcher", tail: list[int], closers: frozenset[int],
+                eos: int | None = None) -> bool:
+    """Whether the number may end after `tail`: a closer follows it, or (a number at the root) the output ends,
+    which the matcher's `eos` token tells without a copy of it."""
     if any(walk.validate_tokens([*tail, c]) == len(tail) + 1 for c in closers):
         return True
+    if eos is not None:
+        return walk.validate_tokens([*tail, eos]) == len(tail) + 1
     probe = walk.deep_copy()
     return probe.consume_tokens(tail) and probe.is_accepting()
 
@@ -221,6 +272,10 @@ class _WalkBytes:
     null_byte: int | None
     zero: int | None
     number_bytes: frozenset[int]  # the bytes a JSON number is written with
+    number_order: tuple[int, ...]  # those in _CLOSING_PREFERENCE order
+    digits: frozenset[int]  # (the bytes a number may end with)
+    fillers: tuple[int, ...]  # bytes that fill a string in few tokens (`_filler_tail`)
+    eos: int | None  # an end-of-sequence token the matcher takes where the output may end
 
 
 _WALK_BYTES: "weakref.WeakKeyDictionary[Vocabulary, _WalkBytes]" = weakref.WeakKeyDictionary()
@@ -235,9 +290,30 @@ def _walk_bytes(vocab: Vocabulary) -> _WalkBytes:
                            closers=frozenset(byte_tokens[b] for b in b'}]",:' if b in byte_tokens),
                            quote=byte_tokens.get(ord('"')), letter=byte_tokens.get(ord("q")),
                            null_byte=byte_tokens.get(ord("n")), zero=byte_tokens.get(ord("0")),
-                           number_bytes=frozenset(byte_tokens[b] for b in b"-0123456789.eE+" if b in byte_tokens))
+                           number_bytes=frozenset(byte_tokens[b] for b in b"-0123456789.eE+" if b in byte_tokens),
+                           number_order=tuple(byte_tokens[b] for b in dict.fromkeys(_CLOSING_PREFERENCE)
+                                              if b in b"-0123456789.eE+" and b in byte_tokens),
+                           digits=frozenset(byte_tokens[b] for b in b"0123456789" if b in byte_tokens),
+                           eos=min(vocab.eos_token_ids) if vocab.eos_token_ids else None,
+                           fillers=_fillers(vocab, byte_tokens))
         _WALK_BYTES[vocab] = found  # (two threads may both make it: the same value)
     return found
+
+
+def _fillers(vocab: Vocabulary, byte_tokens: dict[int, int]) -> tuple[int, ...]:
+    """The byte whose runs the vocabulary spells in the longest tokens (`-` in Qwen2's and GPT-2's: 16 a token;
+    no whitespace: a string of blanks reads as an empty one), then `a`: a string's filler (`_filler_tail`)."""
+    ids = vocab.ids_by_bytes()
+
+    def run(b: int) -> int:
+        k = 1
+        while k < 64 and bytes([b]) * (k + 1) in ids:
+            k += 1
+        return k
+
+    printable = [b for b in range(0x21, 0x7F) if b not in b'"\\' and b in byte_tokens]
+    best = max(printable, key=lambda b: (run(b), b == ord("a")), default=None)
+    return tuple(byte_tokens[b] for b in dict.fromkeys(b for b in (best, ord("a")) if b is not None and b in byte_tokens))
 
 
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,
@@ -431,6 +507,11 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
                     continue
             stuck = run >= try_at or written >= cycle_at
             in_text = keys is not None and keys.mode in ("string", "key") and not keys.escaped
+            opening = in_text and keys.mode == "string" and not keys.buf and quote is not None \
+                and walk.validate_tokens([quote]) != 1
+            if opening and (filler := _filler_tail(walk, tables)) and take(filler):
+                run, last = 0, None
+                continue
             first_try = bool(hints) and in_text and not hinted and quote is not None \
                 and walk.validate_tokens([quote]) != 1
             hinted = in_text and (hinted or first_try)
@@ -458,6 +539,12 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
                                  refused if refuses is not None else None)
             if pick is None:
                 return None
+            if pick in tables.number_bytes and not divisors and keys is not None \
+                    and keys.mode in ("value", "number") and not _ends_after(walk, [pick], closers, tables.eos):
+                tail = _number_tail(walk, tables, bytes(keys.buf) if keys.mode == "number" else b"")
+                if tail and take(tail):
+                    run, last = 0, None
+                    continue
             walk.consume_token(pick)
             wrote([pick])
             written = 0 if pick in closers else written + 1
@@ -555,6 +642,9 @@ def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats:
         avoid.clear()
     if pick == quote and fits(null_byte) and walk.validate_tokens([quote, quote]) != 2:
         pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
+    if in_string and pick is not None and pick != quote and keys is not None and keys.mode == "string" \
+            and not keys.buf:
+        pick = _least_forced(walk, pick, tables, skip)
     if pick in tables.number_bytes and keys is not None and keys.mode in ("value", "number") \
             and not any(walk.validate_tokens([pick, c]) == 2 for c in tables.closers):
         # A number's byte after which it may end, where one fits: `1` under `exclusiveMinimum: 0` and `3` under
@@ -562,6 +652,33 @@ def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats:
         # token or more, and answers that fit were cut at the budget (QA numbers F1).
         pick = next((t for t in tables.order if t in tables.number_bytes and t not in avoid and fits(t)
                      and any(walk.validate_tokens([t, c]) == 2 for c in tables.closers)), pick)
+    return pick
+
+
+def _least_forced(walk: "llguidance.LLMatcher", pick: int, tables: _WalkBytes, skip: set[int]) -> int:
+    """A string's first byte: `pick`, or where that forces more of the string, the byte among the first
+    _FORCED_PROBES that fit that forces the fewest. `a` of `enum: ["alpha beta gamma delta", "z"]` forced the
+    rest of it where `z` ends at once, and `g` of `get_weather` a call of its arguments where `ping` had none
+    (QA budget F2): the completion overestimated, and answers that fitted the budget were cut."""
+
+    def forced(t: int) -> int:
+        probe = walk.deep_copy()
+        probe.consume_token(t)
+        return len(probe.compute_ff_bytes())
+
+    least = forced(pick)
+    if least < 2:
+        return pick
+    probed = 0
+    for t in tables.order:
+        if probed >= _FORCED_PROBES or least == 0:
+            break
+        if t == pick or t == tables.quote or t in skip or walk.validate_tokens([t]) != 1:
+            continue
+        probed += 1
+        n = forced(t)
+        if n < least:
+            pick, least = t, n
     return pick
 
 

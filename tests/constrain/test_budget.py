@@ -660,13 +660,17 @@ def test_an_integer_under_a_multiple_of_closes_within_the_budget(divisor, tokeni
 
 @pytest.mark.parametrize("bounds, shortest", [
     ({"minimum": 3, "maximum": 3}, "3"), ({"exclusiveMinimum": 0}, "1"), ({"minimum": 7}, "7"),
-    ({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, "0.5"), ({"type": "integer", "minimum": 5}, "5")])
+    ({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, "0.5"), ({"type": "integer", "minimum": 5}, "5"),
+    ({"type": "integer", "minimum": 18}, "18"), ({"type": "integer", "minimum": 42}, "42"),
+    ({"type": "integer", "maximum": -42}, "-42"), ({"type": "integer", "minimum": 995, "maximum": 10000}, "995"),
+    ({"enum": [100, 2000]}, "100")])
 def test_a_number_with_a_lower_bound_closes_within_a_budget_of_its_shortest_document(bounds, shortest, tokenizers,
                                                                                      vocabs):
     """The closing walk wrote a space after the colon and then the first digit that fit (`0` under `exclusiveMinimum:
     0`, which goes on as `0.000...1`): its completion overestimated, and at a budget of the shortest document 16
     answers in 20 under `ge=3, le=3` were cut (QA numbers F1). It now writes no space JSON does not need, and a
-    number's byte after which it may end where one fits."""
+    number's byte after which it may end where one fits, and where none does, the fewer of two runs of digits
+    (`_number_tail`: the first digit that fit went on as `100` under `minimum: 42`)."""
     tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
     compiler = GrammarCompiler(vocab, tok, backend="llguidance", background_outlines=False)
     try:
@@ -825,3 +829,61 @@ def test_uuids_close_in_time_where_a_document_fits(tokenizers, vocabs):
                 jsonschema.validate(json.loads(decode(vocabs["qwen2"], toks)), schema)
     finally:
         compiler.close()
+
+
+@pytest.fixture(scope="module")
+def qwen2_llguidance(tokenizers, vocabs):
+    c = GrammarCompiler(vocabs["qwen2"], tokenizers["qwen2"], backend="llguidance", background_outlines=False)
+    yield c
+    c.close()
+
+
+UUID_PATTERN = "^[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}$"
+
+
+@pytest.mark.parametrize("properties, shortest", [
+    ({"a": {"type": "string", "minLength": 1}, "b": {"type": "string", "format": "uuid"}}, '{"a":"x"}'),
+    ({"a": {"type": "string", "minLength": 1}, "b": {"type": "string", "pattern": UUID_PATTERN}}, '{"a":"x"}'),
+    ({"e": {"type": "string", "minLength": 3}, "d": {"type": "string", "format": "date"}}, '{"e":"xxx"}'),
+    ({"s": {"type": "string", "minLength": 10}}, '{"s":"xxxxxxxxxx"}'),
+    ({"x": {"enum": ["alpha beta gamma delta", "z"]}}, '{"x":"z"}'),
+    ({"v": {"anyOf": [{"type": "string", "minLength": 5}, {"type": "integer", "minimum": 7}]}}, '{"v":7}')])
+def test_a_string_closes_within_a_budget_of_the_shortest_document(properties, shortest, qwen2_llguidance, tokenizers,
+                                                                  vocabs):
+    """The closing walk filled a string that may not be empty with a whole hint of the schema's, whichever string
+    it came from (another property's uuid), `minLength: 10` with `}}}}]]]],""`, and an enum with its first
+    value: its completion overestimated, and at a budget of the shortest document up to 10 answers in 10 were cut
+    (QA budget F1, F2). A string is now filled with a run of the byte the vocabulary spells in the fewest tokens,
+    and a string's first byte is, of those that fit, one that forces the least."""
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    schema = {"type": "object", "properties": properties, "required": [next(iter(properties))]}
+    grammar = qwen2_llguidance.compile(ConstraintSpec(kind="json_schema", schema=schema))
+    budget = len(tok.encode(shortest, add_special_tokens=False))
+    rng = random.Random(0)
+    for _ in range(12):
+        toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
+        assert ended, vocab_bytes(vocab, toks)
+        jsonschema.validate(json.loads(decode(vocab, toks)), schema)
+
+
+def vocab_bytes(vocab, toks: list[int]) -> bytes:
+    """What a walk wrote, as bytes (a walk cut short may end inside a character)."""
+    return b"".join(vocab.token_bytes[t] or b"" for t in toks)
+
+
+def test_a_required_tool_call_closes_within_a_budget_of_the_shortest_call(qwen2_llguidance, tokenizers, vocabs):
+    """Every call began with the function whose name came first in the byte order (`get_weather`), whose required
+    arguments took more tokens than were left, where a call of `ping` fitted: at the budget of that call, every
+    answer was cut (QA budget F2)."""
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "minLength": 2}, "units": {"enum": ["c", "f"]}},
+        "required": ["city", "units"]}}},
+             {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+    grammar = qwen2_llguidance.compile(spec_from_request(tools=tools, tool_choice="required"))
+    budget = len(tok.encode('[{"name":"ping","arguments":{}}]', add_special_tokens=False))
+    rng = random.Random(0)
+    for _ in range(12):
+        toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
+        assert ended, vocab_bytes(vocab, toks)
+        assert {call["name"] for call in json.loads(decode(vocab, toks))} <= {"get_weather", "ping"}
