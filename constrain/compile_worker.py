@@ -89,13 +89,13 @@ def main(argv: list[str]) -> int:
         job = _recv(inp)
         if job is None:
             return 0
-        _, regex, path = job
+        _, regex, path, label = job
         t = time.perf_counter()
         try:
             dfa = TokenDFA.build(regex, ov, eos_ids)
             tmp = f"{path}.tmp{os.getpid()}"
             try:
-                dfa.save(tmp)
+                dfa.save(tmp, label)
                 os.replace(tmp, path)
             except OSError as exc:  # (a full disk, a folder gone: the place's fault, not the regex's)
                 with contextlib.suppress(OSError):
@@ -188,16 +188,16 @@ class CompileWorkers:
         self.killed = 0
         _POOLS.add(self)
 
-    def build(self, regex: str, out_path: Path, timeout_s: float) -> float:
-        """Write the regex's TokenDFA to `out_path` (npz); returns the build seconds. The time limit covers
-        starting a worker when none is idle. Raises BuildTimeout or BuildFailed."""
+    def build(self, regex: str, out_path: Path, timeout_s: float, label: str = "") -> float:
+        """Write the regex's TokenDFA to `out_path` (npz, saved with `label`); returns the build seconds. The time
+        limit covers starting a worker when none is idle. Raises BuildTimeout or BuildFailed."""
         deadline = time.monotonic() + timeout_s
         if not self._slots.acquire(timeout=max(timeout_s, 0)):
             raise BuildTimeout()
         try:
             w = self._take(deadline)
             try:
-                w.send(("build", regex, str(out_path)))
+                w.send(("build", regex, str(out_path), label))
                 reply = w.recv(deadline)
             except BuildTimeout:
                 self._discard(w)

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
+import unicodedata
 import weakref
 import zipfile
 from collections import OrderedDict
@@ -760,14 +761,14 @@ class GrammarCompiler:
         started = time.monotonic()
         try:
             try:
-                self.workers.build(regex, path, self.compile_timeout_s)
+                self.workers.build(regex, path, self.compile_timeout_s, key)
             except BuildFailed as exc:
                 if exc.kind != "unwritable" or path.parent != getattr(self.disk, "folder", None):
                     raise
                 log.warning("the grammar cache folder cannot be written (%s): building in memory", exc.message)
                 path = self._temporary_path(key)
-                self.workers.build(regex, path, self.compile_timeout_s)
-            dfa = TokenDFA.load(path, 32 * self.vocab.words)
+                self.workers.build(regex, path, self.compile_timeout_s, key)
+            dfa = TokenDFA.load(path, 32 * self.vocab.words, key)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
             if self.disk is not None and path.parent == self.disk.folder:
                 self.disk.finished(path, key)
@@ -837,7 +838,7 @@ class GrammarCompiler:
         if not path.exists():
             return None
         try:
-            g = OutlinesGrammar(TokenDFA.load(path, 32 * self.vocab.words), self.vocab, call_tag=call_tag)
+            g = OutlinesGrammar(TokenDFA.load(path, 32 * self.vocab.words, key), self.vocab, call_tag=call_tag)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             log.warning("removing unreadable cache file %s (built again when asked for): %s", path, exc)
             with contextlib.suppress(OSError):  # (files are moved in whole: a broken one stays broken)
@@ -870,9 +871,11 @@ class GrammarCompiler:
 
 @functools.cache
 def code_fingerprint() -> str:
-    """A hash of this package's code and outlines-core's version. The disk cache keeps its automata under it, so an
-    upgrade that changes how a schema becomes a regex (or an automaton) never serves one built by older code."""
+    """A hash of this package's code, outlines-core's version and Python's Unicode tables (`\\p{..}` classes are
+    spelled from them, constrain/pattern_dialects.py). The disk cache keeps its automata under it, so an upgrade that
+    changes how a schema becomes a regex (or an automaton) never serves one built by older code."""
     h = hashlib.sha256(importlib.metadata.version("outlines-core").encode())
+    h.update(unicodedata.unidata_version.encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]

@@ -83,15 +83,17 @@ class ConstraintSpec:
 
     @functools.cached_property
     def key(self) -> str:
-        """Stable text identifying what this spec accepts (not which backend serves it); computed once per spec
-        (every cache lookup of a request uses it)."""
+        """Stable text identifying what this spec accepts and writes (not which backend serves it): objects' keys
+        kept in their order, which is the order a schema's properties are written in (sorted, a schema of the same
+        properties in another order was served the first one's grammar, on disk too: QA cachekeys F1). Computed
+        once per spec (every cache lookup of a request uses it)."""
         import json
 
         return json.dumps(
             [self.kind, self.schema, self.strict, self.pattern, list(self.choices), list(self.tool_names),
              self.tool_choice, self.parallel_tool_calls, list(self.strict_tools), self.tool_format,
              self.answer.key if self.answer is not None else None],
-            sort_keys=True, separators=(",", ":"), default=str,
+            separators=(",", ":"), default=str,
         )
 
 

@@ -84,8 +84,9 @@ def normalise_schema(schema: Any) -> Any:
     """The schema the backends compile: in drafts 4-7, the keywords beside a `$ref` are applied where they can
     be, as ajv applies them (`_ref_siblings`); then the exact rewrites of constrain/rewrite.py turn
     keywords no backend enforces into enforceable equivalents where a proof exists, and numeric bounds are shared
-    with the members of combinators (`bounds_on_members`). Never modifies `schema`."""
-    key = _digest(schema)
+    with the members of combinators (`bounds_on_members`). Never modifies `schema`. Remembered by the schema as
+    written: one of the same keys in another order got the first one's property order (QA cachekeys F1)."""
+    key = _digest(schema, ordered=True)
     if key is not None:
         with _valid_lock:
             if key in _normal:
@@ -283,9 +284,11 @@ _valid: OrderedDict[bytes, None] = OrderedDict()
 _valid_lock = threading.Lock()
 
 
-def _digest(schema: Any) -> bytes | None:
+def _digest(schema: Any, ordered: bool = False) -> bytes | None:
+    """`ordered`: of the schema as written, its objects' keys in their order (which orders the properties of every
+    document the schema is compiled to), else of its canonical JSON (keys sorted: what validity depends on)."""
     try:
-        text = json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(schema, sort_keys=not ordered, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return None
     return hashlib.blake2b(text.encode(), digest_size=20).digest()

@@ -104,18 +104,23 @@ class TokenDFA:
                     queue.append(p)
         return dist
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, label: str = "") -> None:
+        """`label`: what the automaton was built for (the cache key), which `load` can ask back."""
         with open(path, "wb") as f:
             np.savez(f, offsets=self.offsets, tokens=self.tokens, nexts=self.nexts, final=self.final, dist=self.dist,
-                     slack=self.slack, dead=self.dead)
+                     slack=self.slack, dead=self.dead, label=np.frombuffer(label.encode(), dtype=np.uint8))
 
     @classmethod
-    def load(cls, path: Path, token_limit: int) -> "TokenDFA":
+    def load(cls, path: Path, token_limit: int, label: str | None = None) -> "TokenDFA":
         """Distances and successor summaries are stored too (work the loading process should not repeat); a file
         written before them gets them computed. ValueError for arrays that do not make an automaton over tokens
-        below `token_limit` (`_check_arrays`)."""
+        below `token_limit` (`_check_arrays`), and with `label`, for a file saved with another: an automaton copied
+        over another's file (a sync between hosts, a restore) was served for that key's constraint."""
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in ("offsets", "tokens", "nexts", "final", "dist", "slack", "dead") if k in z.files}
+            saved = z["label"].tobytes() if "label" in z.files else None
+        if label is not None and saved != label.encode():
+            raise ValueError("the automaton of another constraint")
         _check_arrays(arrays, token_limit)
         return cls(**arrays)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from constrain import GrammarCompiler, spec_from_request
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -469,3 +471,75 @@ def test_a_cache_folder_that_cannot_take_an_automaton_builds_it_in_memory(tmp_pa
         assert "cannot be written" in caplog.text and not c._failed
     finally:
         c.close()
+
+
+def _ordered(names: list[str]) -> dict:
+    """An object of integers `names`, declared in that order (`required` the same whatever the order)."""
+    return {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "required": sorted(names),
+            "additionalProperties": False}
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_a_schema_of_the_same_properties_in_another_order_is_compiled_as_written(backend, tmp_path, tokenizers,
+                                                                                  vocabs):
+    """Schemas were cached under their keys sorted: after `{first, second}`, a schema declaring `{second, first}`
+    was served the first one's grammar, and wrote `first` first, on both backends, for tools too, and from the
+    disk after a restart (QA cachekeys F1). Properties come in the order each schema declares them."""
+    tok = tokenizers["gpt2"]
+
+    def spec(names):
+        return spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "o", "schema": _ordered(names), "strict": True}}, backend=backend)
+
+    def takes(grammar, text: str) -> bool:
+        m = grammar.matcher()
+        return all(m.accept(t) for t in tok.encode(text)) and m.can_end()
+
+    c = GrammarCompiler(vocabs["gpt2"], tok, backend=backend, cache_dir=tmp_path, background_outlines=False)
+    try:
+        assert takes(c.compile(spec(["first", "second"])), '{"first": 1, "second": 2}')
+        reversed_grammar = c.compile(spec(["second", "first"]))
+        assert takes(reversed_grammar, '{"second": 2, "first": 1}')
+        assert not takes(reversed_grammar, '{"first": 1, "second": 2}')
+    finally:
+        c.close()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": _ordered(["q", "p"])}}]
+    restarted = GrammarCompiler(vocabs["gpt2"], tok, backend=backend, cache_dir=tmp_path, background_outlines=False)
+    try:
+        assert takes(restarted.compile(spec(["second", "first"])), '{"second": 2, "first": 1}')
+        first = restarted.compile(spec_from_request(tools=[{"type": "function", "function": {
+            "name": "f", "parameters": _ordered(["p", "q"])}}], tool_choice="required", backend=backend))
+        second = restarted.compile(spec_from_request(tools=tools, tool_choice="required", backend=backend))
+        assert first is not second
+    finally:
+        restarted.close()
+
+
+def test_an_automaton_file_of_another_constraint_is_built_again(tmp_path, tokenizers, vocabs, caplog):
+    """A file was trusted as its key's automaton whenever its arrays made one: another schema's automaton copied
+    over it (a sync between hosts, a restore from a backup) was served for this schema, `{"v": "Y"}` under `const:
+    "X3"`, with no warning, and stayed (QA cachekeys F2). A file names the constraint it was built for."""
+    def schema(value: str) -> dict:
+        return {"type": "object", "properties": {"v": {"const": value}}, "required": ["v"],
+                "additionalProperties": False}
+
+    def spec(value: str):
+        return spec_from_request(response_format={"type": "json_object", "schema": schema(value)})
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    c.compile(spec("X3"))
+    [x_file] = list(tmp_path.rglob("*.outlines.npz"))
+    c.compile(spec("Y"))
+    c.close()
+    [y_file] = [p for p in tmp_path.rglob("*.outlines.npz") if p != x_file]
+    x_file.write_bytes(y_file.read_bytes())
+    restarted = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path)
+    try:
+        with caplog.at_level("WARNING", logger="constrain.compiler"):
+            m = restarted.compile(spec("X3")).matcher()
+        assert all(m.accept(t) for t in tokenizers["gpt2"].encode('{"v": "X3"}')) and m.can_end()
+        assert restarted.stats.compiles == 1 and restarted.stats.disk_hits == 0
+        assert "another constraint" in caplog.text
+        assert restarted.compile(spec("Y")).backend == "outlines" and restarted.stats.disk_hits == 1
+    finally:
+        restarted.close()
