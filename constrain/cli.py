@@ -27,7 +27,9 @@ def _readable_file(text: str) -> Path:
     """A file that can be read, as an argparse `type`: `check-schema` said "not supported" (exit status 1, as for a
     schema it refuses) of a file that does not exist."""
     path = Path(text)
-    if not path.exists() or path.is_dir():  # (a pipe is taken: `check-schema /dev/stdin`, `<(...)`)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file")
+    if not path.exists():  # (a pipe is taken: `check-schema /dev/stdin`, `<(...)`)
         raise argparse.ArgumentTypeError(f"no such file: {text}")
     if not os.access(path, os.R_OK):
         raise argparse.ArgumentTypeError(f"{text} cannot be read")
@@ -72,7 +74,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-_TIMEOUT_HELP = "time limit of an outlines build, seconds (llguidance compiles are held by its own limits)"
+_TIMEOUT_HELP = "time limit of an outlines build, seconds (llguidance compiles are held by its own limits; " \
+                "default: %(default)g)"
+_TOKENIZER_HELP = "tokenizer directory (default: the built-in model's Qwen2 tokenizer)"
 
 
 def _tokenizer_dir(text: str) -> Path:
@@ -87,8 +91,7 @@ def add_commands(subparsers) -> None:
     """Add this package's subcommands to the `structgen` parser."""
     p = subparsers.add_parser("check-schema", help="say whether a JSON schema is supported, and by which backend")
     p.add_argument("file", type=_readable_file, help="a JSON Schema file")
-    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER,
-                   help="tokenizer directory (default: the built-in model's Qwen2 tokenizer)")
+    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER, help=_TOKENIZER_HELP)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--strict", action="store_true", help="check as a strict schema (every keyword enforced)")
     p.add_argument("--timeout", type=_seconds, default=120.0, help=_TIMEOUT_HELP)
@@ -96,7 +99,7 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("maskbench", help="run the MaskBench method over JSONSchemaBench cases")
     p.add_argument("cases_dir", type=existing_directory, help="directory searched recursively for *.json cases")
-    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
+    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER, help=_TOKENIZER_HELP)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=_seconds, default=60.0, help=_TIMEOUT_HELP)
     p.add_argument("--json", type=_writable_file, default=None,
@@ -107,11 +110,11 @@ def add_commands(subparsers) -> None:
     p = subparsers.add_parser("walkbench", help="random walks through each compiled case's mask, every finished "
                                                 "document validated against its schema")
     p.add_argument("cases_dir", type=existing_directory, help="directory searched recursively for *.json cases")
-    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER)
+    p.add_argument("--tokenizer", type=_tokenizer_dir, default=_DEFAULT_TOKENIZER, help=_TOKENIZER_HELP)
     p.add_argument("--backend", default="auto", choices=["auto", "outlines", "llguidance"])
     p.add_argument("--timeout", type=_seconds, default=60.0, help=_TIMEOUT_HELP)
-    p.add_argument("--walks", type=at_least(1), default=3, help="walks per case")
-    p.add_argument("--max-tokens", type=at_least(1), default=160, help="the budget of each walk")
+    p.add_argument("--walks", type=at_least(1), default=3, help="walks per case (default: %(default)s)")
+    p.add_argument("--max-tokens", type=at_least(1), default=160, help="the budget of each walk (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--not-strict", action="store_true",
                    help="compile as the server compiles a schema sent without `strict` (OpenAI's default)")
@@ -127,7 +130,11 @@ def load_tokenizer(path: Path):
 
     from constrain.vocabulary import Vocabulary
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # noqa: BLE001 - a folder with a tokenizer's files that do not load: a one-line reason
+        raise SystemExit(f"structgen: cannot load the tokenizer in {path}: {type(exc).__name__}: {str(exc)[:300]}") \
+            from None
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     vocab_ids = tok.get_vocab()
     eos |= {vocab_ids[n] for n in _STOP_NAMES if n in vocab_ids}
@@ -144,10 +151,15 @@ def _check_schema(args: argparse.Namespace) -> int:
     from constrain.support import outlines_unsupported
     from constrain.unique_items import plan_unique_items
 
+    try:  # (a Windows editor's byte-order mark is read past; nesting beyond Python's stack is a RecursionError)
+        schema = json.loads(args.file.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)[:300]
+        print(f"{args.file}: not JSON: {reason}")
+        return 1
     try:
-        schema = json.loads(args.file.read_text())
         validate_schema(schema, "schema")
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         print(f"{args.file}: not supported: {getattr(exc, 'message', exc)}")
         return 1
     tok, vocab = load_tokenizer(args.tokenizer)
@@ -156,7 +168,7 @@ def _check_schema(args: argparse.Namespace) -> int:
     source, schema = schema, normalise_schema(schema)  # as the server compiles it (exact rewrites included)
     plan = plan_unique_items(schema)
     if plan is not None:
-        print(f"enforced while decoding: {', '.join(plan.pointers)}")
+        print(f"enforced while decoding: {', '.join(dict.fromkeys(_in_file(source, p) for p in plan.pointers))}")
     bad = outlines_unsupported(plan.schema if plan is not None else schema)
     bad = list(dict.fromkeys(_in_file(source, p) for p in bad))
     print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
@@ -174,7 +186,8 @@ def _check_schema(args: argparse.Namespace) -> int:
     ms = 1000 * (time.perf_counter() - t0)
     late = wrapped(grammar, LateGrammar)
     if late is not None:
-        print(f"checked as each value is finished: {', '.join(p or '/' for p in late.plan.pointers)}")
+        print(f"checked as each value is finished: "
+              f"{', '.join(dict.fromkeys(_in_file(source, p or '/') for p in late.plan.pointers))}")
     if wrapped(grammar, PlainKeysGrammar) is not None:
         print("keys are written without \\u escapes (an open object names keys: constrain/plain_keys.py)")
     unenforced = ", ".join(grammar.unenforced) or "none"

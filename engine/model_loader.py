@@ -190,6 +190,8 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
 
         path = Path(name_or_path).expanduser()  # (`~/models/x`, as a shell would not expand it in STRUCTGEN_MODEL)
         looks_local = path.is_absolute() or name_or_path.startswith((".", "~")) or path.exists()
+        if looks_local and path.exists() and not path.is_dir():
+            raise ModelLoadError(f"not a model directory (a file): {name_or_path}; name the folder that holds it")
         if looks_local and not path.is_dir():
             raise ModelLoadError(f"model directory not found: {name_or_path}")
         source = str(path) if looks_local else name_or_path

@@ -84,13 +84,17 @@ def _add_serve(subparsers) -> None:
                                           "the environment variable STRUCTGEN_<OPTION>.")
     p.add_argument("--model", default=_default("model"),
                    help=f"local model directory or hub id (default: the offline {BUILTIN_MODEL})")
-    p.add_argument("--host", default=_default("host"))
-    p.add_argument("--port", type=_port, default=_default("port"))
-    p.add_argument("--api-key", default=_default("api_key"), help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--device", default=_default("device"), help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--host", default=_default("host"), help=f"address to listen on (default: {ServerConfig.host})")
+    p.add_argument("--port", type=_port, default=_default("port"), help=f"(default: {ServerConfig.port})")
+    p.add_argument("--api-key", default=_default("api_key"),
+                   help="require 'Authorization: Bearer KEY' (default: none, every request is served)")
+    p.add_argument("--device", default=_default("device"),
+                   help=f"auto, cpu, cuda, cuda:N (default: {ServerConfig.device}: cuda where there is one)")
     dtypes = ["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"]
-    p.add_argument("--dtype", default=_default("dtype"), type=_one_of(*dtypes), choices=dtypes)
-    p.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"))
+    p.add_argument("--dtype", default=_default("dtype"), type=_one_of(*dtypes), choices=dtypes,
+                   help=f"(default: {ServerConfig.dtype}: bfloat16 or float16 on CUDA, float32 on a CPU)")
+    p.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"),
+                   help=f"requests decoded together (default: {ServerConfig.max_batch_size})")
     p.add_argument("--max-prefill-tokens", type=_positive_int, default=_default("max_prefill_tokens"),
                    help="prompt positions prefilled in one engine step for the waiting prompts that join together "
                         "(padded), and the chunk size of a longer prompt, which joins after several steps while the "
@@ -105,7 +109,8 @@ def _add_serve(subparsers) -> None:
                    help="the name clients send as `model` (default: --model)")
     backends = ["auto", "outlines", "llguidance"]
     p.add_argument("--constraint-backend", default=_default("constraint_backend"), type=_one_of(*backends),
-                   choices=backends)
+                   choices=backends, help=f"(default: {ServerConfig.constraint_backend}: llguidance serves a new "
+                                          "schema, outlines its repeats, README)")
     p.add_argument("--schemas-dir", type=existing_directory, default=_default("schemas_dir"),
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_default("cache_dir"),
@@ -143,7 +148,8 @@ def _add_serve(subparsers) -> None:
                    help="seconds a request's body may take to arrive (a slower one gets a 408), and its request "
                         f"line and headers (else the connection is closed) (default: {ServerConfig.max_body_seconds})")
     levels = ["critical", "error", "warning", "info", "debug"]
-    p.add_argument("--log-level", default=_default("log_level"), type=_one_of(*levels), choices=levels)
+    p.add_argument("--log-level", default=_default("log_level"), type=_one_of(*levels), choices=levels,
+                   help=f"(default: {ServerConfig.log_level})")
     p.add_argument("--shutdown-timeout", type=_positive_int, default=_default("shutdown_timeout"),
                    help="seconds to finish the requests in flight after SIGTERM, after which those left are cut "
                         f"(default: {ServerConfig.shutdown_timeout}, within Kubernetes' 30-second grace period)")

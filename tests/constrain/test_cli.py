@@ -37,7 +37,7 @@ def test_a_json_path_that_is_a_directory_is_refused_before_any_work(tmp_path, ca
     assert exc.value.code == 2 and "is a directory" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["check-schema", str(tmp_path)])
-    assert exc.value.code == 2 and "no such file" in capsys.readouterr().err
+    assert exc.value.code == 2 and f"{tmp_path} is a directory; name a file" in capsys.readouterr().err
 
 
 def test_maskbench_prints_the_exact_summary_line_and_json(tmp_path, capsys):
@@ -234,3 +234,71 @@ def test_check_schema_names_what_outlines_cannot_enforce_at_places_in_the_file(t
     main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("outlines: "))
     assert line == "outlines: cannot enforce /additionalProperties, /properties/n, /properties/o/additionalProperties"
+
+
+def test_check_schema_names_the_values_checked_as_they_are_finished_at_places_in_the_file(tmp_path, capsys):
+    """`minProperties` is checked at the object, which the compile wraps in an `allOf`: the line said `/allOf/0`,
+    a place the file does not have (QA cli F2)."""
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2}))
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict",
+                 "--backend", "llguidance"]) == 0
+    assert "checked as each value is finished: /\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("", "not JSON: Expecting value"), ("a schema", "not JSON: Expecting value"),
+    ('{"type": "array", "items": ' * 3000 + "{}" + "}" * 3000, "not JSON: nested too deeply to read")])
+def test_check_schema_says_a_file_is_not_json_in_one_line(text, reason, tmp_path, capsys):
+    """Such a file was "not supported", as a schema the backends refuse, and one nested 3,000 deep ended in a
+    RecursionError traceback (QA cli F3, F5)."""
+    f = tmp_path / "s.json"
+    f.write_text(text)
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"])]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{f}: {reason}") and out.count("\n") == 1, out
+
+
+def test_check_schema_reads_a_file_with_a_byte_order_mark(tmp_path, capsys):
+    """A Windows editor's UTF-8 byte-order mark: "not supported: Unexpected UTF-8 BOM" (QA cli F5)."""
+    f = tmp_path / "s.json"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"type": "integer"}).encode())
+    assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance"]) == 0
+    assert f"{f}: supported by llguidance" in capsys.readouterr().out
+
+
+def test_maskbench_counts_a_case_nested_too_deeply_as_a_case_in_error(tmp_path, capsys):
+    """One such case file ended the whole run in a RecursionError traceback, and no `--json` was written."""
+    (tmp_path / "deep.json").write_text('{"schema": ' + '{"items": ' * 3000 + "{}" + "}" * 3001)
+    shutil.copy(CASES / "Github_trivial" / "o10018.json", tmp_path / "ok.json")
+    out = tmp_path / "out.jsonl"
+    assert main(["maskbench", str(tmp_path), "--tokenizer", str(TOKENIZERS["gpt2"]), "--backend", "llguidance",
+                 "--json", str(out)]) == 0
+    rows = {row["case"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert not rows["deep.json"]["compiled"] and "not a MaskBench case" in rows["deep.json"]["error"]
+    assert rows["ok.json"]["compiled"]
+
+
+def test_a_tokenizer_folder_that_does_not_load_is_a_one_line_error(tmp_path, capsys):
+    """Its files are there but do not load: a transformers traceback (QA cli F3)."""
+    (tmp_path / "tokenizer.json").write_text("garbage")
+    schema = tmp_path / "s.json"
+    schema.write_text("{}")
+    with pytest.raises(SystemExit) as exc:
+        main(["check-schema", str(schema), "--tokenizer", str(tmp_path)])
+    assert str(exc.value.code).startswith(f"structgen: cannot load the tokenizer in {tmp_path}: ")
+
+
+@pytest.mark.parametrize("command, defaults", [
+    ("serve", ["--host HOST           address to listen on (default: 127.0.0.1)", "(default: 8000)",
+               "(default: none, every", "(default: auto: cuda where", "(default: auto: bfloat16", "(default: 16)",
+               "(default: auto: llguidance", "(default: info)"]),
+    ("walkbench", ["(default: the built-in model's", "default: 60)", "(default: 3)", "(default: 160)"]),
+    ("maskbench", ["(default: the built-in model's", "default: 60)"])])
+def test_help_states_each_option_s_default(command, defaults, capsys):
+    """`serve --help` showed no default for --host, --port, --device, --dtype, --max-batch-size,
+    --constraint-backend, --log-level or --api-key, nor the benches theirs (QA cli F6)."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exc.value.code == 0 and all(" ".join(d.split()) in text for d in defaults), text

@@ -165,3 +165,17 @@ def test_backends_accept_the_same_documents(llg_results, outlines_results):
     for k in both:
         a, b = llg_results[k], outlines_results[k]
         assert (a.valid_accepted, a.invalid_rejected) == (b.valid_accepted, b.invalid_rejected), k
+
+
+@pytest.mark.parametrize("tokenizer_name", ["phi3", "gpt2", "qwen2"])
+def test_a_valid_instance_is_accepted_whatever_the_tokenizer(tokenizer_name, tokenizers, vocabs):
+    """Phi-3's tokenizer (SentencePiece) encodes `{"a": 0}` as `▁{"`..., a space no grammar takes first: with it,
+    maskbench counted every valid instance rejected (QA cli F1)."""
+    compiler = GrammarCompiler(vocabs[tokenizer_name], tokenizers[tokenizer_name], backend="llguidance",
+                               background_outlines=False)
+    try:
+        results = _run(compiler, tokenizers[tokenizer_name], [CASES / "Github_trivial/o78404.json",
+                                                              CASES / "Github_easy/o68337.json"])
+        assert all(r.compiled and r.valid_n and r.valid_accepted == r.valid_n for r in results.values()), results
+    finally:
+        compiler.close()

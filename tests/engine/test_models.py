@@ -482,6 +482,17 @@ def test_a_model_directory_under_the_home_directory_is_found_as_written(tmp_path
     assert loaded.name == "~/models/tiny" and loaded.logits_width > 0
 
 
+def test_a_model_path_that_is_a_file_is_named_as_a_file(tmp_path):
+    """`--model some/config.json` (the file, not its folder) said "model directory not found" of a path that is
+    there (QA cli F5)."""
+    from engine.model_loader import ModelLoadError
+
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    with pytest.raises(ModelLoadError, match=r"not a model directory \(a file\): .*config\.json; name the folder"):
+        load_model(str(config), device=TEST_DEVICE, dtype=TEST_DTYPE)
+
+
 def test_a_device_torch_names_but_cannot_use_is_a_one_line_reason():
     from engine.model_loader import ModelLoadError
 
