@@ -131,7 +131,8 @@ def test_an_empty_option_from_the_environment_is_unset(monkeypatch):
 
 def test_a_sigterm_ends_the_server_within_its_shutdown_timeout_though_a_client_stopped_reading():
     """A stream whose client stopped reading held a SIGTERMed server for as long as the client stayed (90 s in
-    QA, for ever in principle): systemd or Docker then killed it mid-stream."""
+    QA, for ever in principle): systemd or Docker then killed it mid-stream. The shutdown done, it exits 0, as
+    after Ctrl-C (uvicorn raised the SIGTERM again once its handler was gone: status 143, QA cli F4)."""
     import signal
     import socket
 
@@ -149,7 +150,7 @@ def test_a_sigterm_ends_the_server_within_its_shutdown_timeout_though_a_client_s
             server.proc.wait(timeout=60)
         finally:
             stalled.close()
-        assert server.proc.returncode is not None
+        assert server.proc.returncode == 0
 
 
 def _whitespace_outside_strings(text: str) -> str:
