@@ -536,8 +536,9 @@ class GrammarCompiler:
             return g
         try:
             g = self._llg(spec)
-        except ConstraintError:
-            if not outlines_ok:
+        except ConstraintError as exc:
+            # (a schema no document meets: outlines, tried, said it worse, "Failed to build DFA error building NFA")
+            if not outlines_ok or "Unsatisfiable schema" in exc.message:
                 raise
             return self._outlines(spec, wait=True)
         if g.unenforced and outlines_ok:

@@ -1222,7 +1222,34 @@ def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
             pointer = min(places, key=lambda p: (p.count("/"), p))
             message = f"{message} (at {pointer})"
         break
+    if pointer is None and "Unsatisfiable schema" in text and isinstance(schema, dict):
+        pointer = _crossed_bounds(schema, base_pointer, text)
+        message = f"{message} (at {pointer})" if pointer is not None else message
     return ConstraintError(message, param=param, pointer=pointer, code=code)
+
+
+# llguidance's words for a pair of bounds no value meets ("minimum (5) is greater than maximum (3)"), and the pairs
+_GREATER = re.compile(r"(\w+) \([^)]*\) is greater than (\w+) \(")
+_BOUND_PAIRS = (("minimum", "maximum"), ("exclusiveMinimum", "maximum"), ("minimum", "exclusiveMaximum"),
+                ("exclusiveMinimum", "exclusiveMaximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
+                ("minProperties", "maxProperties"), ("minContains", "maxContains"))
+
+
+def _crossed_bounds(schema: dict, base_pointer: str, text: str) -> str | None:
+    """The pointer of the lower bound of a pair that no value meets, for llguidance's "Unsatisfiable schema",
+    which names the keywords but not where they are (or, for a required property, only its name): a 400 that
+    said `minimum (5) is greater than maximum (3)` with no pointer. The pair llguidance names first, then the
+    outermost."""
+    named = _GREATER.search(text)
+    found = []
+    for ptr, key, node in walk(schema, base_pointer):
+        for low, high in _BOUND_PAIRS:
+            a, b = node.get(low) if key == low else None, node.get(high)
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+                continue
+            if a > b or (a == b and (low.startswith("exclusive") or high.startswith("exclusive"))):
+                found.append((named is None or named.groups() != (low, high), ptr.count("/"), ptr))
+    return min(found)[2] if found else None
 
 
 def _has_siblings(schema, ref_pointer: str, base_pointer: str) -> bool:

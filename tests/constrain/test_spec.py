@@ -1104,3 +1104,23 @@ def test_a_unicode_property_other_than_a_category_is_named_as_one_that_cannot_be
     assert exc.value.code == "unsupported_schema"  # (as in a schema: review)
     escaped = {"type": "string", "pattern": "^\\\\p{x}$"}  # (a backslash, then `p{x}`: no property)
     assert spec_from_request(response_format={"type": "json_object", "schema": escaped}).kind == "json_schema"
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"type": "integer", "minimum": 5, "maximum": 3}, "/minimum"),
+    ({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 3, "maximum": 3}},
+      "required": ["x"]}, "/properties/x/exclusiveMinimum"),
+    ({"type": "object", "properties": {"a": {
+        "type": "object", "properties": {"b": {"type": "string", "minLength": 5, "maxLength": 3}}, "required": ["b"]}},
+      "required": ["a"]}, "/properties/a/properties/b/minLength"),
+    ({"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 3}, "/minItems")])
+def test_bounds_no_value_meets_are_a_400_naming_the_lower_one(gpt2_compiler, schema, pointer):
+    """llguidance's "Unsatisfiable schema: minimum (5) is greater than maximum (3)" named no place (nor, for a
+    required property, which bounds: "required property 'x' is unsatisfiable"); where outlines could be tried
+    (an array's counts), auto answered with its "Failed to build DFA error building NFA" instead."""
+    for strict in (True, False):
+        with pytest.raises(ConstraintError) as exc:
+            gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+                "name": "u", "schema": schema, "strict": strict}}))
+        assert exc.value.pointer == pointer and "Unsatisfiable schema" in exc.value.message
+        assert exc.value.message.endswith(f"(at {pointer})")
