@@ -417,7 +417,7 @@ class GrammarCompiler:
             plan = plan_late_keywords(spec.schema, one_of=False)  # (None: not checkable; the backend counts)
         if plan is not None:
             try:
-                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
             except ConstraintError:
                 if spec.key in self._late_plans:
                     raise
@@ -436,7 +436,7 @@ class GrammarCompiler:
             if plan is None:
                 raise
             try:
-                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
             except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
                 found = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
                 raise (later if found else exc) from None
@@ -455,7 +455,7 @@ class GrammarCompiler:
         inner = None
         if plan is not None:
             try:
-                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), backend)
+                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
             except ConstraintError:
                 pass
         if inner is None or len(inner.unenforced) >= len(g.unenforced):
@@ -871,6 +871,15 @@ class GrammarCompiler:
 
 
 @functools.cache
+def _checked_on(backend: str) -> str:
+    """The backend that compiles a schema whose keywords are checked as values finish (a LatePlan's): under auto,
+    llguidance, whose budget completions ask the checks. outlines' exact distances know nothing of them: once auto
+    served such a schema's repeats from outlines, answers near max_tokens were steered to documents the checks
+    refuse, and ran to max_tokens (`contains: {const}` at 24 tokens: 3 of 3 `length`, 0 on llguidance; QA
+    latechecks F2)."""
+    return "llguidance" if backend == "auto" else backend
+
+
 def code_fingerprint() -> str:
     """A hash of this package's code, outlines-core's version and Python's Unicode tables (`\\p{..}` classes are
     spelled from them, constrain/pattern_dialects.py). The disk cache keeps its automata under it, so an upgrade that

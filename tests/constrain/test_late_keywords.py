@@ -4,6 +4,7 @@ branches disjoint, a value is refused token by token unless exactly one branch h
 from __future__ import annotations
 
 import json
+import random
 
 import jsonschema
 import pytest
@@ -13,7 +14,7 @@ from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.late_keywords import LateGrammar, plan_late_keywords
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import allowed_ids, ended_walks_valid
+from tests.constrain.conftest import allowed_ids, decode, ended_walks_valid
 
 # Arrays of integers, or of numbers >= 0: [1] and [] are both (refused), [-1] and [0.5] one each.
 ARRAYS = {"oneOf": [{"type": "array", "items": {"type": "integer"}},
@@ -732,3 +733,35 @@ def test_a_negative_number_begun_near_the_limit_closes_where_its_zero_would_be_r
             written.append(token)
         assert m.can_end(), tok.decode(written)
         assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(tok.decode(written)))
+
+
+def test_auto_compiles_a_schema_with_late_checks_on_llguidance_though_outlines_built_it(tokenizers, vocabs):
+    """Under auto, a schema whose `contains` is checked as its arrays finish was served from outlines once an
+    automaton of it was built (by a request naming outlines, or in the background for repeats): outlines' exact
+    distances know nothing of the checks, so answers near max_tokens were steered to documents the checks
+    refuse, and ran to max_tokens (3 of 3 at 24 tokens; QA latechecks F2). llguidance's completions ask them."""
+    from constrain.walkbench import random_walk
+
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                                        "contains": {"const": "urgent"}}},
+              "required": ["tags"], "additionalProperties": False}
+
+    def spec(backend=None):
+        return spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "t", "schema": schema}}, backend=backend)
+
+    compiler = GrammarCompiler(vocab, tok, backend="auto", background_outlines=False)
+    try:
+        assert compiler.compile(spec("outlines")).backend == "outlines"
+        grammar = compiler.compile(spec())
+        assert grammar.backend == "llguidance"
+        budget = len(tok.encode('{"tags":["urgent"]}')) + 2
+        rng = random.Random(0)
+        for _ in range(8):
+            toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
+            assert ended, decode(vocab, toks)
+            document = json.loads(decode(vocab, toks))
+            assert "urgent" in document["tags"], document
+    finally:
+        compiler.close()
