@@ -99,6 +99,7 @@ _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too l
 _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 _NUMBER_TAIL_MAX = 24  # bytes a number's tail is searched to (`_number_tail`)
+_NUMBER_TAIL_COMPARED = 6  # a first run longer than this is not compared with a second
 _MAX_FILL = 64  # bytes of filler a string is tried with (`_filler_tail`)
 _FORCED_PROBES = 16  # first bytes of a string compared by the bytes they force (`_least_forced`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
@@ -200,9 +201,11 @@ def _number_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes, written: byte
     minus = tables.byte_tokens.get(ord("-"))
     best = None
     for digits in (b"0123456789", b"9876543210"):
+        if best is not None and len(best) > _NUMBER_TAIL_COMPARED:
+            break  # (each step of a run asks ~75 questions: 3 ms a number under `minimum: 1e15`, for a digit at most)
         order = [tables.byte_tokens[b] for b in digits if b in tables.byte_tokens]
         run: list[int] = []
-        while len(run) < _NUMBER_TAIL_MAX and (best is None or len(run) < len(best)):
+        while len(run) < _NUMBER_TAIL_MAX and (best is None or len(run) + 1 < len(best)):  # (only a shorter one)
             fitting = [t for t in tables.number_order if walk.validate_tokens([*run, t]) == len(run) + 1]
             signed = run[-1:] == [minus] or (not run and written == b"-")
             ending = next((t for t in fitting if t in tables.digits and not (signed and t == tables.zero)
@@ -225,6 +228,8 @@ def _filler_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes) -> list[int] 
     uuid): the completion overestimated, and answers that fitted the budget were cut (QA budget F1)."""
     quote = tables.quote
     for filler in tables.fillers:
+        if walk.validate_tokens([filler, filler]) != 2:  # (one filler byte and a quote: `_least_forced`'s)
+            continue
         probe = walk.deep_copy()
         for k in range(1, _MAX_FILL + 1):
             if not probe.consume_token(filler):
@@ -411,6 +416,25 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
                     divisors: tuple[int, ...] = (), ordinary: bool = False,
                     refuses: "Callable[[bytes, bool], bool] | None" = None,
                     values: tuple[bytes, ...] = (), max_bytes: int = _CLOSING_MAX_BYTES) -> list[int] | None:
+    """The shorter of two walks (`_walk_once`), one with the shortcuts that commit to a value (a string's filler, a
+    number's fewest digits, a string's least forced first byte) and, where it took one, one without: a value short
+    by itself may make the rest longer (`"ping"` of an enum whose `if`/`then` then requires another property, 8
+    tokens where `"get_weather"` closed in 6; QA review F1), and the walk never goes back on a choice."""
+    args = (matcher, vocab, keys, hints, distinct_keys, key_names, endings, divisors, ordinary, refuses, values,
+            max_bytes)
+    took = [False]
+    out = _walk_once(*args, shortcuts=took)
+    if took[0]:
+        plain = _walk_once(*args, shortcuts=None)
+        if plain is not None and (out is None or len(plain) < len(out)):
+            return plain
+    return out
+
+
+def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None, hints: tuple[bytes, ...],
+               distinct_keys: bool, key_names: tuple[bytes, ...], endings: tuple[bytes, ...],
+               divisors: tuple[int, ...], ordinary: bool, refuses: "Callable[[bytes, bool], bool] | None",
+               values: tuple[bytes, ...], max_bytes: int, shortcuts: list[bool] | None) -> list[int] | None:
     """Tokens of a short completion from `matcher`'s state to an accepting one, or None when the walk finds
     none (in `max_bytes`). The walk goes byte by byte on a copy; the bytes are then spelled with the vocabulary's
     longest tokens. Greedy, not minimal: it may overestimate, which only makes forcing start earlier. `keys`
@@ -431,8 +455,11 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
     the whole text from the walk's start (bytes, and whether the output ends after them); a walk that asks more
     than _CHECKS_PER_WALK times finds none. Once they refused something, a value begins as one of `values` (JSON
     texts of the checked keywords' const and enum values) where the grammar takes it: `contains: {"const": 7}`
-    needs a 7, which the greedy walk never writes."""
+    needs a 7, which the greedy walk never writes. With `shortcuts` (and no `refuses`: the checks judge objects
+    a shortcut's value may make longer), it takes `_filler_tail`, `_number_tail` and `_least_forced`, and notes in
+    `shortcuts[0]` that it took one."""
     tables = _walk_bytes(vocab)
+    shortcuts = shortcuts if refuses is None else None
     byte_tokens, closers, quote = tables.byte_tokens, tables.closers, tables.quote
     ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
     specials = {int(i) for data in endings for i in _SPECIAL_MARK.findall(data)}  # (kept as they are)
@@ -507,10 +534,12 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
                     continue
             stuck = run >= try_at or written >= cycle_at
             in_text = keys is not None and keys.mode in ("string", "key") and not keys.escaped
+            # (the shortcuts below commit to a value; where checks judge finished objects, `if`/`then`, `not`, they
+            # refused what the greedy bytes would not have led to, and no completion was found: QA review F1)
             opening = in_text and keys.mode == "string" and not keys.buf and quote is not None \
-                and walk.validate_tokens([quote]) != 1
+                and shortcuts is not None and walk.validate_tokens([quote]) != 1
             if opening and (filler := _filler_tail(walk, tables)) and take(filler):
-                run, last = 0, None
+                run, last, shortcuts[0] = 0, None, True
                 continue
             first_try = bool(hints) and in_text and not hinted and quote is not None \
                 and walk.validate_tokens([quote]) != 1
@@ -536,14 +565,14 @@ def _walked_closing(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: Ke
                 continue
             in_string = keys is not None and keys.mode in ("string", "key") and not keys.escaped
             pick = _closing_pick(walk, keys, distinct_keys, tables, avoid, in_string, vocab.token_bytes,
-                                 refused if refuses is not None else None)
+                                 refused if refuses is not None else None, shortcuts)
             if pick is None:
                 return None
-            if pick in tables.number_bytes and not divisors and keys is not None \
+            if pick in tables.number_bytes and not divisors and shortcuts is not None and keys is not None \
                     and keys.mode in ("value", "number") and not _ends_after(walk, [pick], closers, tables.eos):
                 tail = _number_tail(walk, tables, bytes(keys.buf) if keys.mode == "number" else b"")
                 if tail and take(tail):
-                    run, last = 0, None
+                    run, last, shortcuts[0] = 0, None, True
                     continue
             walk.consume_token(pick)
             wrote([pick])
@@ -589,7 +618,7 @@ _MAY_FINISH = frozenset(b'"}],: \t\n\rel')
 
 def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_keys: bool, tables: _WalkBytes,
                   avoid: set[int], in_string: bool, token_bytes: list[bytes | None],
-                  refused: Callable[[bytes], bool] | None) -> int | None:
+                  refused: Callable[[bytes], bool] | None, shortcuts: list[bool] | None = None) -> int | None:
     """The next byte token of a closing walk (`_preferred_pick`), or None. With `refused`, not one after which
     it refuses the byte and the bytes the grammar then forces (an `a` that forces `lpha"` of an item already
     written, under uniqueItems), and a negative number's first digit is not `0` where another fits: `-0` is 0,
@@ -600,7 +629,7 @@ def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_k
     not_zero = refused is not None and keys is not None and keys.mode == "number" and keys.buf == b"-"
     while True:
         pick = _preferred_pick(walk, keys, repeats, tables, avoid, in_string,
-                               skip | {tables.zero} if not_zero else skip)
+                               skip | {tables.zero} if not_zero else skip, shortcuts)
         if pick is None and not_zero:
             not_zero = False  # (only `-0.` leads on: `exclusiveMaximum: 0, minimum: -0.5`)
             continue
@@ -614,10 +643,12 @@ def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_k
 
 
 def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats: bool, tables: _WalkBytes,
-                    avoid: set[int], in_string: bool, skip: set[int]) -> int | None:
+                    avoid: set[int], in_string: bool, skip: set[int],
+                    shortcuts: list[bool] | None = None) -> int | None:
     """Inside a string (known from `keys`, else guessed: both a letter and '"' fit), the closing quote rather than
     more of it, unless that would repeat a key (`repeats`); else the first of the preferred bytes that fits and is
-    not avoided (`avoid` is emptied where every byte that fits is). None of `skip`."""
+    not avoided (`avoid` is emptied where every byte that fits is); with `shortcuts`, a string's first byte as
+    `_least_forced` has it (noted there where it is another). None of `skip`."""
     quote, letter, null_byte = tables.quote, tables.letter, tables.null_byte
 
     def fits(t: int | None) -> bool:
@@ -642,9 +673,11 @@ def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats:
         avoid.clear()
     if pick == quote and fits(null_byte) and walk.validate_tokens([quote, quote]) != 2:
         pick = null_byte  # `null` where a string cannot be empty (`format: date` asks for 10 more bytes)
-    if in_string and pick is not None and pick != quote and keys is not None and keys.mode == "string" \
-            and not keys.buf:
-        pick = _least_forced(walk, pick, tables, skip)
+    if shortcuts is not None and in_string and pick is not None and pick != quote and keys is not None \
+            and keys.mode == "string" and not keys.buf:
+        least = _least_forced(walk, pick, tables, skip)
+        shortcuts[0] = shortcuts[0] or least != pick
+        pick = least
     if pick in tables.number_bytes and keys is not None and keys.mode in ("value", "number") \
             and not any(walk.validate_tokens([pick, c]) == 2 for c in tables.closers):
         # A number's byte after which it may end, where one fits: `1` under `exclusiveMinimum: 0` and `3` under
@@ -657,29 +690,46 @@ def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats:
 
 def _least_forced(walk: "llguidance.LLMatcher", pick: int, tables: _WalkBytes, skip: set[int]) -> int:
     """A string's first byte: `pick`, or where that forces more of the string, the byte among the first
-    _FORCED_PROBES that fit that forces the fewest. `a` of `enum: ["alpha beta gamma delta", "z"]` forced the
-    rest of it where `z` ends at once, and `g` of `get_weather` a call of its arguments where `ping` had none
-    (QA budget F2): the completion overestimated, and answers that fitted the budget were cut."""
+    _FORCED_PROBES that fit after which the grammar forces the rest of the string in fewer bytes than the least
+    `pick` may take. `a` of `enum: ["alpha beta gamma delta", "z"]` forced the rest of it where `z` ends at once,
+    and `g` of `get_weather` a call of its arguments where `ping` had none (QA budget F2): the completion
+    overestimated, and answers that fitted the budget were cut. A byte that leaves several values open is never
+    taken for one that ends: `u` of `["go", "update", "unpublish_edition"]` forced nothing, and led to the longest
+    (QA budgetsweep F1)."""
 
-    def forced(t: int) -> int:
+    def to_quote(t: int) -> tuple[int, bool]:
+        """The bytes `t` and what it forces take to the string's closing quote, and whether they reach it (if
+        not: the least they may take, one more byte and the quote)."""
         probe = walk.deep_copy()
         probe.consume_token(t)
-        return len(probe.compute_ff_bytes())
+        forced = probe.compute_ff_bytes()
+        end = _closing_quote(forced)
+        return (1 + end + 1, True) if end is not None else (1 + len(forced) + 2, False)
 
-    least = forced(pick)
-    if least < 2:
+    least, exact = to_quote(pick)
+    if least <= 3 or (not exact and least <= 4):  # (nothing ends sooner than a byte and its quote)
         return pick
     probed = 0
     for t in tables.order:
-        if probed >= _FORCED_PROBES or least == 0:
+        if probed >= _FORCED_PROBES or least <= 2:
             break
         if t == pick or t == tables.quote or t in skip or walk.validate_tokens([t]) != 1:
             continue
         probed += 1
-        n = forced(t)
-        if n < least:
+        n, ends = to_quote(t)
+        if ends and n < least:
             pick, least = t, n
     return pick
+
+
+def _closing_quote(data: bytes) -> int | None:
+    """Where the string being written ends in `data` (bytes that go on inside it): its first quote not escaped."""
+    escaped = False
+    for i, b in enumerate(data):
+        if b == 0x22 and not escaped:
+            return i
+        escaped = b == 0x5C and not escaped
+    return None
 
 
 # How llguidance writes a special token among forced bytes (0xFF is never a byte of UTF-8 text).

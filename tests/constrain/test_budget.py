@@ -847,6 +847,8 @@ UUID_PATTERN = "^[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}$"
     ({"e": {"type": "string", "minLength": 3}, "d": {"type": "string", "format": "date"}}, '{"e":"xxx"}'),
     ({"s": {"type": "string", "minLength": 10}}, '{"s":"xxxxxxxxxx"}'),
     ({"x": {"enum": ["alpha beta gamma delta", "z"]}}, '{"x":"z"}'),
+    ({"x": {"enum": ["go", "update", "unpublish_edition"]}}, '{"x":"go"}'),
+    ({"x": {"enum": ["DISABLE", "REQUIRE", "VERIFY_CA", "VERIFY_FULL"]}}, '{"x":"DISABLE"}'),
     ({"v": {"anyOf": [{"type": "string", "minLength": 5}, {"type": "integer", "minimum": 7}]}}, '{"v":7}')])
 def test_a_string_closes_within_a_budget_of_the_shortest_document(properties, shortest, qwen2_llguidance, tokenizers,
                                                                   vocabs):
@@ -887,3 +889,29 @@ def test_a_required_tool_call_closes_within_a_budget_of_the_shortest_call(qwen2_
         toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
         assert ended, vocab_bytes(vocab, toks)
         assert {call["name"] for call in json.loads(decode(vocab, toks))} <= {"get_weather", "ping"}
+
+
+@pytest.mark.parametrize("schema, shortest", [
+    ({"type": "object", "properties": {"s": {"enum": ["get_weather", "ping"]}, "loc": {"type": "string"}},
+      "required": ["s"], "if": {"properties": {"s": {"const": "ping"}}}, "then": {"required": ["loc"]}},
+     '{"s":"get_weather"}'),
+    ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 42}, "x": {"type": "string"}},
+      "required": ["n"], "if": {"properties": {"n": {"maximum": 99}}}, "then": {"required": ["x"]}}, '{"n":100}'),
+    ({"type": "object", "properties": {"code": {"type": "string", "minLength": 1}, "reason": {"type": "string"}},
+      "required": ["code"], "if": {"properties": {"code": {"pattern": "^-"}}}, "then": {"required": ["reason"]}},
+     '{"code":"}"}')])
+def test_a_short_value_that_makes_the_rest_longer_is_not_the_walk_s_choice(schema, shortest, qwen2_llguidance,
+                                                                          tokenizers, vocabs):
+    """The shortest value of its own (`"ping"`, `90`, a filler `"-"`) made an `if`/`then` require another property:
+    the completion took 8 tokens where `{"s":"get_weather"}` closed in 6, and at that budget every answer was cut
+    (QA review F1). The walk keeps the shorter of the completions with and without such choices."""
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    grammar = qwen2_llguidance.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "s", "schema": schema, "strict": True}}))
+    budget = len(tok.encode(shortest, add_special_tokens=False))
+    assert grammar.matcher().min_tokens_to_end() <= budget
+    rng = random.Random(0)
+    for _ in range(8):
+        toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
+        assert ended, vocab_bytes(vocab, toks)
+        jsonschema.validate(json.loads(decode(vocab, toks)), schema)
