@@ -1117,9 +1117,10 @@ def unreadable_pattern(pattern: str) -> str | None:
     return " ".join(messages[-1].split()) if is_error and messages else None
 
 
-# A whole `multipleOf` past this, less its trailing zeros, is one llguidance cannot read: it builds a state for each
-# remainder, in seconds that grow faster than the divisor and cannot be interrupted (1e5: 0.2 s, 1000003: 5.6 s
-# on Qwen2's vocabulary, 2000006: 23 s, 12345678: 149 s, a request compile thread and a core held; QA parity F1).
+# A `multipleOf` whose digits (less the point and trailing zeros) make more than this is one llguidance cannot read:
+# it builds a state for each remainder of the divisor scaled to an integer, in seconds that grow faster than it and
+# cannot be interrupted (1e5: 0.2 s, 1000003: 5.6 s on Qwen2's vocabulary, 2000006: 23 s, 12345678: 149 s, a request
+# compile thread and a core held, QA parity F1; 1234567.1: 115 s, at the first mask, QA review F3).
 _MAX_WHOLE_DIVISOR = 2 ** 20
 
 
@@ -1127,10 +1128,9 @@ _MAX_WHOLE_DIVISOR = 2 ** 20
 def unreadable_multiple(divisor: float) -> str | None:
     """llguidance's reason for refusing a `multipleOf` (0.07: "too many digits", as it reads the double; a whole
     divisor of too many remainders to compile), or None where it reads it."""
-    if float(divisor).is_integer() and divisor < 2 ** 64:
-        core = int(divisor)
-        while core % 10 == 0:
-            core //= 10
+    if abs(divisor) < 2 ** 64:  # (its digits without the point or trailing zeros: 1234567.1 scales to 12345671)
+        digits = decimal.Decimal(repr(divisor)).normalize().as_tuple().digits
+        core = int("".join(map(str, digits)))
         if core > _MAX_WHOLE_DIVISOR:
             return f"llguidance would build a state for each of its {core:,} remainders ({divisor})"
     try:

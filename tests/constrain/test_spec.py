@@ -932,11 +932,12 @@ def test_a_hostname_is_held_to_253_characters(gpt2_compiler, tokenizers, vocabs)
             assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], name) == (length <= most), length
 
 
-@pytest.mark.parametrize("multiple", [0.07, 10**20, 123456789, 12345678.0])
+@pytest.mark.parametrize("multiple", [0.07, 10**20, 123456789, 12345678.0, 1234567.1, 12345.67])
 def test_a_multiple_of_llguidance_cannot_read_is_refused_strict_and_named_otherwise(gpt2_compiler, multiple):
     """`multipleOf: 0.07` (also 0.14, 0.007, ...) was a 400 with llguidance's "too many digits" and no pointer,
     strict or not; an integer past 64 bits a 400 "ValueError: Value is not JSON serializable" (QA hostile F8);
-    12345678 held a compile thread and a core for 149 s, 123456789 for more than 9 minutes (QA parity F1)."""
+    12345678 held a compile thread and a core for 149 s, 123456789 for more than 9 minutes (QA parity F1), and
+    1234567.1 (12345671 remainders) the first mask for 115 s (QA review F3)."""
     schema = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": multiple, "minimum": 0}},
               "required": ["p"]}
 
