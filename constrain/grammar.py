@@ -83,18 +83,43 @@ class ConstraintSpec:
 
     @functools.cached_property
     def key(self) -> str:
-        """Stable text identifying what this spec accepts and writes (not which backend serves it): objects' keys
-        kept in their order, which is the order a schema's properties are written in (sorted, a schema of the same
-        properties in another order was served the first one's grammar, on disk too: QA cachekeys F1). Computed
-        once per spec (every cache lookup of a request uses it)."""
+        """Stable text identifying what this spec accepts and writes (not which backend serves it): the schema as
+        `in_written_order` has it. Computed once per spec (every cache lookup of a request uses it)."""
         import json
 
         return json.dumps(
-            [self.kind, self.schema, self.strict, self.pattern, list(self.choices), list(self.tool_names),
+            [self.kind, in_written_order(self.schema), self.strict, self.pattern, list(self.choices), list(self.tool_names),
              self.tool_choice, self.parallel_tool_calls, list(self.strict_tools), self.tool_format,
              self.answer.key if self.answer is not None else None],
             separators=(",", ":"), default=str,
         )
+
+
+# Keywords whose values are JSON written as they are (an object `const` is written in its key order).
+_WRITTEN_VALUES = frozenset({"const", "enum", "default", "examples"})
+
+
+def in_written_order(schema: Any) -> Any:
+    """`schema` with each object's keys sorted, but for the names of `properties`, which keep their order: it is the
+    order their members are written in (sorted, a schema of the same properties in another order was served the
+    first one's grammar, on disk too: QA cachekeys F1), and values that are written out (`_WRITTEN_VALUES`). The
+    order of other keywords changes nothing that is compiled (kept, a schema of them in another order compiled,
+    and built a 6 MB outlines automaton, again: QA review F4). A name that is a keyword's (a `$defs` entry called
+    `properties`) is only kept in its order: never a merge of two different schemas."""
+    if isinstance(schema, list):
+        return [in_written_order(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key in sorted(schema):
+        value = schema[key]
+        if key in _WRITTEN_VALUES:
+            out[key] = value
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {name: in_written_order(sub) for name, sub in value.items()}
+        else:
+            out[key] = in_written_order(value)
+    return out
 
 
 class Matcher(abc.ABC):

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import jsonschema
 
-from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
+from constrain.grammar import ConstraintError, ConstraintSpec, in_written_order, refuse_unread_fields
 from constrain.limits import DEFAULT_LIMITS, check_schema_limits
 from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
@@ -84,9 +84,13 @@ def normalise_schema(schema: Any) -> Any:
     """The schema the backends compile: in drafts 4-7, the keywords beside a `$ref` are applied where they can
     be, as ajv applies them (`_ref_siblings`); then the exact rewrites of constrain/rewrite.py turn
     keywords no backend enforces into enforceable equivalents where a proof exists, and numeric bounds are shared
-    with the members of combinators (`bounds_on_members`). Never modifies `schema`. Remembered by the schema as
-    written: one of the same keys in another order got the first one's property order (QA cachekeys F1)."""
-    key = _digest(schema, ordered=True)
+    with the members of combinators (`bounds_on_members`). Never modifies `schema`. Remembered by the schema in its
+    properties' order (`in_written_order`): sorted, one of the same properties in another order got the first
+    one's (QA cachekeys F1)."""
+    try:
+        key = _digest(in_written_order(schema), ordered=True)
+    except RecursionError:  # (nesting deeper than the stack: not remembered, as `_digest` says of its own)
+        key = None
     if key is not None:
         with _valid_lock:
             if key in _normal:
