@@ -84,22 +84,25 @@ def _add_serve(subparsers) -> None:
                                           "the environment variable STRUCTGEN_<OPTION>.")
     p.add_argument("--model", default=_default("model"),
                    help=f"local model directory or hub id (default: the offline {BUILTIN_MODEL})")
-    p.add_argument("--host", default=_default("host"), help=f"address to listen on (default: {ServerConfig.host})")
-    p.add_argument("--port", type=_port, default=_default("port"), help=f"(default: {ServerConfig.port})")
+    # (defaults shown as `%(default)s`: STRUCTGEN_<OPTION>'s where it is set, as the server will use it)
+    p.add_argument("--host", default=_default("host"), help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=_default("port"), help="(default: %(default)s)")
+    key_set = _env("api_key", None) is not None  # (never shown)
     p.add_argument("--api-key", default=_default("api_key"),
-                   help="require 'Authorization: Bearer KEY' (default: none, every request is served)")
+                   help="require 'Authorization: Bearer KEY' (default: "
+                        + ("the key in STRUCTGEN_API_KEY)" if key_set else "none, every request is served)"))
     p.add_argument("--device", default=_default("device"),
-                   help=f"auto, cpu, cuda, cuda:N (default: {ServerConfig.device}: cuda where there is one)")
+                   help="auto, cpu, cuda, cuda:N; auto takes cuda where there is one (default: %(default)s)")
     dtypes = ["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"]
     p.add_argument("--dtype", default=_default("dtype"), type=_one_of(*dtypes), choices=dtypes,
-                   help=f"(default: {ServerConfig.dtype}: bfloat16 or float16 on CUDA, float32 on a CPU)")
+                   help="auto: bfloat16 or float16 on CUDA, float32 on a CPU (default: %(default)s)")
     p.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"),
-                   help=f"requests decoded together (default: {ServerConfig.max_batch_size})")
+                   help="requests decoded together (default: %(default)s)")
     p.add_argument("--max-prefill-tokens", type=_positive_int, default=_default("max_prefill_tokens"),
                    help="prompt positions prefilled in one engine step for the waiting prompts that join together "
                         "(padded), and the chunk size of a longer prompt, which joins after several steps while the "
                         "running requests go on (a step may do both: up to twice this); lower it on a CPU so a long "
-                        f"prompt holds the streams up for less (default: {ServerConfig.max_prefill_tokens})")
+                        "prompt holds the streams up for less (default: %(default)s)")
     p.add_argument("--mask-threads", type=_positive_int, default=_default("mask_threads"),
                    help="threads that fill the output constraints' token masks, each step (default: 1 on a CPU; on "
                         "a GPU one per two cores, at most 8)")
@@ -109,19 +112,19 @@ def _add_serve(subparsers) -> None:
                    help="the name clients send as `model` (default: --model)")
     backends = ["auto", "outlines", "llguidance"]
     p.add_argument("--constraint-backend", default=_default("constraint_backend"), type=_one_of(*backends),
-                   choices=backends, help=f"(default: {ServerConfig.constraint_backend}: llguidance serves a new "
-                                          "schema, outlines its repeats, README)")
+                   choices=backends, help="auto: llguidance serves a new schema, outlines its repeats, README "
+                                          "(default: %(default)s)")
     p.add_argument("--schemas-dir", type=existing_directory, default=_default("schemas_dir"),
                    help="directory of named JSON schemas to precompile at start-up")
     p.add_argument("--cache-dir", type=Path, default=_default("cache_dir"),
                    help="on-disk grammar cache (default: $XDG_CACHE_HOME/structgen, else ~/.cache/structgen)")
     p.add_argument("--cache-max-mb", type=_positive_int, default=_default("cache_max_mb"),
                    help="the on-disk grammar cache's size bound, in MiB: the automata least recently used go first "
-                        f"(one takes ~6 MB on a 152k-token vocabulary; default: {ServerConfig.cache_max_mb})")
+                        "(one takes ~6 MB on a 152k-token vocabulary; default: %(default)s)")
     p.add_argument("--grammar-cache-mb", type=_positive_int, default=_default("grammar_cache_mb"),
                    help="the in-memory grammar cache's size bound, in MiB: the grammars least recently used go "
                         "first (an llguidance one takes ~0.2 MB, an outlines automaton ~6 MB on a 152k-token "
-                        f"vocabulary; default: {ServerConfig.grammar_cache_mb})")
+                        "vocabulary; default: %(default)s)")
     p.add_argument("--json-whitespace", type=_whitespace,
                    default=_default("json_whitespace", empty_is_a_value=True),
                    help="regex of the whitespace JSON output may hold between tokens: only space, \\t, \\n, "
@@ -146,13 +149,13 @@ def _add_serve(subparsers) -> None:
                         f"(default: {ServerConfig.max_body_bytes >> 20} MiB)")
     p.add_argument("--max-body-seconds", type=_positive_int, default=_default("max_body_seconds"),
                    help="seconds a request's body may take to arrive (a slower one gets a 408), and its request "
-                        f"line and headers (else the connection is closed) (default: {ServerConfig.max_body_seconds})")
+                        "line and headers (else the connection is closed) (default: %(default)s)")
     levels = ["critical", "error", "warning", "info", "debug"]
     p.add_argument("--log-level", default=_default("log_level"), type=_one_of(*levels), choices=levels,
-                   help=f"(default: {ServerConfig.log_level})")
+                   help="(default: %(default)s)")
     p.add_argument("--shutdown-timeout", type=_positive_int, default=_default("shutdown_timeout"),
                    help="seconds to finish the requests in flight after SIGTERM, after which those left are cut "
-                        f"(default: {ServerConfig.shutdown_timeout}, within Kubernetes' 30-second grace period)")
+                        f"(default: %(default)s; {ServerConfig.shutdown_timeout} is within Kubernetes' 30-second grace period)")
     p.set_defaults(func=_serve)
 
 

@@ -290,9 +290,9 @@ def test_a_tokenizer_folder_that_does_not_load_is_a_one_line_error(tmp_path, cap
 
 
 @pytest.mark.parametrize("command, defaults", [
-    ("serve", ["--host HOST           address to listen on (default: 127.0.0.1)", "(default: 8000)",
-               "(default: none, every", "(default: auto: cuda where", "(default: auto: bfloat16", "(default: 16)",
-               "(default: auto: llguidance", "(default: info)"]),
+    ("serve", ["--host HOST           address to listen on (default: 127.0.0.1)", "--port PORT (default: 8000)",
+               "(default: none, every", "cuda where there is one (default: auto)", "float32 on a CPU (default: auto)",
+               "requests decoded together (default: 16)", "README (default: auto)", "(default: info)"]),
     ("walkbench", ["(default: the built-in model's", "default: 60)", "(default: 3)", "(default: 160)"]),
     ("maskbench", ["(default: the built-in model's", "default: 60)"])])
 def test_help_states_each_option_s_default(command, defaults, capsys):
@@ -302,3 +302,16 @@ def test_help_states_each_option_s_default(command, defaults, capsys):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert exc.value.code == 0 and all(" ".join(d.split()) in text for d in defaults), text
+
+
+def test_serve_help_states_the_defaults_the_environment_sets(monkeypatch, capsys):
+    """The defaults shown were ServerConfig's where STRUCTGEN_PORT, STRUCTGEN_MAX_BATCH_SIZE or STRUCTGEN_API_KEY
+    set others, which the server then used (QA review F6). The key itself is never shown."""
+    monkeypatch.setenv("STRUCTGEN_PORT", "9999")
+    monkeypatch.setenv("STRUCTGEN_MAX_BATCH_SIZE", "3")
+    monkeypatch.setenv("STRUCTGEN_API_KEY", "s3cret-key")
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--port PORT (default: 9999)" in text and "requests decoded together (default: 3)" in text
+    assert "(default: the key in STRUCTGEN_API_KEY)" in text and "s3cret-key" not in text
