@@ -1125,3 +1125,20 @@ def test_bounds_no_value_meets_are_a_400_naming_the_lower_one(gpt2_compiler, sch
                 "name": "u", "schema": schema, "strict": strict}}))
         assert exc.value.pointer == pointer and "Unsatisfiable schema" in exc.value.message
         assert exc.value.message.endswith(f"(at {pointer})")
+
+
+@pytest.mark.parametrize("pattern", ["^(a)\\1$", "(?<=a)b"])
+def test_property_names_of_a_pattern_no_backend_reads_are_named_not_refused_without_strict(gpt2_compiler, pattern):
+    """`propertyNames: {pattern: "^(a)\\1$"}` became a name pattern of `patternProperties`, which llguidance must
+    read: a 400 without `strict` too, where the README names such keywords in x-structgen-unenforced (QA
+    latechecks F5). Under strict it is a 400 naming `/propertyNames`."""
+    schema = {"type": "object", "propertyNames": {"pattern": pattern}, "additionalProperties": {"type": "integer"}}
+
+    def compiled(strict):
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "p", "schema": schema, "strict": strict}}))
+
+    assert compiled(False).unenforced == ("/propertyNames",)
+    with pytest.raises(ConstraintError) as exc:
+        compiled(True)
+    assert exc.value.pointer == "/propertyNames"
