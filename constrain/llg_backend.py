@@ -99,7 +99,7 @@ _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too l
 _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
 _NUMBER_TAIL_MAX = 24  # bytes a number's tail is searched to (`_number_tail`)
-_NUMBER_TAIL_COMPARED = 6  # a first run longer than this is not compared with a second
+_NUMBER_TAIL_COMPARED = 6  # a first run longer than this is not compared with a second (an enum's shorter value)
 _MAX_FILL = 64  # bytes of filler a string is tried with (`_filler_tail`)
 _FORCED_PROBES = 16  # first bytes of a string compared by the bytes they force (`_least_forced`)
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
@@ -200,7 +200,7 @@ def _number_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes, written: byte
     refuse where they refuse 0, `_closing_pick`). None where neither run ends within _NUMBER_TAIL_MAX bytes."""
     minus = tables.byte_tokens.get(ord("-"))
     best = None
-    for digits in (b"0123456789", b"9876543210"):
+    for digits in (b"9876543210", b"0123456789"):  # (the largest first: the fewest digits of any one range)
         if best is not None and len(best) > _NUMBER_TAIL_COMPARED:
             break  # (each step of a run asks ~75 questions: 3 ms a number under `minimum: 1e15`, for a digit at most)
         order = [tables.byte_tokens[b] for b in digits if b in tables.byte_tokens]
@@ -703,7 +703,7 @@ def _least_forced(walk: "llguidance.LLMatcher", pick: int, tables: _WalkBytes, s
         probe = walk.deep_copy()
         probe.consume_token(t)
         forced = probe.compute_ff_bytes()
-        end = _closing_quote(forced)
+        end = _closing_quote(forced, escaped=t == tables.byte_tokens.get(0x5C))  # (`\\` opens an escape)
         return (1 + end + 1, True) if end is not None else (1 + len(forced) + 2, False)
 
     least, exact = to_quote(pick)
@@ -722,9 +722,9 @@ def _least_forced(walk: "llguidance.LLMatcher", pick: int, tables: _WalkBytes, s
     return pick
 
 
-def _closing_quote(data: bytes) -> int | None:
-    """Where the string being written ends in `data` (bytes that go on inside it): its first quote not escaped."""
-    escaped = False
+def _closing_quote(data: bytes, escaped: bool = False) -> int | None:
+    """Where the string being written ends in `data` (bytes that go on inside it, after a backslash where
+    `escaped`): its first quote not escaped. (An enum value `"\\\\"` was read as never ending, and not taken.)"""
     for i, b in enumerate(data):
         if b == 0x22 and not escaped:
             return i
@@ -1129,10 +1129,12 @@ def unreadable_multiple(divisor: float) -> str | None:
     """llguidance's reason for refusing a `multipleOf` (0.07: "too many digits", as it reads the double; a whole
     divisor of too many remainders to compile), or None where it reads it."""
     if abs(divisor) < 2 ** 64:  # (its digits without the point or trailing zeros: 1234567.1 scales to 12345671)
-        digits = decimal.Decimal(repr(divisor)).normalize().as_tuple().digits
-        core = int("".join(map(str, digits)))
+        exact = decimal.Decimal(repr(divisor)).normalize()
+        core = int("".join(map(str, exact.as_tuple().digits)))
         if core > _MAX_WHOLE_DIVISOR:
             return f"llguidance would build a state for each of its {core:,} remainders ({divisor})"
+        if exact.adjusted() < -7 and core != 1:  # (7e-09, 3e-12: every walk wrote 5820, 9.62...; QA review2 P1)
+            return f"llguidance misreads a divisor this small ({divisor}): it takes numbers that are not multiples"
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "number", "multipleOf": divisor})
     except ValueError:  # (it takes no integer past 64 bits: "Value is not JSON serializable", a 400 without pointer)
@@ -1280,6 +1282,7 @@ def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
 
 # llguidance's words for a pair of bounds no value meets ("minimum (5) is greater than maximum (3)"), and the pairs
 _GREATER = re.compile(r"(\w+) \([^)]*\) is greater than (\w+) \(")
+_REQUIRED_UNSATISFIABLE = re.compile(r"required property '([^']*)' is unsatisfiable")
 _BOUND_PAIRS = (("minimum", "maximum"), ("exclusiveMinimum", "maximum"), ("minimum", "exclusiveMaximum"),
                 ("exclusiveMinimum", "exclusiveMaximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
                 ("minProperties", "maxProperties"), ("minContains", "maxContains"))
@@ -1288,9 +1291,12 @@ _BOUND_PAIRS = (("minimum", "maximum"), ("exclusiveMinimum", "maximum"), ("minim
 def _crossed_bounds(schema: dict, base_pointer: str, text: str) -> str | None:
     """The pointer of the lower bound of a pair that no value meets, for llguidance's "Unsatisfiable schema",
     which names the keywords but not where they are (or, for a required property, only its name): a 400 that
-    said `minimum (5) is greater than maximum (3)` with no pointer. The pair llguidance names first, then the
-    outermost."""
+    said `minimum (5) is greater than maximum (3)` with no pointer. The pair llguidance names first, then one
+    under the required property it names (not an optional one's, nor an unused definition's: QA review2 F3), then
+    the outermost."""
     named = _GREATER.search(text)
+    required = _REQUIRED_UNSATISFIABLE.search(text)
+    under = f"/properties/{escape_pointer_part(required.group(1))}/" if required else None
     found = []
     for ptr, key, node in walk(schema, base_pointer):
         for low, high in _BOUND_PAIRS:
@@ -1298,8 +1304,9 @@ def _crossed_bounds(schema: dict, base_pointer: str, text: str) -> str | None:
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
                 continue
             if a > b or (a == b and (low.startswith("exclusive") or high.startswith("exclusive"))):
-                found.append((named is None or named.groups() != (low, high), ptr.count("/"), ptr))
-    return min(found)[2] if found else None
+                found.append((named is None or named.groups() != (low, high),
+                              under is not None and under not in ptr, ptr.count("/"), ptr))
+    return min(found)[-1] if found else None
 
 
 def _has_siblings(schema, ref_pointer: str, base_pointer: str) -> bool:

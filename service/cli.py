@@ -155,7 +155,12 @@ def _add_serve(subparsers) -> None:
                    help="(default: %(default)s)")
     p.add_argument("--shutdown-timeout", type=_positive_int, default=_default("shutdown_timeout"),
                    help="seconds to finish the requests in flight after SIGTERM, after which those left are cut "
-                        f"(default: %(default)s; {ServerConfig.shutdown_timeout} is within Kubernetes' 30-second grace period)")
+                        f"(default: %(default)s; {ServerConfig.shutdown_timeout} is within Kubernetes' 30-second grace "
+                        "period)")
+    for action in p._actions:  # (a default a help text words as the built-in one: the variable's value, where set)
+        if action.help and "%(default)" not in action.help and action.dest != "api_key" \
+                and _env(action.dest, None, empty_is_a_value=action.dest == "json_whitespace") is not None:
+            action.help += f" (STRUCTGEN_{action.dest.upper()} sets %(default)r)"
     p.set_defaults(func=_serve)
 
 

@@ -663,7 +663,7 @@ def test_an_integer_under_a_multiple_of_closes_within_the_budget(divisor, tokeni
     ({"exclusiveMinimum": 0, "exclusiveMaximum": 1}, "0.5"), ({"type": "integer", "minimum": 5}, "5"),
     ({"type": "integer", "minimum": 18}, "18"), ({"type": "integer", "minimum": 42}, "42"),
     ({"type": "integer", "maximum": -42}, "-42"), ({"type": "integer", "minimum": 995, "maximum": 10000}, "995"),
-    ({"enum": [100, 2000]}, "100")])
+    ({"enum": [100, 2000]}, "100"), ({"type": "integer", "minimum": 123456}, "123456")])
 def test_a_number_with_a_lower_bound_closes_within_a_budget_of_its_shortest_document(bounds, shortest, tokenizers,
                                                                                      vocabs):
     """The closing walk wrote a space after the colon and then the first digit that fit (`0` under `exclusiveMinimum:
@@ -849,6 +849,7 @@ UUID_PATTERN = "^[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}$"
     ({"x": {"enum": ["alpha beta gamma delta", "z"]}}, '{"x":"z"}'),
     ({"x": {"enum": ["go", "update", "unpublish_edition"]}}, '{"x":"go"}'),
     ({"x": {"enum": ["DISABLE", "REQUIRE", "VERIFY_CA", "VERIFY_FULL"]}}, '{"x":"DISABLE"}'),
+    ({"x": {"enum": ["\\", "zzzzzzz"]}}, '{"x":"\\\\"}'),
     ({"v": {"anyOf": [{"type": "string", "minLength": 5}, {"type": "integer", "minimum": 7}]}}, '{"v":7}')])
 def test_a_string_closes_within_a_budget_of_the_shortest_document(properties, shortest, qwen2_llguidance, tokenizers,
                                                                   vocabs):

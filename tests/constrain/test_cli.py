@@ -310,8 +310,11 @@ def test_serve_help_states_the_defaults_the_environment_sets(monkeypatch, capsys
     monkeypatch.setenv("STRUCTGEN_PORT", "9999")
     monkeypatch.setenv("STRUCTGEN_MAX_BATCH_SIZE", "3")
     monkeypatch.setenv("STRUCTGEN_API_KEY", "s3cret-key")
+    monkeypatch.setenv("STRUCTGEN_MODEL", "/models/tiny")
+    monkeypatch.setenv("STRUCTGEN_MASK_THREADS", "2")
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--port PORT (default: 9999)" in text and "requests decoded together (default: 3)" in text
+    assert "(STRUCTGEN_MODEL sets '/models/tiny')" in text and "(STRUCTGEN_MASK_THREADS sets '2')" in text
     assert "(default: the key in STRUCTGEN_API_KEY)" in text and "s3cret-key" not in text

@@ -932,12 +932,13 @@ def test_a_hostname_is_held_to_253_characters(gpt2_compiler, tokenizers, vocabs)
             assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], name) == (length <= most), length
 
 
-@pytest.mark.parametrize("multiple", [0.07, 10**20, 123456789, 12345678.0, 1234567.1, 12345.67])
+@pytest.mark.parametrize("multiple", [0.07, 10**20, 123456789, 12345678.0, 1234567.1, 12345.67, 7e-09, 3e-12])
 def test_a_multiple_of_llguidance_cannot_read_is_refused_strict_and_named_otherwise(gpt2_compiler, multiple):
     """`multipleOf: 0.07` (also 0.14, 0.007, ...) was a 400 with llguidance's "too many digits" and no pointer,
     strict or not; an integer past 64 bits a 400 "ValueError: Value is not JSON serializable" (QA hostile F8);
     12345678 held a compile thread and a core for 149 s, 123456789 for more than 9 minutes (QA parity F1), and
-    1234567.1 (12345671 remainders) the first mask for 115 s (QA review F3)."""
+    1234567.1 (12345671 remainders) the first mask for 115 s (QA review F3); 7e-09 and 3e-12 passed llguidance's
+    check and every walk wrote a number that is not a multiple (QA review2 P1)."""
     schema = {"type": "object", "properties": {"p": {"type": "number", "multipleOf": multiple, "minimum": 0}},
               "required": ["p"]}
 
@@ -1114,7 +1115,10 @@ def test_a_unicode_property_other_than_a_category_is_named_as_one_that_cannot_be
     ({"type": "object", "properties": {"a": {
         "type": "object", "properties": {"b": {"type": "string", "minLength": 5, "maxLength": 3}}, "required": ["b"]}},
       "required": ["a"]}, "/properties/a/properties/b/minLength"),
-    ({"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 3}, "/minItems")])
+    ({"type": "array", "items": {"type": "string"}, "minItems": 5, "maxItems": 3}, "/minItems"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 3},
+                                       "b": {"type": "integer", "minimum": 9, "maximum": 1}}, "required": ["b"]},
+     "/properties/b/minimum")])
 def test_bounds_no_value_meets_are_a_400_naming_the_lower_one(gpt2_compiler, schema, pointer):
     """llguidance's "Unsatisfiable schema: minimum (5) is greater than maximum (3)" named no place (nor, for a
     required property, which bounds: "required property 'x' is unsatisfiable"); where outlines could be tried
