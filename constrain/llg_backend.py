@@ -102,6 +102,7 @@ _NUMBER_TAIL_MAX = 24  # bytes a number's tail is searched to (`_number_tail`)
 _NUMBER_TAIL_COMPARED = 6  # a first run longer than this is not compared with a second (an enum's shorter value)
 _MAX_FILL = 64  # bytes of filler a string is tried with (`_filler_tail`)
 _FORCED_PROBES = 16  # first bytes of a string compared by the bytes they force (`_least_forced`)
+_OPEN_PROBES = 4  # of those, bytes that force no end looked into one byte further
 # Strings that llguidance's own formats accept (the walk's greedy bytes never write an `@` or a `:`).
 _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri": "a:a", "ipv4": "0.0.0.0",
                     "ipv6": "::", "uuid": "ffffffff-ffff-ffff-ffff-ffffffffffff", "duration": "P1D",
@@ -693,33 +694,61 @@ def _least_forced(walk: "llguidance.LLMatcher", pick: int, tables: _WalkBytes, s
     _FORCED_PROBES that fit after which the grammar forces the rest of the string in fewer bytes than the least
     `pick` may take. `a` of `enum: ["alpha beta gamma delta", "z"]` forced the rest of it where `z` ends at once,
     and `g` of `get_weather` a call of its arguments where `ping` had none (QA budget F2): the completion
-    overestimated, and answers that fitted the budget were cut. A byte that leaves several values open is never
-    taken for one that ends: `u` of `["go", "update", "unpublish_edition"]` forced nothing, and led to the longest
-    (QA budgetsweep F1)."""
+    overestimated, and answers that fitted the budget were cut. A byte that leaves several values open is looked
+    into one byte further (_OPEN_PROBES of them), and taken only where a value it leads to ends sooner: `u` of
+    `["go", "update", "unpublish_edition"]` forced nothing, and led to the longest (QA budgetsweep F1); `p` of
+    `["tools/call", "ping", "prompts/get"]` leads to `ping` (QA budgetsweep2 F1)."""
+    backslash, quote = tables.byte_tokens.get(0x5C), tables.quote
+    looked = [0]  # open bytes looked into
 
-    def to_quote(t: int) -> tuple[int, bool]:
-        """The bytes `t` and what it forces take to the string's closing quote, and whether they reach it (if
-        not: the least they may take, one more byte and the quote)."""
-        probe = walk.deep_copy()
+    def to_quote(state: "llguidance.LLMatcher", t: int, escaped: bool, deeper: bool) -> tuple[int, bool]:
+        """The bytes `t` and what it forces take to the string's closing quote from `state` (after a backslash
+        where `escaped`), and whether they are known to reach it (if not: the least they may take)."""
+        probe = state.deep_copy()
         probe.consume_token(t)
         forced = probe.compute_ff_bytes()
-        end = _closing_quote(forced, escaped=t == tables.byte_tokens.get(0x5C))  # (`\\` opens an escape)
-        return (1 + end + 1, True) if end is not None else (1 + len(forced) + 2, False)
+        escaped = t == backslash and not escaped
+        end = _closing_quote(forced, escaped)
+        if end is not None:
+            return 1 + end + 1, True
+        if not deeper or looked[0] >= _OPEN_PROBES:
+            return 1 + len(forced) + 2, False
+        looked[0] += 1
+        escaped = _escaped_after(forced, escaped)
+        best = 1 if not escaped and probe.validate_tokens([quote]) == 1 else None
+        for u in _fitting(probe, tables, skip=(quote,)):
+            n, ends = to_quote(probe, u, escaped, False)
+            best = n if ends and (best is None or n < best) else best
+        return (1 + len(forced) + best, True) if best is not None else (1 + len(forced) + 2, False)
 
-    least, exact = to_quote(pick)
+    least, exact = to_quote(walk, pick, False, True)
     if least <= 3 or (not exact and least <= 4):  # (nothing ends sooner than a byte and its quote)
         return pick
-    probed = 0
-    for t in tables.order:
-        if probed >= _FORCED_PROBES or least <= 2:
+    for t in _fitting(walk, tables, skip=(pick, quote, *skip)):
+        if least <= 2:
             break
-        if t == pick or t == tables.quote or t in skip or walk.validate_tokens([t]) != 1:
-            continue
-        probed += 1
-        n, ends = to_quote(t)
+        n, ends = to_quote(walk, t, False, True)
         if ends and n < least:
             pick, least = t, n
     return pick
+
+
+def _fitting(walk: "llguidance.LLMatcher", tables: _WalkBytes, skip=()) -> list[int]:
+    """The first _FORCED_PROBES byte tokens, in the walk's order, that `walk` takes next (none of `skip`)."""
+    out = []
+    for t in tables.order:
+        if len(out) >= _FORCED_PROBES:
+            break
+        if t not in skip and walk.validate_tokens([t]) == 1:
+            out.append(t)
+    return out
+
+
+def _escaped_after(data: bytes, escaped: bool) -> bool:
+    """Whether a string's next byte after `data` (begun after a backslash where `escaped`) is escaped."""
+    for b in data:
+        escaped = b == 0x5C and not escaped
+    return escaped
 
 
 def _closing_quote(data: bytes, escaped: bool = False) -> int | None:

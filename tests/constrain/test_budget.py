@@ -848,6 +848,7 @@ UUID_PATTERN = "^[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}$"
     ({"s": {"type": "string", "minLength": 10}}, '{"s":"xxxxxxxxxx"}'),
     ({"x": {"enum": ["alpha beta gamma delta", "z"]}}, '{"x":"z"}'),
     ({"x": {"enum": ["go", "update", "unpublish_edition"]}}, '{"x":"go"}'),
+    ({"x": {"enum": ["tools/call", "ping", "prompts/get"]}}, '{"x":"ping"}'),
     ({"x": {"enum": ["DISABLE", "REQUIRE", "VERIFY_CA", "VERIFY_FULL"]}}, '{"x":"DISABLE"}'),
     ({"x": {"enum": ["\\", "zzzzzzz"]}}, '{"x":"\\\\"}'),
     ({"v": {"anyOf": [{"type": "string", "minLength": 5}, {"type": "integer", "minimum": 7}]}}, '{"v":7}')])
@@ -877,12 +878,15 @@ def vocab_bytes(vocab, toks: list[int]) -> bytes:
 def test_a_required_tool_call_closes_within_a_budget_of_the_shortest_call(qwen2_llguidance, tokenizers, vocabs):
     """Every call began with the function whose name came first in the byte order (`get_weather`), whose required
     arguments took more tokens than were left, where a call of `ping` fitted: at the budget of that call, every
-    answer was cut (QA budget F2)."""
+    answer was cut (QA budget F2); so again beside `post_message`, whose `p` leaves two names open (QA
+    budgetsweep2 F1)."""
     tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "minLength": 2}, "units": {"enum": ["c", "f"]}},
         "required": ["city", "units"]}}},
-             {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
+             {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}},
+             {"type": "function", "function": {"name": "post_message", "parameters": {
+                 "type": "object", "properties": {"text": {"type": "string", "minLength": 3}}, "required": ["text"]}}}]
     grammar = qwen2_llguidance.compile(spec_from_request(tools=tools, tool_choice="required"))
     budget = len(tok.encode('[{"name":"ping","arguments":{}}]', add_special_tokens=False))
     rng = random.Random(0)
