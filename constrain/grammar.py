@@ -88,7 +88,8 @@ class ConstraintSpec:
         import json
 
         return json.dumps(
-            [self.kind, in_written_order(self.schema), self.strict, self.pattern, list(self.choices), list(self.tool_names),
+            [self.kind, in_written_order(self.schema), self.strict, self.pattern, list(self.choices),
+             list(self.tool_names),
              self.tool_choice, self.parallel_tool_calls, list(self.strict_tools), self.tool_format,
              self.answer.key if self.answer is not None else None],
             separators=(",", ":"), default=str,

@@ -194,11 +194,12 @@ def _multiple_tail(walk: "llguidance.LLMatcher", divisors: tuple[int, ...], numb
 
 def _number_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes, written: bytes) -> list[int] | None:
     """The bytes that finish the number being begun (or written) where no one byte may end it: the shorter of two
-    greedy runs, one taking the first digit that fits, the other the largest, each ending at the first digit after
+    greedy runs, one taking the largest digit that fits, the other the first, each ending at the first digit after
     which the number may end. The first digit alone wrote `100` under `minimum: 42`, a token more than `90` (the
     largest finishes any range in its fewest digits, but alone writes `2000` where `enum: [100, 2000]` takes
-    `100`): the completion overestimated, and answers that fitted the budget were cut. `written`: the number's bytes so far; neither ends it as `-0` (which checks on the number
-    refuse where they refuse 0, `_closing_pick`). None where neither run ends within _NUMBER_TAIL_MAX bytes."""
+    `100`): the completion overestimated, and answers that fitted the budget were cut. `written`: the number's
+    bytes so far; neither run ends it as `-0` (which checks on the number refuse where they refuse 0,
+    `_closing_pick`). None where neither ends within _NUMBER_TAIL_MAX bytes."""
     minus = tables.byte_tokens.get(ord("-"))
     best = None
     for digits in (b"9876543210", b"0123456789"):  # (the largest first: the fewest digits of any one range)
@@ -229,7 +230,7 @@ def _filler_tail(walk: "llguidance.LLMatcher", tables: _WalkBytes) -> list[int] 
     uuid): the completion overestimated, and answers that fitted the budget were cut (QA budget F1)."""
     quote = tables.quote
     for filler in tables.fillers:
-        if walk.validate_tokens([filler, filler]) != 2:  # (one filler byte and a quote: `_least_forced`'s)
+        if walk.validate_tokens([filler, filler]) != 2:  # (no copy for a filler that does not fit twice)
             continue
         probe = walk.deep_copy()
         for k in range(1, _MAX_FILL + 1):
@@ -319,7 +320,8 @@ def _fillers(vocab: Vocabulary, byte_tokens: dict[int, int]) -> tuple[int, ...]:
 
     printable = [b for b in range(0x21, 0x7F) if b not in b'"\\' and b in byte_tokens]
     best = max(printable, key=lambda b: (run(b), b == ord("a")), default=None)
-    return tuple(byte_tokens[b] for b in dict.fromkeys(b for b in (best, ord("a")) if b is not None and b in byte_tokens))
+    chosen = dict.fromkeys(b for b in (best, ord("a")) if b is not None and b in byte_tokens)
+    return tuple(byte_tokens[b] for b in chosen)
 
 
 def closing_tokens(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets | None = None,

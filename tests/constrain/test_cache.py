@@ -555,7 +555,8 @@ def test_a_schema_of_the_same_keywords_in_another_order_is_a_cache_hit(tokenizer
     other_const = {**a, "properties": {**a["properties"], "b": {"const": {"y": 2, "x": 1}}}}
 
     def spec(schema):
-        return spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        return spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "s",
+                                                                                          "schema": schema}})
 
     assert spec(a).key == spec(b).key
     assert spec(a).key != spec(other_const).key  # (an object `const` is written in its order)
