@@ -125,7 +125,8 @@ def add_commands(subparsers) -> None:
 
 
 def load_tokenizer(path: Path):
-    """A tokenizer and the Vocabulary built from it (EOS: its eos token plus the usual chat stop tokens)."""
+    """A tokenizer and the Vocabulary built from it (EOS: its eos token plus the usual chat stop tokens it has as
+    special tokens)."""
     from transformers import AutoTokenizer
 
     from constrain.vocabulary import Vocabulary
@@ -137,7 +138,9 @@ def load_tokenizer(path: Path):
             from None
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     vocab_ids = tok.get_vocab()
-    eos |= {vocab_ids[n] for n in _STOP_NAMES if n in vocab_ids}
+    # (only where special: Qwen2's `</s>` and Phi-3's are text, and ended MaskBench's instances as EOS)
+    special = set(tok.all_special_tokens) | {t.content for t in tok.added_tokens_decoder.values() if t.special}
+    eos |= {vocab_ids[n] for n in _STOP_NAMES if n in vocab_ids and n in special}
     return tok, Vocabulary.from_tokenizer(tok, len(tok), eos)
 
 

@@ -318,3 +318,12 @@ def test_serve_help_states_the_defaults_the_environment_sets(monkeypatch, capsys
     assert "--port PORT (default: 9999)" in text and "requests decoded together (default: 3)" in text
     assert "(STRUCTGEN_MODEL sets '/models/tiny')" in text and "(STRUCTGEN_MASK_THREADS sets '2')" in text
     assert "(default: the key in STRUCTGEN_API_KEY)" in text and "s3cret-key" not in text
+
+
+@pytest.mark.parametrize("name, eos", [("qwen2", {151643, 151645}), ("phi3", {32000, 32007}), ("gpt2", {50256})])
+def test_the_benches_end_on_the_tokenizer_s_special_stop_tokens_only(name, eos):
+    """`</s>` is text in Qwen2's and Phi-3's vocabularies (128247, 2): the benches took it for an end of sequence
+    (QA budgetsweep)."""
+    from constrain.cli import load_tokenizer
+
+    assert set(load_tokenizer(TOKENIZERS[name])[1].eos_token_ids) == eos
