@@ -3,7 +3,7 @@ start of each of a sample of JSONSchemaBench schemas (compiled as MaskBench comp
 model's Qwen2 vocabulary), and the sum of the completions' lengths in tokens (smaller is better: a completion too
 long makes the rule cut answers that fitted max_tokens).
 
-    python bench/walk_cost.py ../shared/jsonschemabench --sample 140 --seed 1
+    python bench/walk_cost.py CASES_DIR --sample 140 --seed 1     # CASES_DIR: JSONSchemaBench's cases
 
 The sample is seeded: two versions of the code measure the same schemas, so their figures compare side by side
 (run them interleaved, from each checkout: the machines here are shared and noisy)."""
