@@ -1152,7 +1152,7 @@ def unreadable_pattern(pattern: str) -> str | None:
 # it builds a state for each remainder of the divisor scaled to an integer, in seconds that grow faster than it and
 # cannot be interrupted (1e5: 0.2 s, 1000003: 5.6 s on Qwen2's vocabulary, 2000006: 23 s, 12345678: 149 s, a request
 # compile thread and a core held, QA parity F1; 1234567.1: 115 s, at the first mask, QA review F3).
-_MAX_WHOLE_DIVISOR = 2 ** 20
+_MAX_DIVISOR_DIGITS = 2 ** 20
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1162,7 +1162,7 @@ def unreadable_multiple(divisor: float) -> str | None:
     if abs(divisor) < 2 ** 64:  # (its digits without the point or trailing zeros: 1234567.1 scales to 12345671)
         exact = decimal.Decimal(repr(divisor)).normalize()
         core = int("".join(map(str, exact.as_tuple().digits)))
-        if core > _MAX_WHOLE_DIVISOR:
+        if core > _MAX_DIVISOR_DIGITS:
             return f"llguidance would build a state for each of its {core:,} remainders ({divisor})"
         if exact.adjusted() < -7 and core != 1:  # (7e-09, 3e-12: every walk wrote 5820, 9.62...; QA review2 P1)
             return f"llguidance misreads a divisor this small ({divisor}): it takes numbers that are not multiples"
