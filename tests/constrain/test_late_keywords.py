@@ -765,3 +765,67 @@ def test_auto_compiles_a_schema_with_late_checks_on_llguidance_though_outlines_b
             assert "urgent" in document["tags"], document
     finally:
         compiler.close()
+
+
+D2020 = "https://json-schema.org/draft/2020-12/schema"
+# `a` always; then `b` (a string) or `c` (a boolean), which only the branch that holds evaluates.
+UNEVALUATED_BESIDE_ANY_OF = {
+    "$schema": D2020, "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+    "anyOf": [{"properties": {"b": {"type": "string"}}, "required": ["b"]},
+              {"properties": {"c": {"type": "boolean"}}, "required": ["c"]}],
+    "unevaluatedProperties": False}
+
+
+def test_unevaluated_properties_beside_a_choice_holds_the_backend_to_the_names_some_branch_declares():
+    """Checked late only, `unevaluatedProperties: false` beside an `anyOf` left every other key open to the
+    backend: answers wrote one as free text and ran to max_tokens (QA latechecks F1). The backend now takes only
+    the names some branch declares, each under its declarations; the check still decides which branch holds."""
+    plan = plan_late_keywords(UNEVALUATED_BESIDE_ANY_OF, one_of=False)
+    assert plan.schema["properties"] == {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}}
+    assert plan.schema["additionalProperties"] is False and "unevaluatedProperties" not in plan.schema
+    assert plan.holds(UNEVALUATED_BESIDE_ANY_OF, {"a": 1, "c": True})
+    assert not plan.holds(UNEVALUATED_BESIDE_ANY_OF, {"a": 1, "b": "x", "c": 5})  # (c: evaluated by no branch)
+    # one name declared twice: either declaration (late keywords taken out, as everywhere in the backend's schema)
+    twice = {**UNEVALUATED_BESIDE_ANY_OF, "oneOf": [{"properties": {"d": {"type": "integer", "not": {"const": 0}}}},
+                                                    {"properties": {"d": {"type": "string"}}}]}
+    assert plan_late_keywords(twice, one_of=True).schema["properties"]["d"] == \
+        {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+
+
+@pytest.mark.parametrize("schema", [
+    {**UNEVALUATED_BESIDE_ANY_OF, "$schema": "http://json-schema.org/draft-07/schema#"},  # (asserts nothing there)
+    {**UNEVALUATED_BESIDE_ANY_OF, "allOf": [{"patternProperties": {"^x": {}}}]},
+    {**UNEVALUATED_BESIDE_ANY_OF, "anyOf": [{"additionalProperties": {"type": "integer"}}, {"required": ["a"]}]},
+    {**UNEVALUATED_BESIDE_ANY_OF, "unevaluatedProperties": {"type": "integer"}},
+    {**UNEVALUATED_BESIDE_ANY_OF, "anyOf": [{"$dynamicRef": "#meta"}, {"required": ["a"]}]},
+])
+def test_unevaluated_properties_stays_open_to_the_backend_where_other_names_may_count(schema):
+    """Where a draft without the keyword, a pattern, `additionalProperties`, a schema for the unevaluated ones or
+    a reference the plan cannot follow makes other names valid, the backend keeps them open (checked late)."""
+    plan = plan_late_keywords(schema, one_of=False)
+    assert plan is None or "additionalProperties" not in plan.schema
+
+
+def test_unevaluated_items_beside_a_choice_holds_the_backend_to_the_longest_prefix():
+    """`unevaluatedItems: false` beside an `anyOf` of prefixes: at most the longest prefix's items, each under
+    the prefixes' schemas at its place (2019-09 writes a prefix as `items`)."""
+    schema = {"$schema": D2020, "type": "array", "unevaluatedItems": False,
+              "anyOf": [{"prefixItems": [{"type": "integer"}]},
+                        {"prefixItems": [{"type": "string"}, {"type": "string"}]}]}
+    plan = plan_late_keywords(schema, one_of=False)
+    assert plan.schema["maxItems"] == 2
+    assert plan.schema["prefixItems"] == [{"anyOf": [{"type": "integer"}, {"type": "string"}]}, {"type": "string"}]
+    d2019 = {**schema, "$schema": "https://json-schema.org/draft/2019-09/schema",
+             "anyOf": [{"items": [{"type": "integer"}]}, {"items": [{"type": "integer"}, {"type": "null"}]}]}
+    plan = plan_late_keywords(d2019, one_of=False)
+    assert plan.schema["maxItems"] == 2 and plan.schema["items"] == [{"type": "integer"}, {"type": "null"}]
+    for evaluating_more in ({"contains": {"type": "null"}}, {"items": {"type": "null"}}):
+        assert "maxItems" not in plan_late_keywords({**schema, "allOf": [evaluating_more]}, one_of=False).schema
+    assert "maxItems" not in plan_late_keywords({**d2019, "allOf": [{"items": {"type": "null"}}]}, one_of=False).schema
+
+
+def test_walks_end_where_unevaluated_properties_sits_beside_a_choice(gpt2_compiler, vocabs):
+    """Before, 4 of 10 of these walks wrote an undeclared key as free text and never ended."""
+    grammar = _compile(gpt2_compiler, UNEVALUATED_BESIDE_ANY_OF)
+    assert ended_walks_valid(grammar, vocabs["gpt2"], UNEVALUATED_BESIDE_ANY_OF, seed=1, walks=10, max_tokens=80,
+                             prefer_end=0.05) == 10
