@@ -1313,7 +1313,9 @@ def _dependencies(node: dict, ctx: _Ctx) -> dict:
             elif isinstance(dep, (dict, bool)) and key != "dependentRequired":
                 if dep is True or dep == {}:
                     continue
-                if trigger in req:
+                if trigger in req and types_of(out.get("type")) == {"object"}:  # (a value of another type: not
+                    # an object, which holds every dependency, while `allOf` would ask it to hold the dependency's
+                    # schema: `2` under `required: [a], dependentSchemas: {a: {type: object}}`, QA rewritefuzz F1)
                     extra_all.append(dep)
                     continue
                 alts.append({"anyOf": [{"properties": {trigger: False}}, dep]})

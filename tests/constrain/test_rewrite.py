@@ -138,6 +138,11 @@ CASES = [
                                                            "k": ["a"], "v": ["k"]}}, "dependencies"),
     ("dependentSchemas", {"type": "object", "required": ["a"],
                           "dependentSchemas": {"a": {"properties": {"b": {"type": "string"}}}}}, "dependentSchemas"),
+    # (not said to be an object: a number holds every dependency; as `allOf`, `2` was asked to be an object, and
+    # inside a `oneOf` beside integers `2` passed both, then neither: QA rewritefuzz F1)
+    ("dependentSchemas of any type", {"required": ["a"], "dependentSchemas": {"a": {"type": "object",
+                                                                                   "maxProperties": 3}}},
+     "dependentSchemas"),
     ("minProperties by required", {"type": "object", "required": ["a", "b"], "minProperties": 2}, "minProperties"),
     ("maxProperties by closed", {"type": "object", "properties": {"a": {}, "b": {}},
                                  "additionalProperties": False, "maxProperties": 2}, "maxProperties"),
