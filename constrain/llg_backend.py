@@ -626,10 +626,17 @@ def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_k
     it refuses the byte and the bytes the grammar then forces (an `a` that forces `lpha"` of an item already
     written, under uniqueItems), and a negative number's first digit is not `0` where another fits: `-0` is 0,
     and where a check refuses numbers (`oneOf: [integer, number >= 0]` refused `-0` and every `-0.x`) the walk
-    wrote zeros until it gave up, and the budget rule then steered away from the `-`."""
+    wrote zeros until it gave up, and the budget rule then steered away from the `-`. Nor a number's digit after
+    which every delimiter the grammar takes is refused, where another fits: the second item of `[0,` under
+    `uniqueItems` was `0`, then `0.0`, `0.00`... until the walk gave up, and no array of two numbers or more had a
+    completion (QA budgetsweep2 F3); such a digit is taken only where no other byte is, and the fraction's point
+    before an exponent (every integer is a multiple of 0.5: the walk wrote `-1e+0000...` until it gave up)."""
     repeats = distinct_keys and keys is not None and keys.closing_repeats_a_key()
     skip: set[int] = set()  # refused here
     not_zero = refused is not None and keys is not None and keys.mode == "number" and keys.buf == b"-"
+    unended = None  # the first digit skipped for its refused ends (or exponent put off): where nothing else fits
+    ends_refused = False  # the number being written may not end here: a delimiter was refused
+    exponent = (tables.byte_tokens.get(0x65), tables.byte_tokens.get(0x45))
     while True:
         pick = _preferred_pick(walk, keys, repeats, tables, avoid, in_string,
                                skip | {tables.zero} if not_zero else skip, shortcuts)
@@ -637,12 +644,34 @@ def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_k
             not_zero = False  # (only `-0.` leads on: `exclusiveMaximum: 0, minimum: -0.5`)
             continue
         if pick is None or refused is None:
-            return pick
+            return unended if pick is None else pick
+        if (unended is not None or ends_refused) and pick in exponent:
+            unended = pick if unended is None else unended
+            skip.add(pick)  # (a fraction first: `-1.1` under `not: {multipleOf: 0.5}`, where `-1e+0000...` ran on)
+            continue
         probe = walk.deep_copy()
         probe.consume_token(pick)
-        if not refused(token_bytes[pick] + _SPECIAL_MARK.sub(b"", probe.compute_ff_bytes())):
-            return pick
+        data = token_bytes[pick] + _SPECIAL_MARK.sub(b"", probe.compute_ff_bytes())
+        if not refused(data):
+            if not _number_ends_refused(probe, keys, pick, data, tables, token_bytes, refused):
+                return pick
+            unended = pick if unended is None else unended
+        elif pick in tables.closers and keys is not None and keys.mode == "number":
+            ends_refused = True
         skip.add(pick)
+
+
+def _number_ends_refused(probe: "llguidance.LLMatcher", keys: KeySets | None, pick: int, data: bytes,
+                         tables: _WalkBytes, token_bytes: list[bytes | None], refused: Callable[..., bool]) -> bool:
+    """`pick` is a number's byte (`data` with what the grammar forces after it, at `probe`) after which the
+    grammar takes a delimiter, or ends the output (a number at the root), and the checks refuse each: the number as
+    it stands is refused."""
+    if pick not in tables.number_bytes or keys is None or keys.mode not in ("value", "number"):
+        return False
+    ends = [c for c in tables.closers if probe.validate_tokens([c]) == 1]
+    if probe.is_accepting():
+        return all(refused(data + token_bytes[c]) for c in ends) and refused(data, True)
+    return bool(ends) and all(refused(data + token_bytes[c]) for c in ends)
 
 
 def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats: bool, tables: _WalkBytes,

@@ -684,7 +684,14 @@ def test_the_budget_rule_never_ends_an_output_a_late_check_holds_open(gpt2_compi
     ({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 8}, [60, 100]),
     (_object({"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "uniqueItems": True, "minItems": 2}),
      [16, 20, 30]),
-], ids=["interval", "unique-emails", "minProperties", "contains", "unique-strings", "eight-unique", "unique-enum"])
+    # `[0,0`, then `0.0`, `0.00`... until the walk gave up: no completion (QA budgetsweep2 F3)
+    ({"type": "array", "items": {"type": "number"}, "uniqueItems": True, "minItems": 2}, [8, 10, 12, 16]),
+    (_object({"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 3}), [12, 16, 20]),
+    # every integer is a multiple of 0.5: `-1e+0000...` until the walk gave up, where `-1.1` ends
+    (_object({"type": "number", "not": {"multipleOf": 0.5}}), [10, 12, 16]),  # (`3520e0`: no way on; README)
+    ({"type": "number", "not": {"multipleOf": 0.5}}, [6, 8, 12]),
+], ids=["interval", "unique-emails", "minProperties", "contains", "unique-strings", "eight-unique", "unique-enum",
+        "unique-numbers", "unique-integers", "not-multiple", "not-multiple-root"])
 def test_budget_completions_write_what_the_checks_applied_while_decoding_accept(gpt2_compiler, vocabs, schema,
                                                                                  limits):
     """Near max_tokens the backend's completion steers the answer; it knew nothing of the keywords checked as
