@@ -43,8 +43,8 @@ from constrain.distinct_keys import (DistinctKeysGrammar, comma_key_index, expon
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
-from constrain.late_keywords import (REFUSALS, LateGrammar, LatePlan, late_from_the_start, plan_late_keywords,
-                                     token_sets)
+from constrain.late_keywords import (ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan, late_from_the_start,
+                                     plan_late_keywords, token_sets)
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
@@ -413,18 +413,18 @@ class GrammarCompiler:
         that is remembered, so repeats compile once."""
         with self._lock:
             plan = self._late_plans.get(spec.key)
-        if plan is None and spec.kind in ("json_schema", "tools") and late_from_the_start(spec.schema):
-            plan = plan_late_keywords(spec.schema, one_of=False)  # (None: not checkable; the backend counts)
-        if plan is not None:
+        if plan is not None:  # (a plan that compiled before)
+            inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
+            self._remember_plan(spec.key, plan)
+            return LateGrammar(inner, plan, self.vocab)
+        if spec.kind in ("json_schema", "tools") and late_from_the_start(spec.schema):
             try:
-                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
+                found = self._planned(spec, backend, one_of=False)  # (None: not checkable; the backend counts)
             except ConstraintError:
-                if spec.key in self._late_plans:
-                    raise
-                plan = None  # the backend refuses more: the refusal path below plans for it too
-            else:
-                self._remember_plan(spec.key, plan)
-                return LateGrammar(inner, plan, self.vocab)
+                found = None  # the backend refuses more: the refusal path below plans for it too
+            if found is not None:
+                self._remember_plan(spec.key, found[0])
+                return LateGrammar(found[1], found[0], self.vocab)
         try:
             g = self._on_backend(spec, backend)
             return self._late_if_stronger(spec, backend, g) if g.unenforced else g
@@ -432,16 +432,38 @@ class GrammarCompiler:
             refused_keyword = exc.code == "unsupported_schema" or any(r in exc.message for r in REFUSALS)
             if not refused_keyword or spec.kind not in ("json_schema", "tools"):
                 raise
-            plan = plan_late_keywords(spec.schema, one_of="oneOf" in exc.message)
-            if plan is None:
-                raise
             try:
-                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
+                found = self._planned(spec, backend, one_of="oneOf" in exc.message)
             except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
-                found = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
-                raise (later if found else exc) from None
-        self._remember_plan(spec.key, plan)
-        return LateGrammar(inner, plan, self.vocab)
+                named = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
+                raise (later if named else exc) from None
+            if found is None:
+                raise
+        self._remember_plan(spec.key, found[0])
+        return LateGrammar(found[1], found[0], self.vocab)
+
+    def _planned(self, spec: ConstraintSpec, backend: str, one_of: bool) -> tuple[LatePlan, Grammar] | None:
+        """A late plan of `spec` (None: none can check it) and the backend's grammar of its schema. Where the
+        backend refuses a plan that bounds `unevaluated*` (`plan_late_keywords`), the plan without, and a `oneOf`
+        it cannot prove disjoint there, the plan that reads it as `anyOf`: what the bound declares may hide a
+        discriminator from llguidance, or make a large union too large (QA review F1, F2). Else the first
+        refusal."""
+        tries = [(one_of, True)]
+        first = None
+        while tries:
+            one, bound = tries.pop(0)
+            plan = plan_late_keywords(spec.schema, one_of=one, bound_unevaluated=bound)
+            if plan is None:
+                return None
+            try:
+                return plan, self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
+            except ConstraintError as exc:
+                first = first or exc
+                if not one and ONE_OF_REFUSAL in exc.message and (True, bound) not in tries:
+                    tries.insert(0, (True, bound))
+                if plan.bounded:
+                    tries.append((one, False))
+        raise first
 
     def _late_if_stronger(self, spec: ConstraintSpec, backend: str, g: Grammar) -> Grammar:
         """A schema that is not strict compiles with the keywords the backend cannot enforce left out and named
@@ -451,13 +473,10 @@ class GrammarCompiler:
             if spec.kind not in ("json_schema", "tools") or spec.key in self._no_stronger_plan:
                 return g
         one_of = any(p.rsplit("/", 1)[-1] == "oneOf" for p in g.unenforced)
-        plan = plan_late_keywords(spec.schema, one_of=one_of)
-        inner = None
-        if plan is not None:
-            try:
-                inner = self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
-            except ConstraintError:
-                pass
+        try:
+            plan, inner = self._planned(spec, backend, one_of) or (None, None)
+        except ConstraintError:
+            plan, inner = None, None
         if inner is None or len(inner.unenforced) >= len(g.unenforced):
             with self._lock:  # (so a repeat costs a lookup, not a plan)
                 self._no_stronger_plan[spec.key] = None

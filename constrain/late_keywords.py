@@ -44,7 +44,7 @@ from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower
 from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end
 from constrain.regex_sets import Work, pattern_search
-from constrain.support import references_followable, resolve_ref, walk
+from constrain.support import ANNOTATIONS, references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
@@ -79,6 +79,7 @@ class LatePlan:
     originals: dict[int, Any] = field(default_factory=dict, repr=False)  # id() in `schema` -> the client's node
     holders: frozenset[int] = frozenset()  # id() of the nodes of `schema` whose late keywords were taken out
     members: dict[int, "MemberChecks | None"] = field(default_factory=dict, repr=False)
+    bounded: bool = False  # `schema` holds some `unevaluated*: false` to what may be evaluated
     _memo: dict = field(default_factory=dict, repr=False)  # child_alternatives, by its arguments
 
     def holds(self, node: dict, value: Any) -> bool:
@@ -249,10 +250,11 @@ def _product(a: list[tuple] | None, b: list[tuple] | None) -> list[tuple] | None
     return [x + y for x in a for y in b]
 
 
-def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
+def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True) -> LatePlan | None:
     """The plan for `schema`'s late keywords (`late_keys`); None when it has none, or
     when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
-    automata's reach, `unevaluatedProperties` beside `patternProperties`)."""
+    automata's reach, `unevaluatedProperties` beside `patternProperties`). With `bound_unevaluated`, the backend's
+    schema holds `unevaluated*: false` to what may be evaluated (`_bound_unevaluated`)."""
     if not isinstance(schema, dict) or not references_followable(schema):
         return None
     out = copy.deepcopy(schema)
@@ -272,14 +274,14 @@ def plan_late_keywords(schema: Any, one_of: bool) -> LatePlan | None:
         return None
     governed = {id(n): originals[id(n)] for n in placed.values()}
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
-    bounded = [(node, key) for node in holders for key in ("unevaluatedProperties", "unevaluatedItems")
-               if node.get(key) is False]
+    unevaluated = [(node, key) for node in holders for key in ("unevaluatedProperties", "unevaluatedItems")
+                   if bound_unevaluated and node.get(key) is False]
     for node in holders:
         _take_out_late_keys(node, one_of)
-    for node, key in bounded:
-        _bound_unevaluated(node, key, schema, originals[id(node)], one_of)
+    bounded = [_bound_unevaluated(node, key, schema, originals[id(node)], one_of) for node, key in unevaluated]
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
-                    frozenset(id(n) for n in holders), {id(n): _member_checks(n) for n in governed.values()})
+                    frozenset(id(n) for n in holders), {id(n): _member_checks(n) for n in governed.values()},
+                    bounded=any(bounded))
 
 
 def _take_out_late_keys(node: dict, one_of: bool) -> None:
@@ -292,10 +294,59 @@ def _take_out_late_keys(node: dict, one_of: bool) -> None:
             _widen(node, key)
         elif key != "oneOf":
             del node[key]
-        elif "anyOf" not in node:
-            node["anyOf"] = node.pop("oneOf")
         else:
-            node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
+            _narrow_to_one_of_types(node)
+            if "anyOf" not in node:
+                node["anyOf"] = node.pop("oneOf")
+            else:
+                node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
+
+
+# The keywords that assert something only of values of one type (draft 4 to 2020-12).
+_KEYWORDS_OF_TYPE = {
+    "object": frozenset({"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+                         "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "dependencies",
+                         "unevaluatedProperties"}),
+    "array": frozenset({"items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains",
+                        "minItems", "maxItems", "uniqueItems", "unevaluatedItems"}),
+    "string": frozenset({"minLength", "maxLength", "pattern", "format", "contentMediaType", "contentEncoding"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
+    "null": frozenset(), "boolean": frozenset(),
+}
+_OF_SOME_TYPE = frozenset().union(*_KEYWORDS_OF_TYPE.values())
+
+
+def _narrow_to_one_of_types(node: dict) -> None:
+    """`node`'s `oneOf`, about to be read as `anyOf` by the backend: a type two of whose branches take each of its
+    values is one no value of passes the `oneOf`, so it is taken out of the node's `type`. The "exactly one of these
+    property sets" idiom (`oneOf: [{required: [a]}, {required: [b]}]`) without `type: object` took every string and
+    number: the answer opened one, whose end the check refused, and ran to max_tokens (QA testsuite F2, 6 answers
+    in 6)."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list):
+        return
+    declared = node.get("type", list(_KEYWORDS_OF_TYPE))
+    declared = [declared] if isinstance(declared, str) else declared
+    if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
+        return
+    kept = [t for t in declared
+            if sum(_takes_every(b, "number" if t == "integer" else t) for b in branches) < 2]
+    if kept != declared and kept:
+        node["type"] = kept[0] if len(kept) == 1 else kept
+
+
+def _takes_every(branch: Any, kind: str) -> bool:
+    """`branch` (a subschema) takes every value of JSON type `kind` ("number" for numbers and integers): it asserts
+    nothing of them (no keyword but annotations and those of other types)."""
+    if branch is True:
+        return True
+    if not isinstance(branch, dict):
+        return False
+    types = branch.get("type", kind)
+    if kind not in ([types] if isinstance(types, str) else types if isinstance(types, list) else []):
+        return False
+    return all(k == "type" or k in ANNOTATIONS or (k in _OF_SOME_TYPE and k not in _KEYWORDS_OF_TYPE[kind])
+               for k in branch)
 
 
 def late_keys(node: dict, one_of: bool) -> list[str]:
@@ -462,62 +513,69 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
 _MAX_EVALUATED_NAMES = 64  # names `_bound_unevaluated` declares (llguidance lays out each optional property)
 
 
-def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bool) -> None:
+def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bool) -> bool:
     """`unevaluatedProperties: false` (`unevaluatedItems: false`) of `source`, taken out of `node` (its copy in the
     backend's schema), is checked on the finished value; the backend left every other key open, and an answer wrote
     one as free text, then ran to max_tokens (QA latechecks F1: 7/10 answers at 200 tokens beside an `anyOf`).
     Where the subschemas that apply in place (`_in_place`) declare the only properties (prefix items) that can
-    count as evaluated, the backend holds the value to them: each name some of them declare, under the `anyOf` of
-    their declarations (a name counts only where a subschema that holds declares it) where `node` does not declare
-    it, and `additionalProperties: false`; at most the longest prefix (`maxItems`). That only refuses values the
-    check refuses; which branch evaluates a name is still the check's. Left as it is where something evaluates
+    count as evaluated, the backend holds the value to them: each name some of them declare, where `node` does not
+    declare it under its one declaration there (a name counts only where a subschema that holds declares it), or
+    `{}` where they declare it differently, and `additionalProperties: false`; at most the longest prefix
+    (`maxItems`), each place likewise. That only refuses values the check refuses; which branch evaluates a name is
+    still the check's. (As the `anyOf` of its declarations, a `kind` of each branch's `const` kept llguidance from
+    proving a `oneOf` disjoint, and a name shared by 100 branches made the schema too large: QA review F1, F2.)
+    Left as it is where something evaluates
     other names or items too (`patternProperties`, `additionalProperties`, `items`, `contains`, another
-    `unevaluated*`), or in a draft without the keyword (it asserts nothing there)."""
+    `unevaluated*`), or in a draft without the keyword (it asserts nothing there). Whether it changed `node`."""
     from constrain.rewrite import validator_class
 
     nodes = _in_place(root, source)
     if nodes is None or key not in validator_class(root).VALIDATORS:
-        return
+        return False
     if key == "unevaluatedProperties":
         if any(n.get("patternProperties") or n.get("additionalProperties", False) is not False
                or n.get(key, False) is not False or not isinstance(n.get("properties", {}), dict) for n in nodes):
-            return
-        declared: dict[str, list] = {}
+            return False
+        declared: dict[str, dict[str, Any]] = {}  # name -> its declarations, by their JSON text (`true` is not `1`)
         for n in nodes:
             for name, sub in n.get("properties", {}).items():
-                if not any(sub == d for d in declared.setdefault(name, [])):
-                    declared[name].append(sub)
+                declared.setdefault(name, {}).setdefault(_json_key(sub), sub)
         props = node.get("properties", {})
         if len(declared) > _MAX_EVALUATED_NAMES or not isinstance(props, dict):
-            return
-        extra = {name: _for_backend(subs[0] if len(subs) == 1 else {"anyOf": subs}, one_of)
+            return False
+        extra = {name: _for_backend(next(iter(subs.values())), one_of) if len(subs) == 1 else {}
                  for name, subs in declared.items() if name not in props}
         node["properties"] = {**props, **extra}
         node["additionalProperties"] = False
-        return
+        return True
     prefix_key = "prefixItems" if "prefixItems" in validator_class(root).VALIDATORS else "items"  # (2019-09)
-    places: list[list] = []  # (place i: the schemas the prefixes declare there)
+    places: list[dict[str, Any]] = []  # (place i: the schemas the prefixes declare there, by their JSON text)
     for n in nodes:
         items = n.get("items", False)
         prefix = n.get(prefix_key)
         if (items is not False and not (items is prefix and isinstance(prefix, list))) or "contains" in n \
                 or n.get("additionalItems", False) is not False or n.get(key, False) is not False:
-            return
+            return False
         for i, sub in enumerate(prefix if isinstance(prefix, list) else ()):
             if i == len(places):
-                places.append([])
-            if not any(sub == d for d in places[i]):
-                places[i].append(sub)
+                places.append({})
+            places[i].setdefault(_json_key(sub), sub)
     own = node.get(prefix_key, [])
     if not isinstance(own, list):
-        return
-    node[prefix_key] = own + [_for_backend(subs[0] if len(subs) == 1 else {"anyOf": subs}, one_of)
+        return False
+    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of) if len(subs) == 1 else {}
                               for subs in places[len(own):]]
     if not node[prefix_key]:
         del node[prefix_key]
     most = node.get("maxItems")
     if not (isinstance(most, int) and not isinstance(most, bool) and most <= len(places)):
         node["maxItems"] = len(places)
+    return True
+
+
+def _json_key(schema: Any) -> str:
+    """A subschema's JSON text, keys sorted: equal for equal schemas, unlike `==`, which takes `true` for `1`."""
+    return json.dumps(schema, sort_keys=True)
 
 
 def _for_backend(schema: Any, one_of: bool) -> Any:
@@ -913,6 +971,28 @@ def _may_hold_value_ends(b: bytes) -> bool:
     return False
 
 
+class _NotFinite(Exception):
+    """A JSON number past the largest double: Python's float, and JavaScript, read it as ±Infinity."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _finite_int(text: str) -> int:
+    if len(text.lstrip("-")) > 309:  # (past 10**309, and past Python's 4,300 digits an int reads: a ValueError)
+        raise _NotFinite(text)
+    value = int(text)
+    try:
+        float(value)
+    except OverflowError:
+        raise _NotFinite(text) from None
+    return value
+
+
 class LateGrammar(CheckedGrammar):
     """A backend grammar compiled without the late keywords, whose matchers check them on governed values."""
 
@@ -1057,7 +1137,9 @@ class LateMatcher(CheckedMatcher):
 
     def _holds(self, check: Check, text: bytes) -> bool:
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_float=_finite_float, parse_int=_finite_int)
+        except _NotFinite:
+            return False  # (a number clients read as ±Infinity: `1e500` passed `not: {type: integer}`, QA testsuite F1)
         except ValueError:
             return True  # (not JSON: the backend's grammar refuses it anyway)
         return any(all(self._valid(node, text, value) for node in alt) for alt in check)

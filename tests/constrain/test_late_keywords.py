@@ -14,7 +14,7 @@ from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.late_keywords import LateGrammar, plan_late_keywords
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import allowed_ids, decode, ended_walks_valid
+from tests.constrain.conftest import accepts_document, allowed_ids, decode, ended_walks_valid
 
 # Arrays of integers, or of numbers >= 0: [1] and [] are both (refused), [-1] and [0.5] one each.
 ARRAYS = {"oneOf": [{"type": "array", "items": {"type": "integer"}},
@@ -836,3 +836,95 @@ def test_walks_end_where_unevaluated_properties_sits_beside_a_choice(gpt2_compil
     grammar = _compile(gpt2_compiler, UNEVALUATED_BESIDE_ANY_OF)
     assert ended_walks_valid(grammar, vocabs["gpt2"], UNEVALUATED_BESIDE_ANY_OF, seed=1, walks=10, max_tokens=80,
                              prefer_end=0.05) == 10
+
+
+@pytest.mark.parametrize("text, finite", [("1e500", False), ("-345770005077263e+877", False), ("9" * 309, False),
+                                          ("1" + "0" * 5000, False), ("1.5", True), ("1.5e-3", True)])
+def test_a_number_clients_read_as_infinity_never_passes_a_late_check(gpt2_compiler, tokenizers, vocabs, text,
+                                                                     finite):
+    """`1e500` is an integer, yet it read as `inf`, which is not: `not: {type: integer}` let 5 answers in 10 end
+    as `662E930`, `88e1222`..., which Python and JavaScript read as ±Infinity (QA testsuite F1). A number past the
+    largest double is refused by every check."""
+    vocab = vocabs["gpt2"]
+    grammar = _compile(gpt2_compiler, {"type": "number", "not": {"type": "integer"}})
+    assert _accepts(grammar, tokenizers["gpt2"], vocab, text) is finite
+    # byte by byte, as those answers were written: past `1e50` (refused: an integer) only a third exponent digit
+    # was left, and the two-digit cap gave way to it
+    single = {b: i for i, b in enumerate(vocab.token_bytes) if b is not None and len(b) == 1}
+    tokens = [single[bytes([c])] for c in text.encode()]
+    assert walk_instance(grammar, tokens, min(vocab.eos_token_ids), torch.zeros((1, vocab.words), dtype=torch.int32),
+                         []) is finite
+
+
+def test_an_integer_past_the_largest_double_never_passes_a_late_check(gpt2_compiler, tokenizers, vocabs):
+    """JavaScript reads such an integer as Infinity (and Python reads no JSON integer of more than 4,300 digits)."""
+    grammar = _compile(gpt2_compiler, {"type": "integer", "not": {"multipleOf": 7}})
+    assert _accepts(grammar, tokenizers["gpt2"], vocabs["gpt2"], "1" + "0" * 300)
+    assert not _accepts(grammar, tokenizers["gpt2"], vocabs["gpt2"], "1" + "0" * 310)
+
+
+def test_a_type_two_one_of_branches_take_whole_is_taken_out_of_what_the_backend_compiles(gpt2_compiler, vocabs):
+    """Any string or number passes both branches of an "exactly one of these properties" `oneOf` that does not say
+    `type: object`, so fails it; read as `anyOf`, the backend let an answer open one, whose end the check then
+    refused: every walk (and 6 answers in 6 through the server) ran to the limit (QA testsuite F2)."""
+    schema = {"$schema": D2020, "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": False,
+              "oneOf": [{"properties": {"bar": {"const": "bar"}}, "required": ["bar"]},
+                        {"properties": {"baz": {"const": "baz"}}, "required": ["baz"]}]}
+    assert plan_late_keywords(schema, one_of=True).schema["type"] == "object"
+    assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=2, walks=12,
+                             max_tokens=40) == 12
+    # strings pass the first two branches, null the first and last; what one branch alone takes stays
+    mixed = {"oneOf": [{"required": ["a"]}, {"type": "string"}, {"type": ["object", "null"], "required": ["b"]}]}
+    assert plan_late_keywords(mixed, one_of=True).schema["type"] == ["object", "array", "number", "boolean"]
+    bounded = {"type": ["number", "string"], "oneOf": [{"minimum": 2}, {"maxLength": 3}]}
+    assert plan_late_keywords(bounded, one_of=True).schema["type"] == ["number", "string"]
+
+
+def _discriminated(n: int) -> dict:
+    """OpenAPI 3.1's union: a base object, a `oneOf` of branches told apart by a `kind` const, nothing else."""
+    return {"$schema": D2020, "type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id", "kind"],
+            "oneOf": [{"properties": {"kind": {"const": f"k{i}"},
+                                      "data": {"type": "object", "properties": {f"d{i}": {"type": "string"}},
+                                               "required": [f"d{i}"]}},
+                       "required": ["data"]} for i in range(n)],
+            "unevaluatedProperties": False}
+
+
+@pytest.mark.parametrize("n", [3, 100])
+def test_a_discriminated_union_beside_unevaluated_properties_compiles_strict(gpt2_compiler, vocabs, n):
+    """Bounded with the `anyOf` of each name's declarations, `kind` hid the discriminator from llguidance, which
+    then refused the `oneOf` (a 400 under strict, the keyword unenforced without), and 100 branches sharing `data`
+    made the schema too large (QA review F1, F2). A name declared differently is `{}` there now."""
+    schema = _discriminated(n)
+    grammar = _compile(gpt2_compiler, schema)
+    assert grammar.unenforced == ()
+    assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=3, walks=6, max_tokens=80) >= 1
+    assert plan_late_keywords(schema, one_of=False).schema["properties"]["data"] == {}
+
+
+def test_declarations_that_differ_only_as_python_values_stay_apart(gpt2_compiler, tokenizers, vocabs):
+    """`{"enum": [0, 1]}` == `{"enum": [False, True]}` in Python: one was kept as the name's only declaration, and
+    `true` was refused where the other branch takes it (QA review F3)."""
+    schema = {"$schema": D2020, "type": "object", "required": ["mode", "flag"], "unevaluatedProperties": False,
+              "oneOf": [{"properties": {"mode": {"const": "legacy"}, "flag": {"enum": [0, 1]}}},
+                        {"properties": {"mode": {"const": "modern"}, "flag": {"enum": [False, True]}}}]}
+    assert accepts_document(_compile(gpt2_compiler, schema), tokenizers["gpt2"], vocabs["gpt2"],
+                            {"mode": "modern", "flag": True})
+
+
+def test_a_bound_the_backend_refuses_gives_way_to_the_plan_without_it(gpt2_compiler, monkeypatch):
+    """What the bound declares may keep llguidance from compiling what it compiled without (a discriminator it no
+    longer sees, a union too large): the plan without the bound is compiled then, and a `oneOf` refused there is
+    read as `anyOf`."""
+    from constrain import late_keywords
+
+    def breaking(node, key, root, source, one_of):  # (the bound as first written: each name's `anyOf`)
+        node["properties"] = {**node.get("properties", {}),
+                              "kind": {"anyOf": [{"const": f"k{i}"} for i in range(3)]}}
+        node["additionalProperties"] = False
+        return True
+
+    monkeypatch.setattr(late_keywords, "_bound_unevaluated", breaking)
+    schema = _discriminated(4)  # (not one compiled before: the compiler keeps the plans it compiled)
+    grammar = _compile(gpt2_compiler, schema)
+    assert grammar.unenforced == () and "additionalProperties" not in grammar.plan.schema
