@@ -43,7 +43,7 @@ from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower
 from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end
-from constrain.regex_sets import Work, pattern_search
+from constrain.regex_sets import Work, pattern_examples, pattern_search
 from constrain.support import ANNOTATIONS, references_followable, resolve_ref, walk
 from constrain.vocabulary import Vocabulary
 
@@ -94,14 +94,36 @@ class LatePlan:
 
     def walk_values(self) -> tuple[bytes, ...]:
         """The JSON texts of the governed nodes' const and enum values, for budget completions, which the checks
-        may refuse (`CheckedMatcher.refuses_ahead`): `contains: {"const": 7}` asks for a 7."""
+        may refuse (`CheckedMatcher.refuses_ahead`): `contains: {"const": 7}` asks for a 7; and of a short item
+        each `contains` there takes (`_contains_examples`)."""
         if "walk_values" not in self._memo:
-            values = (json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
-                      for node in self.governed.values() for _, key, holder in walk(node)
+            found = [(key, holder) for node in self.governed.values() for _, key, holder in walk(node)]
+            values = [v for key, holder in found
                       for v in ([holder["const"]] if key == "const" else holder["enum"] if key == "enum" and
-                                isinstance(holder["enum"], list) else []))
-            self._memo["walk_values"] = tuple(dict.fromkeys(values))[:32]
+                                isinstance(holder["enum"], list) else [])]
+            values += [v for key, holder in found if key == "contains" for v in self._contains_examples(holder)]
+            texts = (json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode() for v in values)
+            self._memo["walk_values"] = tuple(dict.fromkeys(texts))[:32]
         return self._memo["walk_values"]
+
+    def _contains_examples(self, holder: dict) -> list:
+        """Up to two short values valid against `holder`'s `contains` and its items' schema: the greedy walk wrote
+        `[0,0,0...` under `contains: {minimum: 5}` and never an item it takes (QA latechecks F6). Tried among small
+        values and those the subschema's bounds, lengths and patterns name."""
+        contains, items = holder["contains"], holder.get("items", True)
+        candidates: list = [0, 1, -1, 10, 100, "", "a", True, False, None, [], {}]
+        for sub in (contains, items):
+            if isinstance(sub, dict):
+                candidates += [v + d for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+                               if isinstance(v := sub.get(k), (int, float)) and not isinstance(v, bool)
+                               and math.isfinite(v) for d in (0, 1, -1)]
+                low = sub.get("minLength")
+                if isinstance(low, int) and not isinstance(low, bool) and 0 < low <= 64:
+                    candidates.append("a" * low)
+                if isinstance(sub.get("pattern"), str):
+                    candidates += pattern_examples(sub["pattern"])[:4]
+        checks = [contains] + ([items] if isinstance(items, (dict, bool)) else [])
+        return [v for v in candidates if all(self.holds(c, v) for c in checks)][:2]
 
     def _trivial(self, node: Any) -> bool:
         """`node` asserts nothing here: true, or {} that is not a governed node (a holder whose only keyword was

@@ -690,8 +690,12 @@ def test_the_budget_rule_never_ends_an_output_a_late_check_holds_open(gpt2_compi
     # every integer is a multiple of 0.5: `-1e+0000...` until the walk gave up, where `-1.1` ends
     (_object({"type": "number", "not": {"multipleOf": 0.5}}), [10, 12, 16]),  # (`3520e0`: no way on; README)
     ({"type": "number", "not": {"multipleOf": 0.5}}, [6, 8, 12]),
+    # `[0,0,0...`: the walk never wrote an item `contains` takes (QA latechecks F6)
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}}, [12, 16, 20]),
+    ({"type": "array", "items": {"type": "string"}, "contains": {"pattern": "^x"}}, [12, 16, 20]),
 ], ids=["interval", "unique-emails", "minProperties", "contains", "unique-strings", "eight-unique", "unique-enum",
-        "unique-numbers", "unique-integers", "not-multiple", "not-multiple-root"])
+        "unique-numbers", "unique-integers", "not-multiple", "not-multiple-root", "contains-bound",
+        "contains-pattern"])
 def test_budget_completions_write_what_the_checks_applied_while_decoding_accept(gpt2_compiler, vocabs, schema,
                                                                                  limits):
     """Near max_tokens the backend's completion steers the answer; it knew nothing of the keywords checked as
