@@ -40,7 +40,9 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   `maxItems: 1` when every item must equal one constant; over items of at most 64 values (constrain/finite_values.py)
   it bounds `maxItems` by their number;
 - `contains: C` on arrays of at most 8 items (2020-12): an `anyOf` over the position of an item valid against C
-  (`prefixItems` of `true`s then C, with the `minItems` that puts an item there);
+  (`prefixItems` of `true`s then C, with the `minItems` that puts an item there); where no count of items meets it
+  (C is `false` and an item must hold it, `minContains` above `maxContains` or `maxItems`), the node's other types,
+  or `false`;
 - `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
   already required, dropped; `dependentSchemas`/`dependencies` (schema form) on a required property: `allOf`;
   otherwise, for at most 5 triggers, `anyOf: [{"properties": {k: false}}, {"required": [k, ...]}]` per trigger.
@@ -642,7 +644,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     ctx.here = ptr
-    for step in (_impossible_keys, _lookaheads, _search_counts, _format, _not, _one_of, _conditional, _unique_items,
+    for step in (_impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of, _conditional, _unique_items,
                  _contains, _property_names, _patterns_as_properties, _dependencies, _properties_count,
                  _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
         node = step(node, ctx)
@@ -674,6 +676,36 @@ def _impossible_keys(node: dict, ctx: _Ctx) -> Any:
         return node
     ctx.changed = True
     names = _type_value(types - {"object"})
+    return False if not names else {**node, "type": names}
+
+
+def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
+    """An array no item count meets for `contains`: C accepts nothing (`false`, or what rewrites to it) while at
+    least one item must hold it (`minContains` absent or above 0), `minContains` above `maxContains`, or above
+    `maxItems`. The node keeps its other types, or is `false`: compiled, every answer opened an array it could
+    never close and ran to max_tokens, where the README promises such a schema a 400 (QA testsuite2 F4)."""
+    if "contains" not in node:
+        return node
+    # (2019-09 on, the drafts with `unevaluatedProperties`; before, the two are unknown keywords, and jsonschema
+    # reads them inside its `contains`, not as validators of their own)
+    counted = "unevaluatedProperties" in ctx.validator.VALIDATORS
+
+    def count(key: str, default: int | None) -> int | None:
+        v = node.get(key, default) if counted else default
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    least, most, longest = count("minContains", 1), count("maxContains", None), node.get("maxItems")
+    if least is None:
+        return node
+    unmet = (node["contains"] is False and least > 0) or (most is not None and least > most) \
+        or (isinstance(longest, int) and not isinstance(longest, bool) and least > longest)
+    if not unmet:
+        return node
+    types = types_of(node["type"]) if "type" in node else _ALL_TYPES
+    if types is None:
+        return node
+    ctx.changed = True
+    names = _type_value(types - {"array"})
     return False if not names else {**node, "type": names}
 
 

@@ -309,6 +309,24 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
     assert normalise_schema(schema) is out
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "contains": False},
+    {"type": "array", "contains": {"not": {}}},
+    {"type": "array", "contains": {}, "minContains": 3, "maxContains": 2},
+    {"type": "array", "contains": {"type": "integer"}, "minContains": 2, "maxItems": 1},
+    {"type": "array", "contains": {}, "maxItems": 0},
+])
+def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
+    """Compiled, every answer opened an array it could never close (QA testsuite2 F4); `false` is a 400. Beside
+    other types, the node keeps them; `minContains: 0`, and the counts in draft 7 (unknown there), keep it."""
+    assert rewrite_schema(schema) is False
+    out = rewrite_schema({**schema, "type": ["array", "string"]})
+    assert out["type"] == ["string"] and _same({**schema, "type": ["array", "string"]}, out)
+    assert rewrite_schema({"type": "array", "contains": False, "minContains": 0}) is not False
+    draft7 = {"$schema": D7, "type": "array", "contains": {}, "minContains": 3, "maxContains": 2}
+    assert rewrite_schema(draft7) is not False
+
+
 def test_unsatisfiable_finite_node_becomes_false():
     """It became `enum: []`, which outlines-core builds as an empty alternation: a required property's value
     written as nothing (`{"w":  }`, finish_reason stop, under auto from the first request), an optional one's too."""
