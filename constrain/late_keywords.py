@@ -299,8 +299,7 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     unevaluated = [(node, key) for node in holders for key in ("unevaluatedProperties", "unevaluatedItems")
                    if bound_unevaluated and node.get(key) is False]
-    for node in holders:
-        _take_out_late_keys(node, one_of)
+    _take_out_all(holders, one_of, schema)
     bounded = {id(originals[id(node)]): key for node, key in unevaluated
                if _bound_unevaluated(node, key, schema, originals[id(node)], one_of)}
     # (names are judged as keys are written only where the backend offers the declared ones alone: every byte of
@@ -310,6 +309,18 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
                     frozenset(id(n) for n in holders),
                     {id(n): _member_checks(n, schema if id(n) in named else None) for n in governed.values()},
                     bounded=bool(bounded))
+
+
+def _take_out_all(nodes: list[dict], one_of: bool, root: Any) -> None:
+    """`nodes` (of the backend's schema) without their late keywords, in place (`_take_out_late_keys`); first, where
+    `one_of`, each `oneOf`'s types narrowed (`_narrow_to_one_of_types`), judged on its branches as the client wrote
+    them (`root`: the client's schema, for their references): a branch whose `not` was taken out takes more."""
+    if one_of:
+        for node in nodes:
+            if "oneOf" in late_keys(node, one_of):
+                _narrow_to_one_of_types(node, root)
+    for node in nodes:
+        _take_out_late_keys(node, one_of)
 
 
 def _take_out_late_keys(node: dict, one_of: bool) -> None:
@@ -323,7 +334,6 @@ def _take_out_late_keys(node: dict, one_of: bool) -> None:
         elif key != "oneOf":
             del node[key]
         else:
-            _narrow_to_one_of_types(node)
             if "anyOf" not in node:
                 node["anyOf"] = node.pop("oneOf")
             else:
@@ -344,7 +354,7 @@ _KEYWORDS_OF_TYPE = {
 _OF_SOME_TYPE = frozenset().union(*_KEYWORDS_OF_TYPE.values())
 
 
-def _narrow_to_one_of_types(node: dict) -> None:
+def _narrow_to_one_of_types(node: dict, root: Any) -> None:
     """`node`'s `oneOf`, about to be read as `anyOf` by the backend: a type two of whose branches take each of its
     values is one no value of passes the `oneOf`, so it is taken out of the node's `type`. The "exactly one of these
     property sets" idiom (`oneOf: [{required: [a]}, {required: [b]}]`) without `type: object` took every string and
@@ -358,23 +368,29 @@ def _narrow_to_one_of_types(node: dict) -> None:
     if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
         return
     kept = [t for t in declared
-            if sum(_takes_every(b, "number" if t == "integer" else t) for b in branches) < 2]
+            if sum(_takes_every(b, "number" if t == "integer" else t, root) for b in branches) < 2]
     if kept != declared and kept:
         node["type"] = kept[0] if len(kept) == 1 else kept
 
 
-def _takes_every(branch: Any, kind: str) -> bool:
-    """`branch` (a subschema) takes every value of JSON type `kind` ("number" for numbers and integers): it asserts
-    nothing of them (no keyword but annotations and those of other types)."""
+def _takes_every(branch: Any, kind: str, root: Any, depth: int = 0) -> bool:
+    """`branch` (a subschema of `root`) takes every value of JSON type `kind` ("number" for numbers and integers):
+    it asserts nothing of them (no keyword but annotations and those of other types, and a local `$ref` to such a
+    subschema: a `oneOf` of `$ref`s took strings, QA testsuite2 F2)."""
     if branch is True:
         return True
-    if not isinstance(branch, dict):
+    if not isinstance(branch, dict) or depth > _MAX_REF_DEPTH:
+        return False
+    if "$ref" in branch and not _takes_every(resolve_ref(root, branch["$ref"]), kind, root, depth + 1):
         return False
     types = branch.get("type", kind)
     if kind not in ([types] if isinstance(types, str) else types if isinstance(types, list) else []):
         return False
-    return all(k == "type" or k in ANNOTATIONS or (k in _OF_SOME_TYPE and k not in _KEYWORDS_OF_TYPE[kind])
+    return all(k in ("type", "$ref") or k in ANNOTATIONS or (k in _OF_SOME_TYPE and k not in _KEYWORDS_OF_TYPE[kind])
                for k in branch)
+
+
+_MAX_REF_DEPTH = 8  # references `_takes_every` follows from one branch
 
 
 def late_keys(node: dict, one_of: bool) -> list[str]:
@@ -571,7 +587,7 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
         props = node.get("properties", {})
         if len(declared) > _MAX_EVALUATED_NAMES or not isinstance(props, dict):
             return False
-        extra = {name: _for_backend(next(iter(subs.values())), one_of) if len(subs) == 1 else {}
+        extra = {name: _for_backend(next(iter(subs.values())), one_of, root) if len(subs) == 1 else {}
                  for name, subs in declared.items() if name not in props}
         node["properties"] = {**props, **extra}
         node["additionalProperties"] = False
@@ -591,7 +607,7 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
     own = node.get(prefix_key, [])
     if not isinstance(own, list):
         return False
-    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of) if len(subs) == 1 else {}
+    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of, root) if len(subs) == 1 else {}
                               for subs in places[len(own):]]
     if not node[prefix_key]:
         del node[prefix_key]
@@ -606,11 +622,10 @@ def _json_key(schema: Any) -> str:
     return json.dumps(schema, sort_keys=True)
 
 
-def _for_backend(schema: Any, one_of: bool) -> Any:
-    """A copy of the client's subschema `schema` with its late keywords taken out (`_take_out_late_keys`)."""
+def _for_backend(schema: Any, one_of: bool, root: Any) -> Any:
+    """A copy of the client's subschema `schema` (of `root`) with its late keywords taken out (`_take_out_all`)."""
     out = copy.deepcopy(schema)
-    for n in {id(n): n for _, _, n in walk(out)}.values():
-        _take_out_late_keys(n, one_of)
+    _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), one_of, root)
     return out
 
 

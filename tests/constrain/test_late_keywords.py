@@ -884,6 +884,12 @@ def test_a_type_two_one_of_branches_take_whole_is_taken_out_of_what_the_backend_
     assert plan_late_keywords(mixed, one_of=True).schema["type"] == ["object", "array", "number", "boolean"]
     bounded = {"type": ["number", "string"], "oneOf": [{"minimum": 2}, {"maxLength": 3}]}
     assert plan_late_keywords(bounded, one_of=True).schema["type"] == ["number", "string"]
+    # through references (QA testsuite2 F2); and on the branches as written, not as their late keywords leave them
+    refs = {"$defs": {"a": {"required": ["a"]}, "b": {"$ref": "#/$defs/c"}, "c": {"required": ["b"]}},
+            "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}
+    assert plan_late_keywords(refs, one_of=True).schema["type"] == "object"
+    negated = {"type": ["string", "null"], "oneOf": [{"not": {"type": "string"}}, {}]}  # (a string: one branch)
+    assert "string" in plan_late_keywords(negated, one_of=True).schema["type"]
 
 
 def _discriminated(n: int) -> dict:
