@@ -40,6 +40,9 @@ _SEARCH_NFA_STATES = 40_000
 _SEARCH_DFA_STATES = 4000
 _SEARCH_BUDGET = 5  # a budget of this many largest automata, shared by a schema's searches
 _EXAMPLE_NFA_STATES = 10_000
+# An example's pattern may be longer: its NFA is linear in it (a class is one edge, however many ranges), and Python
+# spells `\p{L}` as ~9,400 characters: `\p{L}cole` had no example, and its string never closed (QA testsuite2 F3).
+_EXAMPLE_PATTERN_CHARS = 32_000
 _TOP = 0x10FFFF
 
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
@@ -74,7 +77,7 @@ class Work:
     def for_example(cls) -> "Work":
         """The limits of `pattern_examples`, and a budget for the examples of one schema: NFAs only (no state
         sets: a compile computes them), counted repeats up to the searches' limit."""
-        return cls(_EXAMPLE_NFA_STATES * 4, 0, _EXAMPLE_NFA_STATES, _SEARCH_DFA_STATES, _SEARCH_PATTERN_CHARS)
+        return cls(_EXAMPLE_NFA_STATES * 4, 0, _EXAMPLE_NFA_STATES, _SEARCH_DFA_STATES, _EXAMPLE_PATTERN_CHARS)
 
     def spend_nfa(self) -> None:
         self.nfa_states -= 1

@@ -416,6 +416,21 @@ def test_llguidance_budget_closes_strings_whose_pattern_the_greedy_walk_cannot_f
             assert checker.is_valid(json.loads(decode(vocabs["gpt2"], toks)))
 
 
+def test_a_pattern_of_a_long_unicode_class_still_closes_within_the_budget(gpt2_compiler, vocabs):
+    """`\\p{L}` is ~9,400 characters as Python spells it: past the examples' pattern limit, `\\p{L}cole` had no
+    example, and every answer ran to max_tokens (QA testsuite2 F3)."""
+    from constrain.spec import normalise_schema
+
+    schema = normalise_schema({"type": "object", "properties": {"id": {"type": "string", "pattern": r"\p{L}cole"}},
+                               "required": ["id"], "additionalProperties": False})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, strict=True, backend="llguidance"))
+    rng = random.Random(13)
+    for max_tokens in (30, 50) * 3:
+        toks, ended = random_walk(g, vocabs["gpt2"], rng, max_tokens, budget=True)
+        assert ended, b"".join(vocabs["gpt2"].token_bytes[t] for t in toks)
+        jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)  # (the pattern as Python spells it)
+
+
 @pytest.mark.parametrize("value, prefix", [
     ({"type": "string", "pattern": "^[^a-z]*$"}, '"ABC'),  # `}` and `]` fit inside the string, a letter does not
     ({"type": "string", "not": {"pattern": "[a-z]{1,255}"}}, '"X}'),  # the same, from the complement of a search
