@@ -65,7 +65,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   beside a branch back to the definition being copied.
 
 First, `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the value (those
-named beside it and through `allOf` and local `$ref`s, with no `anyOf`, `oneOf`, `if`... among them) becomes
+named beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates
+another name) becomes
 `additionalProperties` on the node with those names declared there, or is dropped where an `additionalProperties`
 among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
 `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends
@@ -432,15 +433,11 @@ def _plain_bounds(nodes: list[dict]) -> dict | None:
     return out or None
 
 
-# Beside `unevaluatedProperties`, these make which properties count as evaluated depend on the value.
-_DYNAMIC_EVALUATION = ("anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "dependencies", "$dynamicRef",
-                       "$recursiveRef", "unevaluatedItems")
-
-
 def _unevaluated_as_additional(schema: dict) -> dict:
     """`unevaluatedProperties: U` (2019-09 and later) where the properties evaluated beside it are known without
     the value: the node and what applies with it through `allOf` and local `$ref`s (recursively) name them in
-    `properties` and `patternProperties`, and none of them takes alternatives (`anyOf`, `oneOf`, `if`, ...). It
+    `properties` and `patternProperties`, and the alternatives among them (`anyOf`, `oneOf`, `if`, ...) evaluate
+    no other name (`_applying_with`). It
     then means `additionalProperties: U` on the node with every such name and pattern declared there (as `{}`,
     which asserts nothing); and nothing at all when one of them has `additionalProperties` (which evaluates every
     other property) or its own `unevaluatedProperties`. A copy where one changes; `schema` itself otherwise."""
@@ -499,14 +496,18 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
 def _applying_with(root: dict, node: dict) -> list[dict] | None:
     """`node` and the subschemas that apply with it through `allOf` and local `$ref` (each once), or None when
     one of them evaluates properties depending on the value, or holds something other than a schema object
-    there (a `$ref` out of reach, a `properties` that is not an object)."""
+    there (a `$ref` out of reach, a `properties` that is not an object). Alternatives beside them (`anyOf`,
+    `oneOf`, `if`/`then`/`else`, `dependentSchemas`) that evaluate no name but those these declare change nothing
+    evaluated: a conditional `required` (`if`... `then: {required: [r]}`) kept the whole schema from the rewrites,
+    and an answer that wrote a later key first had no way to close (QA unions F1)."""
     out: list[dict] = []
+    alternatives: list[Any] = []
     stack: list[Any] = [node]
     while stack:
         n = stack.pop()
         if n is True:
             continue
-        if not isinstance(n, dict) or any(k in n for k in _DYNAMIC_EVALUATION):
+        if not isinstance(n, dict) or any(k in n for k in ("$dynamicRef", "$recursiveRef", "unevaluatedItems")):
             return None
         if any(n is o for o in out):
             continue
@@ -522,7 +523,59 @@ def _applying_with(root: dict, node: dict) -> list[dict] | None:
             if not isinstance(n["allOf"], list):
                 return None
             stack.extend(n["allOf"])
+        found = _alternatives_of(n)
+        if found is None:
+            return None
+        alternatives += found
+    names = {k for a in out for k in a.get("properties", {})}
+    return out if all(_evaluates_within(root, a, names, set()) for a in alternatives) else None
+
+
+def _alternatives_of(n: dict) -> list[Any] | None:
+    """The subschemas of `n` that apply depending on the value (`anyOf`, `oneOf`, `if`/`then`/`else`,
+    `dependentSchemas`); None where one is malformed."""
+    out: list[Any] = []
+    for k in ("anyOf", "oneOf"):
+        if k in n:
+            if not isinstance(n[k], list):
+                return None
+            out += n[k]
+    out += [n[k] for k in ("if", "then", "else") if k in n]
+    for k in ("dependentSchemas", "dependencies"):
+        if k in n:
+            if not isinstance(n[k], dict):
+                return None
+            out += [v for v in n[k].values() if not isinstance(v, list)]
     return out
+
+
+def _evaluates_within(root: dict, schema: Any, names: set[str], seen: set[int]) -> bool:
+    """Whichever way `schema` and what applies in place with it (all alternatives, not `not`) hold, the properties
+    they evaluate are among `names`: no `properties` beyond them, no `patternProperties`, no `additionalProperties`
+    but `false` (which evaluates nothing: the object has no other key), no `unevaluatedProperties`."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict) or any(k in schema for k in ("patternProperties", "unevaluatedProperties",
+                                                                  "$dynamicRef", "$recursiveRef")):
+        return False
+    if schema.get("additionalProperties", False) is not False:
+        return False
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not set(props) <= names:
+        return False
+    if id(schema) in seen:
+        return True
+    seen.add(id(schema))
+    inner = _alternatives_of(schema)
+    if inner is None or not isinstance(schema.get("allOf", []), list):
+        return False
+    inner += schema.get("allOf", [])
+    if "$ref" in schema:
+        target = resolve_ref(root, schema["$ref"])
+        if target is None:
+            return False
+        inner.append(target)
+    return all(_evaluates_within(root, sub, names, seen) for sub in inner)
 
 
 _MAX_INLINED_NODES = 20_000  # schema objects copied in by _inline_recursive_meetings
