@@ -727,14 +727,16 @@ def _property_counts(node: dict) -> PropertyCounts | None:
 class EvaluatedNames:
     """`unevaluatedProperties: false`: the names some subschema in place declares, each with what the object's
     members so far must meet for a subschema that declares it to still hold (True: the node's own, always
-    evaluated while it holds). A key that can be none of the names left is refused as it is written."""
+    evaluated while it holds), in the order the backend writes them (`_bound_unevaluated` declares them so). A key
+    that can be none of the names left is refused as it is written."""
 
     conditions: dict[str, Any]
 
     def allowed(self, plan: LatePlan, members: bytes) -> dict[bytes, str]:
         """The names a key after `members` (the object's text so far, closed) may take: raw (as a JSON string
-        holds them) -> name. Not one written already (no output writes a key twice: `DistinctKeysMatcher`); all
-        the others where the text is not JSON."""
+        holds them) -> name. Only those after the last one written, in the backend's order (a name before it,
+        which the check allowed, could not be written: after `"good"` of one pet only another pet's `"scales"` was
+        left, and the answer's comma led to a dead end, QA review F2); all of them where the text is not JSON."""
         memo_key = ("names", id(self), members)
         if memo_key not in plan._memo:
             try:
@@ -743,9 +745,12 @@ class EvaluatedNames:
                 value = None
             if not isinstance(value, dict):
                 value = {}
+            order = list(self.conditions)
+            last = max((order.index(k) for k in value if k in self.conditions), default=-1)
             plan._memo[memo_key] = {
-                json.dumps(name, ensure_ascii=False)[1:-1].encode(): name for name, cond in self.conditions.items()
-                if name not in value and (cond is True or plan.holds(cond, value))}
+                json.dumps(name, ensure_ascii=False)[1:-1].encode(): name
+                for name, cond in list(self.conditions.items())[last + 1:]
+                if cond is True or plan.holds(cond, value)}
             if len(plan._memo) > 4096:
                 plan._memo.clear()
         return plan._memo[memo_key]
@@ -765,10 +770,14 @@ def _evaluated_names(root: Any, node: dict) -> EvaluatedNames | None:
     if node.get("unevaluatedProperties") is not False \
             or "unevaluatedProperties" not in validator_class(root).VALIDATORS:
         return None
-    found: list[tuple[dict, tuple]] = []
-    stack: list[tuple[Any, tuple, frozenset]] = [(node, (), frozenset())]
+    in_place = _in_place(root, node)
+    if in_place is None:
+        return None
+    order = {name: i for i, name in enumerate(dict.fromkeys(k for n in in_place for k in n.get("properties", {})))}
+    found: list[tuple[dict, tuple, tuple]] = []  # (a subschema, its guards, the dependentSchemas triggers on the way)
+    stack: list[tuple[Any, tuple, frozenset, tuple]] = [(node, (), frozenset(), ())]
     while stack:
-        n, guards, path = stack.pop()
+        n, guards, path, triggers = stack.pop()
         if isinstance(n, bool) or id(n) in path:
             continue
         if not isinstance(n, dict) or any(k in n for k in ("$dynamicRef", "$recursiveRef", "patternProperties")) \
@@ -779,39 +788,43 @@ def _evaluated_names(root: Any, node: dict) -> EvaluatedNames | None:
         if not isinstance(props, dict):
             return None
         here = guards + (({"properties": props},) if props else ())
-        found.append((n, here))
+        found.append((n, here, triggers))
         path = path | {id(n)}
         if "$ref" in n:
             target = resolve_ref(root, n["$ref"])
             if target is None:
                 return None
-            stack.append((target, here, path))
+            stack.append((target, here, path, triggers))
         for k in ("allOf", "anyOf", "oneOf"):
             if k in n:
                 if not isinstance(n[k], list):
                     return None
-                stack.extend((m, here, path) for m in n[k])
+                stack.extend((m, here, path, triggers) for m in n[k])
         condition = n.get("if")
         if_props = condition.get("properties") if isinstance(condition, dict) else None
         if "if" in n:
-            stack.append((condition, here, path))
+            stack.append((condition, here, path, triggers))
         if "then" in n:
-            stack.append((n["then"], here + (({"properties": if_props},) if isinstance(if_props, dict) else ()), path))
+            stack.append((n["then"], here + (({"properties": if_props},) if isinstance(if_props, dict) else ()), path,
+                          triggers))
         if "else" in n:
-            stack.append((n["else"], here + _may_still_fail(condition), path))
+            stack.append((n["else"], here + _may_still_fail(condition), path, triggers))
         for k in ("dependentSchemas", "dependencies"):
             if k in n:
                 if not isinstance(n[k], dict):
                     return None
-                stack.extend((v, here, path) for v in n[k].values() if not isinstance(v, list))
-    conditions: dict[str, Any] = {}
-    for n, guards in found:
+                stack.extend((v, here, path, triggers + (t,)) for t, v in n[k].items() if not isinstance(v, list))
+    conditions: dict[str, Any] = {name: [] for name in order}  # (in the backend's order)
+    for n, guards, triggers in found:
         for name in n["properties"] if "properties" in n else ():
-            if n is node or not guards:
+            # (a trigger the backend writes before the name must be there already: `"billing"` of `card`'s
+            # dependentSchemas after no `"card"` left the object no way to close, QA review F2)
+            written = tuple({"required": [t]} for t in triggers if order.get(t, -1) < order[name])
+            if n is node or not guards + written:
                 conditions[name] = True
-            elif conditions.get(name) is not True:
-                conditions.setdefault(name, []).append({"allOf": list(guards)})
-    return EvaluatedNames({name: c if c is True else {"anyOf": c} for name, c in conditions.items()})
+            elif conditions[name] is not True:
+                conditions[name].append({"allOf": list(guards + written)})
+    return EvaluatedNames({name: c if c is True else {"anyOf": c} if c else False for name, c in conditions.items()})
 
 
 def _may_still_fail(condition: Any) -> tuple:
@@ -1267,7 +1280,8 @@ class LateMatcher(CheckedMatcher):
         t, sets = self.tracker, self.tokens
         in_string = t.mode in ("string", "key")
         if t.mode in ("member", "key") and any(p.members.evaluated is not None for p in t.members_checked()):
-            return None  # (a key's every byte: `EvaluatedNames`)
+            # (a key's every byte, and a quote that opens one: `EvaluatedNames`)
+            return None if t.mode == "key" else np.concatenate([sets.quote, sets.whole])
         if t.mode == "key" and t.stack[-1].keys is not None:
             return sets.quote  # (a repeated key is refused as its quote closes; every other suspect holds a quote)
         if not t.pending or len(t.stack) > t.pending[-1].depth:  # (none, or inside the innermost: it or one in it)
