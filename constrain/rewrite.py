@@ -697,13 +697,28 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     ctx.here = ptr
-    for step in (_impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of, _conditional, _unique_items,
-                 _contains, _property_names, _patterns_as_properties, _dependencies, _properties_count,
-                 _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
+    targets = [r for ref in refs if (r := unquote(ref)).startswith("#" + ptr + "/")]
+    for step in (_impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of,
+                 _conditional, _unique_items, _contains, _property_names, _patterns_as_properties, _dependencies,
+                 _properties_count, _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
+        before = node
         node = step(node, ctx)
+        if node is not before and targets and _moves_targets(before, node, ptr, targets):
+            node = before  # (a `$ref` points into what the step rewrote: `#/then/properties/n`, QA testsuite2 F1)
         if not isinstance(node, dict):
             break
     return node
+
+
+def _moves_targets(before: dict, after: Any, ptr: str, targets: list[str]) -> bool:
+    """Some `$ref` of `targets` (each inside the node at `ptr`) points under a keyword of `before` that `after` no
+    longer holds as it was: the backend found no subschema there (`Pointer '/oneOf/0/properties/w' does not
+    exist`, a 400 for a schema valid in every draft)."""
+    for target in targets:
+        key = unescape_pointer_part(target[len(ptr) + 2:].split("/", 1)[0])
+        if key in before and (not isinstance(after, dict) or after.get(key) is not before[key]):
+            return True
+    return False
 
 
 def _impossible_keys(node: dict, ctx: _Ctx) -> Any:

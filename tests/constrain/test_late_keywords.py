@@ -1008,3 +1008,26 @@ def test_no_comma_where_the_names_left_in_the_backends_order_cannot_be_evaluated
     bitmask = _write_vetted(m, tok, vocab, written)
     comma = tok.convert_tokens_to_ids(",")
     assert comma in allowed_ids(bitmask) and m.vet(comma, None) != comma
+
+
+@pytest.mark.parametrize("schema, valid, invalid", [
+    ({"type": "object", "oneOf": [{"properties": {"w": {"type": "integer"}}}],
+      "properties": {"v": {"$ref": "#/oneOf/0/properties/w"}}, "required": ["v"]}, {"v": 12}, {"v": "foo"}),
+    ({"type": "object", "if": {"properties": {"a": {"const": 1}}},
+      "then": {"properties": {"n": {"type": "integer", "minimum": 0}}},
+      "properties": {"m": {"$ref": "#/then/properties/n"}}, "required": ["m"]}, {"m": 3}, {"m": -1}),
+    ({"type": "object", "not": {"properties": {"q": {"type": "string"}}, "required": ["q"]},
+      "properties": {"m": {"$ref": "#/not/properties/q"}}, "required": ["m"]}, {"m": "x"}, {"m": 1}),
+], ids=["oneOf", "then", "not"])
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_reference_into_a_rewritten_or_late_keyword_still_finds_its_subschema(gpt2_compiler, tokenizers, vocabs,
+                                                                                 schema, valid, invalid, strict):
+    """A `$ref` into a `oneOf` branch, a `then`, a `not` named a place the rewrites (`oneOf` of one branch as
+    `anyOf`, `if`/`then` as `anyOf`) or the late keywords' removal left empty: every request was a 400 (`Pointer
+    '/then/properties/n' does not exist`; QA testsuite2 F1). Such a step leaves the keyword as it is, and a
+    target the late keywords took out is kept under `$defs`."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], valid)
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], invalid)
