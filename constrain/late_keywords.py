@@ -42,7 +42,7 @@ from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, al
                                clear_ids, per_vocabulary)
 from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
-from constrain.json_follower import WS, Frame, JsonFollower
+from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
 from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end
 from constrain.regex_sets import Work, pattern_examples, pattern_search
 from constrain.support import ANNOTATIONS, references_followable, resolve_ref, walk, walk_with_refs
@@ -1041,6 +1041,8 @@ class LateTracker(JsonFollower):
         super()._byte(c)
         if self.mode == "key":
             self._key_byte(opens_key)
+        elif self.mode == "number" and self.pending and _past_doubles(self.buf):
+            self.member_refused = True  # (no digit after it reads as a double again; QA review2 F1)
 
     def _value_begins(self, c: int) -> None:
         plan = self.plan
@@ -1184,6 +1186,18 @@ def _may_hold_value_ends(b: bytes) -> bool:
     return False
 
 
+def _past_doubles(number: bytearray) -> bool:
+    """A number's text so far already reads as ±Infinity whatever digits follow: its exponent is not negative and
+    it reads so now (more digits only make it larger; before the exponent, an `e-400` could still bring it back)."""
+    at = max(number.rfind(b"e"), number.rfind(b"E"))
+    if at < 0 or number[at + 1:at + 2] == b"-" or not number[-1:].isdigit():
+        return False
+    try:
+        return math.isinf(float(number))
+    except ValueError:
+        return False
+
+
 class _NotFinite(Exception):
     """A JSON number past the largest double: Python's float, and JavaScript, read it as ±Infinity."""
 
@@ -1307,6 +1321,9 @@ class LateMatcher(CheckedMatcher):
             return None if t.mode == "key" else np.concatenate([sets.quote, sets.whole])
         if t.mode == "key" and t.stack[-1].keys is not None:
             return sets.quote  # (a repeated key is refused as its quote closes; every other suspect holds a quote)
+        if t.mode == "number" and t.pending and ((exponent_digits(bytes(t.buf)) or 0) >= 2
+                                                 or (len(t.buf) > 300 and b"e" in t.buf.lower())):
+            return None  # (a digit that takes it past the doubles: `_past_doubles`)
         if not t.pending or len(t.stack) > t.pending[-1].depth:  # (none, or inside the innermost: it or one in it)
             if not t.members_checked():
                 return sets.quote_whole if in_string else sets.whole

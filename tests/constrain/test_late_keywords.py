@@ -1031,3 +1031,17 @@ def test_a_reference_into_a_rewritten_or_late_keyword_still_finds_its_subschema(
     assert g.unenforced == ()
     assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], valid)
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], invalid)
+
+
+def test_a_digit_that_takes_a_number_past_the_doubles_is_refused_as_it_is_written(gpt2_compiler, vocabs):
+    """Refused only when the number ended, `1e309` could be written on (the exponent cap gives way where every
+    ending is refused) and never end (QA review2 F1: 3 answers in 6 at max_tokens). More digits only make it
+    larger, so the digit is refused; `1e308` is a double."""
+    vocab = vocabs["gpt2"]
+    single = {b: i for i, b in enumerate(vocab.token_bytes) if b is not None and len(b) == 1}
+    m = _compile(gpt2_compiler, {"type": "number", "not": {"type": "integer"}}).matcher()
+    assert all(m.accept(single[bytes([c])]) for c in b"1e30")
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    m.fill_bitmask(bitmask, 0)
+    allowed = set(allowed_ids(bitmask).tolist())
+    assert single[b"8"] in allowed and single[b"9"] not in allowed
