@@ -754,6 +754,7 @@ class EvaluatedNames:
     that can be none of the names left is refused as it is written."""
 
     conditions: dict[str, Any]
+    ordered: bool = True  # every subschema lists the names it declares in that order: the backend writes them so
 
     def allowed(self, plan: LatePlan, members: bytes) -> dict[bytes, str]:
         """The names a key after `members` (the object's text so far, closed) may take: raw (as a JSON string
@@ -769,11 +770,11 @@ class EvaluatedNames:
             if not isinstance(value, dict):
                 value = {}
             order = list(self.conditions)
-            last = max((order.index(k) for k in value if k in self.conditions), default=-1)
+            last = max((order.index(k) for k in value if k in self.conditions), default=-1) if self.ordered else -1
             plan._memo[memo_key] = {
                 json.dumps(name, ensure_ascii=False)[1:-1].encode(): name
                 for name, cond in list(self.conditions.items())[last + 1:]
-                if cond is True or plan.holds(cond, value)}
+                if name not in value and (cond is True or plan.holds(cond, value))}
             if len(plan._memo) > 4096:
                 plan._memo.clear()
         return plan._memo[memo_key]
@@ -797,6 +798,10 @@ def _evaluated_names(root: Any, node: dict) -> EvaluatedNames | None:
     if in_place is None:
         return None
     order = {name: i for i, name in enumerate(dict.fromkeys(k for n in in_place for k in n.get("properties", {})))}
+    # (llguidance writes a branch's keys in the branch's order: where two subschemas list names in other orders,
+    # the names are not held to one; QA review3 F1)
+    ordered = all(list(n.get("properties", {})) == sorted(n.get("properties", {}), key=order.__getitem__)
+                  for n in in_place)
     found: list[tuple[dict, tuple, tuple]] = []  # (a subschema, its guards, the dependentSchemas triggers on the way)
     stack: list[tuple[Any, tuple, frozenset, tuple]] = [(node, (), frozenset(), ())]
     while stack:
@@ -842,12 +847,13 @@ def _evaluated_names(root: Any, node: dict) -> EvaluatedNames | None:
         for name in n["properties"] if "properties" in n else ():
             # (a trigger the backend writes before the name must be there already: `"billing"` of `card`'s
             # dependentSchemas after no `"card"` left the object no way to close, QA review F2)
-            written = tuple({"required": [t]} for t in triggers if order.get(t, -1) < order[name])
+            written = tuple({"required": [t]} for t in triggers if ordered and order.get(t, -1) < order[name])
             if n is node or not guards + written:
                 conditions[name] = True
             elif conditions[name] is not True:
                 conditions[name].append({"allOf": list(guards + written)})
-    return EvaluatedNames({name: c if c is True else {"anyOf": c} if c else False for name, c in conditions.items()})
+    return EvaluatedNames({name: c if c is True else {"anyOf": c} if c else False for name, c in conditions.items()},
+                          ordered)
 
 
 def _may_still_fail(condition: Any) -> tuple:

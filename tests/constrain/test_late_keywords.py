@@ -1045,3 +1045,15 @@ def test_a_digit_that_takes_a_number_past_the_doubles_is_refused_as_it_is_writte
     m.fill_bitmask(bitmask, 0)
     allowed = set(allowed_ids(bitmask).tolist())
     assert single[b"8"] in allowed and single[b"9"] not in allowed
+
+
+def test_names_of_branches_that_list_them_in_other_orders_are_not_held_to_one(gpt2_compiler, tokenizers, vocabs):
+    """llguidance writes a branch's keys in the branch's order: held to one order for the whole object, the valid
+    `{"y": "s", "k": "q"}` was refused, and 3 walks in 30 ended in a dead end (QA review3 F1)."""
+    schema = {"$schema": D2020, "type": "object", "unevaluatedProperties": False,
+              "oneOf": [{"properties": {"k": {"const": "p"}, "y": {"type": "integer"}}, "required": ["k"]},
+                        {"properties": {"y": {"type": "string"}, "k": {"const": "q"}}, "required": ["k"]}]}
+    grammar = _compile(gpt2_compiler, schema)
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"y": "s", "k": "q"})
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"k": "p", "y": 1})
+    assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=1, walks=12, max_tokens=60) == 12
