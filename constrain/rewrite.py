@@ -752,7 +752,7 @@ def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
     least one item must hold it (`minContains` absent or above 0), `minContains` above `maxContains`, or above
     `maxItems`. The node keeps its other types, or is `false`: compiled, every answer opened an array it could
     never close and ran to max_tokens, where the README promises such a schema a 400 (QA testsuite2 F4)."""
-    if "contains" not in node:
+    if "contains" not in node or "contains" not in ctx.validator.VALIDATORS:  # (draft 4: no keyword)
         return node
     # (2019-09 on, the drafts with `unevaluatedProperties`; before, the two are unknown keywords, and jsonschema
     # reads them inside its `contains`, not as validators of their own)
