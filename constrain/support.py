@@ -490,6 +490,21 @@ def _outlines_target(root: Any, ref: str, walked: set[int]) -> bool:
     return isinstance(node, dict) and id(node) in walked and not _any_value(node)
 
 
+def _containers_only(root: dict, node: Any, depth: int = 0) -> bool:
+    """`node` takes objects and arrays only: its `type` says so, or it is an `anyOf`/`oneOf` (or a local `$ref`)
+    whose every branch does (a zod or RootModel union of objects at the root was refused: QA unions F2)."""
+    if not isinstance(node, dict) or depth > 8:
+        return False
+    if "type" in node:
+        types = node["type"] if isinstance(node["type"], list) else [node["type"]]
+        return bool(types) and all(t in ("object", "array") for t in types)
+    if isinstance(node.get("$ref"), str):
+        return _containers_only(root, resolve_ref(root, node["$ref"]), depth + 1)
+    branches = node.get("anyOf", node.get("oneOf"))
+    return isinstance(branches, list) and bool(branches) \
+        and all(_containers_only(root, b, depth + 1) for b in branches)
+
+
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
@@ -498,7 +513,7 @@ def outlines_unsupported(schema: Any) -> list[str]:
         return ["/"]  # `false` (no value): nothing for outlines to compile
     bad: list[str] = []
     walked = {id(node) for _, _, node in walk(schema)}  # the subschemas checked below ({} has no keyword: never)
-    if not isinstance(schema, dict) or schema.get("type") not in ("object", "array"):
+    if not _containers_only(schema, schema):
         bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")
     for ptr, key, node in walk(schema):
         value = node[key]

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, spec_from_request
+from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_document, accepts_value, decode, ended_walks_valid, random_walk, takes_text
 
 S = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
@@ -1086,6 +1087,24 @@ def test_a_type_beside_a_percent_encoded_ref_is_known_kept_by_its_target_as_besi
         schema = {"$defs": {name: {"type": "string"}}, "type": "object",
                   "properties": {"x": {"type": "string", "$ref": ref}}, "required": ["x"]}
         assert "/properties/x/type" not in outlines_unsupported(schema), ref
+
+
+def test_outlines_serves_a_union_of_closed_objects_at_the_root(gpt2_compiler, tokenizers, vocabs):
+    """A zod discriminated union (or a RootModel union of `extra="forbid"` models) has no `type` at its root: it
+    was refused at `/type` as if it were a scalar, though outlines-core builds it exactly (QA unions F2). A root
+    that may be a scalar still is."""
+    from constrain.support import outlines_unsupported
+
+    branch = {"type": "object", "properties": {"t": {"const": "a"}, "x": {"type": "integer"}},
+              "required": ["t", "x"], "additionalProperties": False}
+    other = {**branch, "properties": {"t": {"const": "b"}, "y": {"type": "string"}}, "required": ["t", "y"]}
+    schema = {"anyOf": [branch, {"$ref": "#/$defs/b"}], "$defs": {"b": other}}
+    assert outlines_unsupported(schema) == []
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="outlines"))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"t": "b", "y": "s"})
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"t": "a", "y": "s"})
+    assert "/type" in outlines_unsupported({"anyOf": [branch, {"type": "string"}]})
 
 
 @pytest.mark.parametrize("strict", [True, False])
