@@ -305,7 +305,7 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     _take_out_all(holders, one_of, schema)
     _keep_targets(out, refs)
     bounded = {id(originals[id(node)]): key for node, key in unevaluated
-               if _bound_unevaluated(node, key, schema, originals[id(node)], one_of)}
+               if _bound_unevaluated(node, key, schema, originals[id(node)], one_of, originals)}
     # (names are judged as keys are written only where the backend offers the declared ones alone: every byte of
     # a free key would be put to the check)
     named = {i for i, key in bounded.items() if key == "unevaluatedProperties"}
@@ -580,7 +580,8 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
 _MAX_EVALUATED_NAMES = 64  # names `_bound_unevaluated` declares (llguidance lays out each optional property)
 
 
-def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bool) -> bool:
+def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bool,
+                       originals: dict[int, Any]) -> bool:
     """`unevaluatedProperties: false` (`unevaluatedItems: false`) of `source`, taken out of `node` (its copy in the
     backend's schema), is checked on the finished value; the backend left every other key open, and an answer wrote
     one as free text, then ran to max_tokens (QA latechecks F1: 7/10 answers at 200 tokens beside an `anyOf`).
@@ -610,7 +611,7 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
         props = node.get("properties", {})
         if len(declared) > _MAX_EVALUATED_NAMES or not isinstance(props, dict):
             return False
-        extra = {name: _for_backend(next(iter(subs.values())), one_of, root) if len(subs) == 1 else {}
+        extra = {name: _for_backend(next(iter(subs.values())), one_of, root, originals) if len(subs) == 1 else {}
                  for name, subs in declared.items() if name not in props}
         node["properties"] = {**props, **extra}
         node["additionalProperties"] = False
@@ -630,7 +631,8 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
     own = node.get(prefix_key, [])
     if not isinstance(own, list):
         return False
-    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of, root) if len(subs) == 1 else {}
+    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of, root, originals) if len(subs) == 1
+                              else {}
                               for subs in places[len(own):]]
     if not node[prefix_key]:
         del node[prefix_key]
@@ -645,9 +647,12 @@ def _json_key(schema: Any) -> str:
     return json.dumps(schema, sort_keys=True)
 
 
-def _for_backend(schema: Any, one_of: bool, root: Any) -> Any:
-    """A copy of the client's subschema `schema` (of `root`) with its late keywords taken out (`_take_out_all`)."""
+def _for_backend(schema: Any, one_of: bool, root: Any, originals: dict[int, Any]) -> Any:
+    """A copy of the client's subschema `schema` (of `root`) with its late keywords taken out (`_take_out_all`); its
+    nodes join `originals` (the checks look up the client's node of each they meet: a `KeyError` on a copy was a
+    500, QA fuzz F1)."""
     out = copy.deepcopy(schema)
+    originals.update(_originals(out, schema))
     _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), one_of, root)
     return out
 

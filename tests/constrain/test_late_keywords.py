@@ -1057,3 +1057,13 @@ def test_names_of_branches_that_list_them_in_other_orders_are_not_held_to_one(gp
     assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"y": "s", "k": "q"})
     assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"k": "p", "y": 1})
     assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=1, walks=12, max_tokens=60) == 12
+
+
+def test_a_late_check_under_a_copied_declaration_finds_the_clients_subschema(gpt2_compiler, tokenizers, vocabs):
+    """The bound copies `b`'s declaration into the object; the checks looked up the client's node of each node
+    they met, and a copy's was missing: a `KeyError` as `b`'s value began, a 500 (QA fuzz F1)."""
+    schema = {"$schema": D2020, "type": "object", "unevaluatedProperties": False,
+              "anyOf": [{"properties": {"b": {"oneOf": [{}, {"type": "integer"}]}}}, {"required": ["x"]}]}
+    grammar = _compile(gpt2_compiler, schema)
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"b": "s"})
+    assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"b": 1})  # (both branches hold)
