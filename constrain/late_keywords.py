@@ -309,9 +309,12 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     # (names are judged as keys are written only where the backend offers the declared ones alone: every byte of
     # a free key would be put to the check)
     named = {i for i, key in bounded.items() if key == "unevaluatedProperties"}
+    from constrain.rewrite import validator_class
+
+    counted = "unevaluatedProperties" in validator_class(schema).VALIDATORS  # (the drafts with maxContains)
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders),
-                    {id(n): _member_checks(n, schema if id(n) in named else None) for n in governed.values()},
+                    {id(n): _member_checks(n, schema if id(n) in named else None, counted) for n in governed.values()},
                     bounded=bool(bounded))
 
 
@@ -874,13 +877,16 @@ def _may_still_fail(condition: Any) -> tuple:
     return ({"not": {"properties": props, "required": names}},)
 
 
-def _member_checks(node: dict, root: Any = None) -> MemberChecks | None:
+def _member_checks(node: dict, root: Any = None, counted: bool = True) -> MemberChecks | None:
     """What is checked of `node`'s value as each member is finished; with `root` (the client's schema, given where
-    the backend holds `node`'s keys to the declared names), the names its `unevaluatedProperties: false` leaves."""
+    the backend holds `node`'s keys to the declared names), the names its `unevaluatedProperties: false` leaves.
+    `counted`: the draft has `maxContains` (2019-09 on; in draft 7 the check was `contains` alone on the array so
+    far, and `["a", 1]` was refused at its first item: QA fuzz F4)."""
     prefix = {k: node[k] for k in ("propertyNames",) if k in node}
     if node.get("uniqueItems") is True:
         prefix["uniqueItems"] = True
-    if "contains" in node and isinstance(node.get("maxContains"), int):  # (items so far holding more: for good)
+    # (more items holding `contains` than `maxContains`: refused for good)
+    if counted and "contains" in node and isinstance(node.get("maxContains"), int):
         prefix.update(contains=node["contains"], maxContains=node["maxContains"], minContains=0)
     names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node else None
     counts = _property_counts(node)

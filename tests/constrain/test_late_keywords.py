@@ -1067,3 +1067,14 @@ def test_a_late_check_under_a_copied_declaration_finds_the_clients_subschema(gpt
     grammar = _compile(gpt2_compiler, schema)
     assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"b": "s"})
     assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"b": 1})  # (both branches hold)
+
+
+def test_max_contains_is_counted_only_in_the_drafts_that_have_it(gpt2_compiler, tokenizers, vocabs):
+    """In draft 7 `maxContains` means nothing, and the array so far was checked against `contains` alone: `["a", 1]`
+    was refused at its first item (QA fuzz F4)."""
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    schema = {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}
+    draft7 = _compile(gpt2_compiler, {"$schema": "http://json-schema.org/draft-07/schema#", **schema})
+    assert accepts_document(draft7, tok, vocab, ["a", 1]) and accepts_document(draft7, tok, vocab, [1, 2])
+    current = _compile(gpt2_compiler, {"$schema": D2020, **schema})
+    assert accepts_document(current, tok, vocab, ["a", 1]) and not accepts_document(current, tok, vocab, [1, 2])
