@@ -447,7 +447,8 @@ def _unevaluated_as_additional(schema: dict) -> dict:
         return schema
     root = copy.deepcopy(schema)
     changed = False
-    holders = {id(n): n for _, key, n in walk(root) if key == "unevaluatedProperties"}
+    refs = _refs(root)  # (one a `$ref` points at or into stays: its target would be gone, QA fuzz F3)
+    holders = {id(n): n for ptr, key, n in walk(root) if key == "unevaluatedProperties" and not _targeted(ptr, refs)}
     for node in holders.values():
         adjacent = _applying_with(root, node)
         if adjacent is None:

@@ -1018,7 +1018,11 @@ def test_no_comma_where_the_names_left_in_the_backends_order_cannot_be_evaluated
       "properties": {"m": {"$ref": "#/then/properties/n"}}, "required": ["m"]}, {"m": 3}, {"m": -1}),
     ({"type": "object", "not": {"properties": {"q": {"type": "string"}}, "required": ["q"]},
       "properties": {"m": {"$ref": "#/not/properties/q"}}, "required": ["m"]}, {"m": "x"}, {"m": 1}),
-], ids=["oneOf", "then", "not"])
+    # (the exact rewrite of `unevaluatedProperties` took the keyword away: QA fuzz F3)
+    ({"$schema": D2020, "type": "object", "properties": {"a": {"type": "integer"}, "m": {
+        "$ref": "#/unevaluatedProperties"}}, "unevaluatedProperties": {"type": "string"}}, {"a": 1, "m": "x", "z": "s"},
+     {"a": 1, "m": "x", "z": 3}),
+], ids=["oneOf", "then", "not", "unevaluated"])
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_reference_into_a_rewritten_or_late_keyword_still_finds_its_subschema(gpt2_compiler, tokenizers, vocabs,
                                                                                  schema, valid, invalid, strict):
