@@ -740,11 +740,16 @@ def _impossible_keys(node: dict, ctx: _Ctx) -> Any:
 
     if all(admitted(k) for k in req if isinstance(k, str)):
         return node
+    return _without_type(node, "object", ctx)
+
+
+def _without_type(node: dict, kind: str, ctx: _Ctx) -> Any:
+    """`node` where no value of type `kind` can meet it: its other types, or `false` where it has none."""
     types = types_of(node["type"]) if "type" in node else _ALL_TYPES
     if types is None:
         return node
     ctx.changed = True
-    names = _type_value(types - {"object"})
+    names = _type_value(types - {kind})
     return False if not names else {**node, "type": names}
 
 
@@ -768,14 +773,7 @@ def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
         return node
     unmet = (node["contains"] is False and least > 0) or (most is not None and least > most) \
         or (isinstance(longest, int) and not isinstance(longest, bool) and least > longest)
-    if not unmet:
-        return node
-    types = types_of(node["type"]) if "type" in node else _ALL_TYPES
-    if types is None:
-        return node
-    ctx.changed = True
-    names = _type_value(types - {"array"})
-    return False if not names else {**node, "type": names}
+    return _without_type(node, "array", ctx) if unmet else node
 
 
 def _add_all_of(node: dict, sub: Any) -> None:
