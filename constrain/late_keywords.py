@@ -279,6 +279,8 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
     automata's reach, `unevaluatedProperties` beside `patternProperties`). With `bound_unevaluated`, the backend's
     schema holds `unevaluated*: false` to what may be evaluated (`_bound_unevaluated`)."""
+    from constrain.rewrite import validator_class
+
     if not isinstance(schema, dict) or not references_followable(schema):
         return None
     out = copy.deepcopy(schema)
@@ -309,8 +311,6 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     # (names are judged as keys are written only where the backend offers the declared ones alone: every byte of
     # a free key would be put to the check)
     named = {i for i, key in bounded.items() if key == "unevaluatedProperties"}
-    from constrain.rewrite import validator_class
-
     counted = "unevaluatedProperties" in validator_class(schema).VALIDATORS  # (the drafts with maxContains)
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders),
