@@ -359,11 +359,10 @@ def _take_out_late_keys(node: dict, one_of: bool) -> None:
             _widen(node, key)
         elif key != "oneOf":
             del node[key]
+        elif "anyOf" not in node:
+            node["anyOf"] = node.pop("oneOf")
         else:
-            if "anyOf" not in node:
-                node["anyOf"] = node.pop("oneOf")
-            else:
-                node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
+            node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
 
 
 # The keywords that assert something only of values of one type (draft 4 to 2020-12).
@@ -595,9 +594,9 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
     (`maxItems`), each place likewise. That only refuses values the check refuses; which branch evaluates a name is
     still the check's. (As the `anyOf` of its declarations, a `kind` of each branch's `const` kept llguidance from
     proving a `oneOf` disjoint, and a name shared by 100 branches made the schema too large: QA review F1, F2.)
-    Left as it is where something evaluates
-    other names or items too (`patternProperties`, `additionalProperties`, `items`, `contains`, another
-    `unevaluated*`), or in a draft without the keyword (it asserts nothing there). Whether it changed `node`."""
+    Left as it is where something evaluates other names or items too (`patternProperties`, `additionalProperties`,
+    `items`, `contains`, another `unevaluated*`), or in a draft without the keyword (it asserts nothing there).
+    Whether it changed `node`."""
     from constrain.rewrite import validator_class
 
     nodes = _in_place(root, source)
@@ -634,9 +633,8 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
     own = node.get(prefix_key, [])
     if not isinstance(own, list):
         return False
-    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of, root, originals) if len(subs) == 1
-                              else {}
-                              for subs in places[len(own):]]
+    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of, root, originals)
+                              if len(subs) == 1 else {} for subs in places[len(own):]]
     if not node[prefix_key]:
         del node[prefix_key]
     most = node.get("maxItems")
