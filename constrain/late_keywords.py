@@ -691,6 +691,7 @@ def _in_place(root: Any, node: dict) -> list[dict] | None:
                 queue.extend(v for v in n[k].values() if not isinstance(v, list))  # (a list: names, no schema)
     return out
 
+
 @dataclass(frozen=True)
 class MemberChecks:
     """The keywords of a governed node that the members written so far already break for good, whatever follows:
