@@ -44,7 +44,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   (C is `false` and an item must hold it, `minContains` above `maxContains` or `maxItems`), the node's other types,
   or `false`;
 - `dependentRequired`/`dependencies` (array form) on a required property: its dependents become required; when
-  already required, dropped; `dependentSchemas`/`dependencies` (schema form) on a required property: `allOf`;
+  already required, dropped; `dependentSchemas`/`dependencies` (schema form) on a required property of a node
+  that takes objects only: `allOf` (elsewhere a value of another type holds every dependency);
   otherwise, for at most 5 triggers, `anyOf: [{"properties": {k: false}}, {"required": [k, ...]}]` per trigger.
   `dependencies` keeps its draft 4-7 meaning in every draft (see `validator_class`);
 - `minProperties` implied by `required`, `maxProperties` implied by a closed `properties` list: dropped; other
