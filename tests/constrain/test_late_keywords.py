@@ -930,7 +930,7 @@ def test_a_bound_the_backend_refuses_gives_way_to_the_plan_without_it(gpt2_compi
     read as `anyOf`."""
     from constrain import late_keywords
 
-    def breaking(node, key, root, source, one_of):  # (the bound as first written: each name's `anyOf`)
+    def breaking(node, key, root, source, one_of, originals):  # (the bound as first written: each name's `anyOf`)
         node["properties"] = {**node.get("properties", {}),
                               "kind": {"anyOf": [{"const": f"k{i}"} for i in range(3)]}}
         node["additionalProperties"] = False
