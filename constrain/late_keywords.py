@@ -659,10 +659,12 @@ def _for_backend(schema: Any, one_of: bool, root: Any, originals: dict[int, Any]
 
 
 def _in_place(root: Any, node: dict) -> list[dict] | None:
-    """`node` and the subschemas that apply to the same value with it, each once: through `allOf`, `anyOf`,
-    `oneOf`, `if`/`then`/`else`, `dependentSchemas` and local `$ref`s, recursively (not `not`: what it evaluates
-    never counts), in the order they are written. None where one cannot be followed (a `$ref` out of reach,
-    `$dynamicRef`)."""
+    """`node` and the subschemas that apply to the same value with it, each once: through `allOf`, local `$ref`s
+    and the alternatives (`anyOf`, `oneOf`, `if`/`then`/`else`, `dependentSchemas`: `alternatives_of`), recursively
+    (not `not`: what it evaluates never counts), in the order they are written. None where one cannot be followed
+    (a `$ref` out of reach, `$dynamicRef`)."""
+    from constrain.rewrite import alternatives_of
+
     out: list[dict] = []
     queue: list[Any] = [node]
     for n in queue:
@@ -678,17 +680,10 @@ def _in_place(root: Any, node: dict) -> list[dict] | None:
             if target is None:
                 return None
             queue.append(target)
-        for k in ("allOf", "anyOf", "oneOf"):
-            if k in n:
-                if not isinstance(n[k], list):
-                    return None
-                queue.extend(n[k])
-        queue.extend(n[k] for k in ("if", "then", "else") if k in n)
-        for k in ("dependentSchemas", "dependencies"):
-            if k in n:
-                if not isinstance(n[k], dict):
-                    return None
-                queue.extend(v for v in n[k].values() if not isinstance(v, list))  # (a list: names, no schema)
+        alternatives = alternatives_of(n)
+        if alternatives is None or not isinstance(n.get("allOf", []), list):
+            return None
+        queue.extend(n.get("allOf", []) + alternatives)
     return out
 
 

@@ -525,7 +525,7 @@ def _applying_with(root: dict, node: dict) -> list[dict] | None:
             if not isinstance(n["allOf"], list):
                 return None
             stack.extend(n["allOf"])
-        found = _alternatives_of(n)
+        found = alternatives_of(n)
         if found is None:
             return None
         alternatives += found
@@ -533,7 +533,7 @@ def _applying_with(root: dict, node: dict) -> list[dict] | None:
     return out if all(_evaluates_within(root, a, names, set()) for a in alternatives) else None
 
 
-def _alternatives_of(n: dict) -> list[Any] | None:
+def alternatives_of(n: dict) -> list[Any] | None:
     """The subschemas of `n` that apply depending on the value (`anyOf`, `oneOf`, `if`/`then`/`else`,
     `dependentSchemas`); None where one is malformed."""
     out: list[Any] = []
@@ -568,7 +568,7 @@ def _evaluates_within(root: dict, schema: Any, names: set[str], seen: set[int]) 
     if id(schema) in seen:
         return True
     seen.add(id(schema))
-    inner = _alternatives_of(schema)
+    inner = alternatives_of(schema)
     if inner is None or not isinstance(schema.get("allOf", []), list):
         return False
     inner += schema.get("allOf", [])
