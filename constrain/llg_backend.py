@@ -669,9 +669,9 @@ def _number_ends_refused(probe: "llguidance.LLMatcher", keys: KeySets | None, pi
     if pick not in tables.number_bytes or keys is None or keys.mode not in ("value", "number"):
         return False
     ends = [c for c in tables.closers if probe.validate_tokens([c]) == 1]
-    if probe.is_accepting():
-        return all(refused(data + token_bytes[c]) for c in ends) and refused(data, True)
-    return bool(ends) and all(refused(data + token_bytes[c]) for c in ends)
+    closed = probe.is_accepting()  # (a number at the root: the output's end ends it)
+    return bool(ends or closed) and all(refused(data + token_bytes[c]) for c in ends) \
+        and (not closed or refused(data, True))
 
 
 def _preferred_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, repeats: bool, tables: _WalkBytes,
