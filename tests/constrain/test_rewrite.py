@@ -337,7 +337,8 @@ def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
     draft7 = {"$schema": D7, "type": "array", "contains": {}, "minContains": 3, "maxContains": 2}
     assert rewrite_schema(draft7) is not False
     draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "contains": False}  # (no keyword there)
-    assert _same(draft4, rewrite_schema(draft4)) and rewrite_schema(draft4)["contains"] is False
+    _same(draft4, rewrite_schema(draft4))  # (asserts each document)
+    assert rewrite_schema(draft4)["contains"] is False
 
 
 def test_unsatisfiable_finite_node_becomes_false():
