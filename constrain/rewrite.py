@@ -67,9 +67,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 
 First, `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the value (those
 named beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates
-another name) becomes
-`additionalProperties` on the node with those names declared there, or is dropped where an `additionalProperties`
-among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
+another name) becomes `additionalProperties` on the node with those names declared there, or is dropped where an
+`additionalProperties` among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
 `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends
 on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
 """
@@ -438,10 +437,10 @@ def _unevaluated_as_additional(schema: dict) -> dict:
     """`unevaluatedProperties: U` (2019-09 and later) where the properties evaluated beside it are known without
     the value: the node and what applies with it through `allOf` and local `$ref`s (recursively) name them in
     `properties` and `patternProperties`, and the alternatives among them (`anyOf`, `oneOf`, `if`, ...) evaluate
-    no other name (`_applying_with`). It
-    then means `additionalProperties: U` on the node with every such name and pattern declared there (as `{}`,
-    which asserts nothing); and nothing at all when one of them has `additionalProperties` (which evaluates every
-    other property) or its own `unevaluatedProperties`. A copy where one changes; `schema` itself otherwise."""
+    no other name (`_applying_with`). It then means `additionalProperties: U` on the node with every such name and
+    pattern declared there (as `{}`, which asserts nothing); and nothing at all when one of them has
+    `additionalProperties` (which evaluates every other property) or its own `unevaluatedProperties`. Not where a
+    `$ref` points at or into the keyword. A copy where one changes; `schema` itself otherwise."""
     if "unevaluatedProperties" not in validator_class(schema).VALIDATORS:
         return schema  # (drafts 4-7: an unknown keyword, which asserts nothing; left as it is)
     if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)):
