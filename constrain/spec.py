@@ -232,8 +232,9 @@ def _ref_siblings(schema: Any) -> Any:
             kept = {k: v for k, v in node.items()
                     if k not in ASSERTIONS and (k not in ("id", "$id") or node is schema)}
             if siblings and applicable(siblings, ref):
+                # after the members already there, so that a `$ref` to `.../allOf/N` still names the same one
                 prior = siblings.get("allOf") if isinstance(siblings.get("allOf"), list) else []
-                node = {**kept, **siblings, "allOf": [{"$ref": ref}, *prior]}
+                node = {**kept, **siblings, "allOf": [*prior, {"$ref": ref}]}
             else:
                 node = {"$ref": ref, **kept}
         out = map_subschemas(node, rewrite)

@@ -1037,6 +1037,11 @@ def _compiled(compiler, schema, strict=True):
     # The root's own `id` stays: a reference beside it may be resolved against it.
     ({"$schema": DRAFT4, "id": "http://e.com/s.json", "$ref": "s.json#/definitions/a", "type": "string",
       "definitions": {"a": {"maxLength": 3}}}, ["abcd", 3], ["ab"]),
+    # An `allOf` beside a $ref keeps its members where they were: a $ref elsewhere names one by its index (the
+    # reference went in first and shifted them, so `y` was held to `#/definitions/o` alone: fuzz F2a).
+    ({"$schema": DRAFT7, "type": "object", "properties": {
+        "x": {"$ref": "#/definitions/o", "allOf": [{"required": ["k"]}]}, "y": {"$ref": "#/properties/x/allOf/0"}},
+      "required": ["y"], "definitions": {"o": {"type": "object"}}}, [{"y": {}}, {"y": {"j": 1}}], [{"y": {"k": 1}}]),
     # Siblings whose type shares none with the reference's would accept nothing: dropped, as the draft says.
     ({"$schema": DRAFT7, "type": "object", "properties": {"s": {"$ref": "#/definitions/o", "type": "string"}},
       "required": ["s"], "definitions": {"o": {"type": "object"}}}, [{"s": "x"}], [{"s": {}}]),
