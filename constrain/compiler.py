@@ -43,7 +43,7 @@ from constrain.distinct_keys import (DistinctKeysGrammar, comma_key_index, expon
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
-from constrain.late_keywords import (ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan, late_from_the_start,
+from constrain.late_keywords import (COUNT_REFUSAL, ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan, late_from_the_start,
                                      plan_late_keywords, token_sets)
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, takes_nothing)
@@ -433,7 +433,8 @@ class GrammarCompiler:
             if not refused_keyword or spec.kind not in ("json_schema", "tools"):
                 raise
             try:
-                found = self._planned(spec, backend, one_of="oneOf" in exc.message)
+                found = self._planned(spec, backend, one_of="oneOf" in exc.message,
+                                      every_count=COUNT_REFUSAL in exc.message)
             except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
                 named = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
                 raise (later if named else exc) from None
@@ -442,27 +443,33 @@ class GrammarCompiler:
         self._remember_plan(spec.key, found[0])
         return LateGrammar(found[1], found[0], self.vocab)
 
-    def _planned(self, spec: ConstraintSpec, backend: str, one_of: bool) -> tuple[LatePlan, Grammar] | None:
+    def _planned(self, spec: ConstraintSpec, backend: str, one_of: bool,
+                 every_count: bool = False) -> tuple[LatePlan, Grammar] | None:
         """A late plan of `spec` (None: none can check it) and the backend's grammar of its schema. Where the
         backend refuses a plan that bounds `unevaluated*` (`plan_late_keywords`), the plan without, and a `oneOf`
         it cannot prove disjoint there, the plan that reads it as `anyOf`: what the bound declares may hide a
-        discriminator from llguidance, or make a large union too large (QA review F1, F2). Else the first
-        refusal."""
-        tries = [(one_of, True)]
+        discriminator from llguidance, or make a large union too large (QA review F1, F2). A count it refuses
+        (beside optional properties another node declares) is taken out everywhere. Else the first refusal."""
+        tries, tried = [(one_of, True, every_count)], set()
         first = None
         while tries:
-            one, bound = tries.pop(0)
-            plan = plan_late_keywords(spec.schema, one_of=one, bound_unevaluated=bound)
+            one, bound, counts = now = tries.pop(0)
+            if now in tried:
+                continue
+            tried.add(now)
+            plan = plan_late_keywords(spec.schema, one_of=one, bound_unevaluated=bound, every_count=counts)
             if plan is None:
                 return None
             try:
                 return plan, self._on_backend(dataclasses.replace(spec, schema=plan.schema), _checked_on(backend))
             except ConstraintError as exc:
                 first = first or exc
-                if not one and ONE_OF_REFUSAL in exc.message and (True, bound) not in tries:
-                    tries.insert(0, (True, bound))
+                if not one and ONE_OF_REFUSAL in exc.message:
+                    tries.insert(0, (True, bound, counts))
+                if not counts and COUNT_REFUSAL in exc.message:
+                    tries.insert(0, (one, bound, True))
                 if plan.bounded:
-                    tries.append((one, False))
+                    tries.append((one, False, counts))
         raise first
 
     def _late_if_stronger(self, spec: ConstraintSpec, backend: str, g: Grammar) -> Grammar:

@@ -50,7 +50,8 @@ from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
 # llguidance's refusals that a plan may answer (besides a strict refusal of a keyword, code unsupported_schema).
-REFUSALS = (ONE_OF_REFUSAL, "min/maxProperties only supported")
+COUNT_REFUSAL = "min/maxProperties only supported"  # (when all keys listed in "properties" are required)
+REFUSALS = (ONE_OF_REFUSAL, COUNT_REFUSAL)
 # Dropped for the backend, checked on finished values (dropping an assertion only ever accepts more).
 DROPPED = frozenset({"not", "if", "then", "else", "contains", "minContains", "maxContains", "propertyNames",
                      "dependentSchemas", "dependentRequired", "dependencies", "unevaluatedProperties",
@@ -274,8 +275,20 @@ def _product(a: list[tuple] | None, b: list[tuple] | None) -> list[tuple] | None
     return [x + y for x in a for y in b]
 
 
-def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True) -> LatePlan | None:
-    """The plan for `schema`'s late keywords (`late_keys`); None when it has none, or
+@dataclass(frozen=True)
+class TakeOut:
+    """What a plan takes out of the backend's schema besides the keywords it never enforces (`late_keys`): every
+    `oneOf` (read as `anyOf`), and every min/maxProperties. llguidance counts an object's keys only when every
+    property it declares is required, judged on the object its `allOf` members and references make up: a count in
+    one member beside optional properties in another is refused though neither node has both."""
+
+    one_of: bool = False
+    every_count: bool = False
+
+
+def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True,
+                       every_count: bool = False) -> LatePlan | None:
+    """The plan for `schema`'s late keywords (`late_keys`, `TakeOut(one_of, every_count)`); None when it has none, or
     when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
     automata's reach, `unevaluatedProperties` beside `patternProperties`). With `bound_unevaluated`, the backend's
     schema holds `unevaluated*: false` to what may be evaluated (`_bound_unevaluated`)."""
@@ -285,7 +298,8 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
         return None
     out = copy.deepcopy(schema)
     originals = _originals(out, schema)
-    placed, holders = _placements(out, one_of)
+    take = TakeOut(one_of, every_count)
+    placed, holders = _placements(out, take)
     if not placed:
         return None
     patterns: set[str] = set()
@@ -304,10 +318,10 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
                    if bound_unevaluated and node.get(key) is False]
     refs = [(n, n["$ref"], resolve_ref(out, n["$ref"])) for _, key, n in walk_with_refs(out)
             if key == "$ref" and isinstance(n["$ref"], str)]
-    _take_out_all(holders, one_of, schema)
+    _take_out_all(holders, take, schema)
     _keep_targets(out, refs)
     bounded = {id(originals[id(node)]): key for node, key in unevaluated
-               if _bound_unevaluated(node, key, schema, originals[id(node)], one_of, originals)}
+               if _bound_unevaluated(node, key, schema, originals[id(node)], take, originals)}
     # (names are judged as keys are written only where the backend offers the declared ones alone: every byte of
     # a free key would be put to the check)
     named = {i for i, key in bounded.items() if key == "unevaluatedProperties"}
@@ -337,23 +351,23 @@ def _keep_targets(root: dict, refs: list[tuple[dict, str, Any]]) -> None:
         holder["$ref"] = f"#/$defs/{moved[id(target)]}"
 
 
-def _take_out_all(nodes: list[dict], one_of: bool, root: Any) -> None:
+def _take_out_all(nodes: list[dict], take: TakeOut, root: Any) -> None:
     """`nodes` (of the backend's schema) without their late keywords, in place (`_take_out_late_keys`); first, where
-    `one_of`, each `oneOf`'s types narrowed (`_narrow_to_one_of_types`), judged on its branches as the client wrote
+    `take.one_of`, each `oneOf`'s types narrowed (`_narrow_to_one_of_types`), judged on its branches as the client wrote
     them (`root`: the client's schema, for their references): a branch whose `not` was taken out takes more."""
-    if one_of:
+    if take.one_of:
         for node in nodes:
-            if "oneOf" in late_keys(node, one_of):
+            if "oneOf" in late_keys(node, take):
                 _narrow_to_one_of_types(node, root)
     for node in nodes:
-        _take_out_late_keys(node, one_of)
+        _take_out_late_keys(node, take)
 
 
-def _take_out_late_keys(node: dict, one_of: bool) -> None:
+def _take_out_late_keys(node: dict, take: TakeOut) -> None:
     """`node` (of the backend's schema) without its late keywords, in place: dropped, exclusive ends widened,
-    `oneOf` as `anyOf` when `one_of`."""
-    for key in late_keys(node, one_of):
-        if key == "minProperties" and _backend_counts_pairs(node):
+    `oneOf` as `anyOf` when `take.one_of`."""
+    for key in late_keys(node, take):
+        if key == "minProperties" and not take.every_count and _backend_counts_pairs(node):
             continue  # (checked late, and left to the backend, whose completions then write enough keys)
         if key in ("exclusiveMinimum", "exclusiveMaximum"):
             _widen(node, key)
@@ -418,21 +432,21 @@ def _takes_every(branch: Any, kind: str, root: Any, depth: int = 0) -> bool:
 _MAX_REF_DEPTH = 8  # references `_takes_every` follows from one branch
 
 
-def late_keys(node: dict, one_of: bool) -> list[str]:
+def late_keys(node: dict, take: TakeOut) -> list[str]:
     """The keywords of the schema object `node` that a plan takes out of what the backend compiles: `DROPPED`
     (`uniqueItems` only when true), a format of `LATE_FORMATS`, min/maxProperties beside optional declared
     properties (llguidance counts keys only when all are required), minProperties where keys may repeat, and
-    `oneOf` when `one_of`."""
+    what `take` names."""
     out = [k for k in node if k in DROPPED and (k != "uniqueItems" or node[k] is True)]
     out += misread_bounds(node)
     if node.get("format") in LATE_FORMATS:
         out.append("format")
     props, required = node.get("properties"), node.get("required")
-    if isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ()):
+    if take.every_count or isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ()):
         out += [k for k in ("minProperties", "maxProperties") if k in node]
     elif _counts_repeatable_keys(node):
         out.append("minProperties")
-    if one_of and "oneOf" in node:
+    if take.one_of and "oneOf" in node:
         out.append("oneOf")
     return out
 
@@ -527,7 +541,7 @@ def _widen(node: dict, key: str) -> None:
         node[inclusive] = value
 
 
-def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
+def _placements(root: dict, take: TakeOut) -> tuple[dict[int, dict], list[dict]]:
     """The governed nodes (id() -> node): for each late keyword on each way the output can reach it, the node
     holding it when that is exactly placed, else the nearest exactly placed node around it unless one around it
     is governed already; and the nodes holding late keywords the output can reach. None governed past
@@ -550,7 +564,7 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
         seen.add(state)
         if len(seen) > _MAX_VISITS:
             return {}, []
-        if late_keys(n, one_of):
+        if late_keys(n, take):
             holders[id(n)] = n
             if known or not covered:
                 governed[id(anchor)] = anchor  # (an exactly placed one is checked itself, inside another: sooner)
@@ -582,7 +596,7 @@ def _placements(root: dict, one_of: bool) -> tuple[dict[int, dict], list[dict]]:
 _MAX_EVALUATED_NAMES = 64  # names `_bound_unevaluated` declares (llguidance lays out each optional property)
 
 
-def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bool,
+def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, take: TakeOut,
                        originals: dict[int, Any]) -> bool:
     """`unevaluatedProperties: false` (`unevaluatedItems: false`) of `source`, taken out of `node` (its copy in the
     backend's schema), is checked on the finished value; the backend left every other key open, and an answer wrote
@@ -613,7 +627,7 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
         props = node.get("properties", {})
         if len(declared) > _MAX_EVALUATED_NAMES or not isinstance(props, dict):
             return False
-        extra = {name: _for_backend(next(iter(subs.values())), one_of, root, originals) if len(subs) == 1 else {}
+        extra = {name: _for_backend(next(iter(subs.values())), take, root, originals) if len(subs) == 1 else {}
                  for name, subs in declared.items() if name not in props}
         node["properties"] = {**props, **extra}
         node["additionalProperties"] = False
@@ -633,7 +647,7 @@ def _bound_unevaluated(node: dict, key: str, root: Any, source: dict, one_of: bo
     own = node.get(prefix_key, [])
     if not isinstance(own, list):
         return False
-    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), one_of, root, originals)
+    node[prefix_key] = own + [_for_backend(next(iter(subs.values())), take, root, originals)
                               if len(subs) == 1 else {} for subs in places[len(own):]]
     if not node[prefix_key]:
         del node[prefix_key]
@@ -648,13 +662,13 @@ def _json_key(schema: Any) -> str:
     return json.dumps(schema, sort_keys=True)
 
 
-def _for_backend(schema: Any, one_of: bool, root: Any, originals: dict[int, Any]) -> Any:
+def _for_backend(schema: Any, take: TakeOut, root: Any, originals: dict[int, Any]) -> Any:
     """A copy of the client's subschema `schema` (of `root`) with its late keywords taken out (`_take_out_all`); its
     nodes join `originals` (the checks look up the client's node of each they meet: a `KeyError` on a copy was a
     500, QA fuzz F1)."""
     out = copy.deepcopy(schema)
     originals.update(_originals(out, schema))
-    _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), one_of, root)
+    _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), take, root)
     return out
 
 

@@ -98,6 +98,11 @@ CASES = [  # (schema, accepted, refused): the refused ones are what anyOf alone 
 ]
 
 
+# a count in an allOf/anyOf member, beside optional properties another node declares
+COUNT_IN_ALL_OF = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "allOf": [{"maxProperties": 1}]}
+COUNT_IN_ANY_OF = {"type": "object", "properties": {"a": {"type": "integer"}},
+                   "anyOf": [{"minProperties": 2}, {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
 EIGHT_KEYS = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefgh"}, "minProperties": 2,
               "maxProperties": 3, "additionalProperties": False}
 LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backend's expresses, and no rewrite
@@ -130,6 +135,10 @@ LATE_CASES = [  # (schema, accepted, refused): keywords no grammar of the backen
     ({"type": "object", "allOf": [{"$ref": "#/$defs/a"}], "additionalProperties": {"type": "integer"},
       "$defs": {"a": {"not": {"patternProperties": {"a": {"type": "integer", "maximum": 0}}}}}},
      ['{"ab": 1}', '{"ab": 1, "a": -1}'], ['{"ab": -1}', '{"b": 1}', '{}']),
+    # a count in one allOf/anyOf member beside optional properties another node declares: llguidance judges the
+    # object they make up, and refused the schema, strict or not (QA fuzz F5)
+    (COUNT_IN_ALL_OF, ['{"a": 1}', '{}', '{"b": 2}'], ['{"a": 1, "b": 2}', '{"a": 1, "c": 2}']),
+    (COUNT_IN_ANY_OF, ['{"a": 1, "c": 2}', '{"b": 2}', '{"a": 1, "b": "x"}'], ['{"a": 1}', '{}', '{"c": 1}']),
     # minProperties where keys may repeat: the backend counts pairs, and {"": 1, "": 2} is one property
     (_object({"type": "object", "minProperties": 2}), ['{"v": {"a": 1, "b": 2}}', '{"v": {"": 1, "a": 1}}'],
      ['{"v": {"a": 1, "a": 2}}', '{"v": {"": 1, "": 2}}', '{"v": {"a": 1}}']),
@@ -256,6 +265,17 @@ def test_random_walks_end_in_documents_valid_against_keywords_checked_late(schem
     goes on instead). `contains` is left out: random tokens seldom write the value it asks for, and the budget
     rule's closing does not know of it."""
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=3) >= 15
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("schema", [COUNT_IN_ALL_OF, COUNT_IN_ANY_OF])
+def test_a_count_beside_optional_properties_of_another_member_is_checked_strict_or_not(schema, strict, gpt2_compiler,
+                                                                                      vocabs):
+    """llguidance refused such a count whether the schema was strict or not (a 400 without a pointer); every
+    count is now taken out for it and checked late, and answers end valid."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict))
+    assert isinstance(g, LateGrammar) and g.unenforced == ()
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=5) >= 15
 
 
 @pytest.mark.parametrize("schema", [
