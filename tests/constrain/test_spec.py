@@ -1045,6 +1045,11 @@ def _compiled(compiler, schema, strict=True):
     # Siblings whose type shares none with the reference's would accept nothing: dropped, as the draft says.
     ({"$schema": DRAFT7, "type": "object", "properties": {"s": {"$ref": "#/definitions/o", "type": "string"}},
       "required": ["s"], "definitions": {"o": {"type": "object"}}}, [{"s": "x"}], [{"s": {}}]),
+    # ... and a $ref elsewhere into them still names what it did (a 400 "Pointer ... does not exist": fuzz F2b)
+    ({"$schema": DRAFT7, "type": "object", "properties": {
+        "x": {"$ref": "#/definitions/o", "type": "string", "properties": {"k": {"type": "integer"}}},
+        "y": {"$ref": "#/properties/x/properties/k"}}, "required": ["y"], "definitions": {"o": {"type": "object"}}},
+     [{"y": "a"}, {"x": "s", "y": 1}], [{"y": 1}, {"x": {"k": "k"}, "y": 2}]),
 ])
 def test_keywords_beside_a_ref_in_drafts_4_to_7_are_applied_as_ajv_applies_them(gpt2_compiler, tokenizers,
                                                                                   vocabs, schema, refused, accepted):
