@@ -103,30 +103,40 @@ def _stretch_as_text(tokenizer, text: str, first: bool) -> list[int]:
 
 
 def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int) -> list[Prompt]:
-    """One `Prompt` per prompt in the request, in order."""
+    """One `Prompt` per prompt in the request, in order. An empty text is read as OpenAI reads it, as the start
+    of a document: the model's BOS token, or its `<|endoftext|>` (EOS) where it has none (it was a 400)."""
+    listed = False  # (a list of prompts: errors name the one at fault)
     if isinstance(prompt, str):
         items: list = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
         items = [list(prompt)]
     else:
-        items = list(prompt)
+        items, listed = list(prompt), True
     out = []
-    for item in items:
+    for i, item in enumerate(items):
+        param = f"prompt[{i}]" if listed else "prompt"
         if isinstance(item, str):
-            ids = encode_prompt(tokenizer, item, context_length, add_special_tokens=True)
+            ids = encode_prompt(tokenizer, item, context_length, add_special_tokens=True) or _document_start(tokenizer)
             if not ids:
-                raise invalid("`prompt` must not be empty", "prompt")
+                raise invalid("`prompt` must not be empty: the model has no BOS or EOS token to start from", param)
             out.append(Prompt(ids, item))
         else:
             bad = [t for t in item if t >= vocab_limit]
             if bad:
                 raise invalid(f"token id {bad[0]} in `prompt` is out of range: the vocabulary has "
-                              f"{vocab_limit} tokens", "prompt")
+                              f"{vocab_limit} tokens", param)
             # (a prompt past the context is refused (`fit_max_tokens`) without its text: decoding 2 million ids
             # held the interpreter for 2 s)
             text = tokenizer.decode(item, skip_special_tokens=False) if len(item) <= context_length else ""
             out.append(Prompt(list(item), text))
     return out
+
+
+def _document_start(tokenizer) -> list[int]:
+    """The token a model's documents start with: its BOS, else its EOS, which GPT-style models also put between
+    documents (none where the tokenizer names neither)."""
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return [start] if start is not None else []
 
 
 def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, context_length: int,

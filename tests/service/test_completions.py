@@ -44,6 +44,29 @@ def test_each_prompt_in_a_list_is_answered_as_if_alone(client):
     assert both.usage.prompt_tokens == 3 + alone.usage.prompt_tokens
 
 
+def test_an_empty_prompt_starts_a_document_as_openai_reads_it(http):
+    """OpenAI reads an empty prompt as `<|endoftext|>`, the start of a document: the built-in model (Qwen2, no BOS)
+    starts from its EOS. It was a 400, alone, in a list, or echoed."""
+    body = {"model": MODEL, "prompt": "", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["usage"]["prompt_tokens"], out["usage"]["completion_tokens"]) == (1, 3)
+    text = out["choices"][0]["text"]
+    assert http.post("/v1/completions", json={**body, "prompt": [151643]}).json()["choices"][0]["text"] == text
+    listed = http.post("/v1/completions", json={**body, "prompt": ["a", ""]}).json()["choices"]
+    assert [c["index"] for c in listed] == [0, 1] and listed[1]["text"] == text
+    assert http.post("/v1/completions", json={**body, "echo": True}).json()["choices"][0]["text"] == text
+
+
+@pytest.mark.parametrize("prompt, param", [([[785], [785, 10**9]], "prompt[1]"), ([785, 10**9], "prompt")])
+def test_a_token_id_out_of_range_names_the_prompt_of_a_list_it_is_in(http, prompt, param):
+    """`param` names a list item in brackets, as OpenAI's errors do (it named `prompt`, whichever was at fault)."""
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert "out of range" in r.json()["error"]["message"]
+
+
 def test_echo_returns_prompt_then_completion(client):
     plain = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0)
     echoed = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0, echo=True)
