@@ -97,20 +97,13 @@ class ToolCall(BaseModel):
 
 
 class ContentPart(BaseModel):
+    """A text part (or an assistant's `refusal` part, which OpenAI allows): `ChatMessage._content_shape` refuses
+    every other kind, each with its reason."""
+
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
-    refusal: str | None = None  # a `refusal` part, which OpenAI allows in an assistant's content
-
-    @model_validator(mode="after")
-    def _text_only(self) -> "ContentPart":
-        if self.type in ("image_url", "input_image", "image"):
-            raise ValueError("this model does not accept images")
-        if self.type in ("input_audio", "audio", "file"):
-            raise ValueError(f"content parts of type {self.type!r} are not supported: send text")
-        if not (self.type == "text" and self.text is not None or self.type == "refusal" and self.refusal is not None):
-            raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {self.type!r}")
-        return self
+    refusal: str | None = None
 
 
 class ChatMessage(BaseModel):
@@ -136,6 +129,8 @@ class ChatMessage(BaseModel):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("image_url", "input_image", "image"):
                 raise ValueError("this model does not accept images")
+            if kind in ("input_audio", "audio", "file"):
+                raise ValueError(f"content parts of type {kind!r} are not supported: send text")
             if kind == "refusal" and isinstance(part.get("refusal"), str):
                 continue  # (an assistant's; `_content_present` checks the role)
             if kind != "text" or not isinstance(part.get("text"), str):

@@ -187,10 +187,15 @@ def test_tool_calls_on_a_message_other_than_an_assistants_are_a_400(http):
     _assert_error(r, 400, "messages[0].function_call")
 
 
-def test_image_content_is_refused_for_a_text_model(http):
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
-    assert "this model does not accept images" in _assert_error(r, 400)["message"]
+@pytest.mark.parametrize("part, says", [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "this model does not accept images"),
+    # (their own sentence was never reached: the generic "content parts must be ..." came first, QA client F3)
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "'input_audio' are not supported"),
+    ({"type": "file", "file": {"file_id": "f"}}, "'file' are not supported"),
+])
+def test_content_a_text_model_cannot_read_is_refused_saying_why(http, part, says):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [part]}]})
+    assert says in _assert_error(r, 400, "messages[0].content")["message"]
 
 
 @pytest.mark.parametrize("tool_choice", [{"type": "function"}, {"type": "function", "function": "f"},
