@@ -440,10 +440,12 @@ def _unevaluated_as_additional(schema: dict) -> dict:
     no other name (`_applying_with`). It then means `additionalProperties: U` on the node with every such name and
     pattern declared there (as `{}`, which asserts nothing); and nothing at all when one of them has
     `additionalProperties` (which evaluates every other property) or its own `unevaluatedProperties`. Not where a
-    `$ref` points at or into the keyword. A copy where one changes; `schema` itself otherwise."""
+    `$ref` points at or into the keyword, nor where some `$ref` is read against another base than the root (a
+    nested `$id`: `resolve_ref` reads it from the root, where a definition of the same name declared more names,
+    QA review F2). A copy where one changes; `schema` itself otherwise."""
     if "unevaluatedProperties" not in validator_class(schema).VALIDATORS:
         return schema  # (drafts 4-7: an unknown keyword, which asserts nothing; left as it is)
-    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)):
+    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)) or not references_followable(schema):
         return schema
     root = copy.deepcopy(schema)
     changed = False

@@ -15,7 +15,7 @@ import pytest
 from constrain.formats import DURATION, HOSTNAME, NATIVE_FORMAT_PATTERNS
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import bounds_on_members, rewrite_schema, validator_class
-from constrain.spec import normalise_schema
+from constrain.spec import normalise_schema, spec_from_request
 from constrain.walkbench import decode, random_walk
 from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
@@ -712,6 +712,25 @@ def test_a_required_property_whose_reference_accepts_nothing_makes_its_object_im
 ])
 def test_unevaluated_properties_whose_meaning_depends_on_the_value_or_the_draft_is_left_alone(schema):
     assert rewrite_schema(schema) is schema
+
+
+def test_unevaluated_properties_under_a_nested_id_is_not_read_against_the_root(gpt2_compiler, tokenizers, vocabs):
+    """Inside `inner` (its own `$id`), `#/$defs/names` is inner's `names`, which declares `a` alone: the rewrite read
+    the root's, which declares `b` too, and `{"z": {"b": 1}}` was taken (QA review F2). Such a schema is now left
+    as it is: refused at the keyword when strict, named unenforced otherwise."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "http://ex.com/root.json",
+              "type": "object", "properties": {"z": {"$ref": "#/$defs/inner"}},
+              "$defs": {"inner": {"$id": "http://ex.com/inner.json", "$ref": "#/$defs/names",
+                                  "unevaluatedProperties": False, "$defs": {"names": {"properties": {"a": {}}}}},
+                        "names": {"properties": {"a": {}, "b": {}}}}}
+    assert rewrite_schema(schema) is schema
+    response_format = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(spec_from_request(response_format=response_format))
+    assert refused.value.pointer == "/$defs/inner/unevaluatedProperties"
+    response_format["json_schema"]["strict"] = False
+    g = gpt2_compiler.compile(spec_from_request(response_format=response_format))
+    assert g.unenforced == ("/$defs/inner/unevaluatedProperties",)
 
 
 def test_walks_end_where_unevaluated_properties_beside_a_conditional_required_became_additional(gpt2_compiler,
