@@ -682,7 +682,10 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
     node = _finite(node, ptr, ctx, refs)
     if not isinstance(node, dict):
         return node
-    node = _discriminated_conditionals(node, ctx)  # (before its members' own rewrite: `_conditional`)
+    targets = [r for ref in refs if (r := unquote(ref)).startswith("#" + ptr + "/")]
+    merged = _discriminated_conditionals(node, ctx)  # (before its members' own rewrite: `_conditional`)
+    if not (targets and _moves_targets(node, merged, ptr, targets)):  # (QA review F1: `#/allOf/1` read `{}`)
+        node = merged
     # children first
     for key, value in list(node.items()):
         kp = f"{ptr}/{escape_pointer_part(key)}"
@@ -700,7 +703,6 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     ctx.here = ptr
-    targets = [r for ref in refs if (r := unquote(ref)).startswith("#" + ptr + "/")]
     for step in (_impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of,
                  _conditional, _unique_items, _contains, _property_names, _patterns_as_properties, _dependencies,
                  _properties_count, _pattern_properties, _declared_out_of_patterns, _all_of_patterns):

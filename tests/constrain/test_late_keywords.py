@@ -1042,7 +1042,12 @@ def test_no_comma_where_the_names_left_in_the_backends_order_cannot_be_evaluated
     ({"$schema": D2020, "type": "object", "properties": {"a": {"type": "integer"}, "m": {
         "$ref": "#/unevaluatedProperties"}}, "unevaluatedProperties": {"type": "string"}}, {"a": 1, "m": "x", "z": "s"},
      {"a": 1, "m": "x", "z": 3}),
-], ids=["oneOf", "then", "not", "unevaluated"])
+    # (conditionals merged on one discriminator left `{}` in the member a `$ref` named: QA review F1)
+    ({"type": "object", "properties": {"k": {"type": "string"}, "other": {"$ref": "#/allOf/1"}},
+      "allOf": [{"if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["x"]}},
+                {"if": {"properties": {"k": {"const": "b"}}}, "then": {"required": ["y"]}}]},
+     {"k": "c", "other": {"y": 1, "k": "b"}}, {"k": "c", "other": {"k": "b"}}),
+], ids=["oneOf", "then", "not", "unevaluated", "merged-conditionals"])
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_reference_into_a_rewritten_or_late_keyword_still_finds_its_subschema(gpt2_compiler, tokenizers, vocabs,
                                                                                  schema, valid, invalid, strict):
