@@ -675,7 +675,8 @@ def _for_backend(schema: Any, take: TakeOut, root: Any, originals: dict[int, Any
 def _in_place(root: Any, node: dict) -> list[dict] | None:
     """`node` and the subschemas that apply to the same value with it, each once: through `allOf`, local `$ref`s
     and the alternatives (`anyOf`, `oneOf`, `if`/`then`/`else`, `dependentSchemas`: `alternatives_of`), recursively
-    (not `not`: what it evaluates never counts), in the order they are written. None where one cannot be followed
+    (not `not` nor `dependencies`: what they evaluate never counts; the latter's names were offered, then refused
+    at `}`, QA review F3), in the order they are written. None where one cannot be followed
     (a `$ref` out of reach, `$dynamicRef`)."""
     from constrain.rewrite import alternatives_of
 
@@ -694,7 +695,7 @@ def _in_place(root: Any, node: dict) -> list[dict] | None:
             if target is None:
                 return None
             queue.append(target)
-        alternatives = alternatives_of(n)
+        alternatives = alternatives_of(n, dependencies=False)
         if alternatives is None or not isinstance(n.get("allOf", []), list):
             return None
         queue.extend(n.get("allOf", []) + alternatives)
@@ -853,11 +854,10 @@ def _evaluated_names(root: Any, node: dict) -> EvaluatedNames | None:
                           triggers))
         if "else" in n:
             stack.append((n["else"], here + _may_still_fail(condition), path, triggers))
-        for k in ("dependentSchemas", "dependencies"):
-            if k in n:
-                if not isinstance(n[k], dict):
-                    return None
-                stack.extend((v, here, path, triggers + (t,)) for t, v in n[k].items() if not isinstance(v, list))
+        if "dependentSchemas" in n:  # (not `dependencies`, whose names a 2019-09 validator never counts: `_in_place`)
+            if not isinstance(n["dependentSchemas"], dict):
+                return None
+            stack.extend((v, here, path, triggers + (t,)) for t, v in n["dependentSchemas"].items())
     conditions: dict[str, Any] = {name: [] for name in order}  # (in the backend's order)
     for n, guards, triggers in found:
         for name in n["properties"] if "properties" in n else ():

@@ -534,9 +534,10 @@ def _applying_with(root: dict, node: dict) -> list[dict] | None:
     return out if all(_evaluates_within(root, a, names, set()) for a in alternatives) else None
 
 
-def alternatives_of(n: dict) -> list[Any] | None:
+def alternatives_of(n: dict, dependencies: bool = True) -> list[Any] | None:
     """The subschemas of `n` that apply depending on the value (`anyOf`, `oneOf`, `if`/`then`/`else`,
-    `dependentSchemas`); None where one is malformed."""
+    `dependentSchemas`, and `dependencies` unless not `dependencies`: a 2019-09 validator applies it, as drafts 4-7
+    do, but counts no property it evaluates); None where one is malformed."""
     out: list[Any] = []
     for k in ("anyOf", "oneOf"):
         if k in n:
@@ -544,7 +545,7 @@ def alternatives_of(n: dict) -> list[Any] | None:
                 return None
             out += n[k]
     out += [n[k] for k in ("if", "then", "else") if k in n]
-    for k in ("dependentSchemas", "dependencies"):
+    for k in ("dependentSchemas", "dependencies") if dependencies else ("dependentSchemas",):
         if k in n:
             if not isinstance(n[k], dict):
                 return None

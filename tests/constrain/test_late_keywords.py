@@ -1015,6 +1015,20 @@ BILLING = {"$schema": D2020, "type": "object", "properties": {"card": {"type": "
            "unevaluatedProperties": False}
 
 
+def test_names_dependencies_declares_count_as_evaluated_in_no_2019_draft(gpt2_compiler, tokenizers, vocabs):
+    """A 2019-09 validator applies `dependencies` (as drafts 4-7 read it) but counts no name it evaluates: `x` was
+    offered after `"t": 1`, and refused at `}`; the budget rule then wrote digits to max_tokens (QA review F3)."""
+    schema = {"$schema": D2020, "type": "object", "properties": {"t": {"type": "integer"}}, "required": ["t"],
+              "dependencies": {"t": {"properties": {"x": {"type": "integer"}}}}, "unevaluatedProperties": False}
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    g = _compile(gpt2_compiler, schema)
+    m = g.matcher()
+    bitmask = _write_vetted(m, tok, vocab, '{"t": 1')
+    comma = tok.convert_tokens_to_ids(",")
+    assert comma not in allowed_ids(bitmask) or m.vet(comma, None) != comma
+    assert accepts_document(g, tok, vocab, {"t": 1}) and not accepts_document(g, tok, vocab, {"t": 1, "x": 2})
+
+
 @pytest.mark.parametrize("schema, written", [
     (OWNED_PETS, '{"owner": "", "petType": "dog", "good": true'),  # (only the lizard's `scales` comes after `good`)
     (BILLING, '{"name": "x"'),  # (`billing` only after its trigger `card`, which comes before `name`)
