@@ -90,8 +90,8 @@ from constrain.formats import LIBRARY_FORMATS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
-from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, map_subschemas, recursive_targets,
-                               references_followable, resolve_ref, unescape_pointer_part, walk)
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, map_subschemas,
+                               recursive_targets, references_followable, resolve_ref, unescape_pointer_part, walk)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -399,24 +399,30 @@ def bounds_on_members(schema: Any) -> Any:
     integer end lies less than 1 from its other end (constrain/late_keywords.py `misread_bounds`, which then has
     the number checked as it is finished), and that check reads one object: `maximum: 1.5` beside `not: {const:
     1}` (rewritten to `anyOf: [{exclusiveMaximum: 1}, {exclusiveMinimum: 1}]`) let `1` through. A copy where one
-    changes; draft 4's boolean exclusive bounds are left alone."""
+    changes; draft 4's boolean exclusive bounds are left alone. A `$ref` to (or into) a member that changed names
+    the member as written, kept under `$defs` (`keep_ref_targets`): it took the bounds of a place it is not in,
+    and refused valid values (QA review F4)."""
     if not isinstance(schema, dict) or not any(key in _LOWER_BOUNDS + _UPPER_BOUNDS for _, key, _ in walk(schema)):
         return schema
     root = json.loads(json.dumps(schema))  # (a tree: the rewrites share subschemas, which deepcopy would keep)
-    changed = False
-    for _, key, node in walk(root):  # (parents before members: what a member receives it passes on)
+    changed: list[str] = []  # (the pointers of the members that took bounds)
+    for ptr, key, node in walk(root):  # (parents before members: what a member receives it passes on)
         members = node[key] if key in ("allOf", "anyOf", "oneOf") and isinstance(node[key], list) else []
-        members = [m for m in members if isinstance(m, dict) and "$ref" not in m]
-        bounds = _plain_bounds([node] + members if key == "allOf" else [node])
+        members = [(i, m) for i, m in enumerate(members) if isinstance(m, dict) and "$ref" not in m]
+        bounds = _plain_bounds([node] + [m for _, m in members] if key == "allOf" else [node])
         if bounds is None:
             continue
-        for member in members:
+        for i, member in members:
             for k, v in bounds.items():
                 merged = (max if k in _LOWER_BOUNDS else min)(member[k], v) if k in member else v
                 if member.get(k) != merged:
                     member[k] = merged
-                    changed = True
-    return root if changed else schema
+                    changed.append(f"{ptr}/{i}")
+    if not changed:
+        return schema
+    keep_ref_targets(schema, root, lambda ref: any(_targeted(p, [ref]) for p in changed),
+                     lambda target: json.loads(json.dumps(target)))
+    return root
 
 
 def _plain_bounds(nodes: list[dict]) -> dict | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import re
@@ -26,7 +25,8 @@ from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, 
 from constrain.regex_sets import longest_literal, python_only_syntax
 from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
 from constrain.support import (ANNOTATIONS, ASSERTIONS, escape_pointer_part, gives_another_base, map_subschemas,
-                               pointer_child, references_followable, resolve_ref, walk, walk_with_refs)
+                               keep_ref_targets, pointer_child, references_followable, resolve_ref, walk,
+                               walk_with_refs)
 
 log = logging.getLogger(__name__)
 
@@ -249,33 +249,18 @@ def _ref_siblings(schema: Any) -> Any:
 
 def _dropped_targets_kept(before: dict, after: Any, rewrite: Any) -> Any:
     """`after` (`before` with the siblings of some `$ref`s dropped), where a local `$ref` named a subschema among
-    those siblings (the draft ignores them as assertions, but a pointer into them still names them): that
-    subschema (`rewrite` of it) under `definitions/structgen-kept-N`, and the `$ref` pointing there. It was a 400,
-    `Pointer '/properties/x/properties/k' does not exist`, for a schema valid in its draft (fuzz F2b)."""
-    def dangling(ref: Any) -> bool:
-        return (isinstance(ref, str) and ref.startswith("#/") and resolve_ref(after, ref) is None
-                and resolve_ref(before, ref) is not None)
+    those siblings (the draft ignores them as assertions, but a pointer into them still names them): the
+    reference names `rewrite` of it, kept under `$defs` (`keep_ref_targets`). It was a 400, `Pointer
+    '/properties/x/properties/k' does not exist`, for a schema valid in its draft (fuzz F2b)."""
+    def dangling(ref: str) -> bool:
+        return resolve_ref(after, ref) is None and resolve_ref(before, ref) is not None
 
-    if not isinstance(after, dict) or not any(k == "$ref" and dangling(n[k]) for _, k, n in walk_with_refs(after)):
+    if not isinstance(after, dict) or not any(k == "$ref" and isinstance(n[k], str) and n[k].startswith("#/")
+                                              and dangling(n[k]) for _, k, n in walk_with_refs(after)):
         return after
-    after = copy.deepcopy(after)  # (it may share nodes with the client's schema, which is never modified)
-    kept: dict[str, str] = {}
-    holders = [n for _, key, n in walk_with_refs(after) if key == "$ref"]
-    while holders:
-        holder = holders.pop()
-        ref = holder["$ref"]
-        if not dangling(ref):
-            continue
-        if ref not in kept:
-            defs = after.setdefault("definitions", {})
-            if not isinstance(defs, dict):
-                return after
-            name = next(f"structgen-kept-{i}" for i in itertools.count() if f"structgen-kept-{i}" not in defs)
-            defs[name] = moved = rewrite(resolve_ref(before, ref))
-            kept[ref] = f"#/definitions/{name}"
-            holders += [n for _, key, n in walk(moved) if key == "$ref"]
-        holder["$ref"] = kept[ref]
-    return after
+    out = copy.deepcopy(after)  # (it may share nodes with the client's schema, which is never modified)
+    keep_ref_targets(before, out, dangling, rewrite)
+    return out
 
 
 def _recursive(root: dict, ref: str) -> bool:

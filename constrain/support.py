@@ -6,7 +6,8 @@ first unenforceable keyword and to name the unenforced pointers of non-strict on
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import itertools
+from typing import Any, Callable, Iterator
 from urllib.parse import unquote
 
 # Keywords that constrain nothing (annotations) or that every backend handles structurally.
@@ -118,6 +119,32 @@ def walk_with_refs(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict
             if isinstance(target, dict) and id(target) not in reached:
                 reached.add(id(target))
                 work.append((target, base + unquote(ref[1:])))
+
+
+def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
+                     copy_of: Callable[[Any], Any]) -> None:
+    """Each local `$ref` of `after` (a rewrite of `before`, with the same references) that names a place `stale`
+    says no longer holds what `before` holds there (a keyword a rewrite dropped, a member it tightened) points
+    instead at `copy_of` what `before` holds there, under `$defs/structgen-kept-N` of `after` (in place; nothing
+    where `after` has a `$defs` that is not an object). A pointer names a place in the document, whatever the
+    rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else."""
+    kept: dict[str, str] = {}
+    holders = [n for _, key, n in walk_with_refs(after) if key == "$ref" and isinstance(n[key], str)]
+    while holders:
+        holder = holders.pop()
+        ref = holder["$ref"]
+        if ref in kept.values() or not ref.startswith("#/") or not stale(ref):
+            continue
+        if ref not in kept:
+            target = resolve_ref(before, ref)
+            defs = after.setdefault("$defs", {})
+            if target is None or not isinstance(defs, dict):
+                continue
+            name = next(f"structgen-kept-{i}" for i in itertools.count() if f"structgen-kept-{i}" not in defs)
+            defs[name] = moved = copy_of(target)
+            kept[ref] = f"#/$defs/{name}"
+            holders += [n for _, key, n in walk(moved) if key == "$ref" and isinstance(n[key], str)]
+        holder["$ref"] = kept[ref]
 
 
 def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:

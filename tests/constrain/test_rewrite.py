@@ -894,6 +894,22 @@ def test_bounds_shared_with_members_keep_the_same_instances(schema):
     assert [v for v in values if before.is_valid(v) != after.is_valid(v)] == []
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"minimum": 5, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                                      "b": {"$ref": "#/properties/a/anyOf/0"}}},
+    {"type": "object", "properties": {"a": {"allOf": [{"minimum": 5}, {"type": "integer", "maximum": 9}]},
+                                      "b": {"$ref": "#/properties/a/allOf/1"}}},
+])
+def test_a_reference_to_a_member_that_took_bounds_still_names_it_as_written(schema):
+    """The member a `$ref` names took the bounds of the place it sits in, which the reference is not: `{"b": 3}`
+    was refused (QA review F4)."""
+    shared = bounds_on_members(schema)
+    assert shared != schema
+    before, after = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(shared)
+    values = [{k: v} for k in "ab" for v in [*range(0, 12), "s", 2.5]]
+    assert [v for v in values if before.is_valid(v) != after.is_valid(v)] == []
+
+
 def test_bounds_shared_with_members_reach_no_other_place_of_a_shared_subschema():
     """The rewrites reuse subschema objects (overlapping patternProperties regions share their schemas): a bound
     given to one member must not appear where the same object also sits."""
