@@ -422,6 +422,15 @@ class GrammarCompiler:
                 found = self._planned(spec, backend, one_of=False)  # (None: not checkable; the backend counts)
             except ConstraintError:
                 found = None  # the backend refuses more: the refusal path below plans for it too
+            if found is not None and any(p.rsplit("/", 1)[-1] == "oneOf" for p in found[1].unenforced):
+                # (not strict: a oneOf the backend left out is checked too, as `_late_if_stronger` has it; QA
+                # review F6)
+                try:
+                    stronger = self._planned(spec, backend, one_of=True)
+                except ConstraintError:
+                    stronger = None
+                if stronger is not None and len(stronger[1].unenforced) < len(found[1].unenforced):
+                    found = stronger
             if found is not None:
                 self._remember_plan(spec.key, found[0])
                 return LateGrammar(found[1], found[0], self.vocab)

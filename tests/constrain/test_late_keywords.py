@@ -652,6 +652,24 @@ def test_an_interval_split_between_a_node_and_its_members_never_takes_its_exclud
     assert [v for v in inside if not _accepts(g, tok, vocab, '{"x": %s}' % v)] == []
 
 
+def test_a_one_of_beside_a_misread_interval_is_checked_when_the_schema_is_not_strict(gpt2_compiler, tokenizers,
+                                                                                      vocabs):
+    """The misread interval takes the late path from the start; that path took the first plan the backend
+    compiled, which, not strict, left the `oneOf` (kept whole by the `$ref` into it) unenforced: `"ab"`, valid in
+    both branches, was taken (QA review F6). The plan that checks it is taken, as for any schema not strict."""
+    schema = {"$schema": D2020, "type": "object",
+              "properties": {"n": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
+                             "o": {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]},
+                             "r": {"$ref": "#/properties/o/oneOf/1"}}, "required": ["n", "o"],
+              "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False))
+    assert g.unenforced == ()
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert accepts_document(g, tok, vocab, {"n": 0.1, "o": "abc"})
+    assert not accepts_document(g, tok, vocab, {"n": 0.1, "o": "ab"})
+    assert not accepts_document(g, tok, vocab, {"n": 0, "o": "abc"})
+
+
 def test_intervals_llguidance_reads_right_keep_to_the_backend():
     """Only the misread intervals take the late path: `gt=0, le=100` (pydantic's everyday bounds) does not, nor
     `(1e15, 1e15 + 1)`, whose ends the backend's rewrite leaves alone (taken, its upper end ran to max_tokens:
