@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
@@ -51,7 +52,8 @@ from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_len
 from constrain.pattern_dialects import portable_pattern, python_pattern, schema_patterns, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.regex_sets import repeat_product
-from constrain.support import client_pointer, outlines_unsupported, pointer_child, resolve_ref
+from constrain.support import (client_pointer, outlines_unsupported, pointer_child, resolve_ref, unescape_pointer_part,
+                               walk)
 from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
                              MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
                              hermes_regex, text_may_not_start)
@@ -936,7 +938,27 @@ def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
     if source is None:
         return pointer, False
     mapped = client_pointer(source, pointer)
-    return mapped, mapped != pointer
+    if mapped == pointer:
+        return pointer, False
+    written = _written_as_it_is(source, spec.schema, pointer, mapped)
+    return (written, False) if written else (mapped, True)
+
+
+def _written_as_it_is(source: Any, compiled: Any, pointer: str, mapped: str) -> str | None:
+    """The one place below `mapped` in the client's schema `source` holding the keyword that `pointer` names in the
+    `compiled` schema, with the same value: a `pattern` in a `then` that the rewrite of `if`/`then` moved into a
+    branch it built was named at `/`, the subschema around it (None: no such place, or more than one)."""
+    node = compiled
+    for segment in pointer.split("/")[1:]:
+        found, node = pointer_child(node, segment)
+        if not found:
+            return None
+    below = source
+    for segment in mapped.split("/")[1:] if mapped != "/" else ():
+        below = pointer_child(below, segment)[1]
+    name = unescape_pointer_part(pointer.rpartition("/")[2])
+    places = [p for p, k, n in walk(below, mapped if mapped != "/" else "") if k == name and n[k] == node]
+    return places[0] if len(places) == 1 else None
 
 
 def _outlines_refusal(spec: ConstraintSpec, bad: list[str]) -> ConstraintError:

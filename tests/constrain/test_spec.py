@@ -378,6 +378,18 @@ def test_references_that_only_refer_to_one_another_are_refused_naming_one(schema
     assert "never reaches a schema" in exc.value.message
 
 
+def test_a_refused_pattern_a_rewrite_moved_is_named_where_the_client_wrote_it(gpt2_compiler):
+    """`if`/`then` is rewritten into branches before compiling: a pattern llguidance cannot read in the `then` was
+    named at `/`, the subschema the rewrite replaced."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+              "if": {"required": ["a"]}, "then": {"properties": {"b": {"type": "string", "pattern": "(?<=a)b"}}}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": True}}))
+    assert exc.value.pointer == "/then/properties/b/pattern" and exc.value.pointer in exc.value.message
+    assert "equivalent form" not in exc.value.message
+
+
 @pytest.mark.parametrize("schema, pointer", [
     ({"$defs": {"x": {"if": {"$ref": "#/$defs/x"}, "then": {"type": "integer"}}}, "$ref": "#/$defs/x"},
      "/$defs/x"),
