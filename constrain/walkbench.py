@@ -113,9 +113,17 @@ def _exact_multiple_of(validator, divisor, instance, schema):
         yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
 
 
-def _python_reads(parse):
+# RFC 3339's full-time and date-time (section 5.6): an offset is required, which Python's `fromisoformat` does not ask
+# (QA realschemas: the oracle took `2020-01-01T00:00:00`, which the grammars rightly refuse).
+_RFC3339_TIME = r"\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})"
+_RFC3339 = {"time": re.compile(_RFC3339_TIME), "date-time": re.compile(r"\d{4}-\d{2}-\d{2}T" + _RFC3339_TIME)}
+
+
+def _python_reads(parse, rfc3339: re.Pattern):
     def check(instance: object) -> bool:
         if isinstance(instance, str):
+            if not rfc3339.fullmatch(instance):
+                raise ValueError(f"{instance!r} is not RFC 3339")
             parse(instance)
         return True
     return check
@@ -123,16 +131,16 @@ def _python_reads(parse):
 
 def validator_for(schema):
     """jsonschema's validator for `schema` as the product means it (constrain.rewrite.validator_class: its draft,
-    `dependencies` in every draft), with the draft's format checker, `time` and `date-time` read as Python's
-    datetime reads them (what constrain/formats.py promises; jsonschema checks them only with rfc3339-validator),
+    `dependencies` in every draft), with the draft's format checker, `time` and `date-time` RFC 3339 that Python's
+    datetime reads (what constrain/formats.py promises; jsonschema checks them only with rfc3339-validator),
     and `multipleOf` in decimal."""
     from constrain.rewrite import validator_class
 
     cls = jsonschema.validators.extend(validator_class(schema), {"multipleOf": _exact_multiple_of})
     formats = jsonschema.FormatChecker()
     formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
-    formats.checks("time", raises=ValueError)(_python_reads(datetime.time.fromisoformat))
-    formats.checks("date-time", raises=ValueError)(_python_reads(datetime.datetime.fromisoformat))
+    formats.checks("time", raises=ValueError)(_python_reads(datetime.time.fromisoformat, _RFC3339["time"]))
+    formats.checks("date-time", raises=ValueError)(_python_reads(datetime.datetime.fromisoformat, _RFC3339["date-time"]))
     return cls(schema, format_checker=formats)
 
 
