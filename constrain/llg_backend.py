@@ -1335,7 +1335,7 @@ def _refusal(message: str, msgs, schema, base_pointer: str, param: str,
             message = f"{message} (at {pointer})"
         break
     if pointer is None and "Unsatisfiable schema" in text and isinstance(schema, dict):
-        pointer = _crossed_bounds(schema, base_pointer, text)
+        pointer = _crossed_bounds(schema, base_pointer, text) or _unsatisfiable_property(schema, base_pointer, text)
         message = f"{message} (at {pointer})" if pointer is not None else message
     return ConstraintError(message, param=param, pointer=pointer, code=code)
 
@@ -1367,6 +1367,19 @@ def _crossed_bounds(schema: dict, base_pointer: str, text: str) -> str | None:
                 found.append((named is None or named.groups() != (low, high),
                               under is not None and under not in ptr, ptr.count("/"), ptr))
     return min(found)[-1] if found else None
+
+
+def _unsatisfiable_property(schema: dict, base_pointer: str, text: str) -> str | None:
+    """For llguidance's "required property 'a' is unsatisfiable" (an `allOf` of types that share none, an `enum`
+    beside a `const` it lacks), the pointer of the one subschema the schema declares `a` with (None where it
+    declares it more than once, or nowhere): the 400 named no place."""
+    required = _REQUIRED_UNSATISFIABLE.search(text)
+    if required is None:
+        return None
+    name = required.group(1)
+    places = [f"{ptr}/{escape_pointer_part(name)}" for ptr, key, node in walk(schema, base_pointer)
+              if key == "properties" and isinstance(node[key], dict) and name in node[key]]
+    return places[0] if len(places) == 1 else None
 
 
 def _has_siblings(schema, ref_pointer: str, base_pointer: str) -> bool:
