@@ -765,10 +765,11 @@ def _without_type(node: dict, kind: str, ctx: _Ctx) -> Any:
 
 
 def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
-    """An array no item count meets for `contains`: C accepts nothing (`false`, or what rewrites to it) while at
-    least one item must hold it (`minContains` absent or above 0), `minContains` above `maxContains`, or above
-    `maxItems`. The node keeps its other types, or is `false`: compiled, every answer opened an array it could
-    never close and ran to max_tokens, where the README promises such a schema a 400 (QA testsuite2 F4)."""
+    """An array no item count meets for `contains`: C accepts nothing that an item may be (`false`, what rewrites
+    to it, or no type the node's `items`/`prefixItems` allow) while at least one item must hold it (`minContains`
+    absent or above 0), `minContains` above `maxContains`, or above `maxItems`. The node keeps its other types, or
+    is `false`: compiled, every answer opened an array it could never close and ran to max_tokens, where the
+    README promises such a schema a 400 (QA testsuite2 F4)."""
     if "contains" not in node or "contains" not in ctx.validator.VALIDATORS:  # (draft 4: no keyword)
         return node
     # (2019-09 on, the drafts with `unevaluatedProperties`; before, the two are unknown keywords, and jsonschema
@@ -782,9 +783,24 @@ def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
     least, most, longest = count("minContains", 1), count("maxContains", None), node.get("maxItems")
     if least is None:
         return node
-    unmet = (node["contains"] is False and least > 0) or (most is not None and least > most) \
+    wanted = ctx.types(node["contains"])
+    unmet = (least > 0 and not any(ctx.types(item) & wanted for item in _item_schemas(node, ctx))) \
+        or (most is not None and least > most) \
         or (isinstance(longest, int) and not isinstance(longest, bool) and least > longest)
     return _without_type(node, "array", ctx) if unmet else node
+
+
+def _item_schemas(node: dict, ctx: _Ctx) -> list[Any]:
+    """The schemas `node`'s own keywords hold its items to: each place of the prefix (`prefixItems`; `items` as a
+    list before 2020-12), and what comes after (`items`, `additionalItems`; absent, `true`). Others (an `allOf`'s)
+    only narrow them further."""
+    if "prefixItems" in ctx.validator.VALIDATORS:
+        prefix, rest = node.get("prefixItems", []), node.get("items", True)
+    elif isinstance(node.get("items"), list):
+        prefix, rest = node["items"], node.get("additionalItems", True)
+    else:
+        prefix, rest = [], node.get("items", True)
+    return [*prefix, rest] if isinstance(prefix, list) else [True]
 
 
 def _add_all_of(node: dict, sub: Any) -> None:

@@ -326,6 +326,11 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
     {"type": "array", "contains": {}, "minContains": 3, "maxContains": 2},
     {"type": "array", "contains": {"type": "integer"}, "minContains": 2, "maxItems": 1},
     {"type": "array", "contains": {}, "maxItems": 0},
+    # no item may be what `contains` asks (they were compiled: answers ran to max_tokens)
+    {"type": "array", "contains": {"const": 1}, "items": {"type": "string"}},
+    {"type": "array", "contains": {"type": "integer"}, "items": False},
+    {"type": "array", "contains": {"type": "null"}, "prefixItems": [{"type": "string"}], "items": {"enum": [1, "a"]}},
+    {"$schema": D7, "type": "array", "contains": {"const": 1}, "items": [{"type": "string"}], "additionalItems": False},
 ])
 def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
     """Compiled, every answer opened an array it could never close (QA testsuite2 F4); `false` is a 400. Beside
@@ -334,6 +339,10 @@ def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
     out = rewrite_schema({**schema, "type": ["array", "string"]})
     assert out["type"] == ["string"] and _same({**schema, "type": ["array", "string"]}, out)
     assert rewrite_schema({"type": "array", "contains": False, "minContains": 0}) is not False
+    for some_item_may in ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}},
+                          {"$schema": D7, "items": [{"type": "string"}], "additionalItems": {"type": "number"}},
+                          {"items": {"anyOf": [{"type": "string"}, {"const": 1}]}}):
+        assert rewrite_schema({"type": "array", "contains": {"const": 1}, **some_item_may}) is not False
     draft7 = {"$schema": D7, "type": "array", "contains": {}, "minContains": 3, "maxContains": 2}
     assert rewrite_schema(draft7) is not False
     draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "contains": False}  # (no keyword there)
