@@ -715,7 +715,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                  _properties_count, _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
         before = node
         node = step(node, ctx)
-        if node is not before and targets and _moves_targets(before, node, ptr, targets):
+        moved = node is not before and targets and _moves_targets(before, node, ptr, targets)
+        if moved and (ptr or node is not False):  # (the whole schema as `false` leaves no reference to follow)
             node = before  # (a `$ref` points into what the step rewrote: `#/then/properties/n`, QA testsuite2 F1)
         if not isinstance(node, dict):
             break

@@ -331,6 +331,8 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
     {"type": "array", "contains": {"type": "integer"}, "items": False},
     {"type": "array", "contains": {"type": "null"}, "prefixItems": [{"type": "string"}], "items": {"enum": [1, "a"]}},
     {"$schema": D7, "type": "array", "contains": {"const": 1}, "items": [{"type": "string"}], "additionalItems": False},
+    # (the root's definitions, which the reference names, go with it)
+    {"type": "array", "contains": {"$ref": "#/$defs/n"}, "items": {"type": "string"}, "$defs": {"n": {"type": "null"}}},
 ])
 def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
     """Compiled, every answer opened an array it could never close (QA testsuite2 F4); `false` is a 400. Beside
