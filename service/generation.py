@@ -430,7 +430,7 @@ class Generation:
         prompts = await self._off_loop(completion_prompts, req.prompt, self.loaded.tokenizer, self.vocab_limit,
                                        self.loaded.context_length)
         for prompt in prompts:
-            self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
+            self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS, prompt.param)
         spec, grammar = await self._compile(req)
         want_logprobs = req.logprobs is not None
         return self._plan(req, prompts, spec, grammar, headers, default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -439,14 +439,16 @@ class Generation:
                           prompt_logprobs=(req.logprobs or 0) if (want_logprobs and req.echo) else None,
                           prefix="cmpl")
 
-    def _fit(self, req: SamplingFields, prompt_len: int, default_max: int | None) -> int:
-        """`fit_max_tokens` for this request, its errors naming the fields it sent. `min_tokens` past the limit
-        so found (sent, the endpoint's default or the context's room) is a 400, as vLLM answers."""
+    def _fit(self, req: SamplingFields, prompt_len: int, default_max: int | None, prompt_param: str = "prompt") -> int:
+        """`fit_max_tokens` for this request, its errors naming the fields it sent (`prompt_param`: the prompt of
+        a completions request, `prompt[1]` in a list). `min_tokens` past the limit so found (sent, the endpoint's
+        default or the context's room) is a 400, as vLLM answers."""
         chat_messages = isinstance(req, ChatCompletionRequest) and req.messages is not None
         sent = getattr(req, req.tokens_field)
         limit = fit_max_tokens(prompt_len, sent, default_max, self.loaded.context_length,
                                req.context_length_exceeded_behavior or "truncate",
-                               prompt_param="messages" if chat_messages else "prompt", tokens_param=req.tokens_field,
+                               prompt_param="messages" if chat_messages else prompt_param,
+                               tokens_param=req.tokens_field,
                                what=_prompt_made_of(req) if chat_messages else None)
         if req.min_tokens and req.min_tokens > limit:
             source = (f"`{req.tokens_field}`" if limit == sent else

@@ -16,6 +16,7 @@ from service.errors import APIError, invalid
 class Prompt:
     ids: list[int]
     text: str  # for `echo`
+    param: str = "prompt"  # what errors about it name: `prompt[1]` in a list of prompts
 
 
 _COUNT_PIECE_CHARS = 1 << 16  # the pieces a long text is counted in (`encode_prompt`)
@@ -116,10 +117,11 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
     for i, item in enumerate(items):
         param = f"prompt[{i}]" if listed else "prompt"
         if isinstance(item, str):
-            ids = encode_prompt(tokenizer, item, context_length, add_special_tokens=True) or _document_start(tokenizer)
+            ids = (encode_prompt(tokenizer, item, context_length, add_special_tokens=True, param=param)
+                   or _document_start(tokenizer))
             if not ids:
                 raise invalid("`prompt` must not be empty: the model has no BOS or EOS token to start from", param)
-            out.append(Prompt(ids, item))
+            out.append(Prompt(ids, item, param))
         else:
             bad = [t for t in item if t >= vocab_limit]
             if bad:
@@ -128,7 +130,7 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
             # (a prompt past the context is refused (`fit_max_tokens`) without its text: decoding 2 million ids
             # held the interpreter for 2 s)
             text = tokenizer.decode(item, skip_special_tokens=False) if len(item) <= context_length else ""
-            out.append(Prompt(list(item), text))
+            out.append(Prompt(list(item), text, param))
     return out
 
 
@@ -173,4 +175,4 @@ def _context_words(context_length: int) -> str:
 
 
 def _prompt_words(param: str) -> str:
-    return "messages" if param == "messages" else "prompt"
+    return "messages" if param == "messages" else "prompt"  # (`prompt[1]` too: "the prompt")

@@ -59,12 +59,19 @@ def test_an_empty_prompt_starts_a_document_as_openai_reads_it(http):
     assert http.post("/v1/completions", json={**body, "echo": True}).json()["choices"][0]["text"] == text
 
 
-@pytest.mark.parametrize("prompt, param", [([[785], [785, 10**9]], "prompt[1]"), ([785, 10**9], "prompt")])
-def test_a_token_id_out_of_range_names_the_prompt_of_a_list_it_is_in(http, prompt, param):
+@pytest.mark.parametrize("prompt, param, says", [
+    ([[785], [785, 10**9]], "prompt[1]", "out of range"), ([785, 10**9], "prompt", "out of range"),
+    # past the context: as ids, and as a text long enough to be counted in pieces
+    ([[785], [785] * 5000], "prompt[1]", "maximum context length"),
+    (["a", "word " * 25_000], "prompt[1]", "maximum context length"),
+    ("word " * 25_000, "prompt", "maximum context length"),
+])
+def test_an_error_about_one_prompt_of_a_list_names_it(http, prompt, param, says):
     """`param` names a list item in brackets, as OpenAI's errors do (it named `prompt`, whichever was at fault)."""
-    r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1,
+                                           "context_length_exceeded_behavior": "error"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
-    assert "out of range" in r.json()["error"]["message"]
+    assert says in r.json()["error"]["message"]
 
 
 def test_echo_returns_prompt_then_completion(client):
