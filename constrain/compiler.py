@@ -44,8 +44,8 @@ from constrain.distinct_keys import (DistinctKeysGrammar, comma_key_index, expon
 from constrain.either import EitherGrammar
 from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
-from constrain.late_keywords import (COUNT_REFUSAL, ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan, late_from_the_start,
-                                     plan_late_keywords, token_sets)
+from constrain.late_keywords import (COUNT_REFUSAL, ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan,
+                                     late_from_the_start, plan_late_keywords, token_sets)
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex

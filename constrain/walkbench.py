@@ -139,8 +139,8 @@ def validator_for(schema):
     cls = jsonschema.validators.extend(validator_class(schema), {"multipleOf": _exact_multiple_of})
     formats = jsonschema.FormatChecker()
     formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
-    formats.checks("time", raises=ValueError)(_python_reads(datetime.time.fromisoformat, _RFC3339["time"]))
-    formats.checks("date-time", raises=ValueError)(_python_reads(datetime.datetime.fromisoformat, _RFC3339["date-time"]))
+    for name, parse in (("time", datetime.time.fromisoformat), ("date-time", datetime.datetime.fromisoformat)):
+        formats.checks(name, raises=ValueError)(_python_reads(parse, _RFC3339[name]))
     return cls(schema, format_checker=formats)
 
 
