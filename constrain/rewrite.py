@@ -90,8 +90,9 @@ from constrain.formats import LIBRARY_FORMATS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
-from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, map_subschemas,
-                               recursive_targets, references_followable, resolve_ref, unescape_pointer_part, walk)
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, keep_ref_targets,
+                               map_subschemas, recursive_targets, references_followable, resolve_ref,
+                               unescape_pointer_part, walk)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -446,12 +447,14 @@ def _unevaluated_as_additional(schema: dict) -> dict:
     no other name (`_applying_with`). It then means `additionalProperties: U` on the node with every such name and
     pattern declared there (as `{}`, which asserts nothing); and nothing at all when one of them has
     `additionalProperties` (which evaluates every other property) or its own `unevaluatedProperties`. Not where a
-    `$ref` points at or into the keyword, nor where some `$ref` is read against another base than the root (a
-    nested `$id`: `resolve_ref` reads it from the root, where a definition of the same name declared more names,
-    QA review F2). A copy where one changes; `schema` itself otherwise."""
+    `$ref` points at or into the keyword, nor in a schema with a nested `$id` (the `$ref`s inside it are read
+    against another base, where `resolve_ref` reads the root: a definition of the same name there declared more
+    names, QA review F2; a `$ref` it cannot follow, an `$anchor`'s, leaves its holder as it is). A copy where one
+    changes; `schema` itself otherwise."""
     if "unevaluatedProperties" not in validator_class(schema).VALIDATORS:
         return schema  # (drafts 4-7: an unknown keyword, which asserts nothing; left as it is)
-    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)) or not references_followable(schema):
+    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)) \
+            or any(gives_another_base(ptr, key, n) for ptr, key, n in walk(schema)):
         return schema
     root = copy.deepcopy(schema)
     changed = False

@@ -127,24 +127,29 @@ def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
     says no longer holds what `before` holds there (a keyword a rewrite dropped, a member it tightened) points
     instead at `copy_of` what `before` holds there, under `$defs/structgen-kept-N` of `after` (in place; nothing
     where `after` has a `$defs` that is not an object). A pointer names a place in the document, whatever the
-    rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else."""
-    kept: dict[str, str] = {}
+    rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else. Only
+    for a schema whose references all read against the root (`references_followable`): under a nested `$id`,
+    `#/$defs/structgen-kept-N` names another place, and a copy moved out of one reads its references anew."""
+    if not references_followable(before):
+        return
+    kept: dict[str, str] = {}  # (by the place a reference names: `#/a%20b` and `#/a b` share one copy)
     holders = [n for _, key, n in walk_with_refs(after) if key == "$ref" and isinstance(n[key], str)]
     while holders:
         holder = holders.pop()
         ref = holder["$ref"]
         if ref in kept.values() or not ref.startswith("#/") or not stale(ref):
             continue
-        if ref not in kept:
+        place = unquote(ref)
+        if place not in kept:
             target = resolve_ref(before, ref)
             defs = after.setdefault("$defs", {})
             if target is None or not isinstance(defs, dict):
                 continue
             name = next(f"structgen-kept-{i}" for i in itertools.count() if f"structgen-kept-{i}" not in defs)
             defs[name] = moved = copy_of(target)
-            kept[ref] = f"#/$defs/{name}"
+            kept[place] = f"#/$defs/{name}"
             holders += [n for _, key, n in walk(moved) if key == "$ref" and isinstance(n[key], str)]
-        holder["$ref"] = kept[ref]
+        holder["$ref"] = kept[place]
 
 
 def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:
