@@ -938,10 +938,7 @@ def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
     if source is None:
         return pointer, False
     mapped = client_pointer(source, pointer)
-    if mapped == pointer:
-        return pointer, False
-    written = _written_as_it_is(source, spec.schema, pointer, mapped)
-    return (written, False) if written else (mapped, True)
+    return mapped, mapped != pointer
 
 
 def _written_as_it_is(source: Any, compiled: Any, pointer: str, mapped: str) -> str | None:
@@ -1026,6 +1023,10 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
     if not exc.pointer:
         return exc
     pointer, rewritten = _client_pointer(spec, exc.pointer)
+    source = spec.extra.get("source")
+    if rewritten and spec.kind != "tools" and source is not None:  # (an error, once: not each request's pointers)
+        written = _written_as_it_is(source, spec.schema, exc.pointer, pointer)
+        pointer, rewritten = (written, False) if written else (pointer, True)
     if pointer == exc.pointer:
         return exc
     message = exc.message.replace(exc.pointer, pointer, 1)
