@@ -211,7 +211,19 @@ class _Ctx:
         return not any(_has_key(schema, k) for k in _UNDECIDABLE_KEYS)
 
     # ---- what a schema can accept, over-approximated ---------------------------------------------------------
-    def types(self, s: Any, depth: int = 0) -> frozenset:
+    def types(self, s: Any, depth: int = 0, seen: dict[int, tuple[Any, frozenset]] | None = None) -> frozenset:
+        """The JSON types `s` may accept (over-approximated). Each subschema is judged once a call (`seen`): a
+        chain of definitions, each an `anyOf` of references to the next, took exponential time (QA review3 F1: 22
+        s for 1.5 KB, under `contains`)."""
+        if seen is None:
+            seen = {}
+        if id(s) in seen and seen[id(s)][0] is s:
+            return seen[id(s)][1]
+        out = self._types(s, depth, seen)
+        seen[id(s)] = (s, out)
+        return out
+
+    def _types(self, s: Any, depth: int, seen: dict[int, tuple[Any, frozenset]]) -> frozenset:
         if s is True or depth > 20:
             return _ALL_TYPES
         if s is False:
@@ -238,14 +250,14 @@ class _Ctx:
         if "$ref" in s:
             target = self.resolve(s["$ref"])
             if target is not None:
-                out &= self.types(target, depth + 1)
+                out &= self.types(target, depth + 1, seen)
         for m in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
-            out &= self.types(m, depth + 1)
+            out &= self.types(m, depth + 1, seen)
         for key in ("anyOf", "oneOf"):
             if isinstance(s.get(key), list):
                 u = set()
                 for m in s[key]:
-                    u |= self.types(m, depth + 1)
+                    u |= self.types(m, depth + 1, seen)
                 out &= u
         return frozenset(out)
 
