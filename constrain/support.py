@@ -127,10 +127,10 @@ def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
     says no longer holds what `before` holds there (a keyword a rewrite dropped, a member it tightened) points
     instead at `copy_of` what `before` holds there, under `$defs/structgen-kept-N` of `after` (in place; nothing
     where `after` has a `$defs` that is not an object). A pointer names a place in the document, whatever the
-    rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else. Only
-    for a schema whose references all read against the root (`references_followable`): under a nested `$id`,
-    `#/$defs/structgen-kept-N` names another place, and a copy moved out of one reads its references anew."""
-    if not references_followable(before):
+    rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else. Not
+    in a schema with a nested `$id`: under one, `#/$defs/structgen-kept-N` names another place, and a copy moved
+    out of one reads its references anew (a reference that is no pointer, an `$anchor`'s, is left as it is)."""
+    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk(before)):
         return
     kept: dict[str, str] = {}  # (by the place a reference names: `#/a%20b` and `#/a b` share one copy)
     holders = [n for _, key, n in walk_with_refs(after) if key == "$ref" and isinstance(n[key], str)]
