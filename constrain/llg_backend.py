@@ -1371,14 +1371,17 @@ def _crossed_bounds(schema: dict, base_pointer: str, text: str) -> str | None:
 
 def _unsatisfiable_property(schema: dict, base_pointer: str, text: str) -> str | None:
     """For llguidance's "required property 'a' is unsatisfiable" (an `allOf` of types that share none, an `enum`
-    beside a `const` it lacks), the pointer of the one subschema the schema declares `a` with (None where it
-    declares it more than once, or nowhere): the 400 named no place."""
+    beside a `const` it lacks), the pointer of `a`'s declaration beside the one `required` that lists it and
+    declares it (None where there are more, or none: `a` may fall to `additionalProperties` instead): the 400
+    named no place."""
     required = _REQUIRED_UNSATISFIABLE.search(text)
     if required is None:
         return None
     name = required.group(1)
-    places = [f"{ptr}/{escape_pointer_part(name)}" for ptr, key, node in walk(schema, base_pointer)
-              if key == "properties" and isinstance(node[key], dict) and name in node[key]]
+    places = [f"{ptr.rsplit('/', 1)[0]}/properties/{escape_pointer_part(name)}"
+              for ptr, key, node in walk(schema, base_pointer)
+              if key == "required" and isinstance(node[key], list) and name in node[key]
+              and isinstance(node.get("properties"), dict) and name in node["properties"]]
     return places[0] if len(places) == 1 else None
 
 
