@@ -936,6 +936,27 @@ def test_references_spelled_two_ways_to_a_member_that_took_bounds_share_one_copy
     shared = bounds_on_members(schema)
     assert shared["$defs"] == {"structgen-kept-0": {"type": "integer"}}
     assert shared["properties"]["b"] == shared["properties"]["c"] == {"$ref": "#/$defs/structgen-kept-0"}
+    # (a reference that is no pointer elsewhere, an `$anchor`'s, is left as it is, and the others still kept:
+    # QA review3 F2)
+    anchored = {**schema, "properties": {**schema["properties"], "n": {"$ref": "#num"}},
+                "$defs": {"num": {"$anchor": "num", "type": "integer"}}}
+    shared = bounds_on_members(anchored)
+    assert shared["properties"]["b"] == {"$ref": "#/$defs/structgen-kept-0"} and shared["properties"]["n"] == {
+        "$ref": "#num"}
+
+
+def test_the_types_of_a_chain_of_unions_of_references_are_judged_once_a_subschema(monkeypatch):
+    """Each `$defs` an `anyOf` of 6 references to the next, 10 deep: `contains` judged every path, 6**10 (22 s for
+    1.5 KB, holding the interpreter; QA review3 F1)."""
+    from constrain import rewrite
+
+    calls = []
+    real = rewrite._Ctx._types
+    monkeypatch.setattr(rewrite._Ctx, "_types", lambda self, *args: calls.append(1) or real(self, *args))
+    defs = {f"t{i}": {"anyOf": [{"$ref": f"#/$defs/t{i + 1}"} for _ in range(6)]} for i in range(10)}
+    schema = {"type": "array", "contains": {"$ref": "#/$defs/t0"}, "$defs": {**defs, "t10": {"type": "string"}}}
+    rewrite_schema(schema)
+    assert 0 < len(calls) < 2_000
 
 
 @pytest.mark.parametrize("schema, valid, invalid", [

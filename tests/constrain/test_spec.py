@@ -1062,6 +1062,12 @@ def _compiled(compiler, schema, strict=True):
         "x": {"$ref": "#/definitions/o", "type": "string", "properties": {"k": {"type": "integer"}}},
         "y": {"$ref": "#/properties/x/properties/k"}}, "required": ["y"], "definitions": {"o": {"type": "object"}}},
      [{"y": "a"}, {"x": "s", "y": 1}], [{"y": 1}, {"x": {"k": "k"}, "y": 2}]),
+    # (so it does beside a reference to a plain-name `$id`, which moves no base: QA review3 F2)
+    ({"$schema": DRAFT7, "type": "object", "properties": {
+        "x": {"$ref": "#/definitions/o", "type": "string", "properties": {"k": {"type": "integer"}}},
+        "y": {"$ref": "#/properties/x/properties/k"}, "n": {"$ref": "#num"}}, "required": ["y"],
+      "definitions": {"o": {"type": "object"}, "num": {"$id": "#num", "type": "integer"}}},
+     [{"y": "a"}, {"y": 1, "n": "s"}], [{"y": 1}, {"y": 1, "n": 2}]),
 ])
 def test_keywords_beside_a_ref_in_drafts_4_to_7_are_applied_as_ajv_applies_them(gpt2_compiler, tokenizers,
                                                                                   vocabs, schema, refused, accepted):
@@ -1165,7 +1171,10 @@ def test_a_unicode_property_other_than_a_category_is_named_as_one_that_cannot_be
      "/properties/a"),
     ({"type": "object", "properties": {"a": {"enum": [1, 2], "const": 3}}, "required": ["a"]}, "/properties/a"),
     ({"type": "object", "properties": {"a": {"type": "object", "properties": {"a": {"type": "string"}}}},
-      "allOf": [{"properties": {"a": {"type": "integer"}}}], "required": ["a"]}, None)])
+      "allOf": [{"properties": {"a": {"type": "integer"}}}], "required": ["a"]}, "/properties/a"),
+    # (`a` falls to additionalProperties: not the `a` another object declares, QA review3 F3)
+    ({"type": "object", "required": ["a"], "additionalProperties": {"allOf": [{"type": "string"}, {"type": "integer"}]},
+      "properties": {"o": {"type": "object", "properties": {"a": {"type": "string"}}}}}, None)])
 def test_bounds_no_value_meets_are_a_400_naming_the_lower_one(gpt2_compiler, schema, pointer):
     """llguidance's "Unsatisfiable schema: minimum (5) is greater than maximum (3)" named no place (nor, for a
     required property, which bounds: "required property 'x' is unsatisfiable"); where outlines could be tried
