@@ -544,13 +544,13 @@ class Engine:
         return host.to(self.device, non_blocking=True), empty
 
     def _ends_banned(self, bitmask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows, columns) of the end tokens `min_tokens` bans this step in constrained rows (`_fill_rows` decides
-        which), or None. Banned after the logprobs, as the bias bans them in rows free of a constraint: clearing
+        """(rows, columns) of the end tokens `min_tokens` (or `ignore_eos`: `Sequence.ends_to_ban`) bans this step in
+        constrained rows (`_fill_rows` decides which), or None. Banned after the logprobs, as the bias bans them in rows free of a constraint: clearing
         them in the mask reported a token forced (logprob 0) where the model gave it -1.08."""
         if bitmask is None:
             return None
         pairs = [(row, token) for row, seq in enumerate(self.seqs)
-                 if seq.matcher is not None and seq.ends_banned for token in seq.eos_ids if token < self.width]
+                 if seq.matcher is not None and seq.ends_banned for token in seq.ends_to_ban if token < self.width]
         if not pairs:
             return None
         rows, cols = zip(*pairs)
@@ -595,9 +595,10 @@ class Engine:
                 _grammar_failed(seq, exc)
                 bitmask[row].fill_(-1)
                 continue
-            # (`min_tokens`: the end tokens are banned after the logprobs, `_ends_banned`; in rows free of a
-            # constraint by the bias, `_build_sampling_batch`)
-            seq.ends_banned = seq.may_not_end_yet and allows_other_than(bitmask[row], seq.eos_ids)
+            # (`min_tokens`, `ignore_eos`: the end tokens are banned after the logprobs, `_ends_banned`; in rows
+            # free of a constraint by the bias, `_build_sampling_batch`, or left out of `eos_ids`)
+            ends = seq.ends_to_ban
+            seq.ends_banned = bool(ends) and allows_other_than(bitmask[row], ends)
 
     def _sampling_batch(self) -> SamplingBatch:
         """Per-row settings as device tensors; rebuilt only when the batch's rows change (mirostat mu: each step)."""

@@ -65,7 +65,7 @@ class Sequence:
     error: str | None = None
     error_code: ErrorCode | None = None
     sent_first: bool = False
-    ends_banned: bool = False  # this step's mask row allows other tokens than the end ones, which `min_tokens` bans
+    ends_banned: bool = False  # this step's mask row allows other tokens than `ends_to_ban`, which are banned
     grammar_error: str | None = None  # the matcher raised: this choice ends with an error, the batch goes on
     grammar_error_code: ErrorCode = "internal"  # "constraint_too_complex": the matcher gave up (a work limit)
     # With reasoning tags: "before" (the model may open the block), "inside", "done" (the answer). Without: "done".
@@ -104,6 +104,18 @@ class Sequence:
         document may end (elsewhere the grammar's token is written: a document or a call is never cut there)."""
         return token in self.eos_ids and (self.matcher is None or token not in self.params.stop_token_ids
                                           or self.matcher.can_end())
+
+    @property
+    def ends_to_ban(self) -> frozenset[int]:
+        """Under a constraint, the end tokens banned this step wherever the grammar allows another token: every one
+        until `min_tokens`; past it, with `ignore_eos`, the model's EOS ids (not `stop_token_ids`), so the answer
+        goes on while its document may (unconstrained, `ignore_eos` leaves them out of `eos_ids`; under a
+        constraint it did nothing: QA tokenizers F2)."""
+        if self.may_not_end_yet:
+            return self.eos_ids
+        if self.params.ignore_eos and self.matcher is not None:
+            return self.eos_ids - frozenset(self.params.stop_token_ids)
+        return frozenset()
 
     @property
     def may_not_end_yet(self) -> bool:

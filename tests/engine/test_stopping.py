@@ -121,6 +121,25 @@ def test_min_tokens_bans_the_end_under_a_constraint_that_leaves_other_tokens(eng
     assert eos not in out[0].tokens[:6] and out[0].last.finish_reason == "stop"
 
 
+def test_ignore_eos_under_a_constraint_goes_on_while_the_grammar_allows_another_token(engine, builtin):
+    """`ignore_eos` did nothing under a constraint (QA tokenizers F2): the EOS ids are now banned wherever the
+    grammar allows another token, as `min_tokens` bans them, and the answer ends where its document must (or at
+    max_tokens)."""
+    eos = min(builtin.eos_token_ids)
+    bias = {e: 100.0 for e in builtin.eos_token_ids}
+    free = _grammar(builtin, regex="[a-z]{1,200}")
+    (goes_on,) = run_all(engine, request("r", PROMPT, grammar=free, temperature=0.0, max_tokens=8, ignore_eos=True,
+                                         logit_bias=bias))
+    assert len(goes_on[0].tokens) == 8 and not set(goes_on[0].tokens) & builtin.eos_token_ids
+    assert goes_on[0].last.finish_reason == "stop"  # (a document complete at max_tokens ended with its grammar)
+    (ends,) = run_all(engine, request("e", PROMPT, grammar=free, temperature=0.0, max_tokens=8, logit_bias=bias))
+    assert ends[0].last.finish_reason == "stop" and ends[0].tokens[-1] == eos and len(ends[0].tokens) <= 2
+    closed = _grammar(builtin, choice=["yes", "no"])
+    (whole,) = run_all(engine, request("c", PROMPT, grammar=closed, temperature=0.0, max_tokens=10, ignore_eos=True,
+                                       logit_bias=bias))
+    assert whole[0].last.finish_reason == "stop" and whole[0].text in ("yes", "no")
+
+
 def test_min_tokens_under_a_constraint_leaves_the_logprobs_as_the_model_gave_them(engine, builtin):
     """Logprobs are the distribution after the grammar's mask, before logit bias: under a constraint `min_tokens`
     cleared the end tokens in the mask, so after `a` of `["a", "ab"]` the `b` was reported forced (logprob 0,
