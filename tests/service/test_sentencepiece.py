@@ -45,6 +45,20 @@ def test_echoed_offsets_follow_the_prompt_text(phi3):
     assert offsets[:4] == [0, 0, 5, 11] and all(offset < len(choice["text"]) for offset in offsets)
 
 
+@pytest.mark.parametrize("prompt", [" x", "  leading spaces", "   x  y", "hello world", "a  b "])
+def test_echoed_offsets_are_where_the_tokenizer_puts_each_token(phi3, tiny_model_dirs, prompt):
+    """The tokenizer's own `offset_mapping` is the measure. A prompt starting with spaces gets SentencePiece's
+    dummy prefix too (`" x"`: `▁`, `▁x`): its first piece's spaces were all taken as the text's, and every offset
+    after it was one character late (QA tokenizers F1)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dirs["phi3"]))
+    starts = [start for start, _ in tokenizer(prompt, return_offsets_mapping=True)["offset_mapping"]]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}
+    choice = phi3.post("/v1/completions", json=body).json()["choices"][0]
+    assert choice["text"] == prompt and choice["logprobs"]["text_offset"] == starts
+
+
 @pytest.mark.parametrize("prompt", ["", "<|endoftext|>", [1]])
 def test_after_a_prompt_with_no_text_the_tokens_listed_spell_the_output(phi3, prompt):
     """The tokenizer's decode drops the `▁` of the output's first piece where nothing came before it (`alcuni`),
