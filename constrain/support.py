@@ -142,8 +142,8 @@ def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
         place = unquote(ref)
         if place not in kept:
             target = resolve_ref(before, ref)
-            defs = after.setdefault("$defs", {})
-            if target is None or not isinstance(defs, dict):
+            defs = after.setdefault("$defs", {}) if target is not None else None
+            if not isinstance(defs, dict):
                 continue
             name = next(f"structgen-kept-{i}" for i in itertools.count() if f"structgen-kept-{i}" not in defs)
             defs[name] = moved = copy_of(target)
