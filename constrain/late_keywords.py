@@ -288,8 +288,8 @@ class TakeOut:
 
 def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True,
                        every_count: bool = False) -> LatePlan | None:
-    """The plan for `schema`'s late keywords (`late_keys`, `TakeOut(one_of, every_count)`); None when it has none, or
-    when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
+    """The plan for `schema`'s late keywords (`late_keys`, `TakeOut(one_of, every_count)`); None when it has none,
+    or when a value could not be checked exactly (references the checks cannot follow, a pattern out of the
     automata's reach, `unevaluatedProperties` beside `patternProperties`). With `bound_unevaluated`, the backend's
     schema holds `unevaluated*: false` to what may be evaluated (`_bound_unevaluated`)."""
     from constrain.rewrite import validator_class
@@ -353,8 +353,8 @@ def _keep_targets(root: dict, refs: list[tuple[dict, str, Any]]) -> None:
 
 def _take_out_all(nodes: list[dict], take: TakeOut, root: Any) -> None:
     """`nodes` (of the backend's schema) without their late keywords, in place (`_take_out_late_keys`); first, where
-    `take.one_of`, each `oneOf`'s types narrowed (`_narrow_to_one_of_types`), judged on its branches as the client wrote
-    them (`root`: the client's schema, for their references): a branch whose `not` was taken out takes more."""
+    `take.one_of`, each `oneOf`'s types narrowed (`_narrow_to_one_of_types`), judged on its branches as the client
+    wrote them (`root`: the client's schema, for their references): a branch whose `not` was taken out takes more."""
     if take.one_of:
         for node in nodes:
             if "oneOf" in late_keys(node, take):
@@ -442,7 +442,8 @@ def late_keys(node: dict, take: TakeOut) -> list[str]:
     if node.get("format") in LATE_FORMATS:
         out.append("format")
     props, required = node.get("properties"), node.get("required")
-    if take.every_count or isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ()):
+    optional = isinstance(props, dict) and set(props) - set(required if isinstance(required, list) else ())
+    if take.every_count or optional:
         out += [k for k in ("minProperties", "maxProperties") if k in node]
     elif _counts_repeatable_keys(node):
         out.append("minProperties")

@@ -545,8 +545,9 @@ class Engine:
 
     def _ends_banned(self, bitmask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rows, columns) of the end tokens `min_tokens` (or `ignore_eos`: `Sequence.ends_to_ban`) bans this step in
-        constrained rows (`_fill_rows` decides which), or None. Banned after the logprobs, as the bias bans them in rows free of a constraint: clearing
-        them in the mask reported a token forced (logprob 0) where the model gave it -1.08."""
+        constrained rows (`_fill_rows` decides which), or None. Banned after the logprobs, as the bias bans them in
+        rows free of a constraint: clearing them in the mask reported a token forced (logprob 0) where the model
+        gave it -1.08."""
         if bitmask is None:
             return None
         pairs = [(row, token) for row, seq in enumerate(self.seqs)
