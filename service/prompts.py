@@ -105,7 +105,7 @@ def _stretch_as_text(tokenizer, text: str, first: bool) -> list[int]:
 
 def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int) -> list[Prompt]:
     """One `Prompt` per prompt in the request, in order. An empty text is read as OpenAI reads it, as the start
-    of a document: the model's BOS token, or its `<|endoftext|>` (EOS) where it has none (it was a 400)."""
+    of a document (`_document_start`; it was a 400)."""
     listed = False  # (a list of prompts: errors name the one at fault)
     if isinstance(prompt, str):
         items: list = [prompt]
@@ -135,10 +135,15 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
 
 
 def _document_start(tokenizer) -> list[int]:
-    """The token a model's documents start with: its BOS, else its EOS, which GPT-style models also put between
-    documents (none where the tokenizer names neither)."""
-    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    return [start] if start is not None else []
+    """The token a model's documents start with: its BOS, else `<|endoftext|>`, which GPT-style models put between
+    documents (and OpenAI reads an empty prompt as), else its EOS (an instruct model's may be `<|im_end|>`); none
+    where the tokenizer has none of them."""
+    separator = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    for start in (tokenizer.bos_token_id, separator if separator != tokenizer.unk_token_id else None,
+                  tokenizer.eos_token_id):
+        if isinstance(start, int):
+            return [start]
+    return []
 
 
 def fit_max_tokens(prompt_len: int, requested: int | None, default: int | None, context_length: int,
