@@ -428,7 +428,7 @@ class Generation:
         started = time.monotonic()
         headers = await asyncio.to_thread(self._check_common, req)  # (see _check_common)
         prompts = await self._off_loop(completion_prompts, req.prompt, self.loaded.tokenizer, self.vocab_limit,
-                                       self.loaded.context_length)
+                                       self.loaded.context_length, bool(req.echo) and req.logprobs is not None)
         for prompt in prompts:
             self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS, prompt.param)
         spec, grammar = await self._compile(req)

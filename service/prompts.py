@@ -17,6 +17,7 @@ class Prompt:
     ids: list[int]
     text: str  # for `echo`
     param: str = "prompt"  # what errors about it name: `prompt[1]` in a list of prompts
+    offsets: tuple[int, ...] | None = None  # where each token starts in `text`, as the tokenizer maps them (echo)
 
 
 _COUNT_PIECE_CHARS = 1 << 16  # the pieces a long text is counted in (`encode_prompt`)
@@ -103,9 +104,10 @@ def _stretch_as_text(tokenizer, text: str, first: bool) -> list[int]:
     return encode(text)
 
 
-def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int) -> list[Prompt]:
-    """One `Prompt` per prompt in the request, in order. An empty text is read as OpenAI reads it, as the start
-    of a document (`_document_start`; it was a 400)."""
+def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int,
+                       offsets: bool = False) -> list[Prompt]:
+    """One `Prompt` per prompt in the request, in order (with `offsets`, a text's tokens' offsets: `_offsets`). An
+    empty text is read as OpenAI reads it, as the start of a document (`_document_start`; it was a 400)."""
     listed = False  # (a list of prompts: errors name the one at fault)
     if isinstance(prompt, str):
         items: list = [prompt]
@@ -121,7 +123,7 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
                    or _document_start(tokenizer))
             if not ids:
                 raise invalid("`prompt` must not be empty: the model has no BOS or EOS token to start from", param)
-            out.append(Prompt(ids, item, param))
+            out.append(Prompt(ids, item, param, _offsets(tokenizer, item, ids) if offsets else None))
         else:
             bad = [t for t in item if t >= vocab_limit]
             if bad:
@@ -132,6 +134,19 @@ def completion_prompts(prompt, tokenizer, vocab_limit: int, context_length: int)
             text = tokenizer.decode(item, skip_special_tokens=False) if len(item) <= context_length else ""
             out.append(Prompt(list(item), text, param))
     return out
+
+
+def _offsets(tokenizer, text: str, ids: list[int]) -> tuple[int, ...] | None:
+    """Where each of a text prompt's tokens starts in it, as the tokenizer maps them (None: a tokenizer without
+    offsets, or other ids than the prompt's). Followed through the text token by token instead, SentencePiece's
+    dummy prefix and the space it adds after a special token were taken for the text's: offsets a character late
+    (QA tokenizers F1, review4)."""
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    encoding = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    if list(encoding["input_ids"]) != ids:
+        return None
+    return tuple(start for start, _ in encoding["offset_mapping"])
 
 
 def _document_start(tokenizer) -> list[int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.types import TokenEvent, TokenLogprob
 from service.fingerprint import system_fingerprint
+from service.prompts import Prompt
 
 
 def reasoning_fields(text: str | None) -> dict:
@@ -174,6 +175,15 @@ def token_pairs(lps: list[TokenLogprob | None], first_token: tuple[int, str, byt
     return [(first_token[0], first_token[2]) if lp is None else (lp.token_id, lp.token_bytes) for lp in lps]
 
 
+def echoed_offsets(entries: list[TokenLogprob | None], first_token: tuple[int, str, bytes], text: str,
+                   mapped: tuple[int, ...] | None, skipped_ids: frozenset[int]) -> list[int]:
+    """The offsets of an echoed prompt's tokens (`entries`): as its tokenizer maps them where it did
+    (`Prompt.offsets`, one a token), else followed through its `text` (`TextOffsets`)."""
+    if mapped is not None and len(mapped) == len(entries):
+        return list(mapped)
+    return TextOffsets(0, skipped_ids, text).of(token_pairs(entries, first_token))
+
+
 # ---- one choice, accumulated
 @dataclass
 class ChoiceState:
@@ -260,7 +270,7 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
 
 
 def completion_body(*, request_id: str, model: str, constraint_backend: str | None, created: int,
-                    choices: list[ChoiceState], prompt_texts: list[str],
+                    choices: list[ChoiceState], prompts: list[Prompt],
                     first_tokens: list[tuple[int, str, bytes]], skipped_ids: frozenset[int],
                     output_skipped: frozenset[int], n: int, prompt_tokens: int, echo: bool, logprobs: int | None,
                     as_ids: bool) -> dict:
@@ -268,7 +278,8 @@ def completion_body(*, request_id: str, model: str, constraint_backend: str | No
     answers' texts leave out (none under `skip_special_tokens: false`)."""
     out = []
     for c in choices:
-        prompt_text, first = prompt_texts[c.index // n], first_tokens[c.index // n]
+        prompt, first = prompts[c.index // n], first_tokens[c.index // n]
+        prompt_text = prompt.text
         text = (prompt_text + c.text) if echo else c.text
         lp = None
         if logprobs is not None:
@@ -276,7 +287,7 @@ def completion_body(*, request_id: str, model: str, constraint_backend: str | No
             offsets: list[int] = []
             if echo and c.prompt_logprobs is not None:
                 entries.extend(c.prompt_logprobs)
-                offsets += TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
+                offsets += echoed_offsets(entries, first, prompt_text, prompt.offsets, skipped_ids)
             offsets += TextOffsets(len(prompt_text), output_skipped).of(token_pairs(c.logprobs))
             entries.extend(c.logprobs)
             lp = legacy_logprobs(entries, offsets, as_ids, first, top_n=logprobs)

@@ -188,7 +188,7 @@ async def completions(request: Request):
     def answer() -> JSONResponse:
         return ChoicewiseJSONResponse(completion_body(
             request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
-            created=plan.created, choices=_states(events, plan), prompt_texts=[p.text for p in plan.prompts],
+            created=plan.created, choices=_states(events, plan), prompts=plan.prompts,
             first_tokens=first_tokens, skipped_ids=gen.special_ids,
             output_skipped=_output_skipped(gen, body), n=plan.n,
             prompt_tokens=plan.prompt_tokens, echo=bool(body.echo), logprobs=logprobs, as_ids=as_ids),

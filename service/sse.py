@@ -14,8 +14,8 @@ from typing import AsyncIterator
 from service.errors import APIError, error_body
 from service.fingerprint import system_fingerprint
 from service.generation import Generation, Plan, engine_error
-from service.responses import (ChoiceState, TextOffsets, chat_logprobs, finish_for, function_call_delta,
-                               legacy_logprobs, reasoning_fields, token_pairs, usage_dict)
+from service.responses import (ChoiceState, TextOffsets, chat_logprobs, echoed_offsets, finish_for,
+                               function_call_delta, legacy_logprobs, reasoning_fields, token_pairs, usage_dict)
 from service.tool_stream import answer_calls, tool_stream_for
 
 DONE = b"data: [DONE]\n\n"
@@ -162,11 +162,12 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
                 state.add(event)
                 if echo and index not in echoed:
                     echoed.add(index)
-                    prompt_text = plan.prompts[index // plan.n].text
+                    prompt = plan.prompts[index // plan.n]
+                    prompt_text = prompt.text
                     lp = None
                     if logprobs is not None and event.prompt_logprobs is not None:
                         first, entries = first_tokens[index // plan.n], list(event.prompt_logprobs)
-                        where = TextOffsets(0, skipped_ids, prompt_text).of(token_pairs(entries, first))
+                        where = echoed_offsets(entries, first, prompt_text, prompt.offsets, skipped_ids)
                         lp = legacy_logprobs(entries, where, as_ids, first, top_n=logprobs)
                     yield chunks.chunk([{"index": index, "text": prompt_text, "logprobs": lp,
                                          "finish_reason": None}])

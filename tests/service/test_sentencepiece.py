@@ -45,11 +45,12 @@ def test_echoed_offsets_follow_the_prompt_text(phi3):
     assert offsets[:4] == [0, 0, 5, 11] and all(offset < len(choice["text"]) for offset in offsets)
 
 
-@pytest.mark.parametrize("prompt", [" x", "  leading spaces", "   x  y", "hello world", "a  b "])
+@pytest.mark.parametrize("prompt", [" x", "  leading spaces", "   x  y", "hello world", "a  b ",
+                                    " Hello world<|end|>", "<|user|> hi", " <|endoftext|> a", " x\u2581", "<s>x"])
 def test_echoed_offsets_are_where_the_tokenizer_puts_each_token(phi3, tiny_model_dirs, prompt):
-    """The tokenizer's own `offset_mapping` is the measure. A prompt starting with spaces gets SentencePiece's
-    dummy prefix too (`" x"`: `▁`, `▁x`): its first piece's spaces were all taken as the text's, and every offset
-    after it was one character late (QA tokenizers F1)."""
+    """The tokenizer's own `offset_mapping` is the measure. Followed through the text token by token, a prompt
+    starting with spaces (SentencePiece's dummy prefix: `" x"` is `▁`, `▁x`) or with a special token's text in it
+    (the space it adds after one) had offsets a character late (QA tokenizers F1, review4)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dirs["phi3"]))
