@@ -271,7 +271,7 @@ def test_the_boolean_schema_true_takes_any_value_and_false_is_refused_as_unsatis
 
 
 # `else` becomes an anyOf branch under a generated allOf: the keyword it cannot enforce sits at
-# /properties/tags/allOf/0/anyOf/1/format in the compiled schema, a place the client's schema does not have.
+# /properties/tags/allOf/0/anyOf/1/not in the compiled schema, a place the client's schema does not have.
 REWRITTEN_AROUND_NOT = {"type": "object", "properties": {"tags": {
     "if": {"type": "array"}, "else": {"type": "string", "not": {"pattern": "(a)\\1"}}}}}
 
@@ -282,8 +282,17 @@ def test_a_pointer_into_a_rewritten_subschema_names_the_clients_subschema(gpt2_c
     assert "if" not in spec.schema["properties"]["tags"]  # (the rewrite happened)
     with pytest.raises(ConstraintError) as exc:
         gpt2_compiler.compile(spec)
-    assert exc.value.pointer == "/properties/tags"
-    assert "at /properties/tags (not)" in exc.value.message and "rewritten" in exc.value.message
+    # (named where the client wrote it, the one `not` of that value below the rewritten subschema)
+    assert exc.value.pointer == "/properties/tags/else/not"
+    assert "at /properties/tags/else/not (not)" in exc.value.message and "rewritten" not in exc.value.message
+    # where the client wrote the keyword more than once there, the subschema the rewrite replaced is named
+    twice = {"type": "object", "properties": {"tags": {
+        "if": {"type": "array"}, "then": {"not": {"pattern": "(a)\\1"}}, "else": REWRITTEN_AROUND_NOT["properties"][
+            "tags"]["else"]}}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "t", "schema": twice, "strict": True}}))
+    assert exc.value.pointer == "/properties/tags" and "rewritten" in exc.value.message
 
 
 @pytest.mark.parametrize("pointer,expected", [
