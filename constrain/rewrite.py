@@ -459,22 +459,23 @@ def _unevaluated_as_additional(schema: dict) -> dict:
     no other name (`_applying_with`). It then means `additionalProperties: U` on the node with every such name and
     pattern declared there (as `{}`, which asserts nothing); and nothing at all when one of them has
     `additionalProperties` (which evaluates every other property) or its own `unevaluatedProperties`. Not where a
-    `$ref` points at or into the keyword, nor in a schema with a nested `$id` (the `$ref`s inside it are read
-    against another base, where `resolve_ref` reads the root: a definition of the same name there declared more
-    names, QA review F2; a `$ref` it cannot follow, an `$anchor`'s, leaves its holder as it is). A copy where one
-    changes; `schema` itself otherwise."""
+    `$ref` points at or into the keyword, nor where the node or one that applies with it lies below a nested `$id`
+    (the `$ref`s there are read against another base, where `resolve_ref` reads the root: a definition of the same
+    name there declared more names, QA review F2; a `$ref` it cannot follow, an `$anchor`'s, leaves its holder as it
+    is). A copy where one changes; `schema` itself otherwise."""
     if "unevaluatedProperties" not in validator_class(schema).VALIDATORS:
         return schema  # (drafts 4-7: an unknown keyword, which asserts nothing; left as it is)
-    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)) \
-            or any(gives_another_base(ptr, key, n) for ptr, key, n in walk(schema)):
+    if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)):
         return schema
     root = copy.deepcopy(schema)
     changed = False
     refs = _refs(root)  # (one a `$ref` points at or into stays: its target would be gone, QA fuzz F3)
     holders = {id(n): n for ptr, key, n in walk(root) if key == "unevaluatedProperties" and not _targeted(ptr, refs)}
+    elsewhere = {id(x) for ptr, key, n in walk(root) if gives_another_base(ptr, key, n) for x in _iter_nodes(n)}
     for node in holders.values():
-        adjacent = _applying_with(root, node)
-        if adjacent is None:
+        reached: set[int] = set()
+        adjacent = _applying_with(root, node, reached)
+        if adjacent is None or reached & elsewhere:
             continue
         others = [a for a in adjacent if a is not node]
         changed = True
@@ -517,13 +518,15 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     return root
 
 
-def _applying_with(root: dict, node: dict) -> list[dict] | None:
+def _applying_with(root: dict, node: dict, reached: set[int] | None = None) -> list[dict] | None:
     """`node` and the subschemas that apply with it through `allOf` and local `$ref` (each once), or None when
     one of them evaluates properties depending on the value, or holds something other than a schema object
     there (a `$ref` out of reach, a `properties` that is not an object). Alternatives beside them (`anyOf`,
     `oneOf`, `if`/`then`/`else`, `dependentSchemas`) that evaluate no name but those these declare change nothing
     evaluated: a conditional `required` (`if`... `then: {required: [r]}`) kept the whole schema from the rewrites,
-    and an answer that wrote a later key first had no way to close (QA unions F1)."""
+    and an answer that wrote a later key first had no way to close (QA unions F1). `reached` gets the id() of
+    each subschema looked at on the way."""
+    reached = set() if reached is None else reached
     out: list[dict] = []
     alternatives: list[Any] = []
     stack: list[Any] = [node]
@@ -552,7 +555,10 @@ def _applying_with(root: dict, node: dict) -> list[dict] | None:
             return None
         alternatives += found
     names = {k for a in out for k in a.get("properties", {})}
-    return out if all(_evaluates_within(root, a, names, set()) for a in alternatives) else None
+    seen: set[int] = set()  # (what the alternatives reach: each judged once, the same way whichever reaches it)
+    within = all(_evaluates_within(root, a, names, seen) for a in alternatives)
+    reached.update(seen, (id(a) for a in out))
+    return out if within else None
 
 
 def alternatives_of(n: dict, dependencies: bool = True) -> list[Any] | None:

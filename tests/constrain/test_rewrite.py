@@ -741,6 +741,11 @@ def test_unevaluated_properties_under_a_nested_id_is_not_read_against_the_root(g
                 "properties": {"a": {"$ref": "#num"}}, "allOf": [{"properties": {"b": {}}}],
                 "unevaluatedProperties": False, "$defs": {"num": {"$anchor": "num", "type": "integer"}}}
     assert rewrite_schema(anchored)["additionalProperties"] is False
+    # (nor does a nested `$id` that nothing applying with the holder lies below)
+    elsewhere = {**anchored, "properties": {"a": {"type": "integer"}, "z": {
+        "$id": "http://ex.com/z.json", "$ref": "#/$defs/q", "$defs": {"q": {"type": "string"}}}}}
+    rewritten = rewrite_schema(elsewhere)
+    assert rewritten["additionalProperties"] is False and set(rewritten["properties"]) == {"a", "b", "z"}
     response_format = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
     with pytest.raises(ConstraintError) as refused:
         gpt2_compiler.compile(spec_from_request(response_format=response_format))
