@@ -219,7 +219,12 @@ def _functions(tools: Any) -> list[dict]:
                 and isinstance(params.get("$ref"), str) else None  # (a root `$ref`: its target's type)
             if isinstance(params, dict) and (params.get("type", "object") != "object"
                                              or named is not None and "object" not in named):
-                raise ConstraintError(f"tools[{i}].function.parameters must describe an object", param="tools")
+                key = "type" if "type" in params else "$ref"
+                found = (f"type {params['type']!r}" if key == "type" else
+                         f"a schema of type {' or '.join(sorted(named))}")
+                raise ConstraintError(f"tools[{i}].function.parameters must describe an object (a function's "
+                                      f"arguments are a JSON object): its {key} at /{i}/function/parameters/{key} "
+                                      f"names {found}", param="tools", pointer=f"/{i}/function/parameters/{key}")
         out.append(fn)
     return out
 

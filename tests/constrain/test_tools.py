@@ -326,3 +326,13 @@ def test_xml_answers_give_the_arguments_as_a_stream_sends_them():
             "</parameter>\n<parameter=y>\n-1\n</parameter>\n</function>\n</tool_call>")
     calls = parse_tool_calls(text, spec).calls
     assert [c.arguments for c in calls] == ['{"city": "São \\"P\\"", "unit": "C"}', '{"x": 1.50E1, "y": -1}']
+
+
+def test_parameters_of_another_type_than_object_are_named_where_and_what():
+    """A pydantic `RootModel[list[...]]` as a function: the 400 said "must describe an object", neither where nor
+    what it found (QA pydantic F1)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "array", "items": {}}}}
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(tools=[tool])
+    assert exc.value.param == "tools" and exc.value.pointer == "/0/function/parameters/type"
+    assert "its type at /0/function/parameters/type names type 'array'" in exc.value.message
