@@ -92,7 +92,7 @@ from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, fi
                                   search_region, without_lookaheads)
 from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, keep_ref_targets,
                                map_subschemas, recursive_targets, references_followable, resolve_ref,
-                               unescape_pointer_part, walk)
+                               unescape_pointer_part, walk, walk_with_refs)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -471,7 +471,8 @@ def _unevaluated_as_additional(schema: dict) -> dict:
     changed = False
     refs = _refs(root)  # (one a `$ref` points at or into stays: its target would be gone, QA fuzz F3)
     holders = {id(n): n for ptr, key, n in walk(root) if key == "unevaluatedProperties" and not _targeted(ptr, refs)}
-    elsewhere = {id(x) for ptr, key, n in walk(root) if gives_another_base(ptr, key, n) for x in _iter_nodes(n)}
+    elsewhere = {id(x) for ptr, key, n in walk_with_refs(root) if gives_another_base(ptr, key, n)
+                 for x in _iter_nodes(n)}  # (through `$ref`s too: into a `contentSchema`'s resource, QA review5)
     for node in holders.values():
         reached: set[int] = set()
         adjacent = _applying_with(root, node, reached)

@@ -405,7 +405,7 @@ def _dangling_reference(root: dict) -> tuple[str, str] | None:
     (the backend's refusal named it in its own terms: `/$defs/tool0/...` for a function's parameters). Definitions
     no reference reaches are not looked at, as a validator never follows them, nor references a nested `$id` gives
     another base."""
-    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk(root)):
+    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk_with_refs(root)):
         return None
     for ptr, key, node in _reached(root):
         ref = node[key] if key == "$ref" else None

@@ -130,7 +130,7 @@ def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
     rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else. Not
     in a schema with a nested `$id`: under one, `#/$defs/structgen-kept-N` names another place, and a copy moved
     out of one reads its references anew (a reference that is no pointer, an `$anchor`'s, is left as it is)."""
-    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk(before)):
+    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk_with_refs(before)):
         return
     kept: dict[str, str] = {}  # (by the place a reference names: `#/a%20b` and `#/a b` share one copy)
     holders = [n for _, key, n in walk_with_refs(after) if key == "$ref" and isinstance(n[key], str)]
@@ -220,10 +220,11 @@ def references_followable(root: dict) -> bool:
     """Every $ref is a local JSON Pointer `resolve_ref` follows, and no $dynamicRef, $recursiveRef or nested $id
     moves what they mean: then a walk of the schema knows every subschema that may apply at a place. A nested
     $id changes the base of the $refs inside its subschema only, and a plain-name fragment (`"$id": "#name"`,
-    drafts 6-7) changes no base at all."""
+    drafts 6-7) changes no base at all. (Through `$ref`s too: one may name a resource under a keyword `walk` does
+    not go into, `contentSchema`'s, whose own `$ref`s read against its `$id`: QA review5.)"""
     bases: list[str] = []  # the subschemas a nested $id gives another base
     refs: list[str] = []
-    for ptr, key, node in walk(root):
+    for ptr, key, node in walk_with_refs(root):
         if key in ("$dynamicRef", "$recursiveRef"):
             return False
         if gives_another_base(ptr, key, node):

@@ -746,6 +746,14 @@ def test_unevaluated_properties_under_a_nested_id_is_not_read_against_the_root(g
         "$id": "http://ex.com/z.json", "$ref": "#/$defs/q", "$defs": {"q": {"type": "string"}}}}}
     rewritten = rewrite_schema(elsewhere)
     assert rewritten["additionalProperties"] is False and set(rewritten["properties"]) == {"a", "b", "z"}
+    # (a resource under `contentSchema`, which asserts nothing and which `walk` does not go into, reached by a
+    # `$ref`: its own `$ref`s read against its `$id` all the same, QA review5)
+    content = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+               "allOf": [{"$ref": "#/$defs/s/contentSchema"}], "unevaluatedProperties": False,
+               "$defs": {"s": {"contentSchema": {"$id": "http://ex.com/c.json", "$ref": "#/$defs/q",
+                                                 "$defs": {"q": {"properties": {"b": {"type": "integer"}}}}}},
+                         "q": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+    assert rewrite_schema(content) is content
     response_format = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
     with pytest.raises(ConstraintError) as refused:
         gpt2_compiler.compile(spec_from_request(response_format=response_format))
