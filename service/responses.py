@@ -84,15 +84,9 @@ class TextOffsets:
         self._skipped = skipped
         self._text = text
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._dummy_space = False  # the next token's first space is SentencePiece's dummy prefix, not the text's
 
     def of(self, tokens: list[tuple[int, bytes]]) -> list[int]:
-        """The offsets of (token id, bytes) pairs that follow those already counted. Where the tokens of a whole
-        text spell one space more than it, at its start, that space is SentencePiece's dummy prefix: the first
-        piece of `" x"`, `▁`, is it, and `▁x` starts at 0 (it was put at 1: QA tokenizers F1)."""
-        if self._text is not None and self.offset == 0:
-            spelled = b"".join(data for token_id, data in tokens if token_id not in self._skipped)
-            self._dummy_space = spelled.decode("utf-8", "replace") == " " + self._text
+        """The offsets of (token id, bytes) pairs that follow those already counted."""
         return [self._next(token_id, data) for token_id, data in tokens]
 
     def _next(self, token_id: int, data: bytes) -> int:
@@ -102,9 +96,6 @@ class TextOffsets:
         pending = self._utf8.getstate()[0]
         chars = self._utf8.decode(data)
         own = 0  # where this token's own characters start in `chars`
-        if self._dummy_space and chars:
-            self._dummy_space = False
-            chars = chars[1:] if chars.startswith(" ") else chars
         if pending:  # bytes held from earlier tokens: a character this one completes is theirs (it starts before),
             # and so is the U+FFFD of bytes this one shows to be invalid (a lone lead byte, 0xF0)
             alone = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data)
