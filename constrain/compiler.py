@@ -424,15 +424,10 @@ class GrammarCompiler:
                 found = self._planned(spec, backend, one_of=False)  # (None: not checkable; the backend counts)
             except ConstraintError:
                 found = None  # the backend refuses more: the refusal path below plans for it too
-            if found is not None and any(p.rsplit("/", 1)[-1] == "oneOf" for p in found[1].unenforced):
+            if found is not None and _names_one_of(found[1].unenforced):
                 # (not strict: a oneOf the backend left out is checked too, as `_late_if_stronger` has it; QA
                 # review F6)
-                try:
-                    stronger = self._planned(spec, backend, one_of=True)
-                except ConstraintError:
-                    stronger = None
-                if stronger is not None and len(stronger[1].unenforced) < len(found[1].unenforced):
-                    found = stronger
+                found = self._fewer_unenforced(spec, backend, found[1].unenforced) or found
             if found is not None:
                 self._remember_plan(spec.key, found[0])
                 return LateGrammar(found[1], found[0], self.vocab)
@@ -490,19 +485,25 @@ class GrammarCompiler:
         with self._lock:
             if spec.kind not in ("json_schema", "tools") or spec.key in self._no_stronger_plan:
                 return g
-        one_of = any(p.rsplit("/", 1)[-1] == "oneOf" for p in g.unenforced)
-        try:
-            plan, inner = self._planned(spec, backend, one_of) or (None, None)
-        except ConstraintError:
-            plan, inner = None, None
-        if inner is None or len(inner.unenforced) >= len(g.unenforced):
+        found = self._fewer_unenforced(spec, backend, g.unenforced)
+        if found is None:
             with self._lock:  # (so a repeat costs a lookup, not a plan)
                 self._no_stronger_plan[spec.key] = None
                 while len(self._no_stronger_plan) > 4096:
                     self._no_stronger_plan.popitem(last=False)
             return g
-        self._remember_plan(spec.key, plan)
-        return LateGrammar(inner, plan, self.vocab)
+        self._remember_plan(spec.key, found[0])
+        return LateGrammar(found[1], found[0], self.vocab)
+
+    def _fewer_unenforced(self, spec: ConstraintSpec, backend: str,
+                          unenforced: tuple[str, ...]) -> tuple[LatePlan, Grammar] | None:
+        """The late plan of `spec` (and the backend's grammar of it), reading a `oneOf` in `unenforced` as `anyOf`,
+        where it leaves fewer keywords unenforced than `unenforced`; else None."""
+        try:
+            found = self._planned(spec, backend, _names_one_of(unenforced))
+        except ConstraintError:
+            return None
+        return found if found is not None and len(found[1].unenforced) < len(unenforced) else None
 
     def _remember_plan(self, key: str, plan: LatePlan) -> None:
         with self._lock:
@@ -939,6 +940,11 @@ def _client_pointer(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
         return pointer, False
     mapped = client_pointer(source, pointer)
     return mapped, mapped != pointer
+
+
+def _names_one_of(pointers: tuple[str, ...]) -> bool:
+    """Some of `pointers` is a `oneOf` keyword's."""
+    return any(p.rsplit("/", 1)[-1] == "oneOf" for p in pointers)
 
 
 def _written_as_it_is(source: Any, compiled: Any, pointer: str, mapped: str) -> str | None:
