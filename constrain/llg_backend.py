@@ -31,7 +31,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from urllib.parse import unquote
+from urllib.parse import unquote, urldefrag, urljoin
 
 import llguidance
 import llguidance.hf
@@ -42,8 +42,8 @@ from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
-from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, llguidance_escape_gap, pointer_child,
-                               pointers_of, walk, walk_with_refs)
+from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base,
+                               llguidance_escape_gap, map_subschemas, pointer_child, pointers_of, walk, walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -965,7 +965,9 @@ def llguidance_schema(schema):
     regex made safe from the quoting bug above, each `pattern` llguidance cannot read (`unreadable_pattern`) left
     out, which `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), hostnames
     held to 253 characters, and then the numbers llguidance's ranges refuse added back (`_add_bound_prefixes`). A
-    copy where one changes; the input is never modified."""
+    copy where one changes; the input is never modified. First, every `$ref` below a nested `$id` is written as the
+    URI it resolves to (`_refs_resolved_in_resources`)."""
+    schema = _refs_resolved_in_resources(schema)
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
     if "[^" not in text and '"pattern' not in text and not narrowed and "imum" not in text \
@@ -1007,6 +1009,33 @@ def llguidance_schema(schema):
     _exclusive_ends_as_inclusive(schema, uncompiled)
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
+
+
+def _refs_resolved_in_resources(schema):
+    """A copy of `schema` where each `$ref` below a nested `$id` that moves its base is the URI it resolves to
+    (`"#/$defs/a"` under `"$id": "z.json"` as `"z.json#/$defs/a"`; `schema` itself where there is none). A
+    reference means the same wherever it is then, which llguidance 1.x needs: it read the `$ref`s of a subschema
+    reached through a pointer into a resource (`{"$ref": "#/properties/z/properties/a"}`, z holding the `$id`)
+    against the root's base, so the root's `#/$defs/a` held the answer, not z's (invalid answers accepted)."""
+    if not any(gives_another_base(ptr, key, node) for ptr, key, node in walk(schema)):
+        return schema
+    id_key = "id" if any(d in str(schema.get("$schema")) for d in ("draft-03", "draft-04")) else "$id"
+    return _resolved_below(schema, id_key, None, top=True)
+
+
+def _resolved_below(node, id_key: str, base: str | None, top: bool = False):
+    """A copy of `node` whose `$ref`s are resolved against `base` (None: the root's resource, whose references
+    llguidance reads right) and the `$id`s (draft 4: `id`) inside it."""
+    if not isinstance(node, dict):
+        return node
+    value = node.get(id_key)
+    if not top and isinstance(value, str) and not value.startswith("#"):
+        base = urldefrag(urljoin(base or "", value)).url
+    node = map_subschemas(node, lambda sub: _resolved_below(sub, id_key, base))
+    ref = node.get("$ref")
+    if base is not None and isinstance(ref, str):
+        node["$ref"] = base + ref if ref.startswith("#") else urljoin(base, ref)
+    return node
 
 
 _SAFE_DIGITS = decimal.Context(prec=15)  # decimals of at most 15 significant digits are distinct doubles, in order

@@ -11,6 +11,9 @@ from constrain import ConstraintError, ConstraintSpec, spec_from_request
 from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_document, accepts_value, decode, ended_walks_valid, random_walk, takes_text
 
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
 S = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
 
 
@@ -586,6 +589,61 @@ def test_references_that_reach_a_schema_are_taken_recursive_or_not():
                                                                                           "schema": schema}})
 
 
+@pytest.mark.parametrize("schema,valid,invalid", [
+    # a pointer into z's resource reaches a reference z's `$id` reads: z's `a`, an integer, not the root's string
+    ({"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "http://x.example/z", "$defs": {"a": {"type": "integer"}},
+              "properties": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}},
+        "w": {"$ref": "#/properties/z/properties/a/anyOf/0"}}, "required": ["w"]},
+     [{"w": 1}, {"z": {"a": 2}, "w": 1}], [{"w": "s"}, {"z": {"a": "s"}, "w": 1}]),
+    # the same through z's own URI; a relative `$id`; an anchor; draft 4's `id`; draft 7's `$id` with a `#`
+    ({"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "z.json", "$defs": {"a": {"type": "integer", "$anchor": "A"}},
+              "properties": {"a": {"$ref": "#/$defs/a"}, "b": {"$ref": "#A"}}},
+        "w": {"$ref": "z.json#/properties/a"}, "v": {"$ref": "#/properties/z/properties/b"}}},
+     [{"w": 1, "v": 2}, {"z": {"a": 1, "b": 2}}], [{"w": "s"}, {"v": "s"}, {"z": {"b": "s"}}]),
+    ({"$schema": DRAFT4, "type": "object", "definitions": {"a": {"type": "string"}}, "properties": {
+        "z": {"id": "http://x.example/z", "definitions": {"a": {"type": "integer"}},
+              "properties": {"a": {"$ref": "#/definitions/a"}}},
+        "w": {"$ref": "#/properties/z/properties/a"}}, "required": ["w"]},
+     [{"w": 1}, {"z": {"a": 2}, "w": 1}], [{"w": "s"}, {"z": {"a": "s"}, "w": 1}]),
+    ({"$schema": DRAFT7, "type": "object", "definitions": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "http://x.example/z.json#", "definitions": {"a": {"type": "integer"}},
+              "properties": {"a": {"$ref": "#/definitions/a"}}},
+        "w": {"$ref": "#/properties/z/properties/a"}}, "required": ["w"]},
+     [{"w": 1}], [{"w": "s"}]),
+    # a resource inside a resource: y's `$id` is read against z's; y names z's `a` through a relative URI
+    ({"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "http://x.example/dir/z", "$defs": {"a": {"type": "integer"}}, "properties": {
+            "y": {"$id": "y", "$defs": {"a": {"type": "boolean"}},
+                  "properties": {"a": {"$ref": "#/$defs/a"}, "b": {"$ref": "z#/$defs/a"}}}}},
+        "w": {"$ref": "#/properties/z/properties/y/properties/a"},
+        "v": {"$ref": "#/properties/z/properties/y/properties/b"}}},
+     [{"z": {"y": {"a": False, "b": 2}}, "w": True, "v": 1}], [{"w": 1}, {"v": True}, {"z": {"y": {"a": 1}}}]),
+    # recursion to a nested resource's root, reached through a pointer into it
+    ({"type": "object", "$defs": {"n": {"type": "string"}}, "properties": {
+        "t": {"$id": "http://x.example/tree", "type": "object", "$defs": {"n": {"type": "integer"}},
+              "properties": {"v": {"$ref": "#/$defs/n"},
+                             "kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#"}}},
+              "required": ["v"], "additionalProperties": False},
+        "u": {"$ref": "#/properties/t/properties/kids"}}, "additionalProperties": False},
+     [{"t": {"v": 1, "kids": [{"v": 2}]}}, {"u": [{"v": 3, "kids": []}]}],
+     [{"t": {"v": "s"}}, {"u": [{"v": "s"}]}, {"t": {"v": 1, "kids": [{"v": "x"}]}}]),
+])
+def test_references_inside_a_nested_resource_read_its_base_however_it_is_entered(gpt2_compiler, tokenizers, vocabs,
+                                                                                  schema, valid, invalid):
+    """llguidance read the `$ref`s of a subschema reached through a pointer into a nested `$id`'s resource against
+    the root's base (`{"w": "s"}` was taken, `{"w": 1}` refused): they are handed to it resolved
+    (`llg_backend._refs_resolved_in_resources`)."""
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "r", "schema": schema}}, backend="llguidance"))
+    for document in valid:
+        assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    for document in invalid:
+        assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=3, walks=15, max_tokens=80) > 0
+
+
 def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
     from constrain import spec as spec_module
 
@@ -1033,8 +1091,6 @@ def test_integers_past_64_bits_in_keywords_that_assert_nothing_compile(gpt2_comp
     assert not takes_text(grammar, tokenizers["gpt2"], '{"a": "12"}', "gpt2")
 
 
-DRAFT4 = "http://json-schema.org/draft-04/schema#"
-DRAFT7 = "http://json-schema.org/draft-07/schema#"
 
 
 def _compiled(compiler, schema, strict=True):
