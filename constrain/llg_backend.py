@@ -1297,6 +1297,10 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
         if other or kind == "regex" or not (keys or formats):
             code = "schema_too_large" if "schema too large" in msgs else "invalid_constraint"  # (its whole message)
             said = "; ".join(msgs)[:500]
+            if _UNDECIDED_REGEX in said:  # (its message is the joined regexes, thousands of characters of them)
+                said = (f"{_UNDECIDED_REGEX}: the patterns that meet in one string (`pattern`s, `format`s, "
+                        "`enum`/`const` strings, and the complements a `not` of them is written as) are too "
+                        "complex for llguidance to decide whether some string matches them all; simplify them")
             if code == "schema_too_large":  # (llguidance names no limit: which one, in words a client can act on)
                 said += (" (llguidance's limit on the grammar it builds: the schema's subschemas, as `allOf` and "
                          "the `anyOf`/`oneOf` alternatives it multiplies out, make too many; split the schema or "
@@ -1326,12 +1330,14 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     return text, unenforced
 
 
+_UNDECIDED_REGEX = "Unable to determine if regex is empty"
+
 # llguidance's refusals of keywords that meet (a `$ref` beside other keywords, objects an `allOf` joins), which
 # name no keyword: the keyword where they meet (`_refusal`).
 _MEETING_REFUSALS = (
     (re.compile(r"circular references with sibling keys are not supported: \S*?#(\S*)"), "$ref"),  # (`#`: the root)
     (re.compile(r"patternProperty regexes /(.*)/ and /(.*)/ are (?:not )?disjoint"), "patternProperties"),
-    (re.compile(r"Schema intersection stack level exceeded|Unable to determine if regex is empty"), "allOf"),
+    (re.compile(rf"Schema intersection stack level exceeded|{_UNDECIDED_REGEX}"), "allOf"),
 )
 
 

@@ -974,9 +974,11 @@ def _not(node: dict, ctx: _Ctx) -> dict:
     repl = _negation(n, ctx, ctx.types(rest), rest)
     if repl is None:
         return node
+    ctx.changed = True
+    if repl is False:  # (the rest asserts all `not` holds)
+        return False
     node = rest
     _add_all_of(node, repl)
-    ctx.changed = True
     return node
 
 
@@ -1014,7 +1016,7 @@ def _negation(n: Any, ctx: _Ctx, within: frozenset = _ALL_TYPES, context: Any = 
         pieces.append({"type": names})
     inside = within & allowed
     for key, value in body.items():
-        if key == "type" or not inside:
+        if key == "type" or not inside or _asserted_by(context, key, value):
             continue
         failing = _keyword_negation(key, value, body, ctx, inside, context, depth)
         if failing is None:
@@ -1023,6 +1025,26 @@ def _negation(n: Any, ctx: _Ctx, within: frozenset = _ALL_TYPES, context: Any = 
     if not pieces:
         return False
     return pieces[0] if len(pieces) == 1 else {"anyOf": pieces}
+
+
+# Keywords whose verdict depends on the value and their own value only (not on siblings: `additionalProperties`
+# reads `properties`, draft 4's `maximum` its boolean `exclusiveMaximum`).
+_SELF_CONTAINED = frozenset({"enum", "const", "multipleOf", "maxLength", "minLength", "pattern", "format", "maxItems",
+                             "minItems", "uniqueItems", "maxProperties", "minProperties", "required",
+                             "dependentRequired", "propertyNames"})
+
+
+def _asserted_by(context: Any, key: str, value: Any, depth: int = 0) -> bool:
+    """The context (see `_negation`) asserts keyword `key` with `value` itself, or through an `allOf` member: no
+    value it accepts fails that keyword, so a negation leaves the keyword's piece out (`not: {format: date,
+    pattern: "^2"}` beside `format: date` is `not: {pattern: "^2"}`: the complement of the date pattern, intersected
+    with it, was more than llguidance could decide empty, a 400)."""
+    if key not in _SELF_CONTAINED or not isinstance(context, dict) or depth > 8:
+        return False
+    if key in context and json.dumps(context[key], sort_keys=True) == json.dumps(value, sort_keys=True):
+        return True
+    members = context.get("allOf")
+    return isinstance(members, list) and any(_asserted_by(m, key, value, depth + 1) for m in members)
 
 
 def types_of(t: Any) -> frozenset | None:

@@ -1243,3 +1243,52 @@ def test_a_refusal_of_a_recursive_ref_to_the_root_names_it(gpt2_compiler, kid, p
         gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
                                              backend="llguidance"))
     assert exc.value.pointer == pointer, exc.value.message
+
+
+@pytest.mark.parametrize("schema,valid,invalid", [
+    ({"type": "string", "format": "date", "not": {"format": "date", "pattern": "^2"}}, "1999-01-01", "2000-01-01"),
+    ({"type": "string", "format": "date", "not": {"format": "date", "maxLength": 9}}, "1999-01-01", "1999-1-01"),
+    ({"type": "string", "format": "date", "allOf": [{"pattern": "^1"}], "not": {"pattern": "^1", "maxLength": 9,
+                                                                               "format": "date"}},
+     "1999-01-01", "2000-01-01"),
+    ({"type": "object", "required": ["a"], "not": {"required": ["a", "b"]}}, {"a": 1}, {"a": 1, "b": 2}),
+])
+def test_a_not_leaves_out_what_its_node_asserts_itself(schema, valid, invalid, gpt2_compiler, tokenizers, vocabs):
+    """`not: {format: date, pattern: "^2"}` beside `format: date` is `not: {pattern: "^2"}`: the complement of the
+    date pattern, met with the date pattern, was more than llguidance could decide empty (a 400 dumping both
+    regexes, for a schema `"1999-01-01"` satisfies: QA fuzz F1)."""
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": schema, "strict": True}}, backend="llguidance")
+    grammar = gpt2_compiler.compile(spec)
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], valid)
+    assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], invalid)
+    assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=5, walks=10, max_tokens=30) > 0
+
+
+def test_a_not_of_all_its_node_asserts_is_a_schema_nothing_satisfies(gpt2_compiler):
+    schema = {"type": "string", "format": "date", "not": {"format": "date"}}
+    assert rewrite_schema(schema) is False
+    with pytest.raises(ConstraintError, match="no JSON document satisfies it"):
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "n", "schema": schema}}))
+
+
+def test_sibling_dependent_keywords_of_a_not_are_still_negated():
+    """Draft 4's `maximum` reads its boolean `exclusiveMaximum`: beside `maximum: 5`, `not: {maximum: 5,
+    exclusiveMaximum: true}` leaves 5 (not nothing)."""
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "maximum": 5,
+              "not": {"maximum": 5, "exclusiveMaximum": True}}
+    out = rewrite_schema(normalise_schema(schema))
+    assert out is not False
+    validator = jsonschema.Draft4Validator(out)
+    assert validator.is_valid(5) and not validator.is_valid(4)
+
+
+def test_regexes_llguidance_cannot_decide_are_refused_in_a_short_message_at_their_meeting(gpt2_compiler):
+    """llguidance's "Unable to determine if regex is empty" came with thousands of characters of its regexes."""
+    schema = {"type": "string", "format": "date", "allOf": [{"not": {"allOf": [{"format": "date"}, {"pattern": "^2"}]}}]}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "n", "schema": schema}}, backend="llguidance"))
+    assert exc.value.pointer == "/allOf" and "too complex for llguidance to decide" in exc.value.message
+    assert len(exc.value.message) < 400
