@@ -1448,9 +1448,10 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
     """`contains: C` (at least one item valid against C) on an array of at most N items, N <= 8: the item at some
     position k < N is, so an `anyOf` over k of `prefixItems: [true]*k + [C]` with `minItems: k + 1` (the node's
     `items` still applies to every item). Checked late, the array's end was refused only once the last place was
-    written, a dead end. 2020-12 only (its `prefixItems`), with no `maxContains` and no `minContains` but 1 beside,
-    and no `prefixItems` of its own."""
-    if "contains" not in node or "prefixItems" in node or node.get("minContains", 1) != 1 or "maxContains" in node \
+    written, a dead end. 2020-12 only (its `prefixItems`), with no `maxContains` and no `minContains` but 1 beside.
+    The node's own `prefixItems` apply beside each position's (with only a later slot able to hold C, the late
+    check let the walk fill the earlier ones and the budget found no end: QA fuzz F2)."""
+    if "contains" not in node or node.get("minContains", 1) != 1 or "maxContains" in node \
             or "prefixItems" not in ctx.validator.VALIDATORS or "$ref" in node:
         return node
     mx, items = node.get("maxItems"), node.get("items", True)

@@ -795,6 +795,24 @@ def test_walks_end_where_contains_on_a_short_array_became_positions(gpt2_compile
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=4, walks=12, max_tokens=60, prefer_end=0.05) == 12
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": {"type": "boolean"},
+     "contains": {"type": "integer", "minimum": 5}, "maxItems": 4},
+    {"type": "array", "prefixItems": [{"enum": [1, 2]}, {"type": "integer"}], "contains": {"const": 2},
+     "maxItems": 3},
+])
+def test_walks_end_where_contains_beside_prefix_items_became_positions(schema, gpt2_compiler, vocabs, tokenizers):
+    """With its own `prefixItems`, such a node kept `contains` late: where only a later slot can hold the item, the
+    walk filled the earlier ones otherwise, and the budget found no end (16 of 20 walks ran to the limit: QA fuzz
+    F2)."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=4, walks=12, max_tokens=60, prefer_end=0.05) == 12
+    validator = jsonschema.Draft202012Validator(schema)
+    for document in (["a", 7], ["a", 7, True], [2, 1], [1, 2, 2], ["a", 4], [1, 1], ["a", 5, 1]):
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document) == validator.is_valid(document)
+
+
 _BIT_OBJECT = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 1}},
                "required": ["a"], "additionalProperties": False}
 SMALL_DOMAINS = [
