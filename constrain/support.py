@@ -546,6 +546,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
         return ["/"]  # `false` (no value): nothing for outlines to compile
     bad: list[str] = []
     walked = {id(node) for _, _, node in walk(schema)}  # the subschemas checked below ({} has no keyword: never)
+    # (outlines-core reads every `$ref` against the root: one below a nested `$id` names another place)
+    resources = [ptr[: ptr.rindex("/")] for ptr, key, node in walk(schema) if gives_another_base(ptr, key, node)]
     if not _containers_only(schema, schema):
         bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")
     for ptr, key, node in walk(schema):
@@ -571,7 +573,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
         elif key == "pattern" and not (_fully_anchored(value) and json_safe_pattern(value)
                                        and not _word_boundary(value)):
             bad.append(ptr)  # outlines matches the whole string (JSON Schema searches), and does not escape
-        elif key == "$ref" and not (isinstance(value, str) and _outlines_target(schema, value, walked)):
+        elif key == "$ref" and not (isinstance(value, str) and _outlines_target(schema, value, walked)
+                                    and not any(ptr.startswith(r + "/") for r in resources)):
             bad.append(ptr)  # outlines compiles the target: it must be a subschema checked here
         elif key == "items" and not isinstance(value, dict):
             bad.append(ptr)

@@ -43,6 +43,7 @@ Never imports HTTP.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
@@ -139,7 +140,13 @@ class ParsedCalls:
 
 def _rebase_refs(node: Any, old: str, new: str) -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
-    parameters under the call schema's $defs (`call_schema`) and back (`function_schema`)."""
+    parameters under the call schema's $defs (`call_schema`) and back (`function_schema`). Not inside a subschema
+    with an `$id` of its own (the parameters' root's included), whose `#` is itself wherever it sits: its
+    references were moved to the call schema's place, which names another subschema there, or none (a `$ref`
+    under a nested `$id` was held to the parameters' root definition of the same name)."""
+    if isinstance(node, dict) and any(isinstance(node.get(k), str) and not node[k].startswith("#")
+                                      for k in ("$id", "id")):
+        return copy.deepcopy(node)
     if isinstance(node, dict):
         out = {}
         for k, v in node.items():

@@ -644,6 +644,18 @@ def test_references_inside_a_nested_resource_read_its_base_however_it_is_entered
     assert ended_walks_valid(grammar, vocabs["gpt2"], schema, seed=3, walks=15, max_tokens=80) > 0
 
 
+def test_outlines_refuses_references_below_a_nested_id(gpt2_compiler):
+    """outlines-core reads every `$ref` against the root: z's `#/$defs/a` was the root's string, and the auto
+    policy serves repeats with outlines (`{"z": {"a": "s"}}` was taken)."""
+    schema = {"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "http://x.example/z", "$defs": {"a": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/a"}},
+              "required": ["a"], "additionalProperties": False}}, "required": ["z"], "additionalProperties": False}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "r", "schema": schema}}, backend="outlines"))
+    assert exc.value.pointer == "/properties/z/properties/a/$ref"
+
+
 def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
     from constrain import spec as spec_module
 

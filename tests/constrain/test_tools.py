@@ -11,7 +11,7 @@ import torch
 
 from constrain import ConstraintError, parse_tool_calls, spec_from_request, tools_system_prompt
 from constrain.maskbench import walk_instance
-from tests.constrain.conftest import decode, may_answer_nothing, random_walk
+from tests.constrain.conftest import accepts_document, decode, may_answer_nothing, random_walk
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
@@ -229,6 +229,36 @@ def test_parameters_get_the_exact_rewrites_of_response_format_schemas(tool_choic
         m = g.matcher()
         text = '[{"name": "f", "arguments": {"unit": "c", "n": %d}}]' % n
         assert (all(m.accept(t) for t in tok.encode(text)) and m.can_end()) == ok
+
+
+@pytest.mark.parametrize("parameters,valid,invalid", [
+    # an `$id` at the parameters' root: its `#/$defs/a` is its own wherever the call schema puts it
+    ({"$id": "http://x.example/p", "type": "object", "$defs": {"a": {"type": "integer"}},
+      "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"], "additionalProperties": False},
+     {"a": 1}, {"a": "s"}),
+    # a nested `$id`: z's `#/$defs/a` is z's integer, not the parameters' string
+    ({"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "http://x.example/z", "$defs": {"a": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/a"}},
+              "required": ["a"], "additionalProperties": False}}, "required": ["z"], "additionalProperties": False},
+     {"z": {"a": 1}}, {"z": {"a": "s"}}),
+])
+@pytest.mark.parametrize("backend", ["llguidance", "outlines", "auto"])
+def test_references_in_parameters_with_an_id_keep_their_base(parameters, valid, invalid, backend, gpt2_compiler,
+                                                             tokenizers, vocabs):
+    """The call schema moves each function's parameters under its `$defs`, and their `#...` references with them:
+    also those read against an `$id` of their own, which then named nothing (llguidance: a 400 "Pointer
+    '/$defs/tool0/$defs/a' does not exist") or the parameters' root definition of the same name (outlines took
+    `{"z": {"a": "s"}}`); outlines, which reads every reference against the root, refuses those."""
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+                             tool_choice="required", backend=backend)
+    if backend == "outlines":
+        with pytest.raises(ConstraintError, match="cannot enforce the keyword at /0/function/parameters/.*\\$ref"):
+            gpt2_compiler.compile(spec)
+        return
+    g = gpt2_compiler.compile(spec)
+    for arguments, ok in ((valid, True), (invalid, False)):
+        call = [{"name": "f", "arguments": arguments}]
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], call) == ok, arguments
 
 
 @pytest.mark.parametrize("tool_choice", ["required", "auto", {"type": "function", "function": {"name": "f"}}])
