@@ -144,8 +144,10 @@ class Sequence:
         elif (delta := self._reasoning_step(token)) is not None:
             reasoning, in_answer = delta, False
         elif (tagged := self._tagged_step(token)) is not None:
+            # (a header's tokens are not listed: a call's, whose last one begins the answer's text, neither, as
+            # its other tokens were reasoning's or a tag's: the call's logprobs are its arguments')
             reasoning, answer = tagged
-            in_answer = bool(answer)
+            in_answer = False
             if answer:
                 text, stopped = self._push_answer(answer)
                 if stopped:

@@ -102,8 +102,11 @@ def test_calls_come_back_as_tool_calls_whole_and_streamed(http, ids):
         assert message["content"] is None and len(message["tool_calls"]) == 1
         assert message["reasoning_content"] or ids["analysis"] not in bias  # (with tools, a preamble is too)
         names.add(message["tool_calls"][0]["function"]["name"])
-        whole = http.post("/v1/chat/completions", json=request).json()
-        assert whole["choices"][0]["finish_reason"] == "tool_calls"
+        whole = http.post("/v1/chat/completions", json={**request, "logprobs": True}).json()["choices"][0]
+        assert whole["finish_reason"] == "tool_calls"
+        # (a call's logprobs are its arguments': `<|message|>` alone of its header was listed, QA reasoning D1)
+        listed = "".join(entry["token"] for entry in whole["logprobs"]["content"])
+        assert listed == whole["message"]["tool_calls"][0]["function"]["arguments"], listed
     assert "get_time" in names
 
 
