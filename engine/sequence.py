@@ -71,6 +71,10 @@ class Sequence:
     # With reasoning tags: "before" (the model may open the block), "inside", "done" (the answer). Without: "done".
     reasoning_phase: str = "done"
     reasoning_tokens: int = 0
+    # Reasoning text has been written, and a message header followed it (harmony): the next reasoning message's text
+    # comes a line after it (messages joined as they were, words ran together: QA reasoning D2).
+    _reasoning_written: bool = False
+    _reasoning_parted: bool = False
     _strip_leading: bool = False  # the answer has not started after a reasoning block: leading whitespace goes
     # Logprobs go out with the text of their tokens: the stop matcher holds back text that may begin a stop string,
     # and the tokens it holds keep theirs (start: where the token's text begins in the answer) until that text is
@@ -237,8 +241,14 @@ class Sequence:
             return None
         if role == "reasoning":
             self.reasoning_tokens += 1
-            return self.detok.push(token), ""
+            text = self.detok.push(token)
+            if text and self._reasoning_parted:
+                text, self._reasoning_parted = "\n" + text, False
+            self._reasoning_written |= bool(text)
+            return text, ""
         tail = self.detok.flush()  # (what a tag follows is reasoning text, or nothing)
+        self._reasoning_written |= bool(tail)
+        self._reasoning_parted = self._reasoning_written
         self.detok.push(token)
         if role == "reasoning_tag":
             self.reasoning_tokens += 1

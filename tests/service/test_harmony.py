@@ -70,6 +70,18 @@ def test_reasoning_comes_back_apart_and_the_final_message_is_valid(http, ids):
     assert at_once["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
 
 
+def test_reasoning_messages_come_back_a_line_apart(http, ids, model_dir):
+    """Several analysis messages were joined as they were: words of two messages ran together (QA reasoning D2).
+    A bias on `<|end|>` and "analysis" makes the random model write short reasoning messages, one after another."""
+    end = str(AutoTokenizer.from_pretrained(str(model_dir)).convert_tokens_to_ids("<|end|>"))
+    request = {"model": MODEL, "messages": MESSAGES, "max_tokens": 60, "seed": 1, "response_format": RESPONSE_FORMAT,
+               "logit_bias": {end: 10, ids["analysis"]: 10}}
+    message = assert_stream_matches_whole_answer(http, request)
+    jsonschema.validate(json.loads(message["content"]), CITY)
+    parts = message["reasoning_content"].split("\n")
+    assert len(parts) > 1 and all(parts), message["reasoning_content"]
+
+
 def test_unconstrained_answers_keep_the_format_out_of_the_text(http, ids):
     for bias in ({ids["analysis"]: 100}, {ids["final"]: 100}):
         message = assert_stream_matches_whole_answer(http, {"model": MODEL, "messages": MESSAGES, "max_tokens": 24,
