@@ -189,7 +189,7 @@ class GrammarCompiler:
     # ---- public -------------------------------------------------------------------------------------------
     def compile(self, spec: ConstraintSpec) -> Grammar:
         """Blocking compile (or cache hit). Raises ConstraintError on refusal, failure, limits or time-out."""
-        backend = spec.backend if spec.backend in ("outlines", "llguidance") else self.backend
+        backend = spec.backend if spec.backend in BACKENDS else self.backend  # (a request's "auto" is the policy)
         if spec.kind == "json_schema" and spec.schema is False:
             self.stats.errors += 1
             raise ConstraintError("cannot compile constraint: Unsatisfiable schema: it is `false`, or rewrites to "

@@ -60,7 +60,7 @@ class ConstraintSpec:
     parallel_tool_calls: bool = True
     strict_tools: tuple[int, ...] = ()  # tools: the functions declared strict (their index in the call schema)
     tool_format: str = "json_array"  # tools: how calls are written, one of constrain.tools.TOOL_FORMATS
-    backend: str | None = None  # per-request override: "outlines" | "llguidance" | None (server default)
+    backend: str | None = None  # per-request override: "outlines" | "llguidance" | "auto" | None (server default)
     # tools under tool_choice "auto" with a response_format too: the constraint on an answer that is not calls
     # (else free text)
     answer: "ConstraintSpec | None" = None

@@ -894,7 +894,7 @@ def spec_from_request(*, response_format=None, regex=None, choice=None, tools=No
         names = " and ".join(n for n, _ in specs)
         raise ConstraintError(f"only one output constraint per request: got {names}", param=specs[1][0])
     spec = specs[0][1]
-    if backend in ("outlines", "llguidance"):
+    if backend in _BACKENDS:  # ("auto" too: the policy, whatever the server's backend)
         answer = spec.answer and dataclasses.replace(spec.answer, backend=backend)
         spec = dataclasses.replace(spec, backend=backend, answer=answer)
     return spec

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from constrain import GrammarCompiler, spec_from_request
+from constrain import ConstraintError, GrammarCompiler, spec_from_request
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
           "additionalProperties": False}
@@ -414,6 +414,21 @@ def test_an_automaton_a_request_had_built_by_outlines_serves_auto_only_where_aut
     assert c.compile(_spec("outlines")).backend == "outlines"
     assert c.compile(_spec()).backend == "outlines"  # (a schema auto builds with outlines is served from it)
     c.close()
+
+
+def test_a_request_for_auto_gets_the_auto_policy_whatever_the_server_runs(tmp_path, tokenizers, vocabs):
+    """A request's `constraint_backend: "auto"` read as "the server's backend": on an outlines server an open object
+    was a 400 that auto serves with llguidance (QA ops F1)."""
+    open_object = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", cache_dir=tmp_path,
+                        background_outlines=False)
+    try:
+        response_format = {"type": "json_schema", "json_schema": {"name": "o", "schema": open_object}}
+        assert c.compile(spec_from_request(response_format=response_format, backend="auto")).backend == "llguidance"
+        with pytest.raises(ConstraintError, match="closed objects"):  # (the server's, where the request names none)
+            c.compile(spec_from_request(response_format=response_format))
+    finally:
+        c.close()
 
 
 def test_a_broken_automaton_file_on_disk_is_built_again_not_a_400(tmp_path, tokenizers, vocabs):
