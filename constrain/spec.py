@@ -657,13 +657,14 @@ def _response_format(rf: Any, named_schemas: dict | None) -> ConstraintSpec | No
         if not isinstance(strict, bool):
             raise ConstraintError(f"response_format.json_schema.strict must be a boolean, not {strict!r}",
                                   param="response_format.json_schema.strict", code="invalid_request")
-        if "schema" not in js:
+        if js.get("schema") is None:  # (as everywhere, a field set to null is a field not sent)
             if name is None:
                 raise ConstraintError("response_format.json_schema needs 'schema' (or the 'name' of a preloaded "
                                       "schema)", param=p)
             if not named_schemas or name not in named_schemas:
                 known = ", ".join(sorted(named_schemas or {})) or "none"
-                raise ConstraintError(f"unknown schema name {name!r} (preloaded schemas: {known})", param=p)
+                raise ConstraintError(f"unknown schema name {name!r} (preloaded schemas: {known})",
+                                      param="response_format.json_schema.name")
             schema = named_schemas[name]
         else:
             schema = js["schema"]

@@ -51,6 +51,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _api_key(text: str) -> str:
+    """An empty `--api-key` (`--api-key "$KEY"` with KEY unset) is refused: it served every request, unasked."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty key; leave --api-key out to serve without one")
+    return text
+
+
 def _port(text: str) -> int:
     value = _positive_int(text)
     if value > 65535:
@@ -88,7 +95,7 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--host", default=_default("host"), help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=_port, default=_default("port"), help="(default: %(default)s)")
     key_set = _env("api_key", None) is not None  # (never shown)
-    p.add_argument("--api-key", default=_default("api_key"),
+    p.add_argument("--api-key", type=_api_key, default=_default("api_key"),
                    help="require 'Authorization: Bearer KEY' (default: "
                         + ("the key in STRUCTGEN_API_KEY)" if key_set else "none, every request is served)"))
     p.add_argument("--device", default=_default("device"),
@@ -167,7 +174,7 @@ def _add_serve(subparsers) -> None:
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """The settings `serve`'s options (each read by its `type`) name: one option per ServerConfig field."""
     settings = {f.name: getattr(args, f.name) for f in fields(ServerConfig)}
-    return ServerConfig(**{**settings, "api_key": args.api_key or None})  # (`--api-key ''`: no key)
+    return ServerConfig(**settings)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -42,6 +42,16 @@ def test_dockerfile_installs_with_the_readme_command_and_serves():
         assert f"COPY {package} {package}" in dockerfile
 
 
+def test_the_docker_build_context_leaves_out_the_venv_and_keeps_what_the_dockerfile_copies():
+    """Without a .dockerignore, `docker build .` after the README's install sent its .venv (over 1 GB) and .git."""
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", ".git"} <= ignored
+    copied = [part for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("COPY ")
+              for part in line.split()[1:-1]]
+    assert copied and not set(copied) & ignored
+
+
 def test_grammar_cache_defaults_to_the_user_cache_directory(monkeypatch, tmp_path):
     from service.config import ServerConfig
 
