@@ -90,6 +90,7 @@ class Sequence:
         tags = self.state.request.reasoning
         if tags is not None:
             self.reasoning_phase = "inside" if tags.opened else "before"
+        self._strip_leading = self.state.request.after_block
 
     @property
     def params(self):

@@ -74,7 +74,9 @@ class GenerationRequest:
     never cut. `text_answer`: the grammar leaves the answer free text (tools' content under "auto", harmony's
     unconstrained final message), so an output `max_tokens` ends is `length` even where the grammar could end
     (a document or a call the budget rule closed ends `stop`). `group`: the client request this prompt is one of
-    (a completions request may send thousands): waiting prompts take turns by it (engine/scheduler.py)."""
+    (a completions request may send thousands): waiting prompts take turns by it (engine/scheduler.py).
+    `after_block`: the prompt ends right after a reasoning block (a continued message closed one), so the answer's
+    leading whitespace is dropped, as after a block the model closes."""
 
     request_id: str
     prompt_ids: list[int]
@@ -84,6 +86,7 @@ class GenerationRequest:
     calls: "CallsOpening | None" = None
     text_answer: bool = False
     group: str | None = None
+    after_block: bool = False
 
 
 @dataclass(frozen=True)

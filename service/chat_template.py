@@ -471,17 +471,22 @@ class ChatTemplate:
             return None
         return ReasoningTags(open_id, close_id, opened=end.endswith(open_tag))
 
-    def prefill_reasoning(self, prefill: str) -> tuple[ReasoningTags | None, str]:
+    def prefill_reasoning(self, prefill: str) -> tuple[ReasoningTags | None, str, bool]:
         """For an assistant message left open to be continued: the block it leaves open, if any (the continuation
-        is then reasoning until the close tag, and a constraint applies after it), and the part of the message
-        that is the answer (after a block it closed, less the whitespace between; none while one is open)."""
+        is then reasoning until the close tag, and a constraint applies after it), the part of the message that is
+        the answer (after a block it closed, less the whitespace between; none while one is open), and whether
+        the message ends after a block it closed with no answer yet (whose leading whitespace is then dropped, as
+        after a block the model closes: QA reasoning D3)."""
         if self.reasoning is None:
-            return None, prefill
+            return None, prefill, False
         open_tag, close_tag, open_id, close_id = self.reasoning
         opened, closed = prefill.rfind(open_tag), prefill.rfind(close_tag)
         if opened > closed:
-            return ReasoningTags(open_id, close_id, opened=True), ""
-        return None, prefill[closed + len(close_tag):].lstrip() if closed >= 0 else prefill
+            return ReasoningTags(open_id, close_id, opened=True), "", False
+        if closed < 0:
+            return None, prefill, False
+        answer = prefill[closed + len(close_tag):].lstrip()
+        return None, answer, not answer
 
     def _renders_tools(self) -> bool:
         """The template writes the `tools` it is given into the prompt. Some name tools yet read them from elsewhere

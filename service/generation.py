@@ -306,7 +306,7 @@ class Generation:
 
     def _plan(self, req: SamplingFields, prompts: list[Prompt], spec, grammar, headers, *, default_max, started,
               logprobs=False, top_logprobs=0, prompt_logprobs=None, prefix="chatcmpl",
-              reasoning: ReasoningTags | None = None, harmony: bool = False) -> Plan:
+              reasoning: ReasoningTags | None = None, harmony: bool = False, after_block: bool = False) -> Plan:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         n = req.n or 1
         calls = calls_opening(spec.tool_format, spec.tool_choice, object_answer=spec.answer is not None) \
@@ -325,7 +325,7 @@ class Generation:
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             requests.append(GenerationRequest(request_id=rid, prompt_ids=prompt.ids, params=params,
                                               grammar=grammar, reasoning=reasoning, calls=calls,
-                                              text_answer=text_answer, group=request_id))
+                                              text_answer=text_answer, group=request_id, after_block=after_block))
         if grammar is not None and spec is not None:
             headers["x-structgen-constraint-backend"] = grammar.backend
         unenforced = unenforced_in_client_terms(spec, grammar) if grammar is not None and spec is not None else ()
@@ -353,9 +353,9 @@ class Generation:
                            else ("prompt", "a `prompt`"))
             raise invalid(f"on this model (gpt-oss's harmony format) tool calls are messages of their own: `tools` "
                           f"cannot be used with {sent}", param)
-        reasoning, answer_prefill = None, ""
+        reasoning, answer_prefill, after_block = None, "", False
         if req.messages is not None:
-            text, ids, reasoning, answer_prefill = await self._off_loop(self._chat_prompt, req, tools)
+            text, ids, reasoning, answer_prefill, after_block = await self._off_loop(self._chat_prompt, req, tools)
         else:
             text = req.prompt or ""
             ids = await self._off_loop(lambda: encode_prompt(self.loaded.tokenizer, text, self.loaded.context_length,
@@ -379,24 +379,25 @@ class Generation:
             grammar = self._continued(grammar, spec, text, answer_prefill)
         return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
                           logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl",
-                          reasoning=reasoning, harmony=harmony)
+                          reasoning=reasoning, harmony=harmony, after_block=after_block)
 
     def _chat_prompt(self, req: ChatCompletionRequest, tools: list[dict] | None
-                     ) -> tuple[str, list[int], ReasoningTags | None, str]:
+                     ) -> tuple[str, list[int], ReasoningTags | None, str, bool]:
         """The rendered conversation, its token ids, the reasoning block the output may open or is inside (if
-        any), and of an assistant message continued, the part that is the answer (the constraint's beginning)."""
+        any), and of an assistant message continued, the part that is the answer (the constraint's beginning) and
+        whether it ends right after a block it closed (`ChatTemplate.prefill_reasoning`)."""
         text, text_spans = self.template.render_with_text_spans(
             req.messages, tools=tools if req.tool_choice != "none" else None, tools_prompt=self._tools_prompt,
             generation_prompt=req.generation_prompt, continue_final_message=bool(req.continue_final_message),
             template_kwargs=self._template_kwargs(req))
-        reasoning, answer_prefill = None, ""
+        reasoning, answer_prefill, after_block = None, "", False
         if req.continue_final_message:
-            reasoning, answer_prefill = self.template.prefill_reasoning(req.messages[-1].text or "")
+            reasoning, answer_prefill, after_block = self.template.prefill_reasoning(req.messages[-1].text or "")
         elif req.generation_prompt:
             reasoning = self.template.reasoning_for(text)
         ids = encode_chat_prompt(self.template.tokenizer, text, text_spans, self.loaded.context_length,
                                  what=_prompt_made_of(req))
-        return text, ids, reasoning, answer_prefill
+        return text, ids, reasoning, answer_prefill, after_block
 
     def _template_kwargs(self, req: ChatCompletionRequest) -> dict[str, Any] | None:
         """The request's `chat_template_kwargs`, and for harmony templates its `reasoning_effort` (gpt-oss's levels

@@ -182,6 +182,20 @@ def test_a_prefill_that_closed_its_block_continues_the_answer_after_it(http):
         jsonschema.validate(json.loads('{"name": "Par' + message["content"]), CITY)
 
 
+def test_a_prefill_that_ends_with_its_closed_block_drops_the_whitespace_before_the_answer(http, model_dir):
+    """After a block the model closes, the whitespace before the answer is dropped; after one a continued message
+    closed, it stayed: the answer was "\n\n\n\n\n\n" (QA reasoning D3)."""
+    from transformers import AutoTokenizer
+
+    newlines = AutoTokenizer.from_pretrained(str(model_dir)).encode("\n\n", add_special_tokens=False)[0]
+    prefill = [{"role": "assistant", "content": f"{OPEN_TAG}\nParis is big.\n{CLOSE_TAG}"}]
+    body = {"model": MODEL, "messages": MESSAGES + prefill, "continue_final_message": True, "max_tokens": 4,
+            "logit_bias": {str(newlines): 30}, "logprobs": True}
+    for seed in range(2):
+        message = assert_stream_matches_whole_answer(http, {**body, "seed": seed})
+        assert message["content"] == message["content"].lstrip(), message
+
+
 def test_reasoning_sent_back_in_history_is_rendered(http):
     """An assistant turn's `reasoning_content` (or `reasoning`, as other clients name it) goes to the template
     (Qwen3's writes it back as the block)."""
