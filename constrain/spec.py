@@ -97,7 +97,8 @@ def normalise_schema(schema: Any) -> Any:
             if key in _normal:
                 _normal.move_to_end(key)
                 return _normal[key]
-    out = _endless_references_false(_ref_siblings(with_python_patterns(_with_known_dialect(_counts_clamped(schema)))))
+    out = _endless_references_false(_meaningful_additional_items(_ref_siblings(
+        with_python_patterns(_with_known_dialect(_counts_clamped(schema))))))
     try:
         out = bounds_on_members(rewrite_schema(out))
     except Exception:  # noqa: BLE001 - e.g. an invalid schema jsonschema cannot evaluate: compile it unrewritten
@@ -242,6 +243,30 @@ def _ref_siblings(schema: Any) -> Any:
         for key, value in node.items():  # containers no draft names, which a `$ref` may point into
             if key not in ASSERTIONS and key not in ANNOTATIONS and isinstance(value, dict):
                 out[key] = rewrite(value)
+        return out
+
+    return _dropped_targets_kept(schema, rewrite(schema), rewrite)
+
+
+def _meaningful_additional_items(schema: Any) -> Any:
+    """`schema` without the `additionalItems` that mean nothing: every one in 2020-12 (no keyword there), and in
+    earlier drafts those beside an `items` that is no list (it then holds every item). llguidance 1.9.1 read one
+    beside `prefixItems` as the old drafts read it beside a list, and dropped the `prefixItems`: `[true]` was taken
+    under `prefixItems: [{type: integer}], additionalItems: false`, unsound, and `[1, "a"]` refused beside `items:
+    {type: string}` (QA fuzz2 F1, F2). A reference into one still names it (`_dropped_targets_kept`)."""
+    if not isinstance(schema, dict) or not any(key == "additionalItems" for _, key, _ in walk_with_refs(schema)):
+        return schema
+    latest = not any(d in str(schema.get("$schema", "")) for d in (*_OLD_DRAFTS, "2019-09"))
+
+    def rewrite(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = map_subschemas(node, rewrite)
+        for key, value in node.items():  # containers no draft names, which a `$ref` may point into
+            if key not in ASSERTIONS and key not in ANNOTATIONS and isinstance(value, dict):
+                out[key] = rewrite(value)
+        if "additionalItems" in out and (latest or not isinstance(out.get("items"), list)):
+            del out["additionalItems"]
         return out
 
     return _dropped_targets_kept(schema, rewrite(schema), rewrite)
