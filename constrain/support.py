@@ -216,6 +216,23 @@ def gives_another_base(ptr: str, key: str, node: dict) -> bool:
     return key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) and not node[key].startswith("#")
 
 
+def nested_resources(schema: Any) -> list[str]:
+    """The pointers of the subschemas below the root whose `$id` gives them a base of their own, the keyword read
+    in the draft in force there (the root's `$schema`, or a subschema's own, as a function's parameters carry in
+    the calls' schema): draft 4's `id`, else `$id` (in 2020-12 an `id` is an annotation, and refusing it kept
+    outlines from schemas it serves: review R3)."""
+    found = list(walk(schema))
+    dialects = {ptr[: ptr.rindex("/")]: ("id" if any(d in node[key] for d in ("draft-03", "draft-04")) else "$id")
+                for ptr, key, node in found if key == "$schema" and isinstance(node[key], str)}
+
+    def keyword_at(place: str) -> str:
+        governing = max((p for p in dialects if place == p or place.startswith(p + "/")), key=len, default=None)
+        return dialects[governing] if governing is not None else "$id"
+
+    return [ptr[: ptr.rindex("/")] for ptr, key, node in found
+            if gives_another_base(ptr, key, node) and key == keyword_at(ptr[: ptr.rindex("/")])]
+
+
 def references_followable(root: dict) -> bool:
     """Every $ref is a local JSON Pointer `resolve_ref` follows, and no $dynamicRef, $recursiveRef or nested $id
     moves what they mean: then a walk of the schema knows every subschema that may apply at a place. A nested
@@ -547,7 +564,7 @@ def outlines_unsupported(schema: Any) -> list[str]:
     bad: list[str] = []
     walked = {id(node) for _, _, node in walk(schema)}  # the subschemas checked below ({} has no keyword: never)
     # (outlines-core reads every `$ref` against the root: one below a nested `$id` names another place)
-    resources = [ptr[: ptr.rindex("/")] for ptr, key, node in walk(schema) if gives_another_base(ptr, key, node)]
+    resources = nested_resources(schema)
     if not _containers_only(schema, schema):
         bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")
     for ptr, key, node in walk(schema):

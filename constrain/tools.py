@@ -49,6 +49,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urldefrag, urljoin
 
 from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
 from constrain.harmony import ARGS_OPEN, CALL_OPEN
@@ -138,26 +139,57 @@ class ParsedCalls:
     complete: bool = True
 
 
-def _rebase_refs(node: Any, old: str, new: str) -> Any:
+def _id_keyword(params: Any) -> str:
+    """The keyword that gives a subschema a base of its own in these parameters' draft: draft 4's `id` (an
+    annotation, or a property's name, in later drafts), else `$id`."""
+    draft = str(params.get("$schema", "")) if isinstance(params, dict) else ""
+    return "id" if "draft-04" in draft or "draft-03" in draft else "$id"
+
+
+def _own_base(node: Any, id_key: str) -> str | None:
+    """The URI the subschema `node` names itself with (its `$id`, less any fragment), if it does."""
+    value = node.get(id_key) if isinstance(node, dict) else None
+    return urldefrag(value).url if isinstance(value, str) and not value.startswith("#") else None
+
+
+def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: str | None = None) -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
-    parameters under the call schema's $defs (`call_schema`) and back (`function_schema`). Not inside a subschema
-    with an `$id` of its own (the parameters' root's included), whose `#` is itself wherever it sits: its
-    references were moved to the call schema's place, which names another subschema there, or none (a `$ref`
-    under a nested `$id` was held to the parameters' root definition of the same name)."""
-    if isinstance(node, dict) and any(isinstance(node.get(k), str) and not node[k].startswith("#")
-                                      for k in ("$id", "id")):
+    parameters under the call schema's $defs (`call_schema`) and back (`function_schema`). `document`: the URI the
+    parameters named themselves with (their root `$id`, which the call schema leaves out), whose references are
+    read as local ones. Not inside a subschema with an `$id` of its own, whose `#` is itself wherever it sits: its
+    references moved to the call schema's place named another subschema, or none (a `$ref` under a nested `$id`
+    was held to the parameters' root definition of the same name)."""
+    if _own_base(node, id_key) is not None:
         return copy.deepcopy(node)
     if isinstance(node, dict):
         out = {}
         for k, v in node.items():
-            if k == "$ref" and isinstance(v, str) and (v == old or v.startswith(old + "/")):
-                out[k] = new + v[len(old):]
+            if k == "$ref" and isinstance(v, str):
+                if document is not None and not v.startswith("#"):
+                    whole, fragment = urldefrag(urljoin(document, v))
+                    v = "#" + fragment if whole == document else v
+                out[k] = new + v[len(old):] if v == old or v.startswith(old + "/") else v
             else:
-                out[k] = _rebase_refs(v, old, new)
+                out[k] = _rebase_refs(v, old, new, id_key, document)
         return out
     if isinstance(node, list):
-        return [_rebase_refs(v, old, new) for v in node]
+        return [_rebase_refs(v, old, new, id_key, document) for v in node]
     return node
+
+
+def _resources(node: Any, id_key: str, found: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The subschemas below `node` that name themselves (a nested `$id`), by the URI they name."""
+    found = {} if found is None else found
+    if isinstance(node, dict):
+        uri = _own_base(node, id_key)
+        if uri is not None:
+            found.setdefault(uri, node)
+        for value in node.values():
+            _resources(value, id_key, found)
+    elif isinstance(node, list):
+        for value in node:
+            _resources(value, id_key, found)
+    return found
 
 
 TOOL_DEF = re.compile(r"/\$defs/tool(\d+)(?=/|$)")  # where function i's parameters sit in the call schema
@@ -170,6 +202,7 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
     from constrain.spec import normalise_schema
 
     defs, variants = {}, []
+    resources: dict[str, tuple[int, Any]] = {}
     for i, fn in enumerate(functions):
         params = fn.get("parameters")
         if params is None:
@@ -180,7 +213,17 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
             raise ConstraintError(f"tools[{i}].function.parameters: Unsatisfiable schema: it rewrites to `false` "
                                   "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
         params = _arguments_object_schema(params)
-        defs[key] = _rebase_refs(params, "#", f"#/$defs/{key}")
+        id_key = _id_keyword(params)
+        document = _own_base(params, id_key)
+        if document is not None:  # (several functions' parameters often share one boilerplate `$id`)
+            params = {k: v for k, v in params.items() if k != id_key}
+        for uri, resource in _resources(params, id_key).items():  # (one document holds each URI once)
+            if resources.setdefault(uri, (i, resource))[1] != resource:
+                raise ConstraintError(f"tools[{i}].function.parameters: the subschema named {uri!r} (its "
+                                      f"`{id_key}`) differs from the one tools[{resources[uri][0]}] names so: "
+                                      "the calls' schema holds both functions' parameters, where a name means one "
+                                      "subschema; give them different names", param="tools")
+        defs[key] = _rebase_refs(params, "#", f"#/$defs/{key}", id_key, document)
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
                                                           args_key: {"$ref": f"#/$defs/{key}"}},
                          "required": ["name", args_key], "additionalProperties": False})
@@ -327,7 +370,8 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
 def function_schema(spec: ConstraintSpec, i: int) -> dict:
     """The parameters of the call schema's function `i` (in `spec.tool_names` order) as a schema of their own,
     their exact rewrites done; its pointers `p` are the call schema's `/$defs/tool<i>p`."""
-    return _rebase_refs(spec.schema["$defs"][f"tool{i}"], f"#/$defs/tool{i}", "#")
+    params = spec.schema["$defs"][f"tool{i}"]
+    return _rebase_refs(params, f"#/$defs/tool{i}", "#", _id_keyword(params))
 
 
 def client_pointer_of_call(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:

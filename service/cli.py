@@ -52,9 +52,13 @@ def _positive_int(text: str) -> int:
 
 
 def _api_key(text: str) -> str:
-    """An empty `--api-key` (`--api-key "$KEY"` with KEY unset) is refused: it served every request, unasked."""
-    if not text:
+    """An empty `--api-key` (`--api-key "$KEY"` with KEY unset) is refused: it served every request, unasked. So is
+    one with whitespace around it (an env file's trailing space), which no request's header could match."""
+    if not text.strip():
         raise argparse.ArgumentTypeError("an empty key; leave --api-key out to serve without one")
+    if text != text.strip():
+        raise argparse.ArgumentTypeError("the key begins or ends with whitespace, which no Authorization header "
+                                         "carries: every request would be refused")
     return text
 
 

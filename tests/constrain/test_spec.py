@@ -685,6 +685,24 @@ def test_outlines_refuses_references_below_a_nested_id(gpt2_compiler):
     assert exc.value.pointer == "/properties/z/properties/a/$ref"
 
 
+@pytest.mark.parametrize("schema", [
+    # 2020-12: an `id` is an annotation; draft 4: a `$id` is (its keyword is `id`)
+    {"type": "object", "$defs": {"a": {"type": "integer"}}, "properties": {"z": {
+        "id": "zid", "$defs": {"a": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"],
+        "additionalProperties": False}}, "required": ["z"], "additionalProperties": False},
+    {"$schema": DRAFT4, "type": "object", "definitions": {"a": {"type": "integer"}}, "properties": {"z": {
+        "$id": "http://x/z", "definitions": {"a": {"type": "string"}}, "properties": {"a": {"$ref": "#/definitions/a"}},
+        "required": ["a"], "additionalProperties": False}}, "required": ["z"], "additionalProperties": False},
+])
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_an_id_keyword_of_another_draft_moves_no_base(schema, backend, gpt2_compiler, tokenizers, vocabs):
+    """Such references read against the root, and outlines serves them (it refused them: review R3)."""
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "r", "schema": schema}}, backend=backend))
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"z": {"a": 1}})
+    assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"z": {"a": "s"}})
+
+
 def test_a_schema_found_valid_is_not_checked_again_and_an_invalid_one_always_is(monkeypatch):
     from constrain import spec as spec_module
 

@@ -231,34 +231,73 @@ def test_parameters_get_the_exact_rewrites_of_response_format_schemas(tool_choic
         assert (all(m.accept(t) for t in tok.encode(text)) and m.can_end()) == ok
 
 
+def _with_id(value_type: str, **fields) -> dict:
+    return {"type": "object", "$defs": {"a": {"type": value_type}}, "properties": {"a": {"$ref": "#/$defs/a"}},
+            "required": ["a"], "additionalProperties": False, **fields}
+
+
 @pytest.mark.parametrize("parameters,valid,invalid", [
     # an `$id` at the parameters' root: its `#/$defs/a` is its own wherever the call schema puts it
-    ({"$id": "http://x.example/p", "type": "object", "$defs": {"a": {"type": "integer"}},
-      "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"], "additionalProperties": False},
+    (_with_id("integer", **{"$id": "http://x.example/p"}), {"a": 1}, {"a": "s"}),
+    # draft 4's `id`; and in 2020-12 an `id` that is only an annotation (review R2, R3: 400s)
+    (_with_id("integer", **{"$schema": "http://json-schema.org/draft-04/schema#", "id": "http://x.example/p"}),
      {"a": 1}, {"a": "s"}),
-    # a nested `$id`: z's `#/$defs/a` is z's integer, not the parameters' string
-    ({"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
-        "z": {"$id": "http://x.example/z", "$defs": {"a": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/a"}},
-              "required": ["a"], "additionalProperties": False}}, "required": ["z"], "additionalProperties": False},
-     {"z": {"a": 1}}, {"z": {"a": "s"}}),
+    (_with_id("integer", id="myparams"), {"a": 1}, {"a": "s"}),
+    # the parameters' root named by its URI
+    ({"$id": "http://x.example/p", "type": "object", "$defs": {"a": {"type": "integer"}},
+      "properties": {"a": {"$ref": "http://x.example/p#/$defs/a"}, "b": {"$ref": "p#/$defs/a"}},
+      "additionalProperties": False},
+     {"a": 1, "b": 2}, {"a": "s"}),
 ])
 @pytest.mark.parametrize("backend", ["llguidance", "outlines", "auto"])
-def test_references_in_parameters_with_an_id_keep_their_base(parameters, valid, invalid, backend, gpt2_compiler,
-                                                             tokenizers, vocabs):
-    """The call schema moves each function's parameters under its `$defs`, and their `#...` references with them:
-    also those read against an `$id` of their own, which then named nothing (llguidance: a 400 "Pointer
-    '/$defs/tool0/$defs/a' does not exist") or the parameters' root definition of the same name (outlines took
-    `{"z": {"a": "s"}}`); outlines, which reads every reference against the root, refuses those."""
+def test_references_in_parameters_named_by_an_id_keep_their_meaning(parameters, valid, invalid, backend,
+                                                                     gpt2_compiler, tokenizers, vocabs):
+    """The call schema moves each function's parameters under its `$defs`, and their `#...` references with them;
+    the parameters' own name (their root `$id`) is left out there, as several functions often share one."""
     spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}],
                              tool_choice="required", backend=backend)
-    if backend == "outlines":
-        with pytest.raises(ConstraintError, match="cannot enforce the keyword at /0/function/parameters/.*\\$ref"):
-            gpt2_compiler.compile(spec)
-        return
     g = gpt2_compiler.compile(spec)
     for arguments, ok in ((valid, True), (invalid, False)):
         call = [{"name": "f", "arguments": arguments}]
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], call) == ok, arguments
+
+
+def test_references_below_a_nested_id_in_parameters_keep_their_base(gpt2_compiler, tokenizers, vocabs):
+    """Moved to the call schema's place, a `$ref` under a nested `$id` named nothing (llguidance: a 400 "Pointer
+    '/$defs/tool0/$defs/a' does not exist") or the parameters' root definition of the same name (outlines took
+    `{"z": {"a": "s"}}`); outlines, which reads every reference against the root, refuses those."""
+    parameters = {"type": "object", "$defs": {"a": {"type": "string"}}, "properties": {
+        "z": {"$id": "http://x.example/z", "$defs": {"a": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/a"}},
+              "required": ["a"], "additionalProperties": False}}, "required": ["z"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    for backend in ("llguidance", "auto"):
+        g = gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required", backend=backend))
+        for arguments, ok in (({"z": {"a": 1}}, True), ({"z": {"a": "s"}}, False)):
+            assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": arguments}]) == ok
+    with pytest.raises(ConstraintError, match="cannot enforce the keyword at /0/function/parameters/.*\\$ref"):
+        gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required", backend="outlines"))
+
+
+def test_functions_whose_parameters_share_an_id_keep_their_own_definitions(gpt2_compiler, tokenizers, vocabs):
+    """Two functions' parameters with one boilerplate `$id` were two resources of one name in the call schema:
+    llguidance read both against one, and `f` took `g`'s string (review R1, unsound). Nested subschemas of one
+    name that differ are refused; the same subschema twice is served."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": _with_id("integer", **{"$id": "http://x/p"})}},
+             {"type": "function", "function": {"name": "g", "parameters": _with_id("string", **{"$id": "http://x/p"})}}]
+    for backend in ("llguidance", "auto"):
+        g = gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required", backend=backend))
+        for call, ok in (({"name": "f", "arguments": {"a": 1}}, True), ({"name": "f", "arguments": {"a": "s"}}, False),
+                         ({"name": "g", "arguments": {"a": "s"}}, True), ({"name": "g", "arguments": {"a": 1}}, False)):
+            assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [call]) == ok, call
+
+    def nested(value_type: str) -> dict:
+        return {"type": "object", "properties": {"z": {"$id": "http://x/z", "$defs": {"a": {"type": value_type}},
+                                                       "properties": {"a": {"$ref": "#/$defs/a"}}}}}
+    same = [{"type": "function", "function": {"name": n, "parameters": nested("integer")}} for n in ("f", "g")]
+    assert gpt2_compiler.compile(spec_from_request(tools=same, tool_choice="required"))
+    differing = [same[0], {"type": "function", "function": {"name": "g", "parameters": nested("string")}}]
+    with pytest.raises(ConstraintError, match="tools\\[1\\].function.parameters: the subschema named 'http://x/z'"):
+        gpt2_compiler.compile(spec_from_request(tools=differing, tool_choice="required"))
 
 
 @pytest.mark.parametrize("tool_choice", ["required", "auto", {"type": "function", "function": {"name": "f"}}])

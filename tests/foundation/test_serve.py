@@ -75,7 +75,8 @@ def test_directory_without_a_model_exits_nonzero_with_one_line_reason(tmp_path):
 @pytest.mark.parametrize("args", [["--port", "http"], ["--max-batch-size", "0"], ["--dtype", "float8"],
                                   ["--cache-max-mb", "0"], ["--grammar-cache-mb", "0"],
                                   ["--no-such-option"], ["--json-whitespace", "[ ]*"],
-                                  ["--json-whitespace", "[ x]?"], ["--api-key", ""]])
+                                  ["--json-whitespace", "[ x]?"], ["--api-key", ""], ["--api-key", " "],
+                                  ["--api-key", "secret "]])
 def test_bad_option_exits_nonzero_naming_it(args):
     result = _serve(*args)
     assert result.returncode == 2
