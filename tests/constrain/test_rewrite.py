@@ -1124,6 +1124,44 @@ def test_unevaluated_items_beside_contains_become_items_of_either(schema, valid,
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=6, walks=12, max_tokens=60, prefer_end=0.05) == 12
 
 
+@pytest.mark.parametrize("schema,valid,invalid", [
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "patternProperties": {"^n": {"type": "integer"}},
+      "additionalProperties": {"type": "string"}},
+     [{}, {"na": 1}, {"ab": "x", "nb": 2}], [{"na": "x"}, {"Ab": "x"}, {"ab": 1}, {"n1": 1}]),
+    ({"type": "object", "propertyNames": {"maxLength": 2}, "patternProperties": {"^n": {"type": "integer"}},
+      "additionalProperties": {"type": "string"}, "maxProperties": 3}, [{"n": 1}, {"ab": "x"}],
+     [{"abc": "x"}, {"na": "x"}]),
+    # a declared name keeps the patterns that match it; one the names refuse is forbidden
+    ({"type": "object", "properties": {"nx": {"minimum": 5}, "Q": {"type": "string"}},
+      "propertyNames": {"pattern": "^[a-z]+$"}, "patternProperties": {"^n": {"type": "integer"}}},
+     [{"nx": 7}, {"nx": 7, "ab": [1]}], [{"nx": 3}, {"nx": "s"}, {"Q": "s"}, {"na": "s"}]),
+    # overlapping patterns: a name both match holds to both
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
+      "patternProperties": {"^n": {"type": "integer"}, "a$": {"minimum": 3}}, "additionalProperties": False},
+     [{"na": 5}, {"ba": 4}], [{"na": 1}, {"ba": 1}, {"bb": 1}, {"na": "x"}]),
+])
+def test_property_names_beside_pattern_properties_become_regions(schema, valid, invalid, gpt2_compiler, tokenizers,
+                                                                 vocabs):
+    """`propertyNames` was checked only as a key's quote closed where the object had `patternProperties`: a key
+    the names could never take was written until max_tokens (5 walks in 20 ended, QA fuzz2 F3). The names are cut
+    by the patterns that match them, each region with those patterns' schemas."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    for document in valid:
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    for document in invalid:
+        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=2, walks=16, max_tokens=80) == 16
+
+
+def test_property_names_beside_a_pattern_read_otherwise_by_another_dialect_stay_checked_late():
+    """`\\w` holds `é` in Python's regexes, not in ECMA's: regions cut by the automata would put such a name under
+    the wrong schema."""
+    schema = {"type": "object", "propertyNames": {"maxLength": 3}, "patternProperties": {"^\\w+$": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    assert rewrite_schema(schema) == schema
+
+
 def _llguidance_takes(compiler, tokenizers, vocabs, schema, accepted, refused):
     """`schema` compiles on llguidance (strict) and its grammar takes exactly the `accepted` documents."""
     g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
