@@ -1443,6 +1443,13 @@ def _unique_items(node: dict, ctx: _Ctx) -> dict:
             names = _type_value(types - {"array"})
             return False if not names else {**node, "type": names}
         most = min(mx, size) if isinstance(mx, int) and not isinstance(mx, bool) else size
+        tuple_key = "prefixItems" if "prefixItems" in ctx.validator.VALIDATORS else "items"  # (before 2020-12)
+        orders = _unique_orders(values, least if _number(least) else 0, most, tuple_key)
+        if orders is not None:
+            ctx.changed = True
+            out = {k: v for k, v in node.items() if k != "uniqueItems"}
+            _add_all_of(out, {"anyOf": orders})
+            return out
         if size <= 1:
             node = {k: v for k, v in node.items() if k != "uniqueItems"}
         elif most == mx:
@@ -1450,6 +1457,24 @@ def _unique_items(node: dict, ctx: _Ctx) -> dict:
         node = {**node, "maxItems": most}
         ctx.changed = True
     return node
+
+
+_MAX_UNIQUE_ORDERS = 64  # unique arrays of container values laid out one by one (4 values: 64 orders)
+
+
+def _unique_orders(values: list, least: int, most: int, tuple_key: str) -> list | None:
+    """Each array of distinct `values` (from `least` to `most` of them), as a tuple of `const`s, where some value
+    is an object or an array (scalars are steered while written: constrain/unique_items.py) and they are few. As
+    each is written, the checks refuse a repeat only once it is finished: in `[{"a": 1}, {"b": 2}, {"b": 2` only
+    the `}` that finishes the repeat could follow, and half the answers ended with `constraint_too_complex` (QA
+    fuzz2 F6)."""
+    if not any(isinstance(v, (dict, list)) for v in values):
+        return None
+    counts = [math.perm(len(values), k) for k in range(least, most + 1)]
+    if sum(counts) > _MAX_UNIQUE_ORDERS:
+        return None
+    return [{tuple_key: [{"const": v} for v in order], "minItems": len(order), "maxItems": len(order)}
+            for k in range(least, most + 1) for order in itertools.permutations(values, k)]
 
 
 _MAX_CONTAINS_ITEMS = 8  # `contains` laid out position by position up to this maxItems (n(n+1)/2 subschemas)
