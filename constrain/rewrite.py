@@ -508,9 +508,12 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     was written and the answer ran to max_tokens. Beside a `contains: C` (which evaluates the items it matches,
     whatever `minContains`/`maxContains` say), an item past the prefix is evaluated or held to U: `items: {anyOf:
     [C, U]}`, C alone where U is `false`, the `contains` kept (QA fuzz2 F4: 1 walk in 20 ended). A copy where one
-    changes; `schema` itself otherwise."""
-    if "prefixItems" not in validator_class(schema).VALIDATORS:
-        return schema  # (before 2020-12 `items` is a list's prefix: left as it is)
+    changes; `schema` itself otherwise. In 2019-09, where `items` may be a list (the prefix) and `additionalItems`
+    the rest: `additionalItems: U` beside such a list, nothing beside `items` as one schema or beside
+    `additionalItems` (every item is evaluated), else `items: U` (QA fuzz2 F7: 11 walks in 20 ended)."""
+    known = validator_class(schema).VALIDATORS
+    if "prefixItems" not in known:
+        return _unevaluated_items_as_additional(schema) if "unevaluatedItems" in known else schema
     refs = _refs(schema)  # (no target is renamed)
     found = {ptr for ptr, key, n in walk(schema)
              if key == "unevaluatedItems" and not any(k in n for k in _EVALUATING_ITEMS if k != "contains")
@@ -527,6 +530,26 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
         else:
             contained = copy.deepcopy(node["contains"])
             node["items"] = contained if unevaluated is False else {"anyOf": [contained, unevaluated]}
+    return root
+
+
+def _unevaluated_items_as_additional(schema: dict) -> dict:
+    """2019-09's form of `_unevaluated_items_as_items` (there `contains` is left out: what it evaluates changed
+    in 2020-12)."""
+    refs = _refs(schema)
+    beside = [k for k in _EVALUATING_ITEMS if k != "items"] + ["additionalItems"]
+    found = {ptr for ptr, key, n in walk(schema)
+             if key == "unevaluatedItems" and not _targeted(ptr, refs) and not any(k in n for k in beside)}
+    if not found:
+        return schema
+    root = copy.deepcopy(schema)
+    for node in [n for ptr, key, n in walk(root) if key == "unevaluatedItems" and ptr in found]:
+        unevaluated = node.pop("unevaluatedItems")
+        items = node.get("items")
+        if isinstance(items, list):
+            node["additionalItems"] = unevaluated
+        elif items is None:
+            node["items"] = unevaluated
     return root
 
 
@@ -1486,7 +1509,17 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
     `items` still applies to every item). Checked late, the array's end was refused only once the last place was
     written, a dead end. 2020-12 only (its `prefixItems`), with no `maxContains` and no `minContains` but 1 beside.
     The node's own `prefixItems` apply beside each position's (with only a later slot able to hold C, the late
-    check let the walk fill the earlier ones and the budget found no end: QA fuzz F2)."""
+    check let the walk fill the earlier ones and the budget found no end: QA fuzz F2). `maxContains: 0` (with
+    `minContains: 0`) says no item holds C: `items: {not: C}` in an `allOf` (checked late, an item C took was
+    written and refused only once finished: QA fuzz2 F7)."""
+    most, least = node.get("maxContains"), node.get("minContains")
+    if "contains" in node and _count(most) and most == 0 and _count(least) and least == 0 and "$ref" not in node \
+            and "unevaluatedItems" in ctx.validator.VALIDATORS:  # (2019-09 on: the drafts with maxContains)
+        ctx.changed = True
+        out = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
+        negation = _negation(node["contains"], ctx)  # (this pass rewrites no `not` it makes)
+        _add_all_of(out, {"items": {"not": node["contains"]} if negation is None else negation})
+        return out
     if "contains" not in node or node.get("minContains", 1) != 1 or "maxContains" in node \
             or "prefixItems" not in ctx.validator.VALIDATORS or "$ref" in node:
         return node

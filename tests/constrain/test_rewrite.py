@@ -1181,6 +1181,33 @@ def test_property_names_beside_a_pattern_read_otherwise_by_another_dialect_stay_
     assert rewrite_schema(schema) == schema
 
 
+D2019 = "https://json-schema.org/draft/2019-09/schema"
+
+
+@pytest.mark.parametrize("schema,valid,invalid", [
+    # 2019-09: beside an `items` list, unevaluatedItems is additionalItems; alone, items
+    ({"$schema": D2019, "type": "array", "items": [{"type": "integer"}], "unevaluatedItems": {"type": "string"}},
+     [[1], [1, "a"]], [[1, 2], ["a"]]),
+    ({"$schema": D2019, "type": "array", "unevaluatedItems": {"type": "string"}, "maxItems": 3}, [["a"], []], [[1]]),
+    # maxContains 0: no item holds the contains schema
+    ({"type": "array", "items": {"type": ["string", "integer"]}, "contains": {"type": "string"}, "minContains": 0,
+      "maxContains": 0, "minItems": 1}, [[1], [1, 2]], [["a"], [1, "a"], []]),
+    ({"type": "array", "prefixItems": [{"type": "string"}], "contains": {"const": 3}, "minContains": 0,
+      "maxContains": 0}, [["a", 1], []], [["a", 3]]),
+])
+def test_items_keywords_checked_late_become_what_the_grammar_holds(schema, valid, invalid, gpt2_compiler, tokenizers,
+                                                                   vocabs):
+    """Checked late, an item they refuse was written and refused only once finished: 10-13 walks in 20 ended (QA
+    fuzz2 F7)."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    for document in valid:
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    for document in invalid:
+        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=16, max_tokens=60) == 16
+
+
 def _llguidance_takes(compiler, tokenizers, vocabs, schema, accepted, refused):
     """`schema` compiles on llguidance (strict) and its grammar takes exactly the `accepted` documents."""
     g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
