@@ -1501,13 +1501,15 @@ def _unique_orders(values: list, least: int, most: int, tuple_key: str) -> list 
 
 
 _MAX_CONTAINS_ITEMS = 8  # `contains` laid out position by position up to this maxItems (n(n+1)/2 subschemas)
+_MAX_CONTAINS_PLACES = 70  # and `minContains: m` as the sets of m places, up to this many (8 choose 4)
 
 
 def _contains(node: dict, ctx: _Ctx) -> dict:
     """`contains: C` (at least one item valid against C) on an array of at most N items, N <= 8: the item at some
     position k < N is, so an `anyOf` over k of `prefixItems: [true]*k + [C]` with `minItems: k + 1` (the node's
     `items` still applies to every item). Checked late, the array's end was refused only once the last place was
-    written, a dead end. 2020-12 only (its `prefixItems`), with no `maxContains` and no `minContains` but 1 beside.
+    written, a dead end. 2020-12 only (its `prefixItems`), with no `maxContains` beside; with `minContains: m`,
+    over the sets of m positions.
     The node's own `prefixItems` apply beside each position's (with only a later slot able to hold C, the late
     check let the walk fill the earlier ones and the budget found no end: QA fuzz F2). `maxContains: 0` (with
     `minContains: 0`) says no item holds C: `items: {not: C}` in an `allOf` (checked late, an item C took was
@@ -1520,17 +1522,21 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
         negation = _negation(node["contains"], ctx)  # (this pass rewrites no `not` it makes)
         _add_all_of(out, {"items": {"not": node["contains"]} if negation is None else negation})
         return out
-    if "contains" not in node or node.get("minContains", 1) != 1 or "maxContains" in node \
+    least = node.get("minContains", 1)
+    if "contains" not in node or not (_count(least) and least >= 1) or "maxContains" in node \
             or "prefixItems" not in ctx.validator.VALIDATORS or "$ref" in node:
         return node
     mx, items = node.get("maxItems"), node.get("items", True)
-    if not (isinstance(mx, int) and not isinstance(mx, bool) and 1 <= mx <= _MAX_CONTAINS_ITEMS) \
-            or not isinstance(items, (dict, bool)):
+    if not (isinstance(mx, int) and not isinstance(mx, bool) and least <= mx <= _MAX_CONTAINS_ITEMS) \
+            or not isinstance(items, (dict, bool)) or math.comb(mx, least) > _MAX_CONTAINS_PLACES:
         return node
     ctx.changed = True
     out = {k: v for k, v in node.items() if k not in ("contains", "minContains")}
-    positions = [{"prefixItems": [True] * k + [node["contains"]], "minItems": k + 1} for k in range(mx)]
-    _add_all_of(out, {"anyOf": positions})
+    # (`minContains: m`: some m places hold C; checked late, an item that left too few places for the rest was
+    # written, and the array could not close: QA fuzz2 F5)
+    places = [{"prefixItems": [node["contains"] if i in chosen else True for i in range(chosen[-1] + 1)],
+               "minItems": chosen[-1] + 1} for chosen in itertools.combinations(range(mx), least)]
+    _add_all_of(out, {"anyOf": places})
     return out
 
 
