@@ -1486,7 +1486,8 @@ _MAX_UNIQUE_ORDERS = 64  # unique arrays of container values laid out one by one
 
 
 def _unique_orders(values: list, least: int, most: int, tuple_key: str) -> list | None:
-    """Each array of distinct `values` (from `least` to `most` of them), as a tuple of `const`s, where some value
+    """Each array of distinct `values` (from `least` to `most` of them), as a tuple of one-value `enum`s (draft 4
+    has no `const`: such tuples held nothing, review2 F1), where some value
     is an object or an array (scalars are steered while written: constrain/unique_items.py) and they are few. As
     each is written, the checks refuse a repeat only once it is finished: in `[{"a": 1}, {"b": 2}, {"b": 2` only
     the `}` that finishes the repeat could follow, and half the answers ended with `constraint_too_complex` (QA
@@ -1496,7 +1497,7 @@ def _unique_orders(values: list, least: int, most: int, tuple_key: str) -> list 
     counts = [math.perm(len(values), k) for k in range(least, most + 1)]
     if sum(counts) > _MAX_UNIQUE_ORDERS:
         return None
-    return [{tuple_key: [{"const": v} for v in order], "minItems": len(order), "maxItems": len(order)}
+    return [{tuple_key: [{"enum": [v]} for v in order], "minItems": len(order), "maxItems": len(order)}
             for k in range(least, most + 1) for order in itertools.permutations(values, k)]
 
 

@@ -868,13 +868,19 @@ def test_unique_items_over_many_values_keep_their_length_unbounded(items):
     {"type": "array", "items": {"enum": [{"a": 1}, {"b": 2}, {"c": [1]}]}, "uniqueItems": True, "minItems": 2},
     {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
      "items": {"enum": [[1], [2], "x"]}, "uniqueItems": True},
+    {"$schema": "http://json-schema.org/draft-04/schema#", "type": "array",  # (no `const` there: review2 F1)
+     "items": {"enum": [{"a": 1}, [1], 2]}, "uniqueItems": True},
 ])
-def test_unique_arrays_of_few_container_values_are_laid_out_order_by_order(schema, gpt2_compiler, vocabs):
+def test_unique_arrays_of_few_container_values_are_laid_out_order_by_order(schema, gpt2_compiler, tokenizers,
+                                                                            vocabs):
     """A repeat of an enum's object was refused only once finished: in `[{"a": 1}, {"b": 2}, {"b": 2` nothing but
     its `}` could follow, and half the walks ended with constraint_too_complex (QA fuzz2 F6)."""
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=16, max_tokens=80) == 16
+    first, second = schema["items"]["enum"][:2]
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [first, second])
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [first, first])
 
 
 def test_walks_close_a_unique_array_of_objects_once_every_value_is_used(gpt2_compiler, vocabs):
