@@ -152,11 +152,14 @@ def _own_base(node: Any, id_key: str) -> str | None:
     return urldefrag(value).url if isinstance(value, str) and not value.startswith("#") else None
 
 
-def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: str | None = None) -> Any:
+def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: str | None = None,
+                 anchors: str = "") -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
     parameters under the call schema's $defs (`call_schema`) and back (`function_schema`). `document`: the URI the
     parameters named themselves with (their root `$id`, which the call schema leaves out), whose references are
-    read as local ones. Not inside a subschema with an `$id` of its own, whose `#` is itself wherever it sits: its
+    read as local ones. `anchors`: a prefix for the names of their anchors (`$anchor`, a plain-name `$id`
+    `#name`) and the references to them, which the calls' schema holds side by side (two functions' `s` made one:
+    review2 F2). Not inside a subschema with an `$id` of its own, whose `#` is itself wherever it sits: its
     references moved to the call schema's place named another subschema, or none (a `$ref` under a nested `$id`
     was held to the parameters' root definition of the same name)."""
     if _own_base(node, id_key) is not None:
@@ -168,12 +171,20 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
                 if document is not None and not v.startswith("#"):
                     whole, fragment = urldefrag(urljoin(document, v))
                     v = "#" + fragment if whole == document else v
-                out[k] = new + v[len(old):] if v == old or v.startswith(old + "/") else v
+                if v == old or v.startswith(old + "/"):
+                    v = new + v[len(old):]
+                elif v.startswith("#") and not v.startswith("#/"):
+                    v = "#" + anchors + v[1:]
+                out[k] = v
+            elif k == "$anchor" and isinstance(v, str):
+                out[k] = anchors + v
+            elif isinstance(v, str) and k == id_key and v.startswith("#") and len(v) > 1:
+                out[k] = "#" + anchors + v[1:]
             else:
-                out[k] = _rebase_refs(v, old, new, id_key, document)
+                out[k] = _rebase_refs(v, old, new, id_key, document, anchors)
         return out
     if isinstance(node, list):
-        return [_rebase_refs(v, old, new, id_key, document) for v in node]
+        return [_rebase_refs(v, old, new, id_key, document, anchors) for v in node]
     return node
 
 
@@ -215,15 +226,19 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
         params = _arguments_object_schema(params)
         id_key = _id_keyword(params)
         document = _own_base(params, id_key)
-        if document is not None:  # (several functions' parameters often share one boilerplate `$id`)
-            params = {k: v for k, v in params.items() if k != id_key}
+        inner = {k: v for k, v in params.items() if k != id_key} if document is not None else params
+        if document is not None and not _resources(inner, id_key):
+            # (several functions' parameters often share one boilerplate `$id`: left out, the parameters are part
+            # of the calls' document; with subschemas that name themselves, which may refer back to it by that
+            # name, it stays, and the parameters remain a document of their own)
+            params = inner
         for uri, resource in _resources(params, id_key).items():  # (one document holds each URI once)
             if resources.setdefault(uri, (i, resource))[1] != resource:
                 raise ConstraintError(f"tools[{i}].function.parameters: the subschema named {uri!r} (its "
                                       f"`{id_key}`) differs from the one tools[{resources[uri][0]}] names so: "
                                       "the calls' schema holds both functions' parameters, where a name means one "
                                       "subschema; give them different names", param="tools")
-        defs[key] = _rebase_refs(params, "#", f"#/$defs/{key}", id_key, document)
+        defs[key] = _rebase_refs(params, "#", f"#/$defs/{key}", id_key, document, anchors=f"{key}-")
         variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
                                                           args_key: {"$ref": f"#/$defs/{key}"}},
                          "required": ["name", args_key], "additionalProperties": False})

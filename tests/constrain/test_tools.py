@@ -278,6 +278,40 @@ def test_references_below_a_nested_id_in_parameters_keep_their_base(gpt2_compile
         gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required", backend="outlines"))
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_functions_keep_their_own_anchors(named, gpt2_compiler, tokenizers, vocabs):
+    """The calls' schema holds every function's parameters: two `$anchor: s` were one (review2 F2, unsound; without
+    `$id`s so before too)."""
+    def parameters(value_type: str, name: str) -> dict:
+        out = {"type": "object", "properties": {"a": {"$ref": "#s"}}, "required": ["a"],
+               "$defs": {"s": {"$anchor": "s", "type": value_type}}}
+        return {"$id": f"http://x/{name}", **out} if named else out
+    tools = [{"type": "function", "function": {"name": n, "parameters": parameters(t, n)}}
+             for n, t in (("f", "integer"), ("g", "string"))]
+    g = gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required", backend="llguidance"))
+    for call, ok in (({"name": "f", "arguments": {"a": 1}}, True), ({"name": "f", "arguments": {"a": "s"}}, False),
+                     ({"name": "g", "arguments": {"a": "s"}}, True), ({"name": "g", "arguments": {"a": 1}}, False)):
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [call]) == ok, call
+
+
+@pytest.mark.parametrize("parameters,valid,invalid", [
+    ({"$id": "http://x/root.json", "type": "object", "properties": {"a": {"$ref": "http://x/item.json"}},
+      "required": ["a"], "$defs": {"i": {"$id": "item.json", "type": "integer"}}}, {"a": 1}, {"a": "x"}),
+    ({"$id": "http://x/root.json", "type": "object", "properties": {"a": {"$ref": "http://x/item.json"}},
+      "required": ["a"], "$defs": {"s": {"type": "integer"}, "i": {
+          "$id": "http://x/item.json", "type": "object", "properties": {"v": {"$ref": "root.json#/$defs/s"}},
+          "required": ["v"]}}}, {"a": {"v": 1}}, {"a": {"v": "x"}}),
+])
+def test_parameters_whose_subschemas_name_themselves_stay_a_document_of_their_own(parameters, valid, invalid,
+                                                                                  gpt2_compiler, tokenizers, vocabs):
+    """Their references may reach the parameters by their `$id` (`root.json#/$defs/s` from inside `item.json`):
+    the `$id` stays there (left out, they were a 400 "Resource ... is not present in a registry": review2 F3)."""
+    g = gpt2_compiler.compile(spec_from_request(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": parameters}}], tool_choice="required", backend="llguidance"))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": valid}])
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": invalid}])
+
+
 def test_functions_whose_parameters_share_an_id_keep_their_own_definitions(gpt2_compiler, tokenizers, vocabs):
     """Two functions' parameters with one boilerplate `$id` were two resources of one name in the call schema:
     llguidance read both against one, and `f` took `g`'s string (review R1, unsound). Nested subschemas of one
