@@ -1786,6 +1786,9 @@ def _names_as_patterns(node: dict, ctx: _Ctx) -> dict:
     props = node.get("properties", {})
     names = _name_patterns(ctx._deref(node["propertyNames"]))
     own = node.get("patternProperties") or {}
+    if own and ctx.values(ctx._deref(node["propertyNames"])) is not None:
+        return node  # (finitely many names: their regions became properties in no order the schema gives, and
+        # llguidance writes properties in declared order: review2 F4)
     if names is None or len(props) > _MAX_PATTERN_PROPERTIES or not isinstance(own, dict) \
             or len(own) > _MAX_PATTERN_PROPERTIES \
             or any(portable_pattern(p) != widest_pattern(p) for p in own):  # (a region read one way by the

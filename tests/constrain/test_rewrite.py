@@ -1179,6 +1179,18 @@ def test_property_names_beside_pattern_properties_become_regions(schema, valid, 
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=2, walks=16, max_tokens=80) == 16
 
 
+def test_finitely_many_property_names_beside_pattern_properties_keep_any_order(gpt2_compiler, tokenizers, vocabs):
+    """As regions they became properties in an order no part of the schema gives (`art, bio, math`), which
+    llguidance then held answers to (review2 F4): such names stay checked as written."""
+    schema = {"type": "object", "propertyNames": {"enum": ["math", "art", "bio"]},
+              "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    for document in ({"math": "x", "art": 1}, {"bio": "x", "art": 1}, {"art": 1, "math": "m"}):
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"art": "x"})
+
+
 def test_property_names_beside_a_pattern_read_otherwise_by_another_dialect_stay_checked_late():
     """`\\w` holds `é` in Python's regexes, not in ECMA's: regions cut by the automata would put such a name under
     the wrong schema."""
