@@ -1520,7 +1520,10 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
             and "unevaluatedItems" in ctx.validator.VALIDATORS:  # (2019-09 on: the drafts with maxContains)
         ctx.changed = True
         out = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
-        negation = _negation(node["contains"], ctx)  # (this pass rewrites no `not` it makes)
+        # (among the types the node's items may take: `not: {type: integer}` is inexpressible alone; this pass
+        # rewrites no `not` it makes)
+        within = frozenset().union(*(ctx.types(s) for s in _item_schemas(node, ctx)))
+        negation = _negation(node["contains"], ctx, within)
         _add_all_of(out, {"items": {"not": node["contains"]} if negation is None else negation})
         return out
     least = node.get("minContains", 1)

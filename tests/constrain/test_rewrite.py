@@ -1231,6 +1231,9 @@ D2019 = "https://json-schema.org/draft/2019-09/schema"
       "maxContains": 0, "minItems": 1}, [[1], [1, 2]], [["a"], [1, "a"], []]),
     ({"type": "array", "prefixItems": [{"type": "string"}], "contains": {"const": 3}, "minContains": 0,
       "maxContains": 0}, [["a", 1], []], [["a", 3]]),
+    # (not integer is inexpressible alone, but among the items' types it is a string: review2 F6)
+    ({"type": "array", "items": {"type": ["string", "integer"]}, "contains": {"type": "integer"}, "minContains": 0,
+      "maxContains": 0}, [["a"], []], [[1], ["a", 2]]),
 ])
 def test_items_keywords_checked_late_become_what_the_grammar_holds(schema, valid, invalid, gpt2_compiler, tokenizers,
                                                                    vocabs):
