@@ -1828,6 +1828,9 @@ def _names_as_patterns(node: dict, ctx: _Ctx) -> dict:
     if isinstance(req, list) and any(out.get("properties", {}).get(r) is False for r in req):
         return node  # a required name refused: the node accepts no object; leave it to the backend
     kept = {r: v for r, v in others.items() if v is not False}
+    if own_patterns and kept and all(finite_language(r, _MAX_NAMED_PROPERTIES, ctx.regex_work) is not None
+                                     for r in kept):
+        return node  # (as with an enum of names above: finite regions become properties in an order of their own)
     if kept:
         out["patternProperties"] = kept
     out["additionalProperties"] = False

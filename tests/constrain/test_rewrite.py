@@ -1181,7 +1181,7 @@ def test_property_names_beside_pattern_properties_become_regions(schema, valid, 
 
 def test_finitely_many_property_names_beside_pattern_properties_keep_any_order(gpt2_compiler, tokenizers, vocabs):
     """As regions they became properties in an order no part of the schema gives (`art, bio, math`), which
-    llguidance then held answers to (review2 F4): such names stay checked as written."""
+    llguidance then held answers to (review2 F4, fuzz3 F1): such names stay checked as written."""
     schema = {"type": "object", "propertyNames": {"enum": ["math", "art", "bio"]},
               "patternProperties": {"^a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
@@ -1189,6 +1189,13 @@ def test_finitely_many_property_names_beside_pattern_properties_keep_any_order(g
     for document in ({"math": "x", "art": 1}, {"bio": "x", "art": 1}, {"art": 1, "math": "m"}):
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"art": "x"})
+    # (finitely many through a pattern and a length too: fuzz3 F1)
+    schema = {"type": "object", "patternProperties": {"^b": {"const": "a"}},
+              "propertyNames": {"pattern": "^[ab]+$", "maxLength": 2}}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"b": "a", "a": 1})
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"b": 1})
 
 
 def test_property_names_beside_a_pattern_read_otherwise_by_another_dialect_stay_checked_late():
