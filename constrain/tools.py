@@ -152,6 +152,9 @@ def _own_base(node: Any, id_key: str) -> str | None:
     return urldefrag(value).url if isinstance(value, str) and not value.startswith("#") else None
 
 
+_VALUES = frozenset({"enum", "const", "default", "examples", "example"})  # keywords whose values are JSON values
+
+
 def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: str | None = None,
                  anchors: str = "") -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
@@ -176,6 +179,8 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
                 elif v.startswith("#") and not v.startswith("#/"):
                     v = "#" + anchors + v[1:]
                 out[k] = v
+            elif k in _VALUES:  # (values, not schemas: a `const` object with a "$ref" key is that object)
+                out[k] = copy.deepcopy(v)
             elif k == "$anchor" and isinstance(v, str):
                 out[k] = anchors + v
             elif isinstance(v, str) and k == id_key and v.startswith("#") and len(v) > 1:

@@ -294,6 +294,19 @@ def test_functions_keep_their_own_anchors(named, gpt2_compiler, tokenizers, voca
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [call]) == ok, call
 
 
+def test_values_in_parameters_keep_keys_that_look_like_references(gpt2_compiler, tokenizers, vocabs):
+    """Moving the parameters into the calls' schema rewrote every "$ref" (and "$anchor") key, a `const` object's
+    too: `{"$ref": "#/x"}` was held to `{"$ref": "#/$defs/tool0/x"}`."""
+    value = {"$ref": "#/x", "$anchor": "a"}
+    parameters = {"type": "object", "properties": {"v": {"const": value}, "w": {"enum": [value, 1]}},
+                  "required": ["v"], "additionalProperties": False}
+    g = gpt2_compiler.compile(spec_from_request(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": parameters}}], tool_choice="required", backend="llguidance"))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": {"v": value, "w": value}}])
+    moved = {"$ref": "#/$defs/tool0/x", "$anchor": "tool0-a"}
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": {"v": moved}}])
+
+
 @pytest.mark.parametrize("parameters,valid,invalid", [
     ({"$id": "http://x/root.json", "type": "object", "properties": {"a": {"$ref": "http://x/item.json"}},
       "required": ["a"], "$defs": {"i": {"$id": "item.json", "type": "integer"}}}, {"a": 1}, {"a": "x"}),
