@@ -200,8 +200,9 @@ def _resources(node: Any, id_key: str, found: dict[str, Any] | None = None) -> d
         uri = _own_base(node, id_key)
         if uri is not None:
             found.setdefault(uri, node)
-        for value in node.values():
-            _resources(value, id_key, found)
+        for key, value in node.items():
+            if key not in _VALUES:
+                _resources(value, id_key, found)
     elif isinstance(node, list):
         for value in node:
             _resources(value, id_key, found)

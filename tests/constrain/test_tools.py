@@ -307,6 +307,13 @@ def test_values_in_parameters_keep_keys_that_look_like_references(gpt2_compiler,
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": {"v": moved}}])
 
 
+def test_values_that_look_like_named_subschemas_are_no_subschemas(gpt2_compiler):
+    """A `const` object with an "$id" key is a value: two functions' different ones are no clash of names."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"v": {"const": {"$id": "http://x/v", "n": n}}}}}} for n in ("f", "g")]
+    assert gpt2_compiler.compile(spec_from_request(tools=tools, tool_choice="required", backend="llguidance"))
+
+
 @pytest.mark.parametrize("parameters,valid,invalid", [
     ({"$id": "http://x/root.json", "type": "object", "properties": {"a": {"$ref": "http://x/item.json"}},
       "required": ["a"], "$defs": {"i": {"$id": "item.json", "type": "integer"}}}, {"a": 1}, {"a": "x"}),
