@@ -1140,12 +1140,7 @@ def test_unevaluated_items_beside_contains_become_items_of_either(schema, valid,
                                                                   vocabs):
     """Kept to the late check, the mask let items nothing evaluates be written (`[0, 655, ...`), after which the
     array could never close: 1 walk in 20 ended (QA fuzz2 F4)."""
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
-                                             backend="llguidance"))
-    for document in valid:
-        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
-    for document in invalid:
-        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    g = _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, valid, invalid)
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=6, walks=12, max_tokens=60, prefer_end=0.05) == 12
 
 
@@ -1170,12 +1165,7 @@ def test_property_names_beside_pattern_properties_become_regions(schema, valid, 
     """`propertyNames` was checked only as a key's quote closed where the object had `patternProperties`: a key
     the names could never take was written until max_tokens (5 walks in 20 ended, QA fuzz2 F3). The names are cut
     by the patterns that match them, each region with those patterns' schemas."""
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
-                                             backend="llguidance"))
-    for document in valid:
-        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
-    for document in invalid:
-        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    g = _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, valid, invalid)
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=2, walks=16, max_tokens=80) == 16
 
 
@@ -1216,12 +1206,7 @@ def test_min_contains_on_a_short_array_becomes_sets_of_places(schema, valid, inv
                                                               vocabs):
     """Checked late, an item that left too few places for the items `minContains` still asks was written, and the
     array could not close: 8-10 walks in 20 ended, the others with constraint_too_complex (QA fuzz2 F5)."""
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
-                                             backend="llguidance"))
-    for document in valid:
-        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
-    for document in invalid:
-        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    g = _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, valid, invalid)
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=16, max_tokens=60) == 16
 
 
@@ -1246,21 +1231,18 @@ def test_items_keywords_checked_late_become_what_the_grammar_holds(schema, valid
                                                                    vocabs):
     """Checked late, an item they refuse was written and refused only once finished: 10-13 walks in 20 ended (QA
     fuzz2 F7)."""
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
-                                             backend="llguidance"))
-    for document in valid:
-        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
-    for document in invalid:
-        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document), document
+    g = _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, valid, invalid)
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=16, max_tokens=60) == 16
 
 
 def _llguidance_takes(compiler, tokenizers, vocabs, schema, accepted, refused):
-    """`schema` compiles on llguidance (strict) and its grammar takes exactly the `accepted` documents."""
+    """`schema` compiles on llguidance (strict) and its grammar takes exactly the `accepted` documents (among
+    these); returns the grammar."""
     g = compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                         backend="llguidance"))
     assert [d for d in accepted if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
     assert [d for d in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+    return g
 
 
 def test_overlapping_pattern_properties_of_all_of_members_are_cut_alike_and_mean_the_same(gpt2_compiler, tokenizers,
