@@ -510,19 +510,22 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     [C, U]}`, C alone where U is `false`, the `contains` kept (QA fuzz2 F4: 1 walk in 20 ended). A copy where one
     changes; `schema` itself otherwise. In 2019-09, where `items` may be a list (the prefix) and `additionalItems`
     the rest: `additionalItems: U` beside such a list, nothing beside `items` as one schema or beside
-    `additionalItems` (every item is evaluated), else `items: U` (QA fuzz2 F7: 11 walks in 20 ended)."""
+    `additionalItems` (every item is evaluated), else `items: U` (QA fuzz2 F7: 11 walks in 20 ended). Beside
+    `items` (2020-12), which evaluates every item past the prefix, it says nothing and goes."""
     known = validator_class(schema).VALIDATORS
     if "prefixItems" not in known:
         return _unevaluated_items_as_additional(schema) if "unevaluatedItems" in known else schema
     refs = _refs(schema)  # (no target is renamed)
     found = {ptr for ptr, key, n in walk(schema)
-             if key == "unevaluatedItems" and not any(k in n for k in _EVALUATING_ITEMS if k != "contains")
-             and not _targeted(ptr, refs)}
+             if key == "unevaluatedItems" and not _targeted(ptr, refs)
+             and ("items" in n or not any(k in n for k in _EVALUATING_ITEMS if k != "contains"))}
     if not found:
         return schema
     root = copy.deepcopy(schema)
     for node in [n for ptr, key, n in walk(root) if key == "unevaluatedItems" and ptr in found]:
         unevaluated = node.pop("unevaluatedItems")
+        if "items" in node:  # (with `prefixItems`, it evaluates every item: this says nothing, fuzz3 F2)
+            continue
         if "contains" not in node:
             node["items"] = unevaluated
         elif node["contains"] is True or unevaluated is True:

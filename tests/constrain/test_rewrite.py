@@ -1130,6 +1130,18 @@ def test_unevaluated_items_where_only_prefix_items_evaluate_become_items(gpt2_co
         jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
 
 
+def test_unevaluated_items_beside_items_says_nothing_and_leaves_the_other_rewrites_on(gpt2_compiler, tokenizers,
+                                                                                     vocabs):
+    """`items` (with `prefixItems`) evaluates every item, so such an `unevaluatedItems` never applies; kept, it turned
+    every rewrite off, and overlapping `patternProperties` elsewhere reached llguidance unsplit (a 400 "not
+    disjoint" for a schema `{}` satisfies: fuzz3 F2)."""
+    schema = {"type": "object", "properties": {"l": {"type": "array", "items": {}, "unevaluatedItems": False}},
+              "patternProperties": {"b$": {"type": "integer"}, "^b": {"minimum": 3}}}
+    assert rewrite_schema(schema)["properties"]["l"] == {"type": "array", "items": {}}
+    _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, [{}, {"l": [1, "x"], "bb": 3, "ab": 1}],
+                      [{"bb": 1}, {"ab": "x"}])
+
+
 @pytest.mark.parametrize("schema,valid,invalid", [
     ({"type": "array", "prefixItems": [{"type": "integer"}], "contains": {"type": "string"}, "unevaluatedItems": False},
      [[1, "a"], [1, "a", "b"]], [[1, 2, "a"], [1, 2], ["a"]]),
