@@ -159,21 +159,26 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
                  anchors: str = "") -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
     parameters under the call schema's $defs (`call_schema`) and back (`function_schema`). `document`: the URI the
-    parameters named themselves with (their root `$id`, which the call schema leaves out), whose references are
-    read as local ones. `anchors`: a prefix for the names of their anchors (`$anchor`, a plain-name `$id`
-    `#name`) and the references to them, which the calls' schema holds side by side (two functions' `s` made one:
-    review2 F2). Not inside a subschema with an `$id` of its own, whose `#` is itself wherever it sits: its
-    references moved to the call schema's place named another subschema, or none (a `$ref` under a nested `$id`
-    was held to the parameters' root definition of the same name)."""
+    parameters named themselves with (their root `$id`, which the call schema leaves out): references to it read
+    as local ones, others and the `$id`s of subschemas inside as the URIs they resolve to. `anchors`: a prefix for
+    the names of their anchors (`$anchor`, `$dynamicAnchor`, a plain-name `$id` `#name`, which becomes an
+    `$anchor`: the calls' schema is 2020-12) and the references to them, which the calls' schema holds side by
+    side (two functions' `s` made one: review2 F2). Not inside a subschema with an `$id` of its own, whose `#` is
+    itself wherever it sits: its references moved to the call schema's place named another subschema, or none (a
+    `$ref` under a nested `$id` was held to the parameters' root definition of the same name). Values (`const`,
+    `enum`, ...) are left as they are."""
     if _own_base(node, id_key) is not None:
-        return copy.deepcopy(node)
+        inside = copy.deepcopy(node)
+        if document is not None:
+            inside[id_key] = urljoin(document, inside[id_key])
+        return inside
     if isinstance(node, dict):
         out = {}
         for k, v in node.items():
-            if k == "$ref" and isinstance(v, str):
+            if k in ("$ref", "$dynamicRef") and isinstance(v, str):
                 if document is not None and not v.startswith("#"):
                     whole, fragment = urldefrag(urljoin(document, v))
-                    v = "#" + fragment if whole == document else v
+                    v = "#" + fragment if whole == document else urljoin(document, v)
                 if v == old or v.startswith(old + "/"):
                     v = new + v[len(old):]
                 elif v.startswith("#") and not v.startswith("#/"):
@@ -181,10 +186,10 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
                 out[k] = v
             elif k in _VALUES:  # (values, not schemas: a `const` object with a "$ref" key is that object)
                 out[k] = copy.deepcopy(v)
-            elif k == "$anchor" and isinstance(v, str):
+            elif k in ("$anchor", "$dynamicAnchor") and isinstance(v, str):
                 out[k] = anchors + v
-            elif isinstance(v, str) and k == id_key and v.startswith("#") and len(v) > 1:
-                out[k] = "#" + anchors + v[1:]
+            elif isinstance(v, str) and k == id_key and v.startswith("#") and len(v) > 1 and "$anchor" not in node:
+                out["$anchor"] = anchors + v[1:]
             else:
                 out[k] = _rebase_refs(v, old, new, id_key, document, anchors)
         return out
@@ -193,19 +198,22 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
     return node
 
 
-def _resources(node: Any, id_key: str, found: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The subschemas below `node` that name themselves (a nested `$id`), by the URI they name."""
+def _resources(node: Any, id_key: str, base: str | None = None, found: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """The subschemas in `node` that name themselves (an `$id`), by the URI they name (resolved against `base` and
+    the `$id`s around them: `item.json` under `http://x/a/root.json` is `http://x/a/item.json`, review3 F3)."""
     found = {} if found is None else found
     if isinstance(node, dict):
-        uri = _own_base(node, id_key)
-        if uri is not None:
-            found.setdefault(uri, node)
+        own = _own_base(node, id_key)
+        if own is not None:
+            base = urldefrag(urljoin(base or "", own)).url
+            found.setdefault(base, node)
         for key, value in node.items():
             if key not in _VALUES:
-                _resources(value, id_key, found)
+                _resources(value, id_key, base, found)
     elif isinstance(node, list):
         for value in node:
-            _resources(value, id_key, found)
+            _resources(value, id_key, base, found)
     return found
 
 
@@ -220,32 +228,35 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
 
     defs, variants = {}, []
     resources: dict[str, tuple[int, Any]] = {}
+    every = []
     for i, fn in enumerate(functions):
         params = fn.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}, "additionalProperties": False}
-        key = f"tool{i}"
         params = normalise_schema(params)
         if params is False:
             raise ConstraintError(f"tools[{i}].function.parameters: Unsatisfiable schema: it rewrites to `false` "
                                   "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
         params = _arguments_object_schema(params)
-        id_key = _id_keyword(params)
-        document = _own_base(params, id_key)
+        every.append((params, _id_keyword(params)))
+    names = [_own_base(params, id_key) for params, id_key in every]
+    for i, (params, id_key) in enumerate(every):
+        key = f"tool{i}"
+        document = names[i]
         inner = {k: v for k, v in params.items() if k != id_key} if document is not None else params
-        if document is not None and not _resources(inner, id_key):
+        if document is not None and (names.count(document) > 1 or not _resources(inner, id_key, document)):
             # (several functions' parameters often share one boilerplate `$id`: left out, the parameters are part
-            # of the calls' document; with subschemas that name themselves, which may refer back to it by that
-            # name, it stays, and the parameters remain a document of their own)
+            # of the calls' document; where no other function's shares it and subschemas inside name themselves,
+            # which may refer back to it by that name, it stays, and the parameters remain a document of their own)
             params = inner
-        for uri, resource in _resources(params, id_key).items():  # (one document holds each URI once)
+        for uri, resource in _resources(params, id_key, document).items():  # (a document holds each URI once)
             if resources.setdefault(uri, (i, resource))[1] != resource:
                 raise ConstraintError(f"tools[{i}].function.parameters: the subschema named {uri!r} (its "
                                       f"`{id_key}`) differs from the one tools[{resources[uri][0]}] names so: "
                                       "the calls' schema holds both functions' parameters, where a name means one "
                                       "subschema; give them different names", param="tools")
         defs[key] = _rebase_refs(params, "#", f"#/$defs/{key}", id_key, document, anchors=f"{key}-")
-        variants.append({"type": "object", "properties": {"name": {"const": fn["name"]},
+        variants.append({"type": "object", "properties": {"name": {"const": functions[i]["name"]},
                                                           args_key: {"$ref": f"#/$defs/{key}"}},
                          "required": ["name", args_key], "additionalProperties": False})
     item = variants[0] if len(variants) == 1 else {"anyOf": variants}

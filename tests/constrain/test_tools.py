@@ -294,6 +294,56 @@ def test_functions_keep_their_own_anchors(named, gpt2_compiler, tokenizers, voca
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [call]) == ok, call
 
 
+def _takes(compiler, tokenizers, vocabs, tools: list, calls: list, refused: list) -> None:
+    """The calls' grammar (tool_choice required, llguidance) takes each of `calls` and none of `refused`."""
+    g = compiler.compile(spec_from_request(tools=[{"type": "function", "function": f} for f in tools],
+                                           tool_choice="required", backend="llguidance"))
+    assert [c for c in calls if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [c])] == []
+    assert [c for c in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [c])] == []
+
+
+@pytest.mark.parametrize("s_schema", [
+    {"$dynamicAnchor": "s", "type": "integer"},  # (also an anchor for `$ref`: review3 F2)
+    {"$id": "#s", "type": "integer"},  # (draft 7's plain name: an `$anchor` in the calls' 2020-12 schema, F5)
+])
+def test_anchors_of_every_kind_reach_their_references(s_schema, gpt2_compiler, tokenizers, vocabs):
+    draft = {"$schema": "http://json-schema.org/draft-07/schema#"} if "$id" in s_schema else {}
+    parameters = {**draft, "type": "object", "properties": {"a": {"$ref": "#s"}}, "required": ["a"],
+                  "definitions": {"s": s_schema}}
+    _takes(gpt2_compiler, tokenizers, vocabs, [{"name": "f", "parameters": parameters}],
+           [{"name": "f", "arguments": {"a": 1}}], [{"name": "f", "arguments": {"a": "x"}}])
+
+
+def test_subschemas_are_named_by_the_uris_their_ids_resolve_to(gpt2_compiler, tokenizers, vocabs):
+    """`item.json` under `http://x/a/root.json` is `http://x/a/item.json`: compared as written, the two functions'
+    different subschemas of that name were both kept, and f took g's string (review3 F3, unsound)."""
+    f = {"$id": "http://x/a/root.json", "type": "object", "properties": {"a": {"$ref": "item.json"}},
+         "required": ["a"], "$defs": {"i": {"$id": "item.json", "type": "integer"}}}
+    g = {"type": "object", "properties": {"a": {"$ref": "http://x/a/item.json"}}, "required": ["a"],
+         "$defs": {"i": {"$id": "http://x/a/item.json", "type": "string"}}}
+    with pytest.raises(ConstraintError, match="the subschema named 'http://x/a/item.json'"):
+        gpt2_compiler.compile(spec_from_request(tools=[{"type": "function", "function": {"name": n, "parameters": p}}
+                                                       for n, p in (("f", f), ("g", g))], tool_choice="required"))
+    # (one relative name under two documents is two names)
+    h = {**f, "$id": "http://y/root.json", "$defs": {"i": {"$id": "item.json", "type": "string"}}}
+    _takes(gpt2_compiler, tokenizers, vocabs, [{"name": "f", "parameters": f}, {"name": "h", "parameters": h}],
+           [{"name": "f", "arguments": {"a": 1}}, {"name": "h", "arguments": {"a": "x"}}],
+           [{"name": "f", "arguments": {"a": "x"}}, {"name": "h", "arguments": {"a": 1}}])
+
+
+def test_functions_sharing_a_boilerplate_id_keep_their_own_inner_names(gpt2_compiler, tokenizers, vocabs):
+    """With subschemas that name themselves inside, the shared root `$id` was kept and named two documents (a
+    400 "differs", review3 F4): it is left out, and the inner names resolve against it as before."""
+    shared = "https://example.com/schemas/tool.json"
+    f = {"$id": shared, "type": "object", "properties": {"a": {"$ref": "fi.json"}}, "required": ["a"],
+         "$defs": {"i": {"$id": "fi.json", "type": "integer"}}}
+    g = {"$id": shared, "type": "object", "properties": {"a": {"$ref": "gi.json"}}, "required": ["a"],
+         "$defs": {"i": {"$id": "gi.json", "type": "string"}}}
+    _takes(gpt2_compiler, tokenizers, vocabs, [{"name": "f", "parameters": f}, {"name": "g", "parameters": g}],
+           [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"a": "x"}}],
+           [{"name": "f", "arguments": {"a": "x"}}, {"name": "g", "arguments": {"a": 1}}])
+
+
 def test_values_in_parameters_keep_keys_that_look_like_references(gpt2_compiler, tokenizers, vocabs):
     """Moving the parameters into the calls' schema rewrote every "$ref" (and "$anchor") key, a `const` object's
     too: `{"$ref": "#/x"}` was held to `{"$ref": "#/$defs/tool0/x"}`."""
