@@ -1002,6 +1002,8 @@ def _call_tag(spec: ConstraintSpec) -> bytes | None:
 
 # llguidance names where an error arose as a URI into the schema it compiled (for tools: the call schema).
 _SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")
+# llguidance's word for a `$ref` to an anchor no subschema defines, as the calls' schema prefixes a function's anchors
+_TOOL_ANCHOR = re.compile(r"Anchor 'tool(\d+)-([^']*)' does not exist")
 
 
 def _function_unenforced(arguments: dict[str, Grammar]) -> tuple[str, ...]:
@@ -1023,6 +1025,13 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
     `/$defs/tool1`. An error raised where the request's field is not known (a grammar's start) gets it."""
     if exc.param is None:
         exc = ConstraintError(exc.message, param=spec.param, pointer=exc.pointer, code=exc.code)
+    found = _TOOL_ANCHOR.search(exc.message) if spec.kind == "tools" else None
+    if found is not None:  # (the anchor as the client wrote it, and the `$ref` that names it)
+        ref = f"#tool{found.group(1)}-{found.group(2)}"
+        places = [ptr for ptr, key, node in walk(spec.schema) if key == "$ref" and node[key] == ref]
+        message = exc.message.replace(found.group(0), f"Anchor '{found.group(2)}' does not exist")
+        exc = ConstraintError(message, param=exc.param, pointer=exc.pointer or min(places, default=None),
+                              code=exc.code)
     if spec.kind == "tools" and _SCHEMA_URI.search(exc.message):
         message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, m.group(1))[0], exc.message)
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer, code=exc.code)

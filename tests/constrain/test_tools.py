@@ -314,6 +314,16 @@ def test_anchors_of_every_kind_reach_their_references(s_schema, gpt2_compiler, t
            [{"name": "f", "arguments": {"a": 1}}], [{"name": "f", "arguments": {"a": "x"}}])
 
 
+def test_a_reference_to_no_anchor_is_refused_in_the_client_s_words(gpt2_compiler):
+    """The calls' schema prefixes each function's anchors: the 400 named `'tool0-nope'`, and no place (review3 F7)."""
+    parameters = {"type": "object", "properties": {"a": {"$ref": "#nope"}}}
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(tools=[{"type": "function", "function": {
+            "name": "f", "parameters": parameters}}], tool_choice="required", backend="llguidance"))
+    assert "Anchor 'nope' does not exist" in exc.value.message and "tool0" not in exc.value.message
+    assert exc.value.pointer == "/0/function/parameters/properties/a/$ref"
+
+
 def test_subschemas_are_named_by_the_uris_their_ids_resolve_to(gpt2_compiler, tokenizers, vocabs):
     """`item.json` under `http://x/a/root.json` is `http://x/a/item.json`: compared as written, the two functions'
     different subschemas of that name were both kept, and f took g's string (review3 F3, unsound)."""
