@@ -335,7 +335,7 @@ def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with the rewrites above applied (the input is never modified)."""
     if not isinstance(schema, dict):
         return schema
-    plain = _unevaluated_items_as_items(_unevaluated_as_additional(schema))
+    plain = _unevaluated_items_as_items(_unevaluated_as_additional(_unevaluated_saying_nothing(schema)))
     if plain is not schema:
         return rewrite_schema(plain)
     for n in _iter_nodes(schema):
@@ -500,6 +500,23 @@ def _unevaluated_as_additional(schema: dict) -> dict:
 # Beside `unevaluatedItems`, these evaluate items too (or may, depending on the value).
 _EVALUATING_ITEMS = ("items", "contains", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref",
                      "$dynamicRef", "$recursiveRef", "dependentSchemas")
+
+
+def _unevaluated_saying_nothing(schema: dict) -> dict:
+    """`schema` without its `unevaluatedItems` (and likewise `unevaluatedProperties`) where every one is `true` or
+    `{}`: each asserts nothing, and the only keywords that read what they evaluate are their like, so leaving them
+    all out changes nothing. Kept, one turned every rewrite off for the whole schema (fuzz3 F2). A copy where one
+    changes."""
+    refs = _refs(schema)
+    out = schema
+    for key in ("unevaluatedItems", "unevaluatedProperties"):
+        places = [(ptr, n) for ptr, k, n in walk(out) if k == key]
+        if not places or any(n[key] not in (True, {}) or _targeted(ptr, refs) for ptr, n in places):
+            continue
+        out = copy.deepcopy(out)
+        for _, n in [(ptr, n) for ptr, k, n in walk(out) if k == key]:
+            del n[key]
+    return out
 
 
 def _unevaluated_items_as_items(schema: dict) -> dict:

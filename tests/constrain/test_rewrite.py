@@ -1130,6 +1130,21 @@ def test_unevaluated_items_where_only_prefix_items_evaluate_become_items(gpt2_co
         jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), schema)
 
 
+def test_unevaluated_keywords_that_are_all_true_say_nothing_and_leave_the_other_rewrites_on(gpt2_compiler,
+                                                                                             tokenizers, vocabs):
+    """Every `unevaluatedItems` (or `unevaluatedProperties`) `true` or `{}`: none asserts anything, nor reads what
+    another evaluates. Kept, one turned every rewrite off (fuzz3 F2); one that is not kept them all."""
+    schema = {"type": "object", "unevaluatedProperties": {}, "properties": {"l": {
+        "type": "array", "unevaluatedItems": True, "allOf": [{"prefixItems": [{"type": "integer"}]}]}},
+        "patternProperties": {"b$": {"type": "integer"}, "^b": {"minimum": 3}}}
+    out = rewrite_schema(schema)
+    assert "unevaluatedProperties" not in out and "unevaluatedItems" not in out["properties"]["l"]
+    _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, [{}, {"l": [1, "x"], "bb": 3, "ab": 1}],
+                      [{"bb": 1}, {"ab": "x"}, {"l": ["x"]}])
+    read = {"type": "array", "allOf": [{"unevaluatedItems": True, "if": {"minItems": 2}}], "unevaluatedItems": False}
+    assert "unevaluatedItems" in rewrite_schema(read)["allOf"][0]
+
+
 def test_unevaluated_items_beside_items_says_nothing_and_leaves_the_other_rewrites_on(gpt2_compiler, tokenizers,
                                                                                      vocabs):
     """`items` (with `prefixItems`) evaluates every item, so such an `unevaluatedItems` never applies; kept, it turned
