@@ -42,7 +42,7 @@ from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower, decode_key
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
-from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base,
+from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
                                llguidance_escape_gap, map_subschemas, pointer_child, pointers_of, walk, walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
@@ -1019,8 +1019,7 @@ def _refs_resolved_in_resources(schema):
     against the root's base, so the root's `#/$defs/a` held the answer, not z's (invalid answers accepted)."""
     if not any(gives_another_base(ptr, key, node) for ptr, key, node in walk(schema)):
         return schema
-    id_key = "id" if any(d in str(schema.get("$schema")) for d in ("draft-03", "draft-04")) else "$id"
-    return _resolved_below(schema, id_key, None, top=True)
+    return _resolved_below(schema, id_keyword(schema.get("$schema")), None, top=True)
 
 
 def _resolved_below(node, id_key: str, base: str | None, top: bool = False):

@@ -216,13 +216,19 @@ def gives_another_base(ptr: str, key: str, node: dict) -> bool:
     return key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) and not node[key].startswith("#")
 
 
+def id_keyword(dialect: Any) -> str:
+    """The keyword that gives a subschema a base of its own under the `$schema` value `dialect`: draft 4's (and
+    3's) `id` (an annotation, or a property's name, in later drafts), else `$id`."""
+    return "id" if any(d in str(dialect) for d in ("draft-03", "draft-04")) else "$id"
+
+
 def nested_resources(schema: Any) -> list[str]:
     """The pointers of the subschemas below the root whose `$id` gives them a base of their own, the keyword read
     in the draft in force there (the root's `$schema`, or a subschema's own, as a function's parameters carry in
     the calls' schema): draft 4's `id`, else `$id` (in 2020-12 an `id` is an annotation, and refusing it kept
     outlines from schemas it serves: review R3)."""
     found = list(walk(schema))
-    dialects = {ptr[: ptr.rindex("/")]: ("id" if any(d in node[key] for d in ("draft-03", "draft-04")) else "$id")
+    dialects = {ptr[: ptr.rindex("/")]: id_keyword(node[key])
                 for ptr, key, node in found if key == "$schema" and isinstance(node[key], str)}
 
     def keyword_at(place: str) -> str:

@@ -53,6 +53,7 @@ from urllib.parse import urldefrag, urljoin
 
 from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
 from constrain.harmony import ARGS_OPEN, CALL_OPEN
+from constrain.support import id_keyword
 
 
 TOOL_FORMATS = ("json_array", "hermes", "llama3_json", "mistral", "mistral_args", "qwen3_coder", "glm45", "glm47",
@@ -137,13 +138,6 @@ class ParsedCalls:
     # False: read as a stream reads an output max_tokens cut (service/tool_stream.py `as_streamed`), the last call's
     # arguments as far as they were written
     complete: bool = True
-
-
-def _id_keyword(params: Any) -> str:
-    """The keyword that gives a subschema a base of its own in these parameters' draft: draft 4's `id` (an
-    annotation, or a property's name, in later drafts), else `$id`."""
-    draft = str(params.get("$schema", "")) if isinstance(params, dict) else ""
-    return "id" if "draft-04" in draft or "draft-03" in draft else "$id"
 
 
 def _own_base(node: Any, id_key: str) -> str | None:
@@ -238,7 +232,7 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
             raise ConstraintError(f"tools[{i}].function.parameters: Unsatisfiable schema: it rewrites to `false` "
                                   "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
         params = _arguments_object_schema(params)
-        every.append((params, _id_keyword(params)))
+        every.append((params, id_keyword(params.get("$schema"))))
     names = [_own_base(params, id_key) for params, id_key in every]
     for i, (params, id_key) in enumerate(every):
         key = f"tool{i}"
@@ -403,7 +397,7 @@ def function_schema(spec: ConstraintSpec, i: int) -> dict:
     """The parameters of the call schema's function `i` (in `spec.tool_names` order) as a schema of their own,
     their exact rewrites done; its pointers `p` are the call schema's `/$defs/tool<i>p`."""
     params = spec.schema["$defs"][f"tool{i}"]
-    return _rebase_refs(params, f"#/$defs/tool{i}", "#", _id_keyword(params))
+    return _rebase_refs(params, f"#/$defs/tool{i}", "#", id_keyword(params.get("$schema")))
 
 
 def client_pointer_of_call(spec: ConstraintSpec, pointer: str) -> tuple[str, bool]:
