@@ -43,6 +43,7 @@ def _check_address(host: str, port: int) -> None:
 
 
 _ENDING_MARGIN = 1.0  # seconds before the graceful-shutdown deadline at which what still runs is ended
+_FORCED_ENDING = 1.0  # seconds a forced exit (a second Ctrl-C) gives the requests it ended to write their errors
 
 
 class _Server(uvicorn.Server):
@@ -63,9 +64,27 @@ class _Server(uvicorn.Server):
             ending = asyncio.get_running_loop().call_later(delay, self.stop_engine)
         try:
             await super().shutdown(sockets)
+            if self.force_exit:  # (uvicorn then skips the app's shutdown; ours is quick: the engine is stopping)
+                await self._let_ended_requests_answer()
+                await self.lifespan.shutdown()
         finally:
             if ending is not None:
                 ending.cancel()
+
+    def handle_exit(self, sig, frame) -> None:
+        """As uvicorn's; a second Ctrl-C (a forced exit, which does not wait for the requests still generating) also
+        stops the engine at once, so that each of them ends as an error its client reads, where uvicorn's closing
+        of the event loop cancelled them: a text/plain 500 and streams broken mid-body (QA ops F4)."""
+        super().handle_exit(sig, frame)
+        if self.force_exit:
+            self.stop_engine()
+
+    async def _let_ended_requests_answer(self) -> None:
+        """Waits a moment (at most `_FORCED_ENDING`) for the requests a forced exit ended to write their errors."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FORCED_ENDING
+        while self.server_state.tasks and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -304,6 +304,48 @@ def test_a_stream_the_shutdown_deadline_ends_gets_an_error_event_and_done():
     assert all("error" not in json.loads(e) for e in events[:-2])
 
 
+def test_a_second_ctrl_c_ends_what_still_generates_with_errors_its_clients_read():
+    """A second Ctrl-C (uvicorn's forced exit: it does not wait for the requests still generating) cancelled them
+    as the event loop closed: a text/plain `Internal Server Error` and streams cut mid-body (QA ops F4). The engine
+    now stops at the second Ctrl-C: a 503 in the error shape, a stream's `error` event and `[DONE]`; exit 0."""
+    import signal
+    import threading
+    import time
+
+    from tests.service.conftest import metric
+
+    with ServerProcess() as server:
+        request = {"model": "structgen-builtin", "prompt": "x", "max_tokens": 3000, "ignore_eos": True}
+        plain: list[httpx.Response] = []
+        waiting = threading.Thread(target=lambda: plain.append(
+            httpx.post(server.base_url + "/v1/completions", json=request, timeout=60)))
+        events = []
+        with httpx.stream("POST", server.base_url + "/v1/completions", json={**request, "stream": True},
+                          timeout=60) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line[len("data: "):])
+                    break
+            waiting.start()
+            deadline = time.monotonic() + 60
+            while metric(httpx.get(server.base_url + "/metrics").text, "structgen_batch_size") < 2:
+                assert time.monotonic() < deadline, "the second request never joined the batch"
+                time.sleep(0.05)
+            server.proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            server.proc.send_signal(signal.SIGINT)
+            events += [line[len("data: "):] for line in lines if line.startswith("data: ")]
+        waiting.join(60)
+        server.proc.wait(timeout=60)
+    assert server.proc.returncode == 0
+    [answer] = plain
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "server_shutting_down"
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "server_shutting_down"
+
+
 def test_serve_without_options_runs_with_the_configs_defaults_and_each_option_reaches_its_setting(monkeypatch):
     """`serve`'s defaults are ServerConfig's (they were written twice, as text in the parser too), and every
     option lands in the field of its name."""
