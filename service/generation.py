@@ -8,6 +8,7 @@ cancels them when the client goes away. No tensors, no grammar internals, no HTT
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import functools
 import inspect
@@ -434,11 +435,20 @@ class Generation:
             self._fit(req, len(prompt.ids), COMPLETIONS_DEFAULT_MAX_TOKENS, prompt.param)
         spec, grammar = await self._compile(req)
         want_logprobs = req.logprobs is not None
+        if want_logprobs:  # (the answer's `text_offset`s start inside such a character)
+            prompts = [dataclasses.replace(p, unfinished=self._unfinished(p.ids)) for p in prompts]
         return self._plan(req, prompts, spec, grammar, headers, default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
                           started=started,
                           logprobs=want_logprobs, top_logprobs=req.logprobs or 0,
                           prompt_logprobs=(req.logprobs or 0) if (want_logprobs and req.echo) else None,
                           prefix="cmpl")
+
+    def _unfinished(self, ids: list[int]) -> bytes:
+        """The first bytes of a character a prompt's token ids end inside (a character's at most 3 first bytes are
+        in its last 3 tokens at most), which the answer's first tokens may complete."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        decoder.decode(b"".join(self.engine.texts.get(t)[1] for t in ids[-3:]))
+        return decoder.getstate()[0]
 
     def _fit(self, req: SamplingFields, prompt_len: int, default_max: int | None, prompt_param: str = "prompt") -> int:
         """`fit_max_tokens` for this request, its errors naming the fields it sent (`prompt_param`: the prompt of

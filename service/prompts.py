@@ -18,6 +18,7 @@ class Prompt:
     text: str  # for `echo`
     param: str = "prompt"  # what errors about it name: `prompt[1]` in a list of prompts
     offsets: tuple[int, ...] | None = None  # where each token starts in `text`, as the tokenizer maps them (echo)
+    unfinished: bytes = b""  # the first bytes of a character token ids end inside, which the answer may complete
 
 
 _COUNT_PIECE_CHARS = 1 << 16  # the pieces a long text is counted in (`encode_prompt`)

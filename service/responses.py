@@ -77,13 +77,17 @@ class TextOffsets:
     the start of the prompt, echoed or not (OpenAI's definition). Given the echoed prompt's `text`, tokens are
     followed through it: a string prompt's BOS is not in it, nor a SentencePiece piece's leading space at its
     start, and where the tokenizer normalised it (`_normalized_span`), a token stands for the characters it was
-    normalised from."""
+    normalised from. An answer to token ids that end inside a character (`unfinished`: its first bytes) starts with
+    that character where its first tokens complete it; where they show it never will, the U+FFFD is the prompt's."""
 
-    def __init__(self, start: int = 0, skipped: frozenset[int] = frozenset(), text: str | None = None):
+    def __init__(self, start: int = 0, skipped: frozenset[int] = frozenset(), text: str | None = None,
+                 unfinished: bytes = b""):
         self.offset = start
         self._skipped = skipped
         self._text = text
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._utf8.decode(unfinished)
+        self._prompts_bytes_held = bool(unfinished)
 
     def of(self, tokens: list[tuple[int, bytes]]) -> list[int]:
         """The offsets of (token id, bytes) pairs that follow those already counted."""
@@ -101,6 +105,9 @@ class TextOffsets:
             alone = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data)
             if chars.endswith(alone) and set(chars[:len(chars) - len(alone)]) <= {"\ufffd"}:
                 own = len(chars) - len(alone)
+                if self._prompts_bytes_held:  # (the prompt's text has that U+FFFD)
+                    chars, own, self._prompts_bytes_held = chars[own:], 0, False
+            self._prompts_bytes_held = self._prompts_bytes_held and not chars
         elif text is not None and not text.startswith(chars, at) and chars.startswith(" ") \
                 and text.startswith(chars[1:], at):
             chars = chars[1:]
@@ -279,7 +286,8 @@ def completion_body(*, request_id: str, model: str, constraint_backend: str | No
             if echo and c.prompt_logprobs is not None:
                 entries.extend(c.prompt_logprobs)
                 offsets += echoed_offsets(entries, first, prompt_text, prompt.offsets, skipped_ids)
-            offsets += TextOffsets(len(prompt_text), output_skipped).of(token_pairs(c.logprobs))
+            offsets += TextOffsets(len(prompt_text), output_skipped, unfinished=prompt.unfinished).of(
+                token_pairs(c.logprobs))
             entries.extend(c.logprobs)
             lp = legacy_logprobs(entries, offsets, as_ids, first, top_n=logprobs)
         out.append({"index": c.index, "text": text, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})

@@ -153,7 +153,8 @@ async def completion_stream(gen: Generation, plan: Plan, *, model: str, created:
     """(`skipped_ids` and `output_skipped` as in responses.completion_body.)"""
     chunks = _Chunks(plan, model, created, "text_completion", include_usage)
     states = {i: ChoiceState(i) for i in range(plan.choices)}
-    offsets = {i: TextOffsets(len(plan.prompts[i // plan.n].text), output_skipped) for i in range(plan.choices)}
+    offsets = {i: TextOffsets(len(prompt.text), output_skipped, unfinished=prompt.unfinished)
+               for i in range(plan.choices) for prompt in [plan.prompts[i // plan.n]]}
     echoed: set[int] = set()
     try:
         async with contextlib.aclosing(gen.events(plan)) as events:

@@ -254,6 +254,23 @@ def test_offsets_count_characters_where_tokens_split_them_and_such_tokens_are_na
     assert streamed["top_logprobs"] == whole["top_logprobs"]
 
 
+def test_offsets_of_an_answer_to_token_ids_that_end_inside_a_character(http):
+    """Tokens 172 and 253 are the first two bytes (F0 9F) of a four-byte character: the prompt's text ends in a
+    U+FFFD. An answer whose tokens complete the character starts with it; its tokens were counted from a decoder
+    that did not have the prompt's bytes, one character each, the last offset past the end of the text (QA textapi
+    F1). Where the answer shows the character never comes, the U+FFFD is the prompt's text's."""
+    completed = {"model": MODEL, "prompt": [172, 253], "max_tokens": 3, "logprobs": 0, "temperature": 0,
+                 "logit_bias": {"246": 50, "222": 60}}  # (0x98, then 0x80 0x80: "\U0001f600" and a lone 0x80)
+    whole, streamed, text = _logprobs_whole_and_streamed(http, completed)
+    assert text == "\U0001f000\ufffd" and whole["tokens"] == ["bytes:\\x80"] * 3
+    assert whole["text_offset"] == streamed["text_offset"] == [1, 1, 2]  # (after the prompt's U+FFFD)
+    whole, streamed, text = _logprobs_whole_and_streamed(http, {**completed, "echo": True})
+    assert text == "\ufffd\U0001f000\ufffd" and whole["text_offset"] == streamed["text_offset"] == [0, 0, 1, 1, 2]
+    never = {**completed, "logit_bias": {"64": 100}}  # "a": the prompt's bytes are no character's
+    whole, streamed, text = _logprobs_whole_and_streamed(http, never)
+    assert text == "aaa" and whole["text_offset"] == streamed["text_offset"] == [1, 2, 3]
+
+
 def test_offsets_count_special_tokens_the_text_keeps(http):
     """With `skip_special_tokens: false` a special token's text is in the answer: it takes its room (every
     generated special token was given none, so `<|im_start|>` three times read [1, 1, 1])."""
