@@ -1512,8 +1512,9 @@ def _unique_orders(values: list, least: int, most: int, tuple_key: str) -> list 
     each is written, the checks refuse a repeat only once it is finished: in `[{"a": 1}, {"b": 2}, {"b": 2` only
     the `}` that finishes the repeat could follow, and half the answers ended with `constraint_too_complex` (QA
     fuzz2 F6)."""
-    if not any(isinstance(v, (dict, list)) for v in values):
-        return None
+    least = math.ceil(least)  # (`minItems: 1.5`)
+    if not any(isinstance(v, (dict, list)) for v in values) or least > most:  # (none: `anyOf: []` took no value,
+        return None  # where only arrays are impossible: review4 F2)
     counts = [math.perm(len(values), k) for k in range(least, most + 1)]
     if sum(counts) > _MAX_UNIQUE_ORDERS:
         return None

@@ -147,10 +147,13 @@ def _own_base(node: Any, id_key: str) -> str | None:
 
 
 _VALUES = frozenset({"enum", "const", "default", "examples", "example"})  # keywords whose values are JSON values
+# keywords whose values map names to subschemas: the keys there are names, not keywords (a property `default`)
+_NAMED_SUBSCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                               "dependencies"})
 
 
 def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: str | None = None,
-                 anchors: str = "") -> Any:
+                 anchors: str = "", names: bool = False) -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
     parameters under the call schema's $defs (`call_schema`) and back (`function_schema`). `document`: the URI the
     parameters named themselves with (their root `$id`, which the call schema leaves out): references to it read
@@ -160,7 +163,10 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
     side (two functions' `s` made one: review2 F2). Not inside a subschema with an `$id` of its own, whose `#` is
     itself wherever it sits: its references moved to the call schema's place named another subschema, or none (a
     `$ref` under a nested `$id` was held to the parameters' root definition of the same name). Values (`const`,
-    `enum`, ...) are left as they are."""
+    `enum`, ...) are left as they are. `names`: `node` maps names to subschemas (`properties`' value: a property
+    named `default` is a subschema, review4 F1)."""
+    if names and isinstance(node, dict):
+        return {k: _rebase_refs(v, old, new, id_key, document, anchors) for k, v in node.items()}
     if _own_base(node, id_key) is not None:
         inside = copy.deepcopy(node)
         if document is not None:
@@ -185,26 +191,30 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
             elif isinstance(v, str) and k == id_key and v.startswith("#") and len(v) > 1 and "$anchor" not in node:
                 out["$anchor"] = anchors + v[1:]
             else:
-                out[k] = _rebase_refs(v, old, new, id_key, document, anchors)
+                out[k] = _rebase_refs(v, old, new, id_key, document, anchors, names=k in _NAMED_SUBSCHEMAS)
         return out
     if isinstance(node, list):
         return [_rebase_refs(v, old, new, id_key, document, anchors) for v in node]
     return node
 
 
-def _resources(node: Any, id_key: str, base: str | None = None, found: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
+def _resources(node: Any, id_key: str, base: str | None = None, found: dict[str, Any] | None = None,
+               names: bool = False) -> dict[str, Any]:
     """The subschemas in `node` that name themselves (an `$id`), by the URI they name (resolved against `base` and
-    the `$id`s around them: `item.json` under `http://x/a/root.json` is `http://x/a/item.json`, review3 F3)."""
+    the `$id`s around them: `item.json` under `http://x/a/root.json` is `http://x/a/item.json`, review3 F3).
+    `names` as in `_rebase_refs`."""
     found = {} if found is None else found
-    if isinstance(node, dict):
+    if names and isinstance(node, dict):
+        for value in node.values():
+            _resources(value, id_key, base, found)
+    elif isinstance(node, dict):
         own = _own_base(node, id_key)
         if own is not None:
             base = urldefrag(urljoin(base or "", own)).url
             found.setdefault(base, node)
         for key, value in node.items():
             if key not in _VALUES:
-                _resources(value, id_key, base, found)
+                _resources(value, id_key, base, found, names=key in _NAMED_SUBSCHEMAS)
     elif isinstance(node, list):
         for value in node:
             _resources(value, id_key, base, found)

@@ -883,6 +883,17 @@ def test_unique_arrays_of_few_container_values_are_laid_out_order_by_order(schem
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [first, first])
 
 
+def test_unique_container_values_with_no_length_between_min_and_max_keep_the_other_types():
+    """`minItems` past `maxItems`: no order of values, and `anyOf: []` took no value at all, the integers the
+    schema allows too (review4 F2: a required such property was a 400 "Unsatisfiable schema")."""
+    schema = {"type": ["array", "integer"], "uniqueItems": True, "items": {"enum": [{"a": 1}, {"b": 2}, 3]},
+              "minItems": 3, "maxItems": 2}
+    rewritten = normalise_schema(schema)
+    for value in (1, [], [3], [{"a": 1}, 3]):
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert jsonschema.Draft202012Validator(rewritten).is_valid(value) == valid, value
+
+
 def test_walks_close_a_unique_array_of_objects_once_every_value_is_used(gpt2_compiler, vocabs):
     """Objects `{"a": 0|1}`, unique, at least 2: the walks wrote both, then a comma, and the third object could
     only repeat one (every walk gave up with constraint_too_complex). Now the array closes after two."""

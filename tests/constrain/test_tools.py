@@ -367,6 +367,27 @@ def test_values_in_parameters_keep_keys_that_look_like_references(gpt2_compiler,
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], [{"name": "f", "arguments": {"v": moved}}])
 
 
+@pytest.mark.parametrize("name", ["default", "examples", "enum", "const"])
+def test_properties_and_definitions_named_as_value_keywords_are_subschemas(name, gpt2_compiler, tokenizers, vocabs):
+    """A property (or a definition) named `default`, `enum`... was taken for that keyword and copied as a value: its
+    `#` kept meaning the calls' array (`{"default": [{"name": "f", ...}]}` was written: review4 F1, unsound), its
+    `#/$defs/...` named nothing and its anchors none (400s)."""
+    parameters = {"type": "object", "properties": {
+        name: {"$ref": "#"}, "i": {"$ref": f"#/$defs/{name}"}, "s": {"$ref": "#s"}, "n": {"type": "integer"}},
+        "$defs": {name: {"type": "integer"}, "s": {"$anchor": "s", "type": "string"}},
+        "minProperties": 1, "additionalProperties": False}
+    _takes(gpt2_compiler, tokenizers, vocabs, [{"name": "f", "parameters": parameters}],
+           [{"name": "f", "arguments": {name: {"n": 1}, "i": 2, "s": "x"}}],
+           [{"name": "f", "arguments": {name: [{"name": "f", "arguments": {"n": 1}}]}},
+            {"name": "f", "arguments": {"i": "x"}}, {"name": "f", "arguments": {"s": 1}}])
+    nested = {"type": "object", "properties": {name: {"$id": "http://x/v", "type": "integer"}}}  # (a resource)
+    with pytest.raises(ConstraintError, match="the subschema named 'http://x/v'"):
+        gpt2_compiler.compile(spec_from_request(tools=[{"type": "function", "function": {"name": n, "parameters": p}}
+                                                       for n, p in (("f", nested), ("g", {**nested, "properties": {
+                                                           name: {"$id": "http://x/v", "type": "string"}}}))],
+                                                tool_choice="required"))
+
+
 def test_values_that_look_like_named_subschemas_are_no_subschemas(gpt2_compiler):
     """A `const` object with an "$id" key is a value: two functions' different ones are no clash of names."""
     tools = [{"type": "function", "function": {"name": n, "parameters": {
