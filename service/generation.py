@@ -260,10 +260,8 @@ class Generation:
         if (req.n or 1) > self.config.max_batch_size:
             raise invalid(f"n={req.n} is more than this server's batch size ({self.config.max_batch_size}): "
                           f"all choices of a prompt decode together", "n")
-        effort = (req.model_extra or {}).get("reasoning_effort")
-        harmony_effort = self.template.harmony and isinstance(req, ChatCompletionRequest) and effort is not None
-        if harmony_effort and (not isinstance(effort, str) or effort not in HARMONY_EFFORT):
-            raise invalid(f"`reasoning_effort` must be one of {sorted(HARMONY_EFFORT)}", "reasoning_effort")
+        harmony_effort = (self.template.harmony and isinstance(req, ChatCompletionRequest)
+                          and req.reasoning_effort is not None)
         ignored = [f for f in req.extra_fields
                    if f not in UNSUPPORTED_FIELDS and f not in constrain.COMPAT_CONSTRAINT_FIELDS
                    and not (f == "reasoning_effort" and harmony_effort)]
@@ -404,9 +402,8 @@ class Generation:
         """The request's `chat_template_kwargs`, and for harmony templates its `reasoning_effort` (gpt-oss's levels
         are low, medium and high: OpenAI's lower ones are low there, its higher ones high)."""
         kwargs = dict(req.chat_template_kwargs or {})
-        effort = (req.model_extra or {}).get("reasoning_effort")
-        if self.template.harmony and effort is not None and "reasoning_effort" not in kwargs:
-            kwargs["reasoning_effort"] = HARMONY_EFFORT[effort]
+        if self.template.harmony and req.reasoning_effort is not None and "reasoning_effort" not in kwargs:
+            kwargs["reasoning_effort"] = HARMONY_EFFORT[req.reasoning_effort]
         return kwargs or None
 
     def _continued(self, grammar, spec, prompt: str, final: str):

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Literal, TypeVar
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt,
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr,
                       field_validator, model_validator)
 
 # Fields OpenAI (or the seed pages) define that this server cannot honour: sending them is a 400, not a silent
@@ -374,6 +374,21 @@ class SamplingFields(BaseModel):
         return sorted(self.model_extra or {}) + [f"stream_options.{name}" for name in sorted(options or {})]
 
 
+# OpenAI's `reasoning_effort` levels, as the SDK's ReasoningEffort lists them
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# The fields of a chat request that are checked, then ignored (`ChatCompletionRequest`)
+IGNORED_CHAT_FIELDS = ("service_tier", "store", "metadata", "verbosity", "reasoning_effort", "prediction",
+                       "safety_identifier", "prompt_cache_key")
+
+
+class PredictedOutput(BaseModel):
+    """OpenAI's `prediction` (predicted outputs): text the answer is expected to repeat."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: StrictStr | list[dict[str, Any]]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] | None = None
     prompt: str | None = None  # raw prompt, bypassing the chat template (seed 001)
@@ -386,6 +401,17 @@ class ChatCompletionRequest(SamplingFields):
     # OpenAI's processing tiers: one tier here, so a valid value is ignored (and named as ignored); another is a 400,
     # as OpenAI answers it
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    # OpenAI fields that change no answer here, checked as OpenAI checks them (a typo is a 400 there too), then
+    # ignored and named as ignored: nothing is stored for later retrieval (`store`, `metadata`); the answer's
+    # length and reasoning are the model's (`verbosity`; `reasoning_effort` but on a harmony model, whose template
+    # takes it); `prediction` only makes decoding faster.
+    store: StrictBool | None = None
+    metadata: dict[str, StrictStr] | None = Field(default=None, max_length=16)
+    verbosity: Literal["low", "medium", "high"] | None = None
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
+    prediction: PredictedOutput | None = None
+    safety_identifier: StrictStr | None = None
+    prompt_cache_key: StrictStr | None = None
     # Deprecated by OpenAI, still sent by older clients: served as the `tools` they became (`_legacy_functions`)
     functions: list[FunctionDefinition] | None = None
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None
@@ -439,8 +465,8 @@ class ChatCompletionRequest(SamplingFields):
             nested += [f"{where}.{name}" for name in sorted(tool.model_extra or {})]
             nested += [f"{where}{'' if self.uses_functions else '.function'}.{name}"
                        for name in sorted(tool.function.model_extra or {})]
-        tier = ["service_tier"] if self.service_tier is not None else []
-        return super().extra_fields + tier + nested
+        declared = [name for name in IGNORED_CHAT_FIELDS if getattr(self, name) is not None]
+        return sorted(super().extra_fields + declared) + nested
 
     @property
     def generation_prompt(self) -> bool:

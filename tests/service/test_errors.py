@@ -43,6 +43,11 @@ def _assert_error(r, status, param=None):
     ("n", 9),  # (past the test server's --max-batch-size 8: a prompt's choices decode together)
     ("logit_bias", {"5": 100, "05": -100}),  # (one token twice: the later entry silently won)
     ("service_tier", "bogus"), ("service_tier", 1),  # (OpenAI's tiers; another is OpenAI's 400 too)
+    # fields OpenAI defines and this server ignores are checked as OpenAI checks them (were 200s: QA sdk F1)
+    ("reasoning_effort", "bogus"), ("reasoning_effort", 42), ("store", "yes"), ("metadata", "x"),
+    ("metadata", {"k": 5}), ("metadata", {f"k{i}": "v" for i in range(17)}), ("verbosity", "loud"),
+    ("prediction", {"type": "text", "content": "x"}), ("prediction", "x"), ("safety_identifier", 1),
+    ("prompt_cache_key", ["k"]),
 ])
 def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "messages": HELLO, field: value}
@@ -516,6 +521,13 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
                                                "service_tier": "flex"})
     assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == "service_tier"
+    # nothing is stored, the length and reasoning are the model's: fields that ask otherwise are ignored, said so
+    r = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": HELLO, "max_tokens": 1, "store": True, "metadata": {"k": "v"},
+        "verbosity": "low", "reasoning_effort": "high", "safety_identifier": "s", "prompt_cache_key": "p", "x": 1})
+    assert r.status_code == 200
+    assert r.headers["x-structgen-ignored-fields"] == ("metadata,prompt_cache_key,reasoning_effort,"
+                                                       "safety_identifier,store,verbosity,x")
 
 
 def test_a_field_many_messages_carry_is_named_once_and_the_list_is_bounded(http):
