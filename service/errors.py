@@ -149,7 +149,9 @@ def invalid_body(errors: list[dict], content_type: str | None) -> APIError:
     if message == _NOT_AN_OBJECT and content_type and "json" not in content_type.lower():
         # (curl -d without -H sends application/x-www-form-urlencoded: the body is not read as JSON at all)
         message += f", sent with Content-Type: application/json (this request's is {content_type!r})"
-    return invalid(message, param)
+    # (a check across fields may say what kind of error it is: `unsupported_parameter`)
+    code = getattr((errors[0].get("ctx") or {}).get("error"), "code", None) if errors else None
+    return invalid(message, param, code=code if isinstance(code, str) else "invalid_request")
 
 
 def unreadable_body(cause: BaseException | None) -> APIError:

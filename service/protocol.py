@@ -59,9 +59,10 @@ class ParamError(ValueError):
     """A check across fields, naming the parameter it is about: the OpenAI error's `param` (service/errors.py).
     Nested inside a list or object of the body, the place of that part comes first (`messages[2].tool_call_id`)."""
 
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, code: str = "invalid_request"):
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class StreamOptions(BaseModel):
@@ -81,6 +82,14 @@ class Tool(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["function"] = "function"
     function: FunctionDefinition
+
+    @model_validator(mode="before")
+    @classmethod
+    def _custom_tools_unsupported(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type") == "custom":  # (was "Input should be 'function'")
+            raise ParamError("type", "custom tools (free-form text input) are not supported by this server: "
+                             "declare a `function` tool, whose arguments are JSON", code="unsupported_parameter")
+        return value
 
 
 class ToolCallFunction(BaseModel):
@@ -434,7 +443,7 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise ParamError("top_logprobs", "`top_logprobs` requires `logprobs: true`")
         if self.modalities and any(m != "text" for m in self.modalities):
-            raise ParamError("modalities", "only the 'text' modality is supported")
+            raise ParamError("modalities", "only the 'text' modality is supported", code="unsupported_parameter")
         if self.continue_final_message:
             if self.messages is None or self.messages[-1].role != "assistant":
                 raise ParamError("continue_final_message",

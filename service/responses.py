@@ -250,7 +250,7 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
         if content is None and not (calls and calls.calls):
             content = ""  # (a call max_tokens cut before its name: no call, and null content is no message to send
             # back, as agent loops send every answer: "an 'assistant' message needs `content`")
-        message: dict = {"role": "assistant", "content": content, "refusal": None}
+        message: dict = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
         if reasoning:
             message.update(reasoning_fields(c.reasoning or None))
         if calls and calls.calls and uses_functions:
@@ -263,6 +263,7 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
     completion = sum(c.completion_tokens for c in choices)
     reasoning_tokens = sum(c.reasoning_tokens for c in choices) if reasoning else None
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "service_tier": "default",  # (OpenAI names the tier that served the request: there is one here)
             "system_fingerprint": system_fingerprint(model, constraint_backend), "choices": out,
             "usage": usage_dict(prompt_tokens, completion, reasoning_tokens)}
 

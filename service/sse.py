@@ -37,6 +37,8 @@ class _Chunks:
     def __init__(self, plan: Plan, model: str, created: int, obj: str, include_usage: bool):
         self.base = {"id": plan.request_id, "object": obj, "created": created, "model": model,
                      "system_fingerprint": system_fingerprint(model, plan.constraint_backend)}
+        if obj == "chat.completion.chunk":
+            self.base["service_tier"] = "default"  # (as `responses.chat_body` says)
         self.include_usage = include_usage
 
     def chunk(self, choices: list[dict]) -> bytes:

@@ -29,6 +29,8 @@ def test_plain_chat_returns_an_assistant_message_with_usage(client):
     assert r.usage.prompt_tokens > 0
     assert 0 < r.usage.completion_tokens <= 8
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    # (OpenAI's fields the SDK reads: the tier that served it, a message's annotations; were absent: QA sdk F4)
+    assert r.service_tier == "default" and choice.message.annotations == [] and choice.message.refusal is None
 
 
 def test_streamed_chat_equals_the_non_streamed_greedy_answer(client):
@@ -37,6 +39,7 @@ def test_streamed_chat_equals_the_non_streamed_greedy_answer(client):
                                                  stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert all(c.service_tier == "default" for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason

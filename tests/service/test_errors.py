@@ -713,6 +713,19 @@ def test_other_servers_grammar_fields_are_refused_not_ignored(http):
     _assert_error(r, 400, param="guided_json")
 
 
+def test_features_this_server_lacks_are_refused_as_unsupported_parameters(http):
+    """Audio output was `unsupported_parameter` and the same asked through `modalities` `invalid_request`; a custom
+    tool was "Input should be 'function'", which never said custom tools are not served (QA sdk F3)."""
+    for extra, param in (({"modalities": ["text", "audio"]}, "modalities"),
+                         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+                         ({"tools": [{"type": "function", "function": {"name": "f"}},
+                                     {"type": "custom", "custom": {"name": "g"}}]}, "tools[1].type")):
+        error = _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, **extra}),
+                              400, param=param)
+        assert error["code"] == "unsupported_parameter", error
+    assert "custom tools" in error["message"]
+
+
 def test_garbage_never_causes_a_500(http):
     bodies = [{"model": MODEL, "messages": [{"role": "user", "content": None}]},
               {"model": MODEL, "messages": HELLO, "response_format": "json"},
