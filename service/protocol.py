@@ -154,6 +154,11 @@ class ChatMessage(BaseModel):
         return self.role == "assistant" and extra_field == next(
             (name for name in REASONING_FIELDS if isinstance(extra.get(name), str)), None)
 
+    def says_nothing(self, extra_field: str) -> bool:
+        """Whether this field that the model does not declare is an answer's empty `annotations`, which an agent
+        loop sends back with the message: named as ignored in every request, it said nothing."""
+        return extra_field == "annotations" and (self.model_extra or {}).get(extra_field) == []
+
     @model_validator(mode="after")
     def _content_present(self) -> "ChatMessage":
         calls = self.tool_calls or self.function_call
@@ -468,7 +473,7 @@ class ChatCompletionRequest(SamplingFields):
         `tools.N.name` and `tools.N.function.name` (`functions.N.name` where the request sent the deprecated
         `functions`)."""
         nested = [f"messages.{i}.{name}" for i, m in enumerate(self.messages or ())
-                  for name in sorted(m.model_extra or {}) if not m.renders(name)]
+                  for name in sorted(m.model_extra or {}) if not m.renders(name) and not m.says_nothing(name)]
         for i, tool in enumerate(self.tools or ()):
             where = f"functions.{i}" if self.uses_functions else f"tools.{i}"
             nested += [f"{where}.{name}" for name in sorted(tool.model_extra or {})]

@@ -33,6 +33,18 @@ def test_plain_chat_returns_an_assistant_message_with_usage(client):
     assert r.service_tier == "default" and choice.message.annotations == [] and choice.message.refusal is None
 
 
+def test_an_answer_sent_back_as_history_names_no_field_as_ignored(client):
+    """Agent loops send each answer back as it came (the SDK's message object): its empty `annotations` were named
+    in `x-structgen-ignored-fields` on every later request."""
+    answer = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4).choices[0].message
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=1, messages=[*HELLO, answer, {"role": "user", "content": "Again."}])
+    assert "x-structgen-ignored-fields" not in raw.headers
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, max_tokens=1, messages=[
+        *HELLO, {"role": "assistant", "content": "Hi", "annotations": [{"type": "url_citation"}]}])
+    assert raw.headers["x-structgen-ignored-fields"] == "messages.1.annotations"  # (one that says something)
+
+
 def test_streamed_chat_equals_the_non_streamed_greedy_answer(client):
     whole = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0)
     chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0,
