@@ -561,6 +561,22 @@ def _containers_only(root: dict, node: Any, depth: int = 0) -> bool:
         and all(_containers_only(root, b, depth + 1) for b in branches)
 
 
+def _value_keys_unwritable(value: Any) -> bool:
+    """Whether an object in a `const` or `enum` value has a key outlines-core would write wrong: it puts such keys
+    into its regex unescaped, so `a.b` took `a神b` (unsound) and `$ref` compiled to no string at all. Letters,
+    digits, spaces, `_` and `-` are the same in a regex and in a JSON string."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if any(not (ch.isalnum() or ch in " _-") for key in node for ch in key):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
@@ -588,6 +604,8 @@ def outlines_unsupported(schema: Any) -> list[str]:
             if key == "properties":  # outlines-core writes property names between the quotes unescaped
                 bad.extend(f"{ptr}/{escape_pointer_part(k)}" for k in value
                            if any(ord(ch) in _JSON_ESCAPED for ch in k))
+        elif key in ("const", "enum") and _value_keys_unwritable(value):
+            bad.append(ptr)
         elif key in ("items", "anyOf") and (_any_value(value) or (isinstance(value, list)
                                                                   and any(_any_value(v) for v in value))):
             bad.append(ptr)

@@ -685,6 +685,27 @@ def test_outlines_refuses_references_below_a_nested_id(gpt2_compiler):
     assert exc.value.pointer == "/properties/z/properties/a/$ref"
 
 
+def test_outlines_refuses_values_whose_object_keys_its_regex_would_read_as_operators(gpt2_compiler, tokenizers,
+                                                                                       vocabs):
+    """outlines-core puts the keys of a `const`/`enum` object into its regex unescaped: `{"a.b": 1}` took `a神b`
+    (unsound; the auto policy serves repeats with outlines), and `$ref` compiled to nothing. Keys of letters,
+    digits, spaces, `_` and `-` are served."""
+    def compiled(value, backend):
+        schema = {"type": "object", "properties": {"v": {"enum": [value, 1]}}, "required": ["v"],
+                  "additionalProperties": False}
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "r", "schema": schema}}, backend=backend))
+    for value in ({"a.b": 1}, [{"$ref": "#"}], {"x": {"k?": 1}}, {"q\"": 1}):
+        with pytest.raises(ConstraintError) as exc:
+            compiled(value, "outlines")
+        assert exc.value.pointer == "/properties/v/enum"
+        grammar = compiled(value, "auto")
+        assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"v": value})
+    grammar = compiled({"a b-c_1é": [1]}, "outlines")
+    assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"v": {"a b-c_1é": [1]}})
+    assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"v": {"a bXc_1é": [1]}})
+
+
 @pytest.mark.parametrize("schema", [
     # 2020-12: an `id` is an annotation; draft 4: a `$id` is (its keyword is `id`)
     {"type": "object", "$defs": {"a": {"type": "integer"}}, "properties": {"z": {
