@@ -35,12 +35,14 @@ class ConstraintError(ValueError):
         self.code = code
 
 
-def refuse_unread_fields(obj: dict, known: tuple[str, ...], param: str, hint: str = "") -> None:
+def refuse_unread_fields(obj: dict, known: tuple[str, ...], param: str, hint: str = "",
+                         unlisted: tuple[str, ...] = ()) -> None:
     """A field of a constraint's object that this server does not read is a 400 naming it (`param.field`), as
     OpenAI answers: a schema sent under a key the shape does not have would otherwise leave the output silently
-    unconstrained. A field set to null counts as not sent."""
+    unconstrained. A field set to null counts as not sent. `unlisted`: fields taken too, which the message does not
+    offer (another server's private ones)."""
     for name, value in obj.items():
-        if name not in known and value is not None:
+        if name not in known + unlisted and value is not None:
             raise ConstraintError(f"Unknown parameter: '{param}.{name}': {param} takes "
                                   f"{', '.join(repr(k) for k in known)}{hint}", param=f"{param}.{name}",
                                   code="unknown_parameter")

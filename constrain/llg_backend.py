@@ -1533,7 +1533,12 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
         widest = max((i for i in numbers(value) if isinstance(i, int)), key=abs, default=0)
         largest = abs(widest)
         unreadable = _NO_RANGE_PAST if bound and id(node) not in uncompiled else 2 ** 63
-        if largest >= unreadable or (largest > _EXACT_FLOAT_INT and strict):
+        if largest >= unreadable:  # (`strict` or not)
+            why = ("builds no number range with an end past ±1e18 on that side" if unreadable == _NO_RANGE_PAST
+                   else "reads no integer past 64 bits")
+            raise ConstraintError(f"the integer {widest} at {ptr} cannot be enforced (llguidance {why})",
+                                  param=param, pointer=ptr, code="unsupported_schema")
+        if largest > _EXACT_FLOAT_INT and strict:
             raise ConstraintError(f"the integer {widest} at {ptr} cannot be enforced exactly (llguidance reads "
                                   f"numbers as 64-bit floats, exact up to 2**53)", param=param, pointer=ptr,
                                   code="unsupported_schema")

@@ -841,8 +841,8 @@ def _compat_constraints(fields: dict[str, Any]) -> list[tuple[str, ConstraintSpe
                                   param="structured_outputs.disable_additional_properties",
                                   code="unsupported_parameter")
         refuse_unread_fields(outputs, _STRUCTURED_OUTPUTS_CONSTRAINTS + STRUCTURED_OUTPUTS_OPTIONS
-                             + _STRUCTURED_OUTPUTS_INTERNAL + ("disable_additional_properties",),
-                             "structured_outputs")
+                             + ("disable_additional_properties",), "structured_outputs",
+                             unlisted=_STRUCTURED_OUTPUTS_INTERNAL)
         for key in _STRUCTURED_OUTPUTS_CONSTRAINTS:
             add(f"structured_outputs.{key}", _STRUCTURED_OUTPUTS_KINDS.get(key, "grammar"), outputs.get(key))
         if all(outputs.get(key) is None for key in _STRUCTURED_OUTPUTS_CONSTRAINTS):  # (`json_object: false` is one)

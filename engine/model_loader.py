@@ -42,15 +42,17 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"invalid device {device!r}: {exc}") from None
+    except RuntimeError:  # (torch's message lists every device type it knows, most of which are refused below)
+        raise ModelLoadError(f"invalid device {device!r}: use auto, cpu, cuda, cuda:N or mps (where torch "
+                             "has it)") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
     if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
         raise ModelLoadError(f"device {device!r} requested but this machine has {torch.cuda.device_count()} GPU(s)")
     mps = resolved.type == "mps" and torch.backends.mps.is_available()
     if resolved.type not in ("cpu", "cuda") and not mps:  # (`meta`, `mps` off macOS: a traceback at start-up)
-        raise ModelLoadError(f"device {device!r} is not supported here: use cpu, cuda or cuda:N")
+        raise ModelLoadError(f"device {device!r} is not supported here: use auto, cpu, cuda, cuda:N or mps (where "
+                             "torch has it)")
     return resolved
 
 

@@ -103,7 +103,8 @@ def _add_serve(subparsers) -> None:
                    help="require 'Authorization: Bearer KEY' (default: "
                         + ("the key in STRUCTGEN_API_KEY)" if key_set else "none, every request is served)"))
     p.add_argument("--device", default=_default("device"),
-                   help="auto, cpu, cuda, cuda:N; auto takes cuda where there is one (default: %(default)s)")
+                   help="auto, cpu, cuda, cuda:N, mps (where torch has it); auto takes cuda where there is "
+                        "one (default: %(default)s)")
     dtypes = ["auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16"]
     p.add_argument("--dtype", default=_default("dtype"), type=_one_of(*dtypes), choices=dtypes,
                    help="auto: bfloat16 or float16 on CUDA, float32 on a CPU (default: %(default)s)")

@@ -257,6 +257,17 @@ def test_unavailable_device_exits_nonzero():
     assert "structgen: error:" in result.stderr.strip().splitlines()[-1]
 
 
+def test_a_device_torch_does_not_know_is_named_with_the_devices_this_server_takes():
+    """(The line was torch's own list of device types: ipu, xpu, mkldnn, opengl... which this server refuses.)"""
+    from engine.model_loader import ModelLoadError, resolve_device
+
+    for device in ("tpu", "xpu", "meta"):
+        with pytest.raises(ModelLoadError) as exc:
+            resolve_device(device)
+        assert str(exc.value).endswith("use auto, cpu, cuda, cuda:N or mps (where torch has it)"), exc.value
+        assert "opengl" not in str(exc.value)
+
+
 def _has_cuda() -> bool:
     import torch
 
