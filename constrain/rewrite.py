@@ -915,11 +915,14 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict | bool:
 
 
 def _lookaheads(node: dict, ctx: _Ctx) -> dict:
-    """A `pattern`, or a `patternProperties` name of a closed object, that opens with `^` and lookaheads (neither
-    backend reads them) becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py):
-    `^(?!x-)[a-z]+$` as a name was a 400, strict or not (JsonSchemaStore's web-types, helper-25). Read and written
-    as every dialect reads it (`_as_every_dialect`). (A name of an open object is left: spelled so, it could move
-    a key some dialect matches to the other keys' schema.)"""
+    """A `pattern`, or a `patternProperties` name, that opens with `^` and lookaheads (neither backend reads them)
+    becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py): `^(?!x-)[a-z]+$` as a name
+    was a 400, strict or not (JsonSchemaStore's web-types, helper-25). A `pattern` is read and written as every
+    dialect reads it (`_as_every_dialect`); a name as the backends spell the object's names
+    (llg_backend.llguidance_schema): so in a closed object; widest in an object whose other keys may hold anything
+    (a name any dialect matches gets the name's schema, which every dialect then finds valid), where a negative
+    lookahead every dialect reads alike (widened, it would refuse more names: QA realworld F1, web-types'
+    `^(?!pattern$).*$` in an open object); elsewhere only a name every dialect reads alike."""
     pattern = node.get("pattern")
     if isinstance(pattern, str) and "(?" in pattern:
         plain = without_lookaheads(_as_every_dialect(pattern), ctx.regex_work, explicit=True)
@@ -927,13 +930,57 @@ def _lookaheads(node: dict, ctx: _Ctx) -> dict:
             ctx.changed = True
             node = {**node, "pattern": plain}
     names = node.get("patternProperties")
-    if isinstance(names, dict) and node.get("additionalProperties") is False and any("(?" in n for n in names):
-        plain_names = {name: (without_lookaheads(_as_every_dialect(name), ctx.regex_work, explicit=True)
-                              if "(?" in name else None) or name for name in names}
+    if isinstance(names, dict) and any("(?" in n for n in names):
+        other = node.get("additionalProperties", True)
+        open_object = other in (True, {}) and node.get("unevaluatedProperties", True) in (True, {})
+
+        def spelled(name: str) -> str | None:
+            if _read_alike(name):
+                return name
+            if other is False:
+                return _as_every_dialect(name)
+            negated = _negative_lookaheads(name)
+            if open_object and negated is not None and all(_read_alike(part) for part in negated):
+                return widest_pattern(name)
+            return None
+
+        plain_names = {name: (without_lookaheads(spelled(name), ctx.regex_work, explicit=True)
+                              if "(?" in name and spelled(name) is not None else None) or name for name in names}
         if len(set(plain_names.values())) == len(names) and any(k != v for k, v in plain_names.items()):
             ctx.changed = True  # (two names meeting in one spelling are left as written)
             node = {**node, "patternProperties": {plain_names[name]: value for name, value in names.items()}}
     return node
+
+
+def _read_alike(pattern: str) -> bool:
+    """Whether every regex dialect reads `pattern` alike: no `.` or shorthand spelled otherwise by one, nor a
+    class that opens with `]` (which `portable_pattern` leaves as it is)."""
+    return "[]" not in pattern and "[^]" not in pattern and portable_pattern(pattern) == widest_pattern(pattern)
+
+
+def _negative_lookaheads(pattern: str) -> list[str] | None:
+    """What each `(?!...)` of `pattern` holds (None: a group that does not close)."""
+    found, i = [], 0
+    while True:
+        i = pattern.find("(?!", i)
+        if i < 0:
+            return found
+        depth, j, in_class = 1, i + 3, False
+        while j < len(pattern) and depth:
+            ch = pattern[j]
+            if ch == "\\":
+                j += 1
+            elif in_class:
+                in_class = ch != "]"
+            elif ch == "[":
+                in_class = True
+            elif ch in "()":
+                depth += 1 if ch == "(" else -1
+            j += 1
+        if depth:
+            return None
+        found.append(pattern[i + 3:j - 1])
+        i = j
 
 
 def _as_every_dialect(pattern: str) -> str:

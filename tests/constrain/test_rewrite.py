@@ -570,6 +570,34 @@ def test_a_pattern_properties_name_opening_with_lookaheads_compiles_and_means_th
     assert [d for d in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
 
 
+@pytest.mark.parametrize("name, others, rewritten", [
+    ("^(?!draft-)[a-z-]+$", None, True),  # (every dialect reads it alike: exact, whatever the other keys hold)
+    ("^(?!draft-)[a-z-]+$", {"type": "integer"}, True),
+    ("^(?!pattern$).*$", None, True),  # (web-types: `.` outside the lookahead, spelled widest)
+    ("^(?!pattern$).*$", {"type": "integer"}, False),  # (spelled either way, a name would move to another schema)
+    ("^(?!a.)[a-c]+$", None, False),  # (a negated `.` widened would refuse names some dialect matches)
+])
+def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_where_exact(name, others, rewritten,
+                                                                                          gpt2_compiler,
+                                                                                          tokenizers, vocabs):
+    """Only a closed object's names were rewritten: the README's own `^(?!draft-)[a-z-]+$` was a 400 in an open
+    object, strict or not, and so was web-types (QA realworld F1)."""
+    schema = {"type": "object", "patternProperties": {name: {"type": "string"}}}
+    if others is not None:
+        schema["additionalProperties"] = others
+    out = rewrite_schema(schema)
+    assert (name not in out["patternProperties"]) == rewritten
+    if not rewritten:
+        return
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    valid = [{"abc": "s"}, {"draft-x": 1} if "draft" in name else {"pattern": 1}]  # (the other keys')
+    invalid = [{"abc": 1}]
+    assert [d for d in valid if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+    assert [d for d in invalid if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=1, walks=8, max_tokens=40) > 0
+
+
 def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_give_up(tokenizers, vocabs):
     """`[A-Za-z0-9-_.:]{1,255}` as a patternProperties regex (a real schema, JSONSchemaBench Github_trivial o78117):
     with Qwen2's 152k tokens, llguidance unrolled the count while masking keys until it gave up mid-output
