@@ -101,6 +101,7 @@ _UNDECIDABLE_KEYS = ("format", "pattern", "patternProperties")
 _MAX_ONEOF = 64  # branches checked pairwise
 _MAX_ONEOF_NEGATED = 8  # oneOf branches rewritten through their negations
 _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
+_MAX_ONEOF_VALUES = 64  # a oneOf of at most this many values, none negated, as their enum
 _MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _MAX_UNIQUE_DOMAIN = 64  # uniqueItems: items with at most this many values bound maxItems (outlines unrolls it)
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
@@ -1447,7 +1448,7 @@ def _one_of(node: dict, ctx: _Ctx) -> dict:
     if not disjoint:
         branches = _exactly_one_by_negation(branches, ctx)
         if branches is None:
-            return node
+            return _one_of_values(node, ctx)
         if not branches:
             ctx.changed = True
             return False
@@ -1458,6 +1459,20 @@ def _one_of(node: dict, ctx: _Ctx) -> dict:
         return node
     # Same place in the object: llguidance orders merged properties by the order it meets the keywords.
     return {("anyOf" if k == "oneOf" else k): (branches if k == "oneOf" else v) for k, v in node.items()}
+
+
+def _one_of_values(node: dict, ctx: _Ctx) -> Any:
+    """A `oneOf` node that takes few values (constrain/finite_values.py) as the `enum` of them, where its
+    branches have no negation to write (arrays, objects): `oneOf: [{enum: [[3, 4]]}, {enum: [[1, 2]]}, {enum:
+    [[3, 4]]}]` was checked as each value finished, and after `[3` only `,4]` could follow, which it refused
+    (QA realworld F2). Keywords that assert nothing (`$defs`, annotations) stay."""
+    values = finite_values(node, ctx.root, _MAX_ONEOF_VALUES, ctx.validator)
+    if values is None:
+        return node
+    ctx.changed = True
+    if not values:
+        return False
+    return {**{k: v for k, v in node.items() if k not in ASSERTIONS}, "enum": values}
 
 
 def _exactly_one_by_negation(branches: list, ctx: _Ctx) -> list | None:

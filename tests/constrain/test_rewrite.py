@@ -455,6 +455,22 @@ def test_one_of_pairs_become_an_exact_any_of(a, b):
     assert not any(jsonschema.Draft202012Validator(out).is_valid(d) for d in both)
 
 
+def test_a_one_of_of_few_arrays_or_objects_becomes_the_enum_of_the_values_it_takes(gpt2_compiler, tokenizers,
+                                                                                     vocabs):
+    """Arrays and objects have no negation to write: `[3, 4]`, in two branches, was refused only once finished,
+    after `[3` only `,4]` could follow, and answers ended with constraint_too_complex (QA realworld F2)."""
+    schema = {"type": "object", "properties": {"v": {"$comment": "c", "oneOf": [
+        {"enum": [[3, 4], {"a": 1}]}, {"enum": [[1, 2]]}, {"enum": [[3, 4]]}, {"const": {"a": 1.0}}]}},
+        "required": ["v"], "additionalProperties": False}
+    out = rewrite_schema(schema)
+    assert out["properties"]["v"] == {"$comment": "c", "enum": [[1, 2]]}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=10, max_tokens=30) == 10
+    none = {"oneOf": [{"enum": [[1]]}, {"const": [1]}]}  # (every value in two branches: none)
+    assert rewrite_schema(none) is False
+
+
 ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive ranges", "oneOf lengths and values",
             "oneOf three required shapes", "oneOf closed objects", "oneOf enum with a number and strings",
             "not object", "not lengths", "not integer among integers", "not boolean and null values",
