@@ -55,22 +55,31 @@ def _distinct(values: list) -> list:
     return list(seen.values())
 
 
+_VALUES = ("enum", "const", "default", "examples", "$ref")  # keywords whose values hold no subschema
+# keywords whose values map names to subschemas: a property named `default` is a subschema (QA review5 F2)
+_NAMED_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+
+
 def _decidable(schema: Any, root: Any) -> bool:
-    """No `format` or regex in `schema`, nor in what its $refs reach."""
-    stack, visited = [schema], set()
+    """No `format` or regex in `schema`, nor in what its $refs reach (Python's backtracking `re` must never run
+    a client's regex: hours on a crafted one, holding the interpreter)."""
+    stack, visited = [(schema, False)], set()
     while stack:
-        node = stack.pop()
+        node, names = stack.pop()
         if isinstance(node, list):
-            stack.extend(node)
+            stack.extend((v, False) for v in node)
             continue
         if not isinstance(node, dict) or id(node) in visited:
             continue
         visited.add(id(node))
+        if names:
+            stack.extend((v, False) for v in node.values())
+            continue
         if any(k in node for k in _UNDECIDABLE):
             return False
         if isinstance(node.get("$ref"), str):
-            stack.append(resolve_ref(root, node["$ref"]))
-        stack.extend(v for k, v in node.items() if k not in ("enum", "const", "default", "examples", "$ref"))
+            stack.append((resolve_ref(root, node["$ref"]), False))
+        stack.extend((v, k in _NAMED_SUBSCHEMAS) for k, v in node.items() if k not in _VALUES)
     return True
 
 

@@ -470,3 +470,33 @@ def test_a_constraint_llguidance_cannot_start_is_refused_naming_its_field(gpt2_c
             "type": "integer", "minimum": 271828}}))
     assert refused.value.param == "response_format" and refused.value.code == "constraint_too_complex"
     assert "cannot start" in refused.value.message
+
+
+@pytest.mark.parametrize("name", ["x", "default", "enum"])
+def test_the_clients_regex_is_never_run_by_python(name, monkeypatch, gpt2_compiler):
+    """Python's backtracking `re` runs `^(a+)+$` on 30 `a`s and a `!` for a minute, holding the interpreter and so
+    the whole server: the support check ran it on an enum's values (QA review5 F1), and the finite-values check
+    where a property named `default` hid its `pattern` (F2). Every backend here compiles the pattern."""
+    import jsonschema._keywords
+
+    ran: list[str] = []
+
+    class NoRegex:  # (recorded: the checks catch what a validator raises)
+        @staticmethod
+        def search(pattern, text):
+            ran.append(pattern)
+            raise AssertionError(f"Python ran the client's regex {pattern!r}")
+
+    monkeypatch.setattr(jsonschema._keywords, "re", NoRegex)
+    value = "a" * 30 + "!"
+    string = {"type": "string", "enum": [value, "aa"], "pattern": "^(a+)+$"}
+    schema = {"type": "object", "properties": {"u": {"type": "array", "uniqueItems": True, "items": {
+        "type": "object", "properties": {name: string}, "required": [name], "additionalProperties": False}},
+        "s": string}, "required": ["u", "s"], "additionalProperties": False}
+    for backend in ("auto", "outlines", "llguidance"):
+        try:
+            gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+                "name": "h", "schema": schema}}, backend=backend))
+        except ConstraintError as exc:
+            assert backend == "outlines" and "pattern" in exc.message, exc.message
+    assert ran == []
