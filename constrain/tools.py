@@ -385,6 +385,9 @@ def tools_spec(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
         functions, mode, single = [named], "named", True
     elif mode in ("auto", "required"):
         single = not parallel_tool_calls
+    elif isinstance(mode, dict) and mode.get("type") == "custom":  # (as a custom tool is: service/protocol.py)
+        raise ConstraintError("custom tools (free-form text input) are not supported by this server: name a "
+                              "`function` tool", param="tool_choice", code="unsupported_parameter")
     else:
         raise ConstraintError("tool_choice must be 'none', 'auto', 'required', "
                               "{'type': 'function', 'function': {'name': ...}} or "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import email.message
 import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr,
                       field_validator, model_validator)
@@ -392,7 +392,13 @@ class SamplingFields(BaseModel):
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # The fields of a chat request that are checked, then ignored (`ChatCompletionRequest`)
 IGNORED_CHAT_FIELDS = ("service_tier", "store", "metadata", "verbosity", "reasoning_effort", "prediction",
-                       "safety_identifier", "prompt_cache_key")
+                       "safety_identifier", "prompt_cache_key", "prompt_cache_retention")
+
+
+class PredictedText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: StrictStr
 
 
 class PredictedOutput(BaseModel):
@@ -400,7 +406,7 @@ class PredictedOutput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["content"]
-    content: StrictStr | list[dict[str, Any]]
+    content: StrictStr | list[PredictedText]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -414,18 +420,20 @@ class ChatCompletionRequest(SamplingFields):
     modalities: list[str] | None = None
     # OpenAI's processing tiers: one tier here, so a valid value is ignored (and named as ignored); another is a 400,
     # as OpenAI answers it
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
     # OpenAI fields that change no answer here, checked as OpenAI checks them (a typo is a 400 there too), then
     # ignored and named as ignored: nothing is stored for later retrieval (`store`, `metadata`); the answer's
     # length and reasoning are the model's (`verbosity`; `reasoning_effort` but on a harmony model, whose template
     # takes it); `prediction` only makes decoding faster.
     store: StrictBool | None = None
-    metadata: dict[str, StrictStr] | None = Field(default=None, max_length=16)
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]] | None = \
+        Field(default=None, max_length=16)
     verbosity: Literal["low", "medium", "high"] | None = None
     reasoning_effort: Literal[REASONING_EFFORTS] | None = None
     prediction: PredictedOutput | None = None
     safety_identifier: StrictStr | None = None
     prompt_cache_key: StrictStr | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     # Deprecated by OpenAI, still sent by older clients: served as the `tools` they became (`_legacy_functions`)
     functions: list[FunctionDefinition] | None = None
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None

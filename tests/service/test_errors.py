@@ -47,7 +47,9 @@ def _assert_error(r, status, param=None):
     ("reasoning_effort", "bogus"), ("reasoning_effort", 42), ("store", "yes"), ("metadata", "x"),
     ("metadata", {"k": 5}), ("metadata", {f"k{i}": "v" for i in range(17)}), ("verbosity", "loud"),
     ("prediction", {"type": "text", "content": "x"}), ("prediction", "x"), ("safety_identifier", 1),
-    ("prompt_cache_key", ["k"]),
+    ("prompt_cache_key", ["k"]), ("prompt_cache_retention", "bogus"), ("prompt_cache_retention", 5),
+    ("prediction", {"type": "content", "content": [{"type": "bogus"}]}), ("metadata", {"k" * 65: "v"}),
+    ("metadata", {"k": "v" * 513}),  # (review5 F4)
 ])
 def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "messages": HELLO, field: value}
@@ -524,10 +526,13 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
     # nothing is stored, the length and reasoning are the model's: fields that ask otherwise are ignored, said so
     r = http.post("/v1/chat/completions", json={
         "model": MODEL, "messages": HELLO, "max_tokens": 1, "store": True, "metadata": {"k": "v"},
-        "verbosity": "low", "reasoning_effort": "high", "safety_identifier": "s", "prompt_cache_key": "p", "x": 1})
-    assert r.status_code == 200
-    assert r.headers["x-structgen-ignored-fields"] == ("metadata,prompt_cache_key,reasoning_effort,"
-                                                       "safety_identifier,store,verbosity,x")
+        "verbosity": "low", "reasoning_effort": "high", "safety_identifier": "s", "prompt_cache_key": "p", "x": 1,
+        "prompt_cache_retention": "24h", "service_tier": "fast",  # (the SDK's values: "fast" was a 400, review5 F3)
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi"}]}})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-ignored-fields"] == ("metadata,prediction,prompt_cache_key,prompt_cache_retention,"
+                                                       "reasoning_effort,safety_identifier,service_tier,store,"
+                                                       "verbosity,x")
 
 
 def test_a_field_many_messages_carry_is_named_once_and_the_list_is_bounded(http):
@@ -671,7 +676,7 @@ def test_a_message_without_content_is_named_with_the_right_article(http):
 def test_unknown_message_fields_are_named_in_the_header_too(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "my_extra": 1, "messages": [
         {"role": "system", "content": "be brief", "cache_control": {"type": "ephemeral"}},
-        {"role": "user", "content": "hi", "weight": 2, "annotations": []}]})
+        {"role": "user", "content": "hi", "weight": 2, "annotations": [{"type": "url_citation"}]}]})
     assert r.status_code == 200, r.text
     assert r.headers["x-structgen-ignored-fields"] == \
         "my_extra,messages.0.cache_control,messages.1.annotations,messages.1.weight"
@@ -719,11 +724,14 @@ def test_features_this_server_lacks_are_refused_as_unsupported_parameters(http):
     for extra, param in (({"modalities": ["text", "audio"]}, "modalities"),
                          ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
                          ({"tools": [{"type": "function", "function": {"name": "f"}},
-                                     {"type": "custom", "custom": {"name": "g"}}]}, "tools[1].type")):
+                                     {"type": "custom", "custom": {"name": "g"}}]}, "tools[1].type"),
+                         ({"tools": [{"type": "function", "function": {"name": "f"}}],  # (review5 F5)
+                           "tool_choice": {"type": "custom", "custom": {"name": "f"}}}, "tool_choice")):
         error = _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, **extra}),
                               400, param=param)
         assert error["code"] == "unsupported_parameter", error
-    assert "custom tools" in error["message"]
+        if "tool" in param:
+            assert "custom tools" in error["message"]
 
 
 def test_garbage_never_causes_a_500(http):
