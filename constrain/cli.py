@@ -174,7 +174,7 @@ def _check_schema(args: argparse.Namespace) -> int:
         print(f"enforced while decoding: {', '.join(dict.fromkeys(_in_file(source, p) for p in plan.pointers))}")
     bad = outlines_unsupported(plan.schema if plan is not None else schema)
     bad = list(dict.fromkeys(_in_file(source, p) for p in bad))
-    print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(bad[:20])}")
+    print(f"outlines: {'exact' if not bad else 'cannot enforce ' + ', '.join(map(_shown, bad[:20]))}")
     spec = ConstraintSpec(kind="json_schema", schema=schema, strict=args.strict, extra={"source": source})
     if args.backend != "outlines":  # (what a server pays once, at start-up: llguidance's tokenizer and tables)
         t0 = time.perf_counter()
@@ -190,7 +190,7 @@ def _check_schema(args: argparse.Namespace) -> int:
     late = wrapped(grammar, LateGrammar)
     if late is not None:
         print(f"checked as each value is finished: "
-              f"{', '.join(dict.fromkeys(_in_file(source, p or '/') for p in late.plan.pointers))}")
+              f"{', '.join(dict.fromkeys(_shown(_in_file(source, p)) for p in late.plan.pointers))}")
     if wrapped(grammar, PlainKeysGrammar) is not None:
         print("keys are written without \\u escapes (an open object names keys: constrain/plain_keys.py)")
     unenforced = ", ".join(grammar.unenforced) or "none"
@@ -207,6 +207,11 @@ def _check_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shown(pointer: str) -> str:
+    """A JSON Pointer as these lines show it: the root's, "" (RFC 6901's), in words."""
+    return pointer or "the root"
+
+
 def _in_file(source, pointer: str) -> str:
     """A pointer into the schema as compiled, as a place in the file, as the server names them: the subschema an
     exact rewrite replaced (`client_pointer`), but for an object of the file left open, whose absent
@@ -214,8 +219,7 @@ def _in_file(source, pointer: str) -> str:
     from constrain.support import client_pointer
 
     mapped, holder = client_pointer(source, pointer), pointer.rpartition("/")[0]
-    return pointer if pointer.endswith("/additionalProperties") and mapped in (holder, "/" if not holder else holder) \
-        else mapped
+    return pointer if pointer.endswith("/additionalProperties") and mapped == holder else mapped
 
 
 def _maskbench(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_len
 from constrain.pattern_dialects import portable_pattern, python_pattern, schema_patterns, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.regex_sets import repeat_product
-from constrain.support import (client_pointer, outlines_unsupported, pointer_child, resolve_ref, unescape_pointer_part,
+from constrain.support import (client_pointer, containers_only, outlines_unsupported, pointer_child, resolve_ref, unescape_pointer_part,
                                walk)
 from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
                              MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
@@ -957,10 +957,10 @@ def _written_as_it_is(source: Any, compiled: Any, pointer: str, mapped: str) -> 
         if not found:
             return None
     below = source
-    for segment in mapped.split("/")[1:] if mapped != "/" else ():
+    for segment in mapped.split("/")[1:]:
         below = pointer_child(below, segment)[1]
     name = unescape_pointer_part(pointer.rpartition("/")[2])
-    places = [p for p, k, n in walk(below, mapped if mapped != "/" else "") if k == name and n[k] == node]
+    places = [p for p, k, n in walk(below, mapped) if k == name and n[k] == node]
     return places[0] if len(places) == 1 else None
 
 
@@ -969,6 +969,15 @@ def _outlines_refusal(spec: ConstraintSpec, bad: list[str]) -> ConstraintError:
     open to undeclared properties is named as such, at the object: its `additionalProperties` is absent, and the
     refusal named it as a keyword at the root, `/`, said to be rewritten (QA: 56 of 94 outlines refusals)."""
     more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    if "/type" in bad and isinstance(spec.schema, dict) and not containers_only(spec.schema, spec.schema):
+        return ConstraintError(f"the outlines backend serves only objects and arrays at the root (outlines-core "
+                               f"0.2.14 loses transitions of a lone number: `2.5` is refused after `2`): use the "
+                               f"llguidance backend{more}", param=spec.param, pointer="/type",
+                               code="unsupported_schema")
+    if bad[0] == "":  # (`outlines_unsupported`: the whole schema)
+        return ConstraintError(f"the outlines backend cannot serve a schema that takes any JSON value, or none: give "
+                               f"it a type and closed objects, or use the llguidance backend{more}",
+                               param=spec.param, pointer="", code="unsupported_schema")
     holder, _, keyword = bad[0].rpartition("/")
     node = spec.schema
     for segment in holder.split("/")[1:]:  # (a pointer's segments, as written: `a%20b` is a name, not `a b`)
@@ -1044,7 +1053,9 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
         pointer, rewritten = (written, False) if written else (pointer, True)
     if pointer == exc.pointer:
         return exc
-    message = exc.message.replace(exc.pointer, pointer, 1)
+    # (the root's pointer is "", RFC 6901's: the message names it in words)
+    message = exc.message.replace(exc.pointer, pointer, 1) if pointer else \
+        exc.message.replace(f"at {exc.pointer}", "at the root", 1).replace(exc.pointer, "the root", 1)
     if rewritten:
         message += "; the keyword is in the equivalent form that the subschema there is rewritten into before compiling"
     return ConstraintError(message, param=exc.param, pointer=pointer, code=exc.code)

@@ -169,7 +169,7 @@ def client_pointer(source: Any, pointer: str) -> str:
     for depth, raw in enumerate(parts, 1):
         found, node = pointer_child(node, raw)
         if not found:
-            return "/" + "/".join(parts[:schema_at]) if schema_at else "/"
+            return "/" + "/".join(parts[:schema_at]) if schema_at else ""  # (RFC 6901's root: `/` is a name "")
         part = unescape_pointer_part(raw)
         if kind == "schema":
             kind = ("map" if part in _SUBSCHEMA_MAPS or part == "dependencies" else
@@ -559,7 +559,7 @@ def _outlines_target(root: Any, ref: str, walked: set[int]) -> bool:
     return isinstance(node, dict) and id(node) in walked and not _any_value(node)
 
 
-def _containers_only(root: dict, node: Any, depth: int = 0) -> bool:
+def containers_only(root: dict, node: Any, depth: int = 0) -> bool:
     """`node` takes objects and arrays only: its `type` says so, or it is an `anyOf`/`oneOf` (or a local `$ref`)
     whose every branch does (a zod or RootModel union of objects at the root was refused: QA unions F2)."""
     if not isinstance(node, dict) or depth > 8:
@@ -568,10 +568,10 @@ def _containers_only(root: dict, node: Any, depth: int = 0) -> bool:
         types = node["type"] if isinstance(node["type"], list) else [node["type"]]
         return bool(types) and all(t in ("object", "array") for t in types)
     if isinstance(node.get("$ref"), str):
-        return _containers_only(root, resolve_ref(root, node["$ref"]), depth + 1)
+        return containers_only(root, resolve_ref(root, node["$ref"]), depth + 1)
     branches = node.get("anyOf", node.get("oneOf"))
     return isinstance(branches, list) and bool(branches) \
-        and all(_containers_only(root, b, depth + 1) for b in branches)
+        and all(containers_only(root, b, depth + 1) for b in branches)
 
 
 def _value_keys_unwritable(value: Any) -> bool:
@@ -593,14 +593,14 @@ def _value_keys_unwritable(value: Any) -> bool:
 def outlines_unsupported(schema: Any) -> list[str]:
     """Pointers of what outlines-core cannot enforce exactly (empty = it compiles to an exact DFA)."""
     if schema is True or schema == {}:
-        return ["/"]  # any JSON value: unbounded nesting
+        return [""]  # (the root) any JSON value: unbounded nesting
     if not isinstance(schema, dict):
-        return ["/"]  # `false` (no value): nothing for outlines to compile
+        return [""]  # `false` (no value): nothing for outlines to compile
     bad: list[str] = []
     walked = {id(node) for _, _, node in walk(schema)}  # the subschemas checked below ({} has no keyword: never)
     # (outlines-core reads every `$ref` against the root: one below a nested `$id` names another place)
     resources = nested_resources(schema)
-    if not _containers_only(schema, schema):
+    if not containers_only(schema, schema):
         bad.append("/type")  # 0.2.14 loses transitions for top-level scalars ("2.5" is refused after "2")
     for ptr, key, node in walk(schema):
         value = node[key]

@@ -220,7 +220,7 @@ def test_check_schema_on_false_says_it_is_unsatisfiable_and_points_at_the_root(t
     f.write_text("false")
     assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"])]) == 1
     out = capsys.readouterr().out
-    assert "outlines: cannot enforce /\n" in out and "/type" not in out
+    assert "outlines: cannot enforce the root\n" in out and "/type" not in out
     assert "Unsatisfiable" in out
 
 
@@ -243,7 +243,7 @@ def test_check_schema_names_the_values_checked_as_they_are_finished_at_places_in
     f.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2}))
     assert main(["check-schema", str(f), "--tokenizer", str(TOKENIZERS["gpt2"]), "--strict",
                  "--backend", "llguidance"]) == 0
-    assert "checked as each value is finished: /\n" in capsys.readouterr().out
+    assert "checked as each value is finished: the root\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text, reason", [

@@ -302,12 +302,27 @@ def test_a_pointer_into_a_rewritten_subschema_names_the_clients_subschema(gpt2_c
     assert exc.value.pointer == "/properties/tags" and "rewritten" in exc.value.message
 
 
+@pytest.mark.parametrize("schema, said", [
+    ({"allOf": [{"enum": [1]}, {"not": {"enum": [True]}}]}, "serves only objects and arrays at the root"),
+    ({}, "takes any JSON value, or none"),
+    ({"type": "object"}, "the object at the root takes properties it does not declare"),
+])
+def test_outlines_names_the_root_in_words_and_as_rfc_6901_does(schema, said, gpt2_compiler):
+    """The root was written `/`, which RFC 6901 reads as a property named "", and "the keyword at /" named no
+    keyword (QA realworld F4)."""
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "r", "schema": schema}}, backend="outlines"))
+    assert said in exc.value.message and " /" not in exc.value.message and "at /;" not in exc.value.message
+    assert exc.value.pointer in ("", "/type")
+
+
 @pytest.mark.parametrize("pointer,expected", [
     ("/properties/a/oneOf/1/not", "/properties/a/oneOf/1/not"),  # in the client's schema: kept
     ("/properties/a/anyOf/0/allOf/1/not", "/properties/a"),  # generated branches: the subschema they replace
-    ("/allOf/2/anyOf", "/"),  # past the client's allOf list: the node that holds it
+    ("/allOf/2/anyOf", ""),  # past the client's allOf list: the node that holds it, the root (RFC 6901's "")
     ("/allOf/0/if/required", "/allOf/0/if"),
-    ("/patternProperties/^(?:a|b)$/not", "/"),  # a generated pattern key
+    ("/patternProperties/^(?:a|b)$/not", ""),  # a generated pattern key
     ("/properties/a~1b/enum", "/properties/a~1b/enum"),
 ])
 def test_client_pointer(pointer, expected):

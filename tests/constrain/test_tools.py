@@ -162,7 +162,7 @@ def test_allowed_tools_narrow_the_calls_to_the_named_functions(mode, gpt2_compil
     (_allowed("auto", "add", "nope"), "tool_choice.allowed_tools.tools[1] names an unknown function 'nope'"),
     ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "mcp"}]}},
      "tool_choice.allowed_tools.tools[0] must be"),
-    ({"type": "custom", "custom": {"name": "add"}}, "tool_choice must be"),
+    ({"type": "custom", "custom": {"name": "add"}}, "custom tools (free-form text input) are not supported"),
     ({"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name names an unknown function"),
 ])
 def test_malformed_allowed_tools_are_refused_naming_tool_choice(tool_choice, said):
