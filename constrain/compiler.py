@@ -1010,7 +1010,7 @@ def _call_tag(spec: ConstraintSpec) -> bytes | None:
 
 
 # llguidance names where an error arose as a URI into the schema it compiled (for tools: the call schema).
-_SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)")
+_SCHEMA_URI = re.compile(r"json-schema:///#(/[^\s'\"]*)?")
 # llguidance's word for a `$ref` to an anchor no subschema defines, as the calls' schema prefixes a function's anchors
 _TOOL_ANCHOR = re.compile(r"Anchor 'tool(\d+)-([^']*)' does not exist")
 
@@ -1041,8 +1041,8 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
         message = exc.message.replace(found.group(0), f"Anchor '{found.group(2)}' does not exist")
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer or min(places, default=None),
                               code=exc.code)
-    if spec.kind == "tools" and _SCHEMA_URI.search(exc.message):
-        message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, m.group(1))[0], exc.message)
+    if _SCHEMA_URI.search(exc.message):  # (llguidance's name for the schema's places: the client's pointers)
+        message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, m.group(1) or "")[0] or "the root", exc.message)
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer, code=exc.code)
     if not exc.pointer:
         return exc

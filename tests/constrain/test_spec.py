@@ -1366,3 +1366,25 @@ def test_property_names_of_a_pattern_no_backend_reads_are_named_not_refused_with
     with pytest.raises(ConstraintError) as exc:
         compiled(True)
     assert exc.value.pointer == "/propertyNames"
+
+
+# JSONSchemaBench Handwritten/notnames9 (its comments left out): a reference llguidance cannot intersect
+_RECURSIVE_WITH_SIBLINGS = json.loads(
+    '{"type": "object", "allOf": [{"$ref": "#/definitions/npn1"}, {"$ref": "#/definitions/npn2"}, {"$ref": '
+    '"#/definitions/npn3"}, {"$ref": "#/definitions/pp"}, {"propertyNames": {"pattern": "^(\\\\w\\\\w\\\\d)+$"}}, '
+    '{"maxProperties": 1}], "definitions": {"npn1": {"not": {"propertyNames": {"not": {"pattern": "a5b"}}}}, "npn2": '
+    '{"not": {"propertyNames": {"not": {"pattern": "(^[^5]*$)|7"}}}}, "npn3": {"not": {"propertyNames": {"not": '
+    '{"pattern": "(^[^7]*$)|9"}}}}, "pp": {"patternProperties": {"7": {"$ref": "#/definitions/al7"}, "9": {"$ref": '
+    '"#/definitions/al9"}}}, "al7": {"allOf": [{"$ref": "#/definitions/npn1"}, {"$ref": "#/definitions/pp"}, '
+    '{"propertyNames": {"pattern": "^(\\\\w\\\\d)+$"}}, {"maxProperties": 1}]}, "al9": {"allOf": [{"$ref": '
+    '"#/definitions/npn2"}, {"$ref": "#/definitions/pp"}, {"propertyNames": {"pattern": "^(\\\\w\\\\d)+$"}}, '
+    '{"maxProperties": 1}]}}}')
+
+
+def test_llguidances_names_for_places_are_the_clients_pointers(gpt2_compiler):
+    """llguidance names a place `json-schema:///#/definitions/al7`, an address the client never wrote (QA realworld
+    F3): the message names the client's pointer."""
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "r", "schema": _RECURSIVE_WITH_SIBLINGS}}, backend="llguidance"))
+    assert "json-schema:" not in exc.value.message and "/definitions/al7" in exc.value.message, exc.value.message
