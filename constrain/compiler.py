@@ -77,6 +77,7 @@ class CompileStats:
     compile_seconds_total: float = 0.0  # what requests' compiles took (a wait on an outlines build included)
     outlines_builds: int = 0  # outlines automata builds started, in the background (the auto policy) or not
     build_seconds_total: float = 0.0  # what those builds took, failed and timed-out ones included
+    outlines_failures: int = 0  # builds that failed or ran past the time limit (remembered: never built again)
 
 
 def choice_regex(choices: tuple[str, ...]) -> str:
@@ -168,6 +169,7 @@ class GrammarCompiler:
         self.workers = CompileWorkers(vocab.token_bytes, vocab.eos_token_ids, max_workers=max_workers,
                                       memory_mb=compile_memory_mb)
         self._pending: dict[str, Future] = {}  # outlines builds under way
+        self._began: dict[str, float] = {}  # when each build under way began (time.monotonic)
         self._waiters: dict[str, int] = {}  # outlines key -> requests awaiting its build (`compile_async`)
         self._local = threading.local()  # `waited`, `seen`: of the compile_async compile on this thread
         self._llg_pending: dict[str, Future] = {}  # llguidance compiles under way (`_llg`)
@@ -373,8 +375,10 @@ class GrammarCompiler:
         try:
             finished, _ = await asyncio.wait({waiting}, timeout=self.compile_timeout_s + 1.0)
             if not finished:
+                began = self._began.get(key)
+                late = began is not None and time.monotonic() - began < self.compile_timeout_s
                 done = Future()
-                done.set_exception(FutureTimeout("queued" if not build.running() else "building"))
+                done.set_exception(FutureTimeout("queued" if not build.running() else "late" if late else "building"))
             elif build.cancelled():
                 done = None  # (the next compile builds it anew)
         finally:
@@ -775,21 +779,32 @@ class GrammarCompiler:
             # The build kills its worker at compile_timeout_s and resolves the future; the grace covers queueing.
             return fut.result(timeout=self.compile_timeout_s + 1.0)
         except FutureTimeout as exc:
-            queued = exc.args == ("queued",) or not (fut.done() or fut.running())
-            raise self._timeout_error(spec.param, queued) from None
+            began = self._began.get(key)
+            how = "queued" if exc.args == ("queued",) or not (fut.done() or fut.running()) else \
+                "late" if exc.args == ("late",) or (began is not None and
+                                                     time.monotonic() - began < self.compile_timeout_s) else "ran"
+            raise self._timeout_error(spec.param, how) from None
         except ConstraintError as exc:
             raise ConstraintError(exc.message, param=spec.param, pointer=exc.pointer, code=exc.code) from None
 
-    def _timeout_error(self, param: str | None, queued: bool = False) -> ConstraintError:
-        """`queued`: the build had not begun when its wait ended, every build worker busy with other constraints (a
-        `(yes|no)` was told it "took longer than 60 s" behind four slow builds)."""
-        if queued:
+    def _timeout_error(self, param: str | None, how: str = "ran") -> ConstraintError:
+        """Why a wait for an outlines build ended: `queued`, the build had not begun, every build worker busy with
+        other constraints (a `(yes|no)` was told it "took longer than 60 s" behind four slow builds); `late`, it
+        began late for the same reason and goes on (QA cache F2); `ran`, it ran past the time limit and was stopped
+        (remembered: told so again at once, QA cache F3)."""
+        if how == "queued":
             return ConstraintError(f"the outlines build of this constraint did not begin within "
                                    f"{self.compile_timeout_s + 1.0:g} s: every build worker was busy with other "
                                    f"constraints; send it again later, or use the llguidance backend", param=param,
                                    code="compile_timeout")
-        return ConstraintError(f"compiling this constraint took longer than {self.compile_timeout_s:g} s",
-                               param=param, code="compile_timeout")
+        if how == "late":
+            return ConstraintError("the outlines build of this constraint began late, every build worker busy with "
+                                   "other constraints, and goes on: send it again shortly, or use the llguidance "
+                                   "backend", param=param, code="compile_timeout")
+        return ConstraintError(f"the outlines build of this constraint took longer than {self.compile_timeout_s:g} s "
+                               f"and was stopped; this server does not build it again: use the llguidance backend "
+                               f"(or the auto policy, which serves it with llguidance)", param=param,
+                               code="compile_timeout")
 
     def _build_outlines(self, key: str, regex: str, call_tag: bytes | None) -> Grammar:
         """Runs on a `_builds` thread, which only waits: the work happens in a worker process."""
@@ -798,6 +813,8 @@ class GrammarCompiler:
             path = self._temporary_path(key)
         self.stats.outlines_builds += 1
         started = time.monotonic()
+        with self._lock:
+            self._began[key] = started
         try:
             try:
                 self.workers.build(regex, path, self.compile_timeout_s, key)
@@ -816,7 +833,7 @@ class GrammarCompiler:
             self._lru.put(key, g)
             return g
         except BuildTimeout:
-            raise self._remember(key, self._timeout_error(None)) from None
+            raise self._remember(key, self._timeout_error(None, "ran")) from None
         except BuildFailed as exc:
             if exc.kind == "closed":
                 raise ConstraintError("the compiler is shutting down", code="compile_failed") from None
@@ -836,6 +853,7 @@ class GrammarCompiler:
             path.unlink(missing_ok=True)  # (moved into the disk cache where it was read; else no more use)
             with self._lock:
                 self._pending.pop(key, None)
+                self._began.pop(key, None)
 
     def _temporary_path(self, key: str) -> Path:
         """Where a build is written when no disk cache takes it (a file read once, then deleted)."""
@@ -845,6 +863,10 @@ class GrammarCompiler:
         return Path(self._tmp_dir) / f"{key}.npz"
 
     def _remember(self, key: str, err: ConstraintError) -> ConstraintError:
+        """A failed outlines build, never built again (its requests are told why at once); logged and counted, so
+        that an operator sees why a schema stays on llguidance (QA cache F1)."""
+        log.warning("outlines build %s failed, not built again: %s", key, err.message)
+        self.stats.outlines_failures += 1
         with self._lock:
             self._failed[key] = err
             while len(self._failed) > 4096:

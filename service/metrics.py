@@ -82,6 +82,9 @@ class _LiveStats:
         yield CounterMetricFamily("structgen_grammar_outlines_build_seconds", "Seconds those outlines automaton "
                                   "builds took (failed and timed-out ones included)",
                                   value=_read(compiler, "build_seconds_total"))
+        yield CounterMetricFamily("structgen_grammar_outlines_build_failures", "Outlines builds that failed or ran "
+                                  "past the time limit (their schemas stay on llguidance: never built again)",
+                                  value=_read(compiler, "outlines_failures"))
 
 
 class Metrics:

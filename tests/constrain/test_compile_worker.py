@@ -120,6 +120,35 @@ def test_a_build_that_never_began_is_told_so_when_its_wait_ends(tokenizers, voca
         c.close()
 
 
+def test_a_build_that_began_late_or_ran_past_the_limit_is_told_so(tokenizers, vocabs, caplog):
+    """A build that began late, behind another, was said to have "taken longer than 60 s", though it went on and was
+    cached (QA cache F2); one stopped at the limit is never built again, and its requests were told only that it
+    took long, and nothing was logged (QA cache F3, F1)."""
+    import logging
+
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=2)
+
+    async def run():
+        ahead = asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW, backend="outlines")))
+        await asyncio.sleep(0.2)
+        behind = c.compile_async(spec_from_request(regex=SLOW + "z", backend="outlines"))
+        return await asyncio.gather(ahead, behind, return_exceptions=True)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="constrain.compiler"):
+            ahead, behind = asyncio.run(run())
+        assert isinstance(ahead, ConstraintError) and "was stopped; this server does not build it again" in \
+            ahead.message, ahead
+        assert isinstance(behind, ConstraintError) and "began late" in behind.message, behind
+        assert "not built again" in caplog.text
+        with pytest.raises(ConstraintError) as again:  # (remembered: told at once)
+            c.compile(spec_from_request(regex=SLOW, backend="outlines"))
+        assert "does not build it again" in again.value.message
+        assert c.stats.outlines_failures >= 1
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("request_fields, said", [
     ({"regex": ".{9000}x"}, "a length bound of 9000"),
     ({"regex": "\\\\{200000}x"}, "a length bound of 200000"),  # (a backslash, then a count: review R1)

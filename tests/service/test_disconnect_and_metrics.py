@@ -95,7 +95,8 @@ def test_metrics_are_prometheus_text_with_the_serving_numbers(http):
                  "structgen_time_to_first_token_seconds_bucket", "structgen_time_per_output_token_seconds_bucket",
                  "structgen_batch_size", "structgen_queue_depth", "structgen_grammar_compile_seconds_total",
                  "structgen_grammar_cache_hits_total", "structgen_grammar_compiles_total",
-                 "structgen_grammar_outlines_builds_total", "structgen_grammar_outlines_build_seconds_total"):
+                 "structgen_grammar_outlines_builds_total", "structgen_grammar_outlines_build_seconds_total",
+                 "structgen_grammar_outlines_build_failures_total"):
         assert name in text, name
     assert metric(text, "structgen_prompt_tokens_total") > 0
     assert 'structgen_requests_total{endpoint="chat",status="200"}' in text
