@@ -54,8 +54,8 @@ from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_
 from constrain.regex_sets import repeat_product
 from constrain.support import (client_pointer, containers_only, outlines_unsupported, pointer_child, resolve_ref, unescape_pointer_part,
                                walk)
-from constrain.tools import (ANY_TEXT, HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
-                             MISTRAL_FREE_TEXT, TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, function_schema,
+from constrain.tools import (HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
+                             TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, free_text_pattern, function_schema,
                              hermes_regex, text_may_not_start)
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.unique_objects import UniqueObjectsGrammar, plan_unique_objects
@@ -252,8 +252,8 @@ class GrammarCompiler:
         auto = spec.tool_choice == "auto"
         calls = self.compile(dataclasses.replace(spec, tool_format="json_array",
                                                  tool_choice="required" if auto else spec.tool_choice))
-        text = self.compile(ConstraintSpec(kind="regex", pattern=MISTRAL_FREE_TEXT, backend=spec.backend,
-                                           extra={"param": "tools"})) if auto else None
+        text = self.compile(ConstraintSpec(kind="regex", pattern=free_text_pattern(spec.tool_format),
+                                           backend=spec.backend, extra={"param": "tools"})) if auto else None
         return CallTokenGrammar(calls, text, token, self.vocab)
 
     def _args_calls(self, spec: ConstraintSpec) -> Grammar:
@@ -268,8 +268,9 @@ class GrammarCompiler:
         arguments = self._function_grammars(spec)
         names = self.compile(ConstraintSpec(kind="choice", choices=spec.tool_names, backend=spec.backend,
                                             extra={"param": "tools"}))
-        text = self.compile(ConstraintSpec(kind="regex", pattern=ANY_TEXT, backend=spec.backend,
-                                           extra={"param": "tools"})) if spec.tool_choice == "auto" else None
+        text = self.compile(ConstraintSpec(kind="regex", pattern=free_text_pattern("mistral_args"),
+                                           backend=spec.backend, extra={"param": "tools"})) \
+            if spec.tool_choice == "auto" else None
         return ArgsCallsGrammar(names, arguments, text, call_id, args_id, self.vocab,
                                 many=spec.schema.get("maxItems") != 1, unenforced=_function_unenforced(arguments))
 
@@ -314,7 +315,11 @@ class GrammarCompiler:
             self.stats.errors += 1
             raise ConstraintError(exc.message, param="tools") from None
         arguments = self._function_grammars(spec)
-        return HarmonyGrammar(answer, arguments, final=spec.tool_choice == "auto", tokens=tokens, vocab=self.vocab,
+        final = spec.tool_choice == "auto"
+        if final and answer is None:  # (free text, which may not spell a call's header: `free_text_pattern`)
+            answer = self.compile(ConstraintSpec(kind="regex", pattern=free_text_pattern("harmony"),
+                                                 backend=spec.backend, extra={"param": "tools"}))
+        return HarmonyGrammar(answer, arguments, final=final, tokens=tokens, vocab=self.vocab,
                               unenforced=_function_unenforced(arguments))
 
     def _xml_calls(self, spec: ConstraintSpec, backend: str) -> Grammar:
@@ -682,7 +687,8 @@ class GrammarCompiler:
         elif spec.kind == "tools" and spec.tool_choice == "auto":
             g = compile_calls_or_text(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
                                       whitespace_pattern=self.whitespace_pattern,
-                                      not_first=text_may_not_start(spec.tool_format))
+                                      not_first=text_may_not_start(spec.tool_format),
+                                      not_leading=LEAD_TAGS.get(spec.tool_format))
         else:
             g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict_under=spec.strict_under,
                             whitespace_pattern=self.whitespace_pattern, param=param)

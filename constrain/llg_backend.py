@@ -1555,9 +1555,11 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
 
 
 def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
-                          whitespace_pattern: str, not_first: str) -> "LlgGrammar":
+                          whitespace_pattern: str, not_first: str, not_leading: str | None = None) -> "LlgGrammar":
     """tool_choice "auto": tool calls (the call schema), free text whose first character other than whitespace
-    is not one of `not_first` (those that open calls), or nothing. Either may start with whitespace: a
+    is not one of `not_first` (those that open calls) nor begins the tag `not_leading` (the special token calls
+    may open with: spelled in ordinary tokens it decodes alike, and the text was read back as calls, QA toolfmt
+    F1), or nothing. Either may start with whitespace: a
     SentencePiece model's words are tokens that begin with a space ("▁The", "▁["), and a model that opened its
     calls with "▁[" was pushed into text (the parsers read calls after whitespace). The calls alone get the support
     check of `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers),
@@ -1566,11 +1568,13 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
                                          whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
     first = "".join("\\" + c for c in not_first)
+    leading = f" & ~/[ \\t\\r\\n]*{re.escape(not_leading)}[\\s\\S]*/" if not_leading else ""
     lark = ('start: calls | text | ""\n'  # (or nothing: see tools.ANY_TEXT)
             "calls: LEAD? json\n"
             "LEAD: /[ \\t\\r\\n]{1,4}/\n"
             f"json: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
-            f"text: /[ \\t\\r\\n]+|[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/\n")
+            "text: TEXT\n"
+            f"TEXT: /[ \\t\\r\\n]+|[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/{leading}\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     if is_error:

@@ -44,6 +44,7 @@ Never imports HTTP.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import secrets
@@ -76,6 +77,28 @@ TOKEN_THEN_ARRAY = ("mistral", "granite")
 # only newlines is cut there, not closed by a walk's one character).
 MISTRAL_FREE_TEXT = r"[ \t\r\n]*([^\[{ \t\r\n][\s\S]*)?"
 ANY_TEXT = r"[\s\S]*"  # free text where calls are told apart by tags
+
+
+@functools.cache
+def free_text_pattern(tool_format: str) -> str:
+    """Free text (tool_choice "auto") in a format whose calls a special token opens, as a regex: text that cannot
+    be read back as calls. A special token and its text spelled in ordinary tokens decode alike, and the parsers
+    read the decoded text: free text `[TOOL_CALLS]f[ARGS]{"a": "X"}` came back as a call to `f`, its arguments
+    never held to the schema (QA toolfmt F1). So the text holds no call tag where a format reads calls after text
+    (mistral_args, harmony's final message), and does not begin, after whitespace, with one (or with what opens
+    the calls' JSON) where the calls are the whole output (mistral, granite)."""
+    from constrain.regex_sets import complement_pattern
+
+    if tool_format in NAME_THEN_ARGS:
+        opening = re.escape(NAME_THEN_ARGS[tool_format][0])
+    elif tool_format in TOKEN_THEN_ARRAY:
+        opening = f"^[ \t\r\n]*(?:[\[{{]|{re.escape(LEAD_TAGS[tool_format])})"
+    else:
+        raise ValueError(f"{tool_format} calls are not opened by a special token")
+    pattern = complement_pattern(opening)
+    if pattern is None or not (pattern.startswith("^") and pattern.endswith("$")):
+        raise ValueError(f"no free-text pattern for {tool_format}")
+    return pattern[1:-1]  # (a constraint's regex matches the whole output)
 
 
 def arguments_key(tool_format: str) -> str:

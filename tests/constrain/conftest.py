@@ -67,6 +67,18 @@ def takes_text(grammar, tokenizer, text: str, base: str = "qwen2") -> bool:
     return walk_instance(grammar, tokenizer.encode(text), EOS[base][0], bitmask, [])
 
 
+def takes_spelled(grammar, vocab, text: bytes) -> bool:
+    """The grammar takes `text` spelled in ordinary tokens (a special token's text too, which decodes as the token
+    does), token by token under the mask, from the output's start."""
+    m = grammar.matcher()
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for t in vocab.spell(text, ordinary=True):
+        m.fill_bitmask(bitmask, 0)
+        if t not in set(allowed_ids(bitmask).tolist()) or not m.accept(t):
+            return False
+    return True
+
+
 def may_answer_nothing(grammar, vocab) -> bool:
     """Under tool_choice "auto" the answer may be empty or whitespace alone: at its start, and after newlines, the
     matcher can end, and with one token left the mask holds EOS and text, not the budget rule's one closing token

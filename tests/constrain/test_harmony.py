@@ -166,3 +166,18 @@ def test_auto_answers_in_text_or_a_call(harmony):
                    ["<|channel|>commentary<|message|>Done."]):  # (a preamble is no answer)
         m = grammar.matcher()
         assert not (all(m.accept(t) for t in _tokens(vocab, *pieces)) and m.can_end()), pieces
+
+
+def test_a_free_final_message_never_spells_a_calls_header(harmony):
+    """The answer's text is read back as a call where it holds one's header, which a final message could spell in
+    ordinary tokens: its arguments were held to nothing (QA toolfmt F1, unsound)."""
+    vocab, compiler = harmony
+    spec = spec_from_request(tools=TOOLS, tool_choice="auto", tool_format="harmony")
+    grammar = compiler.compile(spec)
+    header = _tokens(vocab, "<|channel|>", "final", "<|message|>")
+    spelled = b'So: <|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"zone": "PST"}'
+    assert parse_tool_calls(spelled.decode(), spec) is not None  # (what it would be read as)
+    for text, taken in ((spelled, False), (b"The channel is <|channel|>final.", True)):
+        m = grammar.matcher()
+        assert all(m.accept(t) for t in header)
+        assert all(m.accept(t) for t in vocab.spell(text, ordinary=True)) == taken, text

@@ -179,3 +179,16 @@ def test_the_call_may_begin_with_the_python_tag_token(tool_choice, tagged):
             jsonschema.validate(json.loads(parsed.arguments), PARAMS[parsed.name])
     [parsed] = parse_tool_calls("<|python_tag|>" + call, spec).calls  # (kept in the text: special tokens kept)
     assert parsed.name == "add"
+
+
+def test_free_text_never_begins_with_the_python_tag_spelled_out(tagged):
+    """`<|python_tag|>` spelled in ordinary tokens decodes as the token does, and the parser reads a call after it:
+    free text `<|python_tag|>{"name": ...}` came back as a call no grammar held (QA toolfmt F1, unsound)."""
+    from tests.constrain.conftest import takes_spelled
+
+    compiler, vocab, tok, tag = tagged
+    grammar = compiler.compile(_llama("auto"))
+    text = b'<|python_tag|>{"name": "get_weather", "parameters": {"city": 5}}'
+    assert parse_tool_calls(text.decode(), _llama("auto")) is not None  # (what it would be read as)
+    assert not takes_spelled(grammar, vocab, text) and not takes_spelled(grammar, vocab, b" <|python_tag|> hi")
+    assert takes_spelled(grammar, vocab, b"It is <|python_tag|> time.")

@@ -16,7 +16,7 @@ from constrain import ConstraintError, spec_from_request
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.tools import parse_tool_calls
 from tests.conftest import build_mistral_args_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, may_answer_nothing, random_walk
+from tests.constrain.conftest import allowed_ids, compiling, may_answer_nothing, random_walk, takes_spelled
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "days": {"type": "array", "items": {"enum": [1, 2, 3]},
@@ -181,3 +181,15 @@ def test_below_the_shortest_call_the_output_still_goes_on_to_the_limit(mistral):
         toks, ended = random_walk(grammar, vocab, random.Random(max_tokens), max_tokens, budget=True,
                                   special_ok=frozenset(tags))
         assert len(toks) == max_tokens and not ended
+
+
+def test_free_text_never_spells_the_call_tag(mistral):
+    """The parser reads the decoded text, where `[TOOL_CALLS]` spelled in ordinary tokens is the tag: free text
+    `hi [TOOL_CALLS]get_time[ARGS]{"zone": 5}` came back as a call whose arguments no grammar held (QA toolfmt
+    F1, unsound)."""
+    compiler, vocab, _ = mistral
+    grammar = compiler.compile(_spec("auto"))
+    for text in (b'hi [TOOL_CALLS]get_time[ARGS]{"zone": 5}', b'[TOOL_CALLS]get_time[ARGS]{"zone": 5}'):
+        assert parse_tool_calls(text.decode(), _spec("auto")) is not None  # (what it would be read as)
+        assert not takes_spelled(grammar, vocab, text), text
+    assert takes_spelled(grammar, vocab, b"hi [TOOL_CALL] and [ARGS]")

@@ -66,3 +66,18 @@ def test_auto_calls_after_the_token_or_answers_in_text(http):
     for seed in (1, 2):
         message = _chat(http, tool_choice="auto", seed=seed, max_tokens=12, logit_bias={CALL_ID: -100})["message"]
         assert message.get("tool_calls") is None and message["content"].lstrip()[:1] not in ("[", "{")
+
+
+def test_free_text_never_begins_with_the_call_token_spelled_out(tokenizer_dir):
+    """`<|tool_call|>` spelled in ordinary tokens decodes as the token does, and the parser reads the list after it
+    as calls: such free text came back as calls no grammar held (QA toolfmt F1, unsound)."""
+    from constrain import parse_tool_calls, spec_from_request
+    from tests.constrain.conftest import compiling, takes_spelled
+
+    with compiling(tokenizer_dir, "qwen2") as (tok, vocab, compiler):
+        spec = spec_from_request(tools=TOOLS, tool_choice="auto", tool_format="granite")
+        grammar = compiler.compile(spec)
+        text = b'<|tool_call|>[{"name": "get_time", "arguments": {"zone": 5}}]'
+        assert parse_tool_calls(text.decode(), spec) is not None  # (what it would be read as)
+        assert not takes_spelled(grammar, vocab, text) and not takes_spelled(grammar, vocab, b"\n<|tool_call|>x")
+        assert takes_spelled(grammar, vocab, b"Noon. <|tool_call|> is a token.")
