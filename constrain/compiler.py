@@ -34,6 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
@@ -1070,7 +1071,8 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer or min(places, default=None),
                               code=exc.code)
     if _SCHEMA_URI.search(exc.message):  # (llguidance's name for the schema's places: the client's pointers)
-        message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, m.group(1) or "")[0] or "the root", exc.message)
+        message = _SCHEMA_URI.sub(lambda m: _client_pointer(spec, unquote(m.group(1) or ""))[0] or "the root",
+                                  exc.message)  # (percent-encoded there: `a%20b` is `a b`, QA review6 F5)
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer, code=exc.code)
     if not exc.pointer:
         return exc
@@ -1089,11 +1091,22 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
     return ConstraintError(message, param=exc.param, pointer=pointer, code=exc.code)
 
 
+def _unenforced_place(spec: ConstraintSpec, pointer: str) -> str:
+    """An unenforced keyword's pointer in the client's terms, as an error's (`_in_client_terms`): the keyword's own
+    place where the client wrote it so, else the subschema a rewrite replaced; the root, whose pointer is empty,
+    written `#` (its URI-fragment form: an empty header read as nothing unenforced, QA review6 F4)."""
+    mapped, rewritten = _client_pointer(spec, pointer)
+    source = spec.extra.get("source")
+    if rewritten and spec.kind != "tools" and source is not None:
+        mapped = _written_as_it_is(source, spec.schema, pointer, mapped) or mapped
+    return mapped or "#"
+
+
 def unenforced_in_client_terms(spec: ConstraintSpec, grammar: Grammar) -> tuple[str, ...]:
     """The grammar's unenforced pointers, told in terms of what the client sent (grammars are shared by every
     schema that rewrites to the same one, so this is per request, not stored on the grammar)."""
     pointers = tuple(getattr(grammar, "unenforced", ()) or ())
-    out = [_client_pointer(spec, p)[0] for p in pointers]
+    out = [_unenforced_place(spec, p) for p in pointers]
     if spec.answer is not None:  # (tools and a response_format: the answer's pointers say whose they are)
-        out += ["response_format:" + _client_pointer(spec.answer, p)[0] for p in grammar.answer_unenforced]
+        out += ["response_format:" + _unenforced_place(spec.answer, p) for p in grammar.answer_unenforced]
     return tuple(dict.fromkeys(out))

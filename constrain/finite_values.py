@@ -18,6 +18,7 @@ from typing import Any
 from constrain.support import resolve_ref
 
 MAX_CANDIDATES = 4096  # values listed before the schema's keywords are checked on them
+_MAX_VISITS = 20_000  # subschemas read while listing them (a recursive oneOf of b branches took b^depth: QA review6 F3)
 _UNDECIDABLE = ("format", "pattern", "patternProperties")
 
 
@@ -27,7 +28,7 @@ def finite_values(schema: Any, root: Any, limit: int, validator) -> list | None:
     `schema` with `root`'s references)."""
     if not _decidable(schema, root):
         return None
-    candidates = _candidates(schema, root, 0)
+    candidates = _candidates(schema, root, 0, [_MAX_VISITS])
     if candidates is None:
         return None
     check = validator.evolve(schema=schema)
@@ -83,12 +84,13 @@ def _decidable(schema: Any, root: Any) -> bool:
     return True
 
 
-def _candidates(s: Any, root: Any, depth: int) -> list | None:
+def _candidates(s: Any, root: Any, depth: int, visits: list[int]) -> list | None:
     """A list holding every value `s` accepts (and maybe more), or None. Each keyword that bounds the values
-    gives such a list; the shortest is taken."""
+    gives such a list; the shortest is taken. `visits`: the subschemas still to be read (None once none are)."""
     if s is False:
         return []
-    if not isinstance(s, dict) or depth > 16:
+    visits[0] -= 1
+    if not isinstance(s, dict) or depth > 16 or visits[0] < 0:
         return None
     options: list[list | None] = []
     if "const" in s:
@@ -97,21 +99,21 @@ def _candidates(s: Any, root: Any, depth: int) -> list | None:
         options.append(list(s["enum"]))
     types = [s["type"]] if isinstance(s.get("type"), str) else s.get("type")
     if isinstance(types, list):
-        typed = [_typed(s, t, root, depth) for t in types]
+        typed = [_typed(s, t, root, depth, visits) for t in types]
         options.append(None if None in typed else [v for vs in typed for v in vs])
     if isinstance(s.get("$ref"), str):
-        options.append(_candidates(resolve_ref(root, s["$ref"]), root, depth + 1))
+        options.append(_candidates(resolve_ref(root, s["$ref"]), root, depth + 1, visits))
     for member in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
-        options.append(_candidates(member, root, depth + 1))
+        options.append(_candidates(member, root, depth + 1, visits))
     for key in ("anyOf", "oneOf"):
         if isinstance(s.get(key), list):
-            branches = [_candidates(b, root, depth + 1) for b in s[key]]
+            branches = [_candidates(b, root, depth + 1, visits) for b in s[key]]
             options.append(None if None in branches else [v for vs in branches for v in vs])
     known = [o for o in options if o is not None and len(o) <= MAX_CANDIDATES]
     return min(known, key=len) if known else None
 
 
-def _typed(s: dict, t: Any, root: Any, depth: int) -> list | None:
+def _typed(s: dict, t: Any, root: Any, depth: int, visits: list[int]) -> list | None:
     """Candidates of type `t` from `s`'s own keywords."""
     if t == "null":
         return [None]
@@ -135,7 +137,7 @@ def _typed(s: dict, t: Any, root: Any, depth: int) -> list | None:
         choices: list[list] = []  # per property: its values, and absence (a marker) where it is optional
         total = 1
         for name, sub in props.items():
-            values = _candidates(sub, root, depth + 1)
+            values = _candidates(sub, root, depth + 1, visits)
             if values is None:
                 return None
             choices.append([(name, v) for v in values] + ([] if name in required else [None]))

@@ -1314,13 +1314,14 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
         keys.discard("format")
         pointers = sorted(set(pointers_of(schema, keys, base_pointer)))
         if keys and not pointers:
-            pointers = [base_pointer or "/"]
+            pointers = [base_pointer]  # (the root's: "")
         pointers += [p for p in pointers_of(schema, {"format"}, base_pointer)
                      if _value_at(schema, p, base_pointer) in formats & STANDARD_FORMATS]
         refused = [p for p in pointers if any(p == s or p.startswith(s + "/") for s in strict_under)]
         if refused:
             what = ", ".join(sorted(keys | ({"format"} if formats & STANDARD_FORMATS else set())))
-            raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {refused[0]} ({what})",
+            raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {refused[0] or 'the root'} "
+                                  f"({what})",
                                   param=param, pointer=refused[0], code="unsupported_schema")
         if lenient_error:
             raise _refusal(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", lenient_msgs, schema,

@@ -918,35 +918,35 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict | bool:
 def _lookaheads(node: dict, ctx: _Ctx) -> dict:
     """A `pattern`, or a `patternProperties` name, that opens with `^` and lookaheads (neither backend reads them)
     becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py): `^(?!x-)[a-z]+$` as a name
-    was a 400, strict or not (JsonSchemaStore's web-types, helper-25). A `pattern` is read and written as every
-    dialect reads it (`_as_every_dialect`); a name as the backends spell the object's names
-    (llg_backend.llguidance_schema): so in a closed object; widest in an object whose other keys may hold anything
-    (a name any dialect matches gets the name's schema, which every dialect then finds valid), where a negative
-    lookahead every dialect reads alike (widened, it would refuse more names: QA realworld F1, web-types'
-    `^(?!pattern$).*$` in an open object); elsewhere only a name every dialect reads alike."""
+    was a 400, strict or not (JsonSchemaStore's web-types, helper-25). Where regex dialects read it differently
+    (`.`, `\\w`, ...), it is spelled as the strings every dialect matches (`_narrowest`): a `pattern`, and a name of a
+    closed object (a name left out is refused); or, for a name of an object whose other keys may hold anything, as
+    those any dialect matches (`_widest`: a name gets the name's schema, which every dialect then finds valid),
+    where that object is asserted (under a `not` or a `oneOf` branch, more names would be fewer objects: QA
+    review6 F1). Elsewhere, only a name every dialect reads alike."""
     pattern = node.get("pattern")
     if isinstance(pattern, str) and "(?" in pattern:
-        plain = without_lookaheads(_as_every_dialect(pattern), ctx.regex_work, explicit=True)
+        spelled = _narrowest(pattern)
+        plain = without_lookaheads(spelled, ctx.regex_work, explicit=True) if spelled is not None else None
         if plain is not None:
             ctx.changed = True
             node = {**node, "pattern": plain}
     names = node.get("patternProperties")
     if isinstance(names, dict) and any("(?" in n for n in names):
         other = node.get("additionalProperties", True)
-        open_object = other in (True, {}) and node.get("unevaluatedProperties", True) in (True, {})
+        widened = other in (True, {}) and node.get("unevaluatedProperties", True) in (True, {}) \
+            and _asserted(ctx.here, ctx)
 
         def spelled(name: str) -> str | None:
             if _read_alike(name):
                 return name
-            if other is False:
-                return _as_every_dialect(name)
-            negated = _negative_lookaheads(name)
-            if open_object and negated is not None and all(_read_alike(part) for part in negated):
-                return widest_pattern(name)
-            return None
+            return _narrowest(name) if other is False else _widest(name) if widened else None
 
-        plain_names = {name: (without_lookaheads(spelled(name), ctx.regex_work, explicit=True)
-                              if "(?" in name and spelled(name) is not None else None) or name for name in names}
+        plain_names = {}
+        for name in names:
+            written = spelled(name) if "(?" in name else None
+            plain_names[name] = (without_lookaheads(written, ctx.regex_work, explicit=True)
+                                 if written is not None else None) or name
         if len(set(plain_names.values())) == len(names) and any(k != v for k, v in plain_names.items()):
             ctx.changed = True  # (two names meeting in one spelling are left as written)
             node = {**node, "patternProperties": {plain_names[name]: value for name, value in names.items()}}
@@ -959,13 +959,26 @@ def _read_alike(pattern: str) -> bool:
     return "[]" not in pattern and "[^]" not in pattern and portable_pattern(pattern) == widest_pattern(pattern)
 
 
-def _negative_lookaheads(pattern: str) -> list[str] | None:
-    """What each `(?!...)` of `pattern` holds (None: a group that does not close)."""
-    found, i = [], 0
-    while True:
-        i = pattern.find("(?!", i)
-        if i < 0:
-            return found
+def _narrowest(pattern: str) -> str | None:
+    """`pattern` spelled to match what every regex dialect's reading matches: its classes as every dialect takes
+    them, but inside a negative lookahead as any dialect takes them (narrowed there, the negation refused fewer
+    strings: `^(?!\\d)[0-9\u0663a]+$` took "\u0663", which Python's `\\d` matches: QA review6 F2)."""
+    return _spelled_around_negations(pattern, portable_pattern, widest_pattern)
+
+
+def _widest(pattern: str) -> str | None:
+    """`pattern` spelled to match what any regex dialect's reading matches (`_narrowest`'s opposite)."""
+    return _spelled_around_negations(pattern, widest_pattern, portable_pattern)
+
+
+def _spelled_around_negations(pattern: str, outside, inside) -> str | None:
+    """`pattern` with its text outside negative lookaheads spelled by `outside` and what each `(?!...)` holds by
+    `inside`. None: a lookaround inside a negative lookahead, a group that does not close, or a class that
+    opens with `]` (which dialects read differently)."""
+    if "[]" in pattern or "[^]" in pattern:
+        return None
+    out, at, i = [], 0, 0
+    while (i := pattern.find("(?!", i)) >= 0:
         depth, j, in_class = 1, i + 3, False
         while j < len(pattern) and depth:
             ch = pattern[j]
@@ -978,10 +991,12 @@ def _negative_lookaheads(pattern: str) -> list[str] | None:
             elif ch in "()":
                 depth += 1 if ch == "(" else -1
             j += 1
-        if depth:
+        held = pattern[i + 3:j - 1]
+        if depth or "(?" in held:
             return None
-        found.append(pattern[i + 3:j - 1])
-        i = j
+        out.append(outside(pattern[at:i]) + "(?!" + inside(held) + ")")
+        at = i = j
+    return "".join(out) + outside(pattern[at:])
 
 
 def _as_every_dialect(pattern: str) -> str:

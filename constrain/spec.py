@@ -35,7 +35,7 @@ _BACKENDS = ("outlines", "llguidance", "auto")
 
 def _schema_error(exc: jsonschema.SchemaError, param: str, base: str) -> ConstraintError:
     ptr = base + "".join("/" + escape_pointer_part(p) for p in exc.path)
-    return ConstraintError(f"invalid JSON Schema at {ptr or '/'}: {exc.message}", param=param, pointer=ptr or "/")
+    return ConstraintError(f"invalid JSON Schema at {ptr or 'the root'}: {exc.message}", param=param, pointer=ptr)
 
 
 _OLD_DRAFTS = ("draft-03", "draft-04", "draft-06", "draft-07")
@@ -347,8 +347,7 @@ def validate_schema(schema: Any, param: str, base: str = "") -> None:
     A schema found valid is remembered by the digest of its canonical JSON (bounded LRU): a repeated schema costs
     one serialisation (~10 us) instead of jsonschema's check (~1 ms). Failures are not remembered."""
     if not isinstance(schema, (dict, bool)):
-        raise ConstraintError(f"{param}: a JSON Schema must be an object or a boolean", param=param,
-                              pointer=base or "/")
+        raise ConstraintError(f"{param}: a JSON Schema must be an object or a boolean", param=param, pointer=base)
     digest = _digest(schema)
     if digest is not None:
         with _valid_lock:
@@ -413,7 +412,7 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "only refer to one another", param=param, pointer=base + loop)
     loop = _in_place_loop(schema)
     if loop is not None:
-        raise ConstraintError(f"the schema at {base + loop or '/'} applies itself to the value it checks: through "
+        raise ConstraintError(f"the schema at {base + loop or 'the root'} applies itself to the value it checks: through "
                               "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
                               "schema it is part of, at the same place in the value, so checking a value against "
                               "it never ends", param=param, pointer=base + loop)

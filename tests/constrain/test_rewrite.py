@@ -586,16 +586,18 @@ def test_a_pattern_properties_name_opening_with_lookaheads_compiles_and_means_th
     assert [d for d in refused if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
 
 
-@pytest.mark.parametrize("name, others, rewritten", [
-    ("^(?!draft-)[a-z-]+$", None, True),  # (every dialect reads it alike: exact, whatever the other keys hold)
-    ("^(?!draft-)[a-z-]+$", {"type": "integer"}, True),
-    ("^(?!pattern$).*$", None, True),  # (web-types: `.` outside the lookahead, spelled widest)
-    ("^(?!pattern$).*$", {"type": "integer"}, False),  # (spelled either way, a name would move to another schema)
-    ("^(?!a.)[a-c]+$", None, False),  # (a negated `.` widened would refuse names some dialect matches)
+@pytest.mark.parametrize("name, others, rewritten, valid, invalid", [
+    # (every dialect reads it alike: exact, whatever the other keys hold)
+    ("^(?!draft-)[a-z-]+$", None, True, [{"abc": "s"}, {"draft-x": 1}], [{"abc": 1}]),
+    ("^(?!draft-)[a-z-]+$", {"type": "integer"}, True, [{"abc": "s"}, {"draft-x": 1}], [{"abc": 1}, {"A": "s"}]),
+    # (web-types: `.` spelled as any dialect reads it beside keys that may hold anything)
+    ("^(?!pattern$).*$", None, True, [{"abc": "s"}, {"pattern": 1}], [{"abc": 1}]),
+    ("^(?!pattern$).*$", {"type": "integer"}, False, [], []),  # (either spelling moves some name)
+    # (a negated `.` is read as every dialect reads it: widened, it would refuse names some dialect matches)
+    ("^(?!a.)[a-c]+$", None, True, [{"b": "s"}, {"ab": 1}], [{"b": 1}, {"a": 1}]),
 ])
-def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_where_exact(name, others, rewritten,
-                                                                                          gpt2_compiler,
-                                                                                          tokenizers, vocabs):
+def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_where_exact(
+        name, others, rewritten, valid, invalid, gpt2_compiler, tokenizers, vocabs):
     """Only a closed object's names were rewritten: the README's own `^(?!draft-)[a-z-]+$` was a 400 in an open
     object, strict or not, and so was web-types (QA realworld F1)."""
     schema = {"type": "object", "patternProperties": {name: {"type": "string"}}}
@@ -607,11 +609,29 @@ def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_w
         return
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
                                              backend="llguidance"))
-    valid = [{"abc": "s"}, {"draft-x": 1} if "draft" in name else {"pattern": 1}]  # (the other keys')
-    invalid = [{"abc": 1}]
     assert [d for d in valid if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
     assert [d for d in invalid if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=1, walks=8, max_tokens=40) > 0
+
+
+@pytest.mark.parametrize("schema, refused", [
+    # a negated object: more names under the name's schema would be fewer objects (QA review6 F1)
+    ({"type": "object", "not": {"patternProperties": {"^(?!x)\\w+$": {"type": "string"}}}}, {"\u2028": 1}),
+    # a negative lookahead read as Python reads `\\d`: "\u0663" is a digit there (QA review6 F2)
+    ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?!\\d)[0-9\u0663a]+$"}}},
+     {"v": "\u0663"}),
+    ({"type": "object", "patternProperties": {"^(?!\\d)[0-9\u0663a]+$": {"type": "string"}},
+      "additionalProperties": False}, {"\u0663": "x"}),
+])
+def test_lookaheads_are_never_spelled_to_take_what_a_dialect_refuses(schema, refused, gpt2_compiler, tokenizers,
+                                                                     vocabs):
+    assert not jsonschema.Draft202012Validator(schema).is_valid(refused)
+    try:
+        g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                                 backend="llguidance"))
+    except ConstraintError:
+        return  # (refused under strict: never a weaker grammar)
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], refused)
 
 
 def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_give_up(tokenizers, vocabs):

@@ -1388,3 +1388,23 @@ def test_llguidances_names_for_places_are_the_clients_pointers(gpt2_compiler):
         gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
             "name": "r", "schema": _RECURSIVE_WITH_SIBLINGS}}, backend="llguidance"))
     assert "json-schema:" not in exc.value.message and "/definitions/al7" in exc.value.message, exc.value.message
+    spaced = json.loads(json.dumps(_RECURSIVE_WITH_SIBLINGS).replace('/al7"', '/al%207"').replace('"al7"', '"al 7"'))
+    with pytest.raises(ConstraintError) as exc:  # (percent-encoded there: named "the root", QA review6 F5)
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "r", "schema": spaced}}, backend="llguidance"))
+    assert "/definitions/al 7" in exc.value.message, exc.value.message
+
+
+def test_unenforced_keywords_are_named_where_the_client_wrote_them_and_the_root_never_as_nothing(gpt2_compiler):
+    """A root `if`/`then` rewritten into branches named the root (`/`, then "" once the root was RFC 6901's: an
+    empty `x-structgen-unenforced` read as nothing unenforced, QA review6 F4): the keyword's own place is named
+    where the client wrote it so, and an unmappable place the root as `#`."""
+    from constrain.compiler import _unenforced_place, unenforced_in_client_terms
+
+    schema = {"if": {"type": "string"}, "then": {"pattern": "(a)\\1"}, "else": {"type": "integer"}}
+    spec = spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                             backend="llguidance")
+    assert unenforced_in_client_terms(spec, gpt2_compiler.compile(spec)) == ("/then/pattern",)
+    made = ConstraintSpec(kind="json_schema", schema={"anyOf": [{"not": {"multipleOf": 3}}]},
+                          extra={"source": {"not": {"type": "object"}}})
+    assert _unenforced_place(made, "/anyOf/0/not") == "#"
