@@ -180,6 +180,45 @@ def _recurrent_layers(config) -> list[str]:
     return sorted(str(t) for t in recurrent)
 
 
+def _pin_rotary_frequencies(model, context_length: int) -> None:
+    """RoPE that transformers re-chooses at each forward from the longest position in it (`longrope`: Phi-3-128k,
+    Phi-3.5-mini, Phi-4-mini; `dynamic` NTK scaling) is fixed once for the context served: one request's answer
+    depended on the requests batched with it, and a prompt prefilled in chunks had its early keys rotated one way
+    and the later ones another (QA archs F1, F2). Where the context stays within the positions the model was
+    trained on, transformers never leaves the original frequencies, and nothing changes; past them, `longrope`
+    keeps its long factors and `dynamic` the scaling for the whole context, as vLLM's fixed scaling does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for module in model.modules():
+        kinds = getattr(module, "rope_type", None)
+        if not hasattr(module, "inv_freq") or not isinstance(kinds, (str, dict)):
+            continue
+        for layer_type, kind in (kinds.items() if isinstance(kinds, dict) else [(None, kinds)]):
+            if kind != "longrope" and "dynamic" not in str(kind):
+                continue
+            params = module.config.rope_parameters
+            params = params[layer_type] if layer_type is not None else params
+            trained = (params.get("original_max_position_embeddings") if kind == "longrope"
+                       else getattr(module, "original_max_seq_len", None)) or context_length
+            if context_length > trained:
+                seq_len = trained + 1 if kind == "longrope" else context_length
+                extra = {"layer_type": layer_type} if layer_type is not None else {}
+                inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](module.config, module.inv_freq.device,
+                                                              seq_len=seq_len, **extra)
+                prefix = f"{layer_type}_" if layer_type is not None else ""
+                getattr(module, f"{prefix}inv_freq").copy_(inv_freq.to(module.inv_freq.dtype))
+                if layer_type is None:
+                    module.attention_scaling = scaling
+                log.info("RoPE %s: frequencies fixed for the %d-position context (past the %d trained on)", kind,
+                         context_length, trained)
+            # (a name transformers' per-forward update does not act on)
+            pinned = f"{kind} (fixed)".replace("dynamic", "ntk")
+            if isinstance(kinds, dict):
+                kinds[layer_type] = pinned
+            else:
+                module.rope_type = pinned
+
+
 def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
                max_model_len: int | None = None) -> LoadedModel:
     """Load `name_or_path` (BUILTIN_MODEL, a local directory or a hub id) onto `device`."""
@@ -220,6 +259,7 @@ def load_model(name_or_path: str, device: str = "auto", dtype: str = "auto",
                                  f"learned (its position embeddings end there)")
         log.warning("--max-model-len %d exceeds the model's %d positions", max_model_len, config_len)
     context_length = max_model_len or config_len
+    _pin_rotary_frequencies(model, int(context_length))
     logits_width = model.get_output_embeddings().weight.shape[0]
     loaded = LoadedModel(
         model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device, dtype=torch_dtype,

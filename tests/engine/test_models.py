@@ -578,3 +578,28 @@ def test_output_after_a_prompt_cut_anywhere_is_the_rest_of_the_decoded_text(name
     if name == "gpt2":  # a token that finishes the prompt's `ö` (`\xb6`) and begins `日` (`\xe6`)
         detok = IncrementalDetokenizer(tok, tok.encode("ok") + [127], skip_special_tokens=True, texts=texts)
         assert [detok.push(i) for i in (35050, 245, 98, 886)] + [detok.flush()] == ["", "", "ö日", " end", ""]
+
+
+@pytest.mark.parametrize("model_type, rope", [
+    ("phi3", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+              "original_max_position_embeddings": 64, "rope_theta": 10000.0}),
+    ("llama", {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}),
+])
+def test_a_requests_logits_do_not_depend_on_a_longer_request_in_its_batch(tmp_path, model_type, rope):
+    """transformers chose Phi-3's long or short RoPE factors (and dynamic NTK's scaling) from the longest position
+    in each forward: a short request's answer changed when a request past 64 positions shared its batch (QA
+    archs F1, F2). The frequencies are fixed at load for the context served."""
+    import torch
+
+    from engine.model_runner import ModelRunner
+
+    extra = {"max_position_embeddings": 64} if model_type == "llama" else {"max_position_embeddings": 512,
+                                                                           "original_max_position_embeddings": 64}
+    path = _tiny_dir(tmp_path / model_type, model_type, rope_parameters=rope, **extra)
+    loaded = load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE, max_model_len=128)
+    runner = ModelRunner(loaded)
+    short, long = list(range(1000, 1004)), list(range(2000, 2090))
+    _, alone = runner.prefill([short])
+    _, beside = runner.prefill([short, long])
+    tolerance = 1e-5 if TEST_DTYPE == "float32" else 5e-2  # (what padding changes; the factors moved 4e-4)
+    assert torch.allclose(alone[0].float(), beside[0].float(), atol=tolerance), (alone[0] - beside[0]).abs().max()
