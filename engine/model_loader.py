@@ -209,8 +209,9 @@ def _pin_rotary_frequencies(model, context_length: int) -> None:
                 getattr(module, f"{prefix}inv_freq").copy_(inv_freq.to(module.inv_freq.dtype))
                 if layer_type is None:
                     module.attention_scaling = scaling
-                log.info("RoPE %s: frequencies fixed for the %d-position context (past the %d trained on)", kind,
-                         context_length, trained)
+                log.info("RoPE %s: frequencies fixed for the %d-position context, past the %d trained on (for "
+                         "every request: --max-model-len %d keeps those of short sequences)", kind, context_length,
+                         trained, trained)
             # (a name transformers' per-forward update does not act on)
             pinned = f"{kind} (fixed)".replace("dynamic", "ntk")
             if isinstance(kinds, dict):
