@@ -396,7 +396,7 @@ IGNORED_CHAT_FIELDS = ("service_tier", "store", "metadata", "verbosity", "reason
 
 
 class PredictedText(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # (the SDK's text parts may carry a `prompt_cache_breakpoint`)
     type: Literal["text"]
     text: StrictStr
 

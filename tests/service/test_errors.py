@@ -528,7 +528,8 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
         "model": MODEL, "messages": HELLO, "max_tokens": 1, "store": True, "metadata": {"k": "v"},
         "verbosity": "low", "reasoning_effort": "high", "safety_identifier": "s", "prompt_cache_key": "p", "x": 1,
         "prompt_cache_retention": "24h", "service_tier": "fast",  # (the SDK's values: "fast" was a 400, review5 F3)
-        "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi"}]}})
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "Hi",
+                                                       "prompt_cache_breakpoint": {"mode": "explicit"}}]}})
     assert r.status_code == 200, r.text
     assert r.headers["x-structgen-ignored-fields"] == ("metadata,prediction,prompt_cache_key,prompt_cache_retention,"
                                                        "reasoning_effort,safety_identifier,service_tier,store,"
