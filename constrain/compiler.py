@@ -381,8 +381,8 @@ class GrammarCompiler:
         try:
             finished, _ = await asyncio.wait({waiting}, timeout=self.compile_timeout_s + 1.0)
             if not finished:
-                began = self._began.get(key)
-                late = began is not None and time.monotonic() - began < self.compile_timeout_s
+                began = self._began.get(key)  # (None for the moment a build is starting or ending)
+                late = began is None or time.monotonic() - began < self.compile_timeout_s
                 done = Future()
                 done.set_exception(FutureTimeout("queued" if not build.running() else "late" if late else "building"))
             elif build.cancelled():
@@ -786,10 +786,10 @@ class GrammarCompiler:
             # The build kills its worker at compile_timeout_s and resolves the future; the grace covers queueing.
             return fut.result(timeout=self.compile_timeout_s + 1.0)
         except FutureTimeout as exc:
-            began = self._began.get(key)
-            how = "queued" if exc.args == ("queued",) or not (fut.done() or fut.running()) else \
-                "late" if exc.args == ("late",) or (began is not None and
-                                                     time.monotonic() - began < self.compile_timeout_s) else "ran"
+            said = {("queued",): "queued", ("late",): "late", ("building",): "ran"}.get(exc.args)  # (_wait_for_build)
+            began = self._began.get(key)  # (None for the moment a build is starting or ending)
+            how = said or ("queued" if not (fut.done() or fut.running()) else
+                           "late" if began is None or time.monotonic() - began < self.compile_timeout_s else "ran")
             raise self._timeout_error(spec.param, how) from None
         except ConstraintError as exc:
             raise ConstraintError(exc.message, param=spec.param, pointer=exc.pointer, code=exc.code) from None
