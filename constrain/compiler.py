@@ -53,11 +53,11 @@ from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_len
 from constrain.pattern_dialects import portable_pattern, python_pattern, schema_patterns, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
 from constrain.regex_sets import repeat_product
-from constrain.support import (client_pointer, containers_only, outlines_unsupported, pointer_child, resolve_ref, unescape_pointer_part,
-                               walk)
-from constrain.tools import (HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS,
-                             TOKEN_THEN_ARRAY, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, free_text_pattern, function_schema,
-                             hermes_regex, text_may_not_start)
+from constrain.support import (client_pointer, containers_only, outlines_unsupported, pointer_child, resolve_ref,
+                               unescape_pointer_part, walk)
+from constrain.tools import (HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS, TOKEN_THEN_ARRAY,
+                             XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, free_text_pattern,
+                             function_schema, hermes_regex, text_may_not_start)
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.unique_objects import UniqueObjectsGrammar, plan_unique_objects
 from constrain.vocabulary import Vocabulary

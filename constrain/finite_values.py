@@ -86,7 +86,7 @@ def _decidable(schema: Any, root: Any) -> bool:
 
 def _candidates(s: Any, root: Any, depth: int, visits: list[int]) -> list | None:
     """A list holding every value `s` accepts (and maybe more), or None. Each keyword that bounds the values
-    gives such a list; the shortest is taken. `visits`: the subschemas still to be read (None once none are)."""
+    gives such a list; the shortest is taken. `visits`: how many more subschemas may be read (past that, None)."""
     if s is False:
         return []
     visits[0] -= 1

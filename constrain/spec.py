@@ -412,8 +412,8 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               "only refer to one another", param=param, pointer=base + loop)
     loop = _in_place_loop(schema)
     if loop is not None:
-        raise ConstraintError(f"the schema at {base + loop or 'the root'} applies itself to the value it checks: through "
-                              "$ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
+        raise ConstraintError(f"the schema at {base + loop or 'the root'} applies itself to the value it checks: "
+                              "through $ref and allOf/anyOf/oneOf/not/if/then/else/dependentSchemas it leads back to a "
                               "schema it is part of, at the same place in the value, so checking a value against "
                               "it never ends", param=param, pointer=base + loop)
     endless = _endless_at(_ref_siblings(schema))  # (as compiled: drafts 4-7 drop a recursive $ref's siblings)
