@@ -469,6 +469,8 @@ def test_a_one_of_of_few_arrays_or_objects_becomes_the_enum_of_the_values_it_tak
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=10, max_tokens=30) == 10
     none = {"oneOf": [{"enum": [[1]]}, {"const": [1]}]}  # (every value in two branches: none)
     assert rewrite_schema(none) is False
+    named = {"type": "object", "properties": {"v": none, "w": {"$ref": "#/properties/v/oneOf/1"}}}
+    assert rewrite_schema(named)["properties"]["v"] == none  # (a `$ref` names a branch: it stays)
 
 
 ENFORCED = ["oneOf open objects", "oneOf overlapping ranges", "oneOf exclusive ranges", "oneOf lengths and values",
