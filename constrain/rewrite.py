@@ -1481,8 +1481,6 @@ def _one_of_values(node: dict, ctx: _Ctx) -> Any:
     branches have no negation to write (arrays, objects): `oneOf: [{enum: [[3, 4]]}, {enum: [[1, 2]]}, {enum:
     [[3, 4]]}]` was checked as each value finished, and after `[3` only `,4]` could follow, which it refused
     (QA realworld F2). Keywords that assert nothing (`$defs`, annotations) stay."""
-    if any(_targeted(f"{ctx.here}/{escape_pointer_part(k)}", ctx.refs) for k in node if k in ASSERTIONS):
-        return node  # (a `$ref` names a subschema the enum would take the place of)
     values = finite_values(node, ctx.root, _MAX_ONEOF_VALUES, ctx.validator)
     if values is None:
         return node
