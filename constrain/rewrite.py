@@ -977,9 +977,20 @@ def _spelled_around_negations(pattern: str, outside, inside) -> str | None:
     opens with `]` (which dialects read differently)."""
     if "[]" in pattern or "[^]" in pattern:
         return None
-    out, at, i = [], 0, 0
-    while (i := pattern.find("(?!", i)) >= 0:
-        depth, j, in_class = 1, i + 3, False
+    out, at, i, in_class = [], 0, 0, False
+    while i < len(pattern):  # (a `(?!` escaped, `\\(?!`, or in a class, `[(?!]`, opens no lookahead: QA review7 F2)
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class or ch == "[":
+            in_class = ch == "[" or ch != "]"
+            i += 1
+            continue
+        if not pattern.startswith("(?!", i):
+            i += 1
+            continue
+        depth, j = 1, i + 3
         while j < len(pattern) and depth:
             ch = pattern[j]
             if ch == "\\":

@@ -452,6 +452,9 @@ def client_pointer_of_call(spec: ConstraintSpec, pointer: str) -> tuple[str, boo
     return f"/{index}/function/parameters" + ("" if inner == "/" else inner), inner != rest
 
 
+_JSON_SPACE = " \t\r\n"  # JSON's whitespace, which the grammars allow before calls
+
+
 def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
     """The calls in a model's output, or None when the output is free text (not tool calls, or calls cut short by
     `max_tokens`: then the whole text is the answer's content)."""
@@ -461,9 +464,10 @@ def parse_tool_calls(text: str, spec: ConstraintSpec) -> ParsedCalls | None:
         return _parse_args_calls(text, spec)
     if spec.tool_format in XML_FORMATS:
         return _parse_xml_calls(text, spec)
-    body = text.strip()
-    if spec.tool_format in LEAD_TAGS:
-        body = body.removeprefix(LEAD_TAGS[spec.tool_format]).lstrip()  # (decoded with skip_special_tokens: false)
+    body = text.strip(_JSON_SPACE)  # (what the grammars let stand before calls: Python's own `strip` also took
+    # `\x0c` and U+2028, which free text may begin with, and read such text as calls, QA review7 F1)
+    if spec.tool_format in LEAD_TAGS:  # (decoded with skip_special_tokens: false)
+        body = body.removeprefix(LEAD_TAGS[spec.tool_format]).lstrip(_JSON_SPACE)
     # (with a response_format's answer beside them, calls are an array: an object is the answer)
     openers = "[" if spec.answer is not None else text_may_not_start(spec.tool_format)
     if not body.startswith(tuple(openers)):

@@ -191,10 +191,14 @@ def _pin_rotary_frequencies(model, context_length: int) -> None:
 
     for module in model.modules():
         kinds = getattr(module, "rope_type", None)
-        if not hasattr(module, "inv_freq") or not isinstance(kinds, (str, dict)):
+        if not isinstance(kinds, (str, dict)) or not hasattr(module, "config"):
             continue
         for layer_type, kind in (kinds.items() if isinstance(kinds, dict) else [(None, kinds)]):
             if kind != "longrope" and "dynamic" not in str(kind):
+                continue
+            prefix = f"{layer_type}_" if layer_type is not None else ""  # (Gemma 3 keeps one set per layer type)
+            buffer = getattr(module, f"{prefix}inv_freq", None)
+            if buffer is None:
                 continue
             params = module.config.rope_parameters
             params = params[layer_type] if layer_type is not None else params
@@ -203,12 +207,9 @@ def _pin_rotary_frequencies(model, context_length: int) -> None:
             if context_length > trained:
                 seq_len = trained + 1 if kind == "longrope" else context_length
                 extra = {"layer_type": layer_type} if layer_type is not None else {}
-                inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](module.config, module.inv_freq.device,
-                                                              seq_len=seq_len, **extra)
-                prefix = f"{layer_type}_" if layer_type is not None else ""
-                getattr(module, f"{prefix}inv_freq").copy_(inv_freq.to(module.inv_freq.dtype))
-                if layer_type is None:
-                    module.attention_scaling = scaling
+                inv_freq, scaling = ROPE_INIT_FUNCTIONS[kind](module.config, buffer.device, seq_len=seq_len, **extra)
+                buffer.copy_(inv_freq.to(buffer.dtype))
+                setattr(module, f"{prefix}attention_scaling", scaling)
                 log.info("RoPE %s: frequencies fixed for the %d-position context, past the %d trained on (for "
                          "every request: --max-model-len %d keeps those of short sequences)", kind, context_length,
                          trained, trained)

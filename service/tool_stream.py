@@ -175,7 +175,7 @@ class ToolCallStream:
     def _past_lead_tag(self, text: str) -> str | None:
         """The text, less the lead tag where it begins with one; None while it may still be the tag's beginning."""
         tag, self.lead_held = self.lead_tag, self.lead_held + text
-        body = self.lead_held.lstrip()
+        body = self.lead_held.lstrip(_WS)
         if len(body) < len(tag) and tag.startswith(body):
             return None
         text, self.lead_held, self.lead_tag = self.lead_held, "", None

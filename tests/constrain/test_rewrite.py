@@ -624,6 +624,9 @@ def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_w
      {"v": "\u0663"}),
     ({"type": "object", "patternProperties": {"^(?!\\d)[0-9\u0663a]+$": {"type": "string"}},
       "additionalProperties": False}, {"\u0663": "x"}),
+    # an escaped `(?!` and one in a class open no lookahead (QA review7 F2)
+    ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?=.)(\\(?!\\s)$"}}}, {"v": "!\u00e9"}),
+    ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?!b)([(?!]\\s)$"}}}, {"v": "!\u00e9"}),
 ])
 def test_lookaheads_are_never_spelled_to_take_what_a_dialect_refuses(schema, refused, gpt2_compiler, tokenizers,
                                                                      vocabs):

@@ -540,3 +540,21 @@ def test_parameters_of_another_type_than_object_are_named_where_and_what():
         spec_from_request(tools=[tool])
     assert exc.value.param == "tools" and exc.value.pointer == "/0/function/parameters/type"
     assert "its type at /0/function/parameters/type names type 'array'" in exc.value.message
+
+
+@pytest.mark.parametrize("tool_format, text", [
+    ("json_array", '\u2028[{"name": "f", "arguments": {}}]'),
+    ("granite", '\x0c<|tool_call|>[{"name": "f", "arguments": {}}]'),
+    ("mistral", '\xa0[TOOL_CALLS][{"name": "f", "arguments": {}}]'),
+    ("llama3_json", '\x0c{"name": "f", "parameters": {}}'),
+])
+def test_calls_are_read_after_the_whitespace_the_grammars_allow_before_them_only(tool_format, text):
+    """Free text may begin with `\\x0c` or U+2028, which the grammars do not take as the whitespace before calls;
+    the parser's `strip()` did, and read such text as calls its arguments' grammar never held (QA review7 F1,
+    unsound)."""
+    from constrain import parse_tool_calls
+
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto",
+                             tool_format=tool_format)
+    assert parse_tool_calls(text, spec) is None
+    assert parse_tool_calls(" \t\r\n" + text[1:], spec) is not None

@@ -584,6 +584,8 @@ def test_output_after_a_prompt_cut_anywhere_is_the_rest_of_the_decoded_text(name
     ("phi3", {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
               "original_max_position_embeddings": 64, "rope_theta": 10000.0}),
     ("llama", {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}),
+    # (Gemma 3 keeps its frequencies per layer type: they were left to change, QA review7 F3)
+    ("gemma3_text", {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}),
 ])
 def test_a_requests_logits_do_not_depend_on_a_longer_request_in_its_batch(tmp_path, model_type, rope):
     """transformers chose Phi-3's long or short RoPE factors (and dynamic NTK's scaling) from the longest position
@@ -593,9 +595,11 @@ def test_a_requests_logits_do_not_depend_on_a_longer_request_in_its_batch(tmp_pa
 
     from engine.model_runner import ModelRunner
 
-    extra = {"max_position_embeddings": 64} if model_type == "llama" else {"max_position_embeddings": 512,
-                                                                           "original_max_position_embeddings": 64}
-    path = _tiny_dir(tmp_path / model_type, model_type, rope_parameters=rope, **extra)
+    extra = {"max_position_embeddings": 512, "original_max_position_embeddings": 64} if model_type == "phi3" \
+        else {"max_position_embeddings": 64}
+    settings = {"rope_parameters": rope} if model_type != "gemma3_text" else {
+        "rope_scaling": rope, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}
+    path = _tiny_dir(tmp_path / model_type, model_type, **settings, **extra)
     loaded = load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE, max_model_len=128)
     runner = ModelRunner(loaded)
     short, long = list(range(1000, 1004)), list(range(2000, 2090))
