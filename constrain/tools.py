@@ -92,7 +92,7 @@ def free_text_pattern(tool_format: str) -> str:
     if tool_format in NAME_THEN_ARGS:
         opening = re.escape(NAME_THEN_ARGS[tool_format][0])
     elif tool_format in TOKEN_THEN_ARRAY:
-        opening = f"^[ \t\r\n]*(?:[\[{{]|{re.escape(LEAD_TAGS[tool_format])})"
+        opening = rf"^[ \t\r\n]*(?:[\[{{]|{re.escape(LEAD_TAGS[tool_format])})"
     else:
         raise ValueError(f"{tool_format} calls are not opened by a special token")
     pattern = complement_pattern(opening)
