@@ -15,7 +15,7 @@ import itertools
 import math
 from typing import Any
 
-from constrain.support import resolve_ref
+from constrain.support import NAMED_SUBSCHEMAS, VALUE_KEYWORDS, resolve_ref
 
 MAX_CANDIDATES = 4096  # values listed before the schema's keywords are checked on them
 _MAX_VISITS = 20_000  # subschemas read while listing them (a recursive oneOf of b branches took b^depth: QA review6 F3)
@@ -56,9 +56,7 @@ def _distinct(values: list) -> list:
     return list(seen.values())
 
 
-_VALUES = ("enum", "const", "default", "examples", "$ref")  # keywords whose values hold no subschema
-# keywords whose values map names to subschemas: a property named `default` is a subschema (QA review5 F2)
-_NAMED_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+_NO_SUBSCHEMA = VALUE_KEYWORDS | {"$ref"}  # keywords whose values hold no subschema (`$ref` is followed)
 
 
 def _decidable(schema: Any, root: Any) -> bool:
@@ -80,7 +78,7 @@ def _decidable(schema: Any, root: Any) -> bool:
             return False
         if isinstance(node.get("$ref"), str):
             stack.append((resolve_ref(root, node["$ref"]), False))
-        stack.extend((v, k in _NAMED_SUBSCHEMAS) for k, v in node.items() if k not in _VALUES)
+        stack.extend((v, k in NAMED_SUBSCHEMAS) for k, v in node.items() if k not in _NO_SUBSCHEMA)
     return True
 
 

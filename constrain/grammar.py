@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import torch
 
+from constrain.support import VALUE_KEYWORDS
+
 ConstraintKind = Literal["json_schema", "json_object", "regex", "choice", "tools"]
 
 
@@ -98,16 +100,12 @@ class ConstraintSpec:
         )
 
 
-# Keywords whose values are JSON written as they are (an object `const` is written in its key order).
-_WRITTEN_VALUES = frozenset({"const", "enum", "default", "examples"})
-
-
 def in_written_order(schema: Any) -> Any:
     """`schema` with each object's keys sorted, but for the names of `properties`, which keep their order: it is the
     order their members are written in (sorted, a schema of the same properties in another order was served the
-    first one's grammar, on disk too: QA cachekeys F1), and values that are written out (`_WRITTEN_VALUES`). The
-    order of other keywords changes nothing that is compiled (kept, a schema of them in another order compiled,
-    and built a 6 MB outlines automaton, again: QA review F4). A name that is a keyword's (a `$defs` entry called
+    first one's grammar, on disk too: QA cachekeys F1), and values (`VALUE_KEYWORDS`: an object `const` is written
+    in its key order). The order of other keywords changes nothing that is compiled (kept, a schema of them in
+    another order compiled, and built a 6 MB outlines automaton, again: QA review F4). A name that is a keyword's (a `$defs` entry called
     `properties`) is only kept in its order: never a merge of two different schemas."""
     if isinstance(schema, list):
         return [in_written_order(item) for item in schema]
@@ -116,7 +114,7 @@ def in_written_order(schema: Any) -> Any:
     out = {}
     for key in sorted(schema):
         value = schema[key]
-        if key in _WRITTEN_VALUES:
+        if key in VALUE_KEYWORDS:
             out[key] = value
         elif key == "properties" and isinstance(value, dict):
             out[key] = {name: in_written_order(sub) for name, sub in value.items()}

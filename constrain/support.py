@@ -20,6 +20,10 @@ _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "con
               "unevaluatedItems", "unevaluatedProperties", "additionalItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+# Keywords whose values map names to subschemas: the keys there are names, not keywords (a property `default`).
+NAMED_SUBSCHEMAS = frozenset(_SUBSCHEMA_MAPS) | {"dependencies"}
+# Keywords whose values are JSON values, never subschemas: a `const` object with a "$ref" key is that object.
+VALUE_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
 
 # Formats JSON Schema defines (draft 2020-12, 7.3); any other name is an annotation every validator ignores.
 STANDARD_FORMATS = frozenset({

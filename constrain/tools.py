@@ -54,7 +54,7 @@ from urllib.parse import urldefrag, urljoin
 
 from constrain.grammar import ConstraintError, ConstraintSpec, refuse_unread_fields
 from constrain.harmony import ARGS_OPEN, CALL_OPEN
-from constrain.support import id_keyword
+from constrain.support import NAMED_SUBSCHEMAS, VALUE_KEYWORDS, id_keyword
 
 
 TOOL_FORMATS = ("json_array", "hermes", "llama3_json", "mistral", "mistral_args", "qwen3_coder", "glm45", "glm47",
@@ -169,12 +169,6 @@ def _own_base(node: Any, id_key: str) -> str | None:
     return urldefrag(value).url if isinstance(value, str) and not value.startswith("#") else None
 
 
-_VALUES = frozenset({"enum", "const", "default", "examples", "example"})  # keywords whose values are JSON values
-# keywords whose values map names to subschemas: the keys there are names, not keywords (a property `default`)
-_NAMED_SUBSCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-                               "dependencies"})
-
-
 def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: str | None = None,
                  anchors: str = "", names: bool = False) -> Any:
     """Local $refs that start with `old` start with `new` instead: "#" and "#/$defs/tool<i>" move a function's
@@ -207,14 +201,14 @@ def _rebase_refs(node: Any, old: str, new: str, id_key: str = "$id", document: s
                 elif v.startswith("#") and not v.startswith("#/"):
                     v = "#" + anchors + v[1:]
                 out[k] = v
-            elif k in _VALUES:  # (values, not schemas: a `const` object with a "$ref" key is that object)
+            elif k in VALUE_KEYWORDS:
                 out[k] = copy.deepcopy(v)
             elif k in ("$anchor", "$dynamicAnchor") and isinstance(v, str):
                 out[k] = anchors + v
             elif isinstance(v, str) and k == id_key and v.startswith("#") and len(v) > 1 and "$anchor" not in node:
                 out["$anchor"] = anchors + v[1:]
             else:
-                out[k] = _rebase_refs(v, old, new, id_key, document, anchors, names=k in _NAMED_SUBSCHEMAS)
+                out[k] = _rebase_refs(v, old, new, id_key, document, anchors, names=k in NAMED_SUBSCHEMAS)
         return out
     if isinstance(node, list):
         return [_rebase_refs(v, old, new, id_key, document, anchors) for v in node]
@@ -236,8 +230,8 @@ def _resources(node: Any, id_key: str, base: str | None = None, found: dict[str,
             base = urldefrag(urljoin(base or "", own)).url
             found.setdefault(base, node)
         for key, value in node.items():
-            if key not in _VALUES:
-                _resources(value, id_key, base, found, names=key in _NAMED_SUBSCHEMAS)
+            if key not in VALUE_KEYWORDS:
+                _resources(value, id_key, base, found, names=key in NAMED_SUBSCHEMAS)
     elif isinstance(node, list):
         for value in node:
             _resources(value, id_key, base, found)
