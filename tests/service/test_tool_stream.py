@@ -154,6 +154,16 @@ def test_a_lead_tag_kept_in_the_text_is_dropped_and_text_that_only_looked_like_i
     assert "".join(d["content"] for d in deltas) == text and not stream.made_calls
 
 
+@pytest.mark.parametrize("space", ["\x0c", "\u2028", "\xa0"])
+def test_a_lead_tag_after_whitespace_json_does_not_know_is_content(space):
+    """Free text may begin with Python's whitespace that JSON's is not, then spell the tag: the parser reads that
+    text as content (it strips JSON's whitespace only, as the grammars allow), and so does the stream."""
+    text = space + '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC"}}'
+    stream = ToolCallStream("llama3_json")
+    deltas = [d for ch in text for d in stream.feed(ch)] + stream.finish()
+    assert "".join(d["content"] for d in deltas) == text and not stream.made_calls
+
+
 XML_FORMS = {"write_file": {"path": ValueForm(raw=True), "mode": ValueForm(raw=True, nullable=True),
                             "lines": ValueForm(raw=False)},
              "get_time": {"zone": ValueForm(raw=True, nullable=True)}}
