@@ -38,7 +38,8 @@ DEFAULT_LIMITS = Limits()
 
 
 def _ptr(parts: list, base: str = "") -> str:
-    return base + "".join("/" + escape_pointer_part(p) for p in parts) or "/"
+    """The JSON Pointer of `parts` below `base` (RFC 6901: "" is the root, `/` a key named "")."""
+    return base + "".join("/" + escape_pointer_part(p) for p in parts)
 
 
 def check_schema_limits(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS, base: str = "") -> None:
