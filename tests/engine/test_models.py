@@ -440,15 +440,19 @@ def test_the_start_up_check_reads_a_vocabulary_smaller_than_its_prompts(tmp_path
     assert batching_failure(dataclasses.replace(loaded, model=small, logits_width=5)) is None
 
 
+_LATENT_ATTENTION = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8)
+
+
 def test_a_model_is_served_only_if_two_requests_in_one_batch_run(tmp_path):
-    """transformers 5.24's multi-head latent attention (DeepSeek-V3) fails on a padded batch of two rows: the model
-    answered one request at a time and failed every two that overlapped with a 500 (QA round 27). A model is
-    refused at start-up unless such a batch runs (should transformers mend it, it loads and its batches run)."""
+    """transformers 5.24's multi-head latent attention (DeepSeek-V3) with fewer key/value heads than query heads
+    fails on a padded batch of two rows: the model answered one request at a time and failed every two that
+    overlapped with a 500 (QA round 27). A model is refused at start-up unless such a batch runs (should
+    transformers mend it, it loads and its batches run)."""
     from engine.model_loader import ModelLoadError
     from engine.model_runner import ModelRunner
 
-    path = _tiny_dir(tmp_path / "mla", "deepseek_v3", q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
-                     qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_group=1, topk_group=1)
+    path = _tiny_dir(tmp_path / "mla", "deepseek_v3", num_key_value_heads=2, q_lora_rank=16, first_k_dense_replace=1,
+                     n_group=1, topk_group=1, **_LATENT_ATTENTION)
     try:
         loaded = load_model(str(path), device=TEST_DEVICE, dtype=TEST_DTYPE)
     except ModelLoadError as exc:
@@ -457,6 +461,19 @@ def test_a_model_is_served_only_if_two_requests_in_one_batch_run(tmp_path):
     runner = ModelRunner(loaded)
     kv, logits = runner.prefill([[1, 2, 3], [4, 5]])
     runner.decode(kv, logits.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("model_type, config", [
+    ("deepseek_v2", dict(q_lora_rank=None, first_k_dense_replace=1)),
+    ("deepseek_v3", dict(q_lora_rank=16, first_k_dense_replace=1, n_group=1, topk_group=1)),
+    ("minicpm3", dict(q_lora_rank=16)),
+])
+def test_latent_attention_with_as_many_key_value_heads_as_query_heads_is_served(tmp_path, model_type, config):
+    """The released DeepSeek-V2/V3 and MiniCPM3 checkpoints have as many key/value heads as query heads: their
+    batches run as one pass over each row does (`batching_failure`), so they load."""
+    loaded = load_model(str(_tiny_dir(tmp_path / model_type, model_type, num_key_value_heads=4, **config,
+                                      **_LATENT_ATTENTION)), device=TEST_DEVICE, dtype=TEST_DTYPE)
+    assert loaded.model.config.model_type == model_type
 
 
 def test_a_context_past_the_positions_a_model_learned_is_refused_at_start_up(tmp_path):
