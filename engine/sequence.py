@@ -33,6 +33,14 @@ def _as_spelled(logprob: TokenLogprob, text: str) -> TokenLogprob:
                                else data)
 
 
+def _held_before(answer: str, token: str) -> int:
+    """How much of the answer text a token pushed is the text of tokens before it, which the detokenizer held (a
+    character they left unfinished comes out, as U+FFFD, with the text of the token that shows it never ends:
+    `选\ufffd[B` for `[B`, which was listed though a stop string cut at the U+FFFD, QA stops F1). 0 where the
+    token's own text is not the end of it (a token that finishes a character begins with that character)."""
+    return len(answer) - len(token) if token and len(answer) > len(token) and answer.endswith(token) else 0
+
+
 @dataclass
 class RequestState:
     """A submitted request: where its events go (queue on its event loop) and how many choices still run."""
@@ -163,6 +171,7 @@ class Sequence:
             in_answer = bool(answer) or not raw  # (not whitespace dropped after a reasoning block)
             if logprob is not None and answer:
                 logprob = _as_spelled(logprob, answer)
+                start += _held_before(answer, logprob.token)
             text, stopped = self._push_answer(answer)
             if stopped or (self.matcher is not None and self.matcher.is_terminated()):
                 self.finished = "stop"

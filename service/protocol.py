@@ -244,9 +244,9 @@ def _first_invalid_text(value) -> str | None:
         elif isinstance(node, dict):
             if any(isinstance(k, str) and not _utf8(k) for k in node):
                 return _spelled_path(place)
-            stack.extend((v, (place, k)) for k, v in node.items())
+            stack.extend(reversed([(v, (place, k)) for k, v in node.items()]))  # (popped first to last)
         elif isinstance(node, list):
-            stack.extend((v, (place, i)) for i, v in enumerate(node))
+            stack.extend(reversed([(v, (place, i)) for i, v in enumerate(node)]))
     return None
 
 

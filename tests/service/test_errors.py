@@ -784,6 +784,8 @@ def test_the_lone_surrogate_check_spells_only_the_path_it_reports():
 
     assert _first_invalid_text({"a": [{"b": "ok"}, {"c": ["x", "\ud800"]}]}) == "a[1].c[1]"
     assert _first_invalid_text({"a": {"\udc00": 1}}) == "a" and _first_invalid_text("\ud800") == "body"
+    # the first in the body's order (`stop[1]` was named for ["\ud800", "\udc00"]: QA stops F2)
+    assert _first_invalid_text({"stop": ["\ud800", "\udc00"], "z": "\ud801"}) == "stop[0]"
     nested: object = list(range(2000))
     for _ in range(900):
         nested = [nested]
