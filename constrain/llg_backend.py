@@ -1632,7 +1632,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     escapes)."""
     from constrain.plain_keys import keys_need_plain_spelling
     from constrain.tools import HERMES_CLOSE, HERMES_OPEN, function_schema
-    from constrain.xml_calls import SHAPES, check_functions, value_form
+    from constrain.xml_calls import SHAPES, check_functions, parameter_document, value_form
 
     shape = SHAPES[spec.tool_format]
     tokens = {tag: _tag_token(lltok, tag) for tag in shape.tags}
@@ -1660,7 +1660,6 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         params = function_schema(spec, i)
         props = params.get("properties", {}) if isinstance(params, dict) else {}
         required = set(params.get("required", ())) if isinstance(params, dict) else set()
-        defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
         body = [text(name + shape.after_name)]
         for j, (key, schema) in enumerate(props.items() if isinstance(props, dict) else ()):
             pointer = f"/$defs/tool{i}/properties/{escape_pointer_part(key)}"
@@ -1690,7 +1689,15 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 rules.append(f"p{i}_{j}: {opening} P{i}_{j} {text(shape.after_value)}\n"
                              f"P{i}_{j}: {form.lexeme(shape.value_close)}")
             else:
-                value = {**schema, **defs} if isinstance(schema, dict) else {}
+                value = parameter_document(params, key)
+                if value is None:
+                    if key in required or any(pointer.startswith(s + "/") for s in spec.strict_under):
+                        raise ConstraintError(f"tools[{i}]: the parameter {key!r} refers to its function's schema "
+                                              f"beyond its own, which holds a nested $id: the {spec.tool_format} "
+                                              "tool-call format cannot follow such a reference", param="tools",
+                                              pointer=pointer, code="unsupported_schema")
+                    unenforced += (pointer,)
+                    continue
                 _, bad = checked_grammar_text(lltok, "json", schema=value, strict_under=spec.strict_under,
                                               whitespace_pattern=whitespace_pattern, param="tools",
                                               base_pointer=pointer)

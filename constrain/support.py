@@ -141,7 +141,7 @@ def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
     while holders:
         holder = holders.pop()
         ref = holder["$ref"]
-        if ref in kept.values() or not ref.startswith("#/") or not stale(ref):
+        if ref in kept.values() or not (ref == "#" or ref.startswith("#/")) or not stale(ref):
             continue
         place = unquote(ref)
         if place not in kept:

@@ -33,6 +33,7 @@ formats: the keywords they would enforce are refused in strict functions and nam
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
-from constrain.support import STANDARD_FORMATS, escape_pointer_part, resolve_ref
+from constrain.support import STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, resolve_ref, walk_with_refs
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -204,6 +205,27 @@ def parameter_forms(params: Any) -> dict[str, ValueForm]:
     if not isinstance(params, dict) or not isinstance(params.get("properties"), dict):
         return {}
     return {name: value_form(schema, params) for name, schema in params["properties"].items()}
+
+
+def parameter_document(params: dict, key: str) -> dict | None:
+    """The schema of a JSON-form parameter as a document of its own, which its `%json` is compiled from: the
+    parameters' `$defs` beside it, and what its local `$ref`s name elsewhere in the parameters (`#`, the usual
+    tree's; `#/properties/a`) copied under `$defs`. Compiled alone, `#` named the parameter itself (`[[]]` passed for
+    a list of trees, QA toolfmt2 F1) and `#/properties/a` nothing (a 400, F2). None where such a reference stays
+    unresolved (below a nested `$id`, whose references `keep_ref_targets` leaves as they are)."""
+    schema = params["properties"][key]
+    if not isinstance(schema, dict):
+        return {}
+    defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+
+    def elsewhere(ref: str) -> bool:
+        return not ref.startswith(("#/$defs/", "#/definitions/"))
+
+    document = copy.deepcopy({**schema, **defs})
+    keep_ref_targets(params, document, elsewhere, copy.deepcopy)
+    unresolved = any(k == "$ref" and isinstance(n[k], str) and (n[k] == "#" or n[k].startswith("#/"))
+                     and elsewhere(n[k]) for _, k, n in walk_with_refs(document))
+    return None if unresolved else document
 
 
 def unsupported_keywords(params: Any) -> list[str]:

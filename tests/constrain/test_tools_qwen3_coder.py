@@ -144,6 +144,26 @@ def test_values_are_written_in_the_form_their_schema_gives_them(coder):
     assert args == {"city": "Oslo\nNor  ", "unit": None, "mail": "a@b.co", "host": "x.org", "days": 3}
 
 
+def test_a_reference_into_the_parameters_names_the_same_place_in_a_values_schema(coder):
+    """A JSON value is compiled as a schema of its own: `#` (a tree's children) named the parameter rather than
+    the parameters (`[[]]` passed for a list of trees, `[{"name": "b"}]` was refused: QA toolfmt2 F1, unsound), and
+    `#/properties/a` named nothing (a 400, F2). What such a reference names is copied beside the value."""
+    tok, _, compiler = coder
+    tree = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3},
+                                             "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+                                             "size": {"type": "integer"}, "same": {"$ref": "#/properties/size"}},
+            "required": ["name", "kids"], "additionalProperties": False}
+    for strict in (True, False):
+        tools = [{"type": "function", "function": {"name": "tree", "strict": strict, "parameters": tree}}]
+        g = compiler.compile(_spec("required", tools=tools))
+        assert g.unenforced == ()
+        for kids, ok in (('[{"name": "b", "kids": []}]', True), ('[[]]', False), ('[{"name": "b"}]', False),
+                         ('[{"name": "b", "kids": [{"name": "c", "kids": []}]}]', True)):
+            assert takes_text(g, tok, _call("tree", ("name", "a"), ("kids", kids))) == ok, kids
+        assert takes_text(g, tok, _call("tree", ("name", "a"), ("kids", "[]"), ("same", "4")))
+        assert not takes_text(g, tok, _call("tree", ("name", "a"), ("kids", "[]"), ("same", '"x"')))
+
+
 def test_raw_values_match_their_pattern_in_every_regex_dialect(coder):
     """A raw value's pattern is read as JSON-schema patterns are (constrain/pattern_dialects.py): `\\d` takes ASCII
     digits only (as ECMA-262's), `.` no carriage return."""
