@@ -943,12 +943,22 @@ def _with_answer(specs: list[tuple[str, ConstraintSpec]]) -> list[tuple[str, Con
         raise ConstraintError(f"this model writes a tool call as a bare JSON object ({tools.tool_format}), which an "
                               "answer under `response_format` could not be told from: send `tools` or "
                               "`response_format`, or `tool_choice: \"required\"`", param="response_format")
-    if answer.kind == "json_schema" and not _objects_only(answer.extra.get("source", answer.schema)):
-        raise ConstraintError("with `tools`, the `response_format` schema must describe a JSON object (`type: "
-                              "object`): the answer is told from tool calls by it", param="response_format")
+    if answer.kind not in ("json_object", "json_schema") or answer.kind == "json_schema" \
+            and not _objects_only(answer.extra.get("source", answer.schema)):
+        # (a regex answer spelled `[{"name": "f", ...}]` and came back as a call no function's schema held: QA
+        # review8 F3; so did a `$ref` to an array, F4)
+        raise ConstraintError("with `tools`, the `response_format` must be a JSON object (`json_object`, or a "
+                              "`json_schema` of `type: object`): the answer is told from tool calls by it",
+                              param="response_format")
     return [("tools", dataclasses.replace(tools, answer=answer))]
 
 
 def _objects_only(schema: Any) -> bool:
-    """The schema (as the client sent it: rewrites may move its `type`) takes objects only, or refers to one."""
-    return isinstance(schema, dict) and (schema.get("type") == "object" or schema.get("$ref") is not None)
+    """The schema (as the client sent it: rewrites may move its `type`) takes objects only, or refers (by a local
+    `$ref`, through others) to one that does."""
+    node, seen = schema, set()
+    while isinstance(node, dict) and node.get("type") != "object" and isinstance(node.get("$ref"), str) \
+            and id(node) not in seen:
+        seen.add(id(node))
+        node = resolve_ref(schema, node["$ref"])
+    return isinstance(node, dict) and node.get("type") == "object"

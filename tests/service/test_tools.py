@@ -120,10 +120,21 @@ def test_tools_with_a_response_format_name_the_answers_unenforced_keywords_apart
                                                    "name": "x", "schema": schema}}})
     assert r.status_code == 200, r.text
     assert r.headers["x-structgen-unenforced"] == "response_format:/properties/a/not"
-    array = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
-                                                   "response_format": {"type": "json_schema", "json_schema": {
-                                                       "name": "x", "schema": {"type": "array"}}}})
-    assert array.status_code == 400 and array.json()["error"]["param"] == "response_format"
+    # an answer that could spell calls is refused: it came back as a call no function's schema held (QA review8
+    # F3: a regex answer `[{"name": "get_time", ...}]`; F4: a `$ref` to an array)
+    calls = {"type": "array", "items": {"type": "object"}}
+    for response_format in ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}},
+                            {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": calls}, "$ref": "#/$defs/a"}}},
+                            {"type": "regex", "value": "\\[\\{.*"}):
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
+                                                   "response_format": response_format})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", (response_format, r.text)
+    referred = {"$defs": {"a": schema}, "$ref": "#/$defs/a"}
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 4,
+                                               "response_format": {"type": "json_schema", "json_schema": {
+                                                   "name": "x", "schema": referred}}})
+    assert r.status_code == 200, r.text
 
 
 def test_named_tool_choice_calls_exactly_that_function(client):
