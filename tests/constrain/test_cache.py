@@ -431,6 +431,27 @@ def test_a_request_for_auto_gets_the_auto_policy_whatever_the_server_runs(tmp_pa
         c.close()
 
 
+def test_a_pattern_neither_backend_reads_is_named_by_llguidance_or_left_unenforced(tmp_path, tokenizers, vocabs):
+    """auto tried outlines where llguidance refused, or left a keyword unenforced, and outlines' failure was the
+    answer: a 400 "outlines cannot compile this constraint: Failed to build DFA", a non-strict request too (QA
+    review8 F5). Now strict is refused with llguidance's message (the keyword's pointer), the rest served."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto", cache_dir=tmp_path,
+                        background_outlines=False)
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?!A)(?i:a)$"}},
+              "required": ["v"], "additionalProperties": False}
+    try:
+        def spec(strict):
+            return spec_from_request(response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": schema, "strict": strict}})
+        with pytest.raises(ConstraintError, match="look-around") as refused:
+            c.compile(spec(True))
+        assert refused.value.pointer == "/properties/v/pattern"
+        g = c.compile(spec(False))
+        assert g.backend == "llguidance" and g.unenforced == ("/properties/v/pattern",)
+    finally:
+        c.close()
+
+
 def test_a_broken_automaton_file_on_disk_is_built_again_not_a_400(tmp_path, tokenizers, vocabs):
     """A truncated or empty `.outlines.npz` (a crash, a full disk, a copy cut short) was a 400 invalid_constraint
     on every request for its schema, on every server sharing the cache, until someone deleted the file. One that
