@@ -192,9 +192,11 @@ class _Ctx:
         self.inlining: set[str] = set()  # the `$ref`s `_inlined_patterns` is copying the targets of
         self.pattern_copies = _MAX_PATTERN_COPIES  # schema objects `_inlined_patterns` may still copy
         self.refs = _refs(root)
-        # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`)
-        self.ref_sources = [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node in walk(root)
-                            if key == "$ref" and isinstance(node["$ref"], str) and node["$ref"].startswith("#/")]
+        # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`): `#`,
+        # the root's, too, and those in subschemas only a `$ref` reaches (QA review8 F2)
+        self.ref_sources = [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node
+                            in walk_with_refs(root) if key == "$ref" and isinstance(node["$ref"], str)
+                            and node["$ref"].startswith("#")]
         self.here = ""  # the pointer of the node the rewrite steps are given (`_rewrite`)
 
     def resolve(self, ref: Any) -> Any:
@@ -919,14 +921,16 @@ def _lookaheads(node: dict, ctx: _Ctx) -> dict:
     """A `pattern`, or a `patternProperties` name, that opens with `^` and lookaheads (neither backend reads them)
     becomes the one anchored pattern they and the rest mean (constrain/regex_sets.py): `^(?!x-)[a-z]+$` as a name
     was a 400, strict or not (JsonSchemaStore's web-types, helper-25). Where regex dialects read it differently
-    (`.`, `\\w`, ...), it is spelled as the strings every dialect matches (`_narrowest`): a `pattern`, and a name of a
-    closed object (a name left out is refused); or, for a name of an object whose other keys may hold anything, as
-    those any dialect matches (`_widest`: a name gets the name's schema, which every dialect then finds valid),
-    where that object is asserted (under a `not` or a `oneOf` branch, more names would be fewer objects: QA
-    review6 F1). Elsewhere, only a name every dialect reads alike."""
+    (`.`, `\\w`, ...), it is spelled as the strings every dialect matches (`_narrowest`): a `pattern` where it is
+    asserted (negated, fewer strings would be more values: QA review8 F1), and a name of a closed object (a name
+    left out is refused); or, for a name of an object whose other keys may hold anything, as those any dialect
+    matches (`_widest`: a name gets the name's schema, which every dialect then finds valid), where that object is
+    asserted (under a `not` or a `oneOf` branch, more names would be fewer objects: QA review6 F1). Elsewhere, only
+    a pattern or a name every dialect reads alike."""
     pattern = node.get("pattern")
     if isinstance(pattern, str) and "(?" in pattern:
-        spelled = _narrowest(pattern)
+        # (negated, narrowed, it took what a dialect refuses: `not: {pattern: "^(?!x)\\w$"}` took "é", QA review8 F1)
+        spelled = _narrowest(pattern) if _asserted(ctx.here, ctx) else pattern if _read_alike(pattern) else None
         plain = without_lookaheads(spelled, ctx.regex_work, explicit=True) if spelled is not None else None
         if plain is not None:
             ctx.changed = True
@@ -1067,18 +1071,22 @@ _PART_PATTERNS = frozenset({"idn-email", "idn-hostname", "duration"})
 _UNASSERTED = frozenset({"not", "if", "oneOf", "contains"})
 
 
-def _asserted(ptr: str, ctx: _Ctx, seen: frozenset[str] = frozenset()) -> bool:
+def _asserted(ptr: str, ctx: _Ctx) -> bool:
     """Whether the node at `ptr` only asserts what it holds: no `not`, `if`, `oneOf` or `contains` on its way from
-    the root, and, for a definition, the same of every `$ref` to it (or to a node in it)."""
-    parts = ptr.split("/")[1:]
-    if _UNASSERTED.intersection(parts):  # (a property so named counts too: left to the checks, never wrong)
-        return False
-    if not parts or parts[0] not in ("$defs", "definitions"):
-        return True
-    sources = [source for source, target in ctx.ref_sources if ptr == target or ptr.startswith(target + "/")]
-    if not sources or any(source in seen for source in sources):
-        return False
-    return all(_asserted(source, ctx, seen | {ptr}) for source in sources)
+    the root, nor on the way to any `$ref` to it or to a node it is in, and so on back. Any node's: a `$ref` to
+    `#/properties/a`, or `#`, from under a `not` negates it too (QA review8 F2). A definition no `$ref` reaches is
+    not asserted; a `$ref` reached again (a recursive schema) adds no way in that the others do not hold."""
+    seen, work = {ptr}, [ptr]
+    while work:
+        parts = (at := work.pop()).split("/")[1:]
+        if _UNASSERTED.intersection(parts):  # (a property so named counts too: left to the checks, never wrong)
+            return False
+        sources = [source for source, target in ctx.ref_sources if at == target or at.startswith(target + "/")]
+        if not sources and parts[:1] in (["$defs"], ["definitions"]):
+            return False
+        work += [source for source in sources if source not in seen]
+        seen.update(sources)
+    return True
 
 
 def _format_of(pattern: Any) -> str | None:

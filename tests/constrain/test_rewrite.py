@@ -616,6 +616,11 @@ def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_w
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=1, walks=8, max_tokens=40) > 0
 
 
+def _value(schema: dict) -> dict:
+    """An object whose one property, `v`, is required and holds `schema`."""
+    return {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+
+
 @pytest.mark.parametrize("schema, refused", [
     # a negated object: more names under the name's schema would be fewer objects (QA review6 F1)
     ({"type": "object", "not": {"patternProperties": {"^(?!x)\\w+$": {"type": "string"}}}}, {"\u2028": 1}),
@@ -627,16 +632,46 @@ def test_a_lookahead_name_of_an_object_whose_other_keys_are_taken_is_rewritten_w
     # an escaped `(?!` and one in a class open no lookahead (QA review7 F2)
     ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?=.)(\\(?!\\s)$"}}}, {"v": "!\u00e9"}),
     ({"type": "object", "properties": {"v": {"type": "string", "pattern": "^(?!b)([(?!]\\s)$"}}}, {"v": "!\u00e9"}),
+    # a negated `pattern`, narrowed, took what it refuses (QA review8 F1): under `not`, as a `oneOf` branch (the
+    # others' `not`), as an `if` (asserted and negated)
+    (_value({"type": "string", "not": {"pattern": "^(?!x)\\w$"}}), {"v": "\u00e9"}),
+    (_value({"type": "string", "not": {"pattern": "^(?!x)\\d+$"}}), {"v": "\u0663"}),
+    (_value({"type": "string", "not": {"pattern": "^(?!x).$"}}), {"v": "\r"}),
+    (_value({"type": "string", "not": {"pattern": "^(?=\\w)..$"}}), {"v": "\u00e9a"}),
+    (_value({"oneOf": [{"type": "string", "pattern": "^(?!x)\\w$"}, {"type": "string", "maxLength": 1}]}),
+     {"v": "\u00e9"}),
+    (_value({"type": "string", "if": {"pattern": "^(?!x)\\w$"}, "then": {"const": "a"}, "else": {"maxLength": 3}}),
+     {"v": "\u00e9"}),
+    # an object a `$ref` from under a `not` reaches is negated wherever it is, the root too (QA review8 F2)
+    ({"type": "object", "properties": {"a": {"type": "object",
+                                             "patternProperties": {"^(?!x)\\s$": {"type": "string"}}},
+                                       "b": {"not": {"$ref": "#/properties/a"}}},
+      "required": ["b"], "additionalProperties": False}, {"b": {"\u00e9": 1}}),
+    ({"type": "object", "patternProperties": {"^(?!x)\\s$": {"type": "string"}},
+      "properties": {"b": {"not": {"$ref": "#"}}}}, {"b": {"\u00e9": 1}}),
 ])
 def test_lookaheads_are_never_spelled_to_take_what_a_dialect_refuses(schema, refused, gpt2_compiler, tokenizers,
                                                                      vocabs):
+    """Under `strict`, the document is refused or the schema is; without it, a grammar that takes the document
+    names what it leaves unenforced."""
     assert not jsonschema.Draft202012Validator(schema).is_valid(refused)
-    try:
-        g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
-                                                 backend="llguidance"))
-    except ConstraintError:
-        return  # (refused under strict: never a weaker grammar)
-    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], refused)
+    for strict in (True, False):
+        try:
+            g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema),
+                                                     strict=strict, backend="llguidance"))
+        except ConstraintError:
+            continue  # (refused: never a weaker grammar)
+        assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], refused) or not strict and g.unenforced
+
+
+def test_a_lookahead_pattern_every_way_to_which_asserts_it_is_still_rewritten():
+    """`_asserted` follows every `$ref`, `#` included (QA review8 F2): a recursive schema's `$ref` back to a node
+    it is in adds no negation, and its patterns are still folded; one from under a `not` leaves them as written."""
+    tree = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(?!x)\\w+$"},
+                                             "kids": {"type": "array", "items": {"$ref": "#"}}}}
+    assert "(?!" not in rewrite_schema(tree)["properties"]["name"]["pattern"]
+    negated = {**tree, "properties": {**tree["properties"], "other": {"not": {"$ref": "#"}}}}
+    assert rewrite_schema(negated)["properties"]["name"]["pattern"] == "^(?!x)\\w+$"
 
 
 def test_a_long_count_in_a_pattern_properties_regex_no_longer_makes_llguidance_give_up(tokenizers, vocabs):
