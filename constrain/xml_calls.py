@@ -43,7 +43,8 @@ from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
-from constrain.support import STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, resolve_ref, walk_with_refs
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, resolve_ref,
+                               walk_with_refs)
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -85,8 +86,7 @@ SHAPES = {
 # about it. `additionalProperties` takes nothing away: only declared parameters are written.
 _OBJECT_KEYWORDS = {"type", "properties", "required", "additionalProperties", "$defs", "definitions", "title",
                     "description", "$schema", "$id", "$comment", "examples", "default", "strict"}
-_ANNOTATIONS = {"title", "description", "examples", "default", "$comment", "deprecated", "readOnly", "writeOnly"}
-_RAW_KEYWORDS = _ANNOTATIONS | {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}
+_RAW_KEYWORDS = {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}  # (the assertions raw text keeps)
 _ANY_TEXT = r"[\s\S]"
 
 
@@ -156,9 +156,11 @@ def _lark_regex(regex: str) -> str:
 def value_form(schema: Any, root: dict) -> ValueForm:
     """The form of a parameter's value under `schema` (a subschema of the parameters object `root`)."""
     seen = 0
-    while isinstance(schema, dict) and set(schema) - _ANNOTATIONS == {"$ref"} and seen < 16:
+    # (keywords JSON Schema does not define assert nothing: OpenAPI's `nullable` or `example` beside a string put
+    # it in quotes, where the model's template writes it raw: QA toolfmt2 F6)
+    while isinstance(schema, dict) and set(schema) & ASSERTIONS == {"$ref"} and seen < 16:
         schema, seen = resolve_ref(root, schema["$ref"]), seen + 1
-    if not isinstance(schema, dict) or set(schema) - _RAW_KEYWORDS:
+    if not isinstance(schema, dict) or (set(schema) & ASSERTIONS) - _RAW_KEYWORDS:
         return JSON_FORM
     types = _types(schema)
     values = schema["enum"] if "enum" in schema else [schema["const"]] if "const" in schema else None

@@ -218,6 +218,12 @@ def test_value_forms():
     assert value_form({"enum": ["a", "b"]}, root).raw
     assert value_form({"type": ["string", "null"]}, root).nullable
     assert not value_form({"type": ["string", "null"], "enum": ["a", "b"]}, root).nullable  # (null not in enum)
+    # keywords JSON Schema does not define assert nothing: such a string is raw as the template writes it (QA
+    # toolfmt2 F6: OpenAPI's `nullable` and `example` put it in quotes)
+    for schema in ({"type": "string", "nullable": True}, {"type": "string", "example": "x", "x-order": 1},
+                   {"$ref": "#/$defs/s", "examples": ["a"], "x-kind": "id"}, {"type": "string", "format": "password"}):
+        assert value_form(schema, root).raw, schema
+        assert not value_form(schema, root).nullable
     for schema in ({"type": "integer"}, {"type": ["string", "integer"]}, {"enum": ["a", 1]}, {},
                    {"type": "string", "format": "regex"}, {"type": "string", "pattern": "(a)\\1"},
                    {"anyOf": [{"type": "string"}]}, True):
