@@ -1630,9 +1630,9 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     value gets the support check of `checked_grammar_text` (strict refusals with the keyword's pointer in the call
     schema, else unenforced pointers), and so do the keywords only the JSON checks enforce (keys without
     escapes)."""
-    from constrain.plain_keys import keys_need_plain_spelling
+    from constrain.plain_keys import open_object_at
     from constrain.tools import HERMES_CLOSE, HERMES_OPEN, function_schema
-    from constrain.xml_calls import SHAPES, check_functions, parameter_document, value_form
+    from constrain.xml_calls import SHAPES, check_functions, document_pointer, parameter_document, value_form
 
     shape = SHAPES[spec.tool_format]
     tokens = {tag: _tag_token(lltok, tag) for tag in shape.tags}
@@ -1701,13 +1701,15 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 _, bad = checked_grammar_text(lltok, "json", schema=value, strict_under=spec.strict_under,
                                               whitespace_pattern=whitespace_pattern, param="tools",
                                               base_pointer=pointer)
-                if keys_need_plain_spelling(value):
+                inner = open_object_at(value)
+                if inner is not None:  # (named where it is, not at the parameter: QA toolfmt2 F3)
+                    place = document_pointer(i, params, pointer, inner)
                     if any(pointer.startswith(s + "/") for s in spec.strict_under):
-                        raise ConstraintError(f"strict schema uses an object at {pointer} whose keys the "
+                        raise ConstraintError(f"strict schema uses an object at {place} whose keys the "
                                               f"{spec.tool_format} tool-call format cannot keep from being written "
-                                              "with escapes (declare additionalProperties: false)", param="tools",
-                                              pointer=pointer, code="unsupported_schema")
-                    bad += (pointer,)
+                                              "with escapes (declare additionalProperties: false there)",
+                                              param="tools", pointer=place, code="unsupported_schema")
+                    bad += (place,)
                 unenforced += bad
                 options = _json_options(whitespace_pattern, lenient=bool(bad))
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"

@@ -37,16 +37,34 @@ def keys_need_plain_spelling(schema: Any) -> bool:
     """Some object of `schema` names keys and takes others too (its `additionalProperties` is not false), so a
     key spelled with an escape could pass as another key. Looks at every object in the schema, annotations and
     enum values included: at worst a schema pays for a check it does not need."""
-    stack = [schema]
+    return open_object_at(schema) is not None
+
+
+_MERGED = ("allOf", "anyOf", "oneOf")  # (llguidance merges their members into the object around them)
+
+
+def open_object_at(schema: Any) -> str | None:
+    """The JSON Pointer of the first object `keys_need_plain_spelling` finds, or None. A member of `allOf`, `anyOf`
+    or `oneOf` of a closed object is not one: llguidance merges it into that object, which takes no other keys
+    (escaped spellings refused). The rewrite writes `dependentRequired`, `minProperties` and `not: {required}`
+    as such members (`{"properties": {"a": false}}`), and a closed object holding them was refused in the XML
+    tool-call formats with advice to declare the `additionalProperties: false` it declared (QA toolfmt2 F3)."""
+    stack: list[tuple[Any, str, bool]] = [(schema, "", False)]
     while stack:
-        node = stack.pop()
+        node, at, closed = stack.pop()
         if isinstance(node, dict):
-            if node.get("additionalProperties") is not False and any(k in node for k in _NAMING):
-                return True
-            stack.extend(node.values())
+            if not closed and node.get("additionalProperties") is not False and any(k in node for k in _NAMING):
+                return at
+            shut = closed or node.get("additionalProperties") is False
+            for k, v in node.items():
+                part = f"{at}/{k.replace('~', '~0').replace('/', '~1')}"
+                if k in _MERGED and shut and isinstance(v, list):
+                    stack.extend((m, f"{part}/{i}", True) for i, m in enumerate(v))
+                else:
+                    stack.append((v, part, False))
         elif isinstance(node, list):
-            stack.extend(node)
-    return False
+            stack.extend((v, f"{at}/{i}", False) for i, v in enumerate(node))
+    return None
 
 
 class _KeyFollower(JsonFollower):

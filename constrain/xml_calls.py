@@ -230,6 +230,17 @@ def parameter_document(params: dict, key: str) -> dict | None:
     return None if unresolved else document
 
 
+def document_pointer(i: int, params: dict, pointer: str, inner: str) -> str:
+    """`inner`, a pointer in the `parameter_document` of the parameter at `pointer` (in the call schema), as a pointer
+    in the call schema: below the parameters' own `$defs` (copied beside the parameter's schema) where it names one
+    of them, else below the parameter."""
+    parts = inner.split("/")
+    if len(parts) > 2 and parts[1] in ("$defs", "definitions") and isinstance(params.get(parts[1]), dict) \
+            and parts[2].replace("~1", "/").replace("~0", "~") in params[parts[1]]:
+        return f"/$defs/tool{i}{inner}"
+    return pointer + inner
+
+
 def unsupported_keywords(params: Any) -> list[str]:
     """Pointers (in `params`) of what this format cannot write: keywords about the parameters object beyond
     its properties, required names it does not declare, names the tags cannot hold."""
@@ -315,14 +326,55 @@ def function_forms(spec: ConstraintSpec) -> dict[str, dict[str, ValueForm]]:
     return {name: parameter_forms(function_schema(spec, i)) for i, name in enumerate(spec.tool_names)}
 
 
+# Root keywords that say something only together: rewritten one at a time, `then` and `else` said nothing.
+_TOGETHER = (("if", "then", "else"), ("contains", "minContains", "maxContains"))
+
+
+def _root_keywords(client: Any, found: list[str]) -> list[str]:
+    """`found` (the unsupported pointers of a function's rewritten parameters), its root keywords beyond those this format
+    writes named as the keywords the client wrote: the rewrite folds many of them (`minProperties`,
+    `dependentRequired`, `if`/`then`, `not`) into one `allOf`, which named only the parameters object (QA toolfmt2
+    F4). A client keyword is named where its rewrite beside the object keywords cannot be written on its own; one
+    the rewrite drops as implied (`minProperties: 1` beside `required`) is enforced, and not named. Where none is
+    (the keywords cannot be written only together), `found` stays as it was."""
+    from constrain.spec import normalise_schema
+    from constrain.tools import _arguments_object_schema
+
+    def at_root(pointer: str) -> bool:
+        return pointer.count("/") == 1 and pointer[1:] not in ("properties", "required")
+
+    if not isinstance(client, dict) or not any(at_root(p) for p in found):
+        return found
+    base = {k: v for k, v in client.items() if k in _OBJECT_KEYWORDS}
+    others = [k for k in client if k not in _OBJECT_KEYWORDS]
+    groups = [[k for k in group if k in others] for group in _TOGETHER]
+    groups = [g for g in groups if g] + [[k] for k in others if not any(k in group for group in _TOGETHER)]
+
+    def unwritable(keys: list[str]) -> bool:
+        try:
+            rewritten = _arguments_object_schema(normalise_schema({**base, **{k: client[k] for k in keys}}))
+        except ConstraintError:
+            return True
+        return any(at_root(p) for p in unsupported_keywords(rewritten))
+
+    named = [f"/{escape_pointer_part(k)}" for group in groups if unwritable(group) for k in group]
+    if not named:
+        return found
+    return named + [p for p in found if not at_root(p)]
+
+
 def check_functions(spec: ConstraintSpec) -> list[str]:
     """The unsupported pointers of the spec's functions (in the call schema), or a ConstraintError for the first
     one inside a strict function."""
     from constrain.tools import function_schema
 
     out = []
+    sources = spec.extra.get("tool_sources", ())
     for i in range(len(spec.tool_names)):
-        for pointer in unsupported_keywords(function_schema(spec, i)):
+        found = unsupported_keywords(function_schema(spec, i))
+        if i < len(sources):
+            found = _root_keywords(sources[i][1], found)
+        for pointer in found:
             full = f"/$defs/tool{i}{pointer}"
             if i in spec.strict_tools:
                 raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {full} in the "

@@ -15,7 +15,7 @@ import torch
 from constrain import ConstraintSpec, GrammarCompiler
 from constrain.checked import wrapped
 from constrain.maskbench import walk_instance
-from constrain.plain_keys import PlainKeysGrammar, keys_need_plain_spelling, writes_key_escape
+from constrain.plain_keys import PlainKeysGrammar, keys_need_plain_spelling, open_object_at, writes_key_escape
 from constrain.walkbench import ESCAPED_KEY
 from tests.constrain.conftest import allowed_ids, decode
 
@@ -162,3 +162,19 @@ def test_walks_that_try_to_escape_every_key_end_in_valid_documents_with_plain_ke
             assert jsonschema.Draft202012Validator(schema).is_valid(doc), doc
             assert not ESCAPED_KEY.search(text.decode()), text
     assert ended >= 10
+
+
+@pytest.mark.parametrize("schema, at", [
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": False,
+      "allOf": [{"anyOf": [{"properties": {"a": False}}, {"required": ["a"]}]}]}, None),  # merged: closed
+    ({"type": "object", "properties": {"a": {}}, "anyOf": [{"properties": {"a": False}}]}, ""),
+    ({"type": "object", "properties": {"o": {"type": "object", "properties": {"a": {}}, "additionalProperties": False,
+                                             "oneOf": [{"properties": {"a": False}}]}}, "required": ["o"],
+      "additionalProperties": False}, None),
+    ({"type": "object", "properties": {"o": OPEN}, "additionalProperties": False}, "/properties/o"),
+    ({"type": "object", "additionalProperties": False, "allOf": [{"properties": {"o": OPEN}}]},
+     "/allOf/0/properties/o"),  # (a member's values are objects of their own)
+])
+def test_members_of_a_closed_object_are_closed_and_an_open_object_is_named_where_it_is(schema, at):
+    """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3)."""
+    assert open_object_at(schema) == at

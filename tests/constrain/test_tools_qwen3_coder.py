@@ -406,3 +406,55 @@ def test_a_repeated_spec_is_served_from_the_cache(coder):
     first = compiler.compile(spec)
     hits = compiler.stats.cache_hits
     assert compiler.compile(spec) is first and compiler.stats.cache_hits == hits + 1
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"dependentRequired": {"a": ["b"]}, "minProperties": 1}, ["dependentRequired", "minProperties"]),
+    ({"maxProperties": 1}, ["maxProperties"]),
+    ({"dependentSchemas": {"a": {"required": ["b"]}}}, ["dependentSchemas"]),
+    ({"if": {"required": ["a"]}, "then": {"required": ["b"]}}, ["if", "then"]),
+    ({"not": {"required": ["a"]}}, ["not"]),
+    ({"allOf": [{"required": ["a"]}]}, ["allOf"]),
+    ({"minProperties": 1, "required": ["a"]}, []),  # (implied by `required`: enforced, not named)
+])
+def test_root_keywords_the_rewrite_folds_into_allof_are_named_as_the_client_wrote_them(extra, named, coder):
+    """The rewrite folds such root keywords into one `allOf`, which named only `/0/function/parameters`, in the
+    strict 400 and in the unenforced list (QA toolfmt2 F4): each is named as the keyword itself; one the rewrite
+    drops as implied is enforced, and named nowhere."""
+    _, _, compiler = coder
+    params = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+              "additionalProperties": False, **extra}
+    pointers = tuple(f"/0/function/parameters/{k}" for k in named)
+    for strict in (True, False):
+        spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": strict,
+                                                                          "parameters": params}}])
+        if strict and named:
+            with pytest.raises(ConstraintError) as exc:
+                compiler.compile(spec)
+            assert exc.value.pointer == pointers[0] and exc.value.code == "unsupported_schema"
+            assert "equivalent form" not in exc.value.message
+        else:
+            assert sorted(unenforced_in_client_terms(spec, compiler.compile(spec))) == sorted(pointers)
+
+
+@pytest.mark.parametrize("keyword", [{"dependentRequired": {"a": ["b"]}}, {"minProperties": 1},
+                                     {"not": {"required": ["a"]}}])
+def test_a_closed_nested_object_whose_keywords_the_rewrite_writes_as_members_is_served(keyword, coder):
+    """The rewrite writes these as `allOf`/`anyOf` members such as `{"properties": {"a": false}}`, which took the
+    object for one open to other keys: a 400 advising the `additionalProperties: false` it declared (QA toolfmt2
+    F3). llguidance merges the members into the closed object: served, nothing unenforced. Open, the advice names
+    the object."""
+    _, _, compiler = coder
+    inner = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}}, **keyword}
+    for closed in (True, False):
+        o = {**inner, "additionalProperties": False} if closed else inner
+        params = {"type": "object", "properties": {"o": o}, "required": ["o"], "additionalProperties": False}
+        spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                                          "parameters": params}}])
+        if closed:
+            assert unenforced_in_client_terms(spec, compiler.compile(spec)) == ()
+        else:
+            with pytest.raises(ConstraintError) as exc:
+                compiler.compile(spec)
+            assert exc.value.pointer == "/0/function/parameters/properties/o"
+            assert "additionalProperties: false there" in exc.value.message

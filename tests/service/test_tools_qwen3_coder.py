@@ -137,9 +137,9 @@ def test_a_strict_function_the_format_cannot_write_is_refused_with_its_pointer(c
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
                                        max_tokens=20)
-    error = exc.value.body  # (minProperties is rewritten into required sets: the pointer names where it was)
+    error = exc.value.body  # (minProperties is rewritten into required sets: named as written, QA toolfmt2 F4)
     assert error["param"] == "tools" and error["code"] == "unsupported_schema"
-    assert "at /1/function/parameters in the qwen3_coder tool-call format" in error["message"]
+    assert "at /1/function/parameters/minProperties in the qwen3_coder tool-call format" in error["message"]
 
 
 @pytest.mark.parametrize("max_tokens", [1, 16])
