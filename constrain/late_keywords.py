@@ -309,7 +309,7 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
             return None
         patterns |= more
     work = Work.for_search()
-    searches = {p: pattern_search(p, work) for p in sorted(patterns)}
+    searches = _Searches({p: pattern_search(p, work) for p in sorted(patterns)}, _patterns(schema, schema) is not None)
     if any(f is None for f in searches.values()):
         return None
     governed = {id(n): originals[id(n)] for n in placed.values()}
@@ -948,6 +948,26 @@ def _patterns(root: dict, node: dict) -> set[str] | None:
                 if isinstance(target, dict):
                     stack.append(target)
     return patterns
+
+
+class _Searches(dict):
+    """Pattern -> its search (`pattern_search`). A value below a choice is checked against every subschema in
+    place, not only the governed ones whose patterns the plan collects (the root's `patternProperties` beside the
+    `allOf` member that a count's rewrite made): a pattern missing here was a KeyError, read as invalid, and every
+    object was refused (QA fuzz4 F2). Such a search is made when first met, where `more` (no schema object holds
+    `unevaluatedProperties` beside `patternProperties`: jsonschema would match those names with the client's
+    regex); out of the automata's reach, or without `more`, the value still counts as invalid."""
+
+    def __init__(self, searches: dict[str, Callable[[str], bool]], more: bool):
+        super().__init__(searches)
+        self.more = more
+
+    def __missing__(self, pattern: str) -> Callable[[str], bool]:
+        search = pattern_search(pattern) if self.more else None
+        if search is None:
+            raise KeyError(pattern)  # (`LatePlan.holds`: what cannot be decided is invalid)
+        self[pattern] = search
+        return search
 
 
 def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
