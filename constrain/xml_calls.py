@@ -246,7 +246,8 @@ def unsupported_keywords(params: Any) -> list[str]:
     its properties, required names it does not declare, names the tags cannot hold."""
     if not isinstance(params, dict):
         return [""]
-    out = [f"/{escape_pointer_part(k)}" for k in params if k not in _OBJECT_KEYWORDS]
+    # (a keyword JSON Schema does not define asserts nothing: OpenAPI's `discriminator`, `x-...`)
+    out = [f"/{escape_pointer_part(k)}" for k in params if k not in _OBJECT_KEYWORDS and k in ASSERTIONS]
     props = params.get("properties", {})
     if not isinstance(props, dict):
         return out + ["/properties"]
@@ -346,7 +347,7 @@ def _root_keywords(client: Any, found: list[str]) -> list[str]:
     if not isinstance(client, dict) or not any(at_root(p) for p in found):
         return found
     base = {k: v for k, v in client.items() if k in _OBJECT_KEYWORDS}
-    others = [k for k in client if k not in _OBJECT_KEYWORDS]
+    others = [k for k in client if k not in _OBJECT_KEYWORDS and k in ASSERTIONS]
     groups = [[k for k in group if k in others] for group in _TOGETHER]
     groups = [g for g in groups if g] + [[k] for k in others if not any(k in group for group in _TOGETHER)]
 

@@ -338,6 +338,11 @@ def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_ot
     loose = {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"^x": {}}}
     spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": loose}}])
     assert unenforced_in_client_terms(spec, compiler.compile(spec)) == ("/0/function/parameters/patternProperties",)
+    # keywords JSON Schema does not define assert nothing: OpenAPI's beside the parameters are no refusal
+    openapi = {**params, "discriminator": {"propertyName": "ids"}, "x-order": 1, "nullable": False}
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        **openapi, "properties": {"ids": {"type": "array", "items": {"type": "integer"}}}}}}]
+    assert compiler.compile(_spec("required", tools=tools)).unenforced == ()
     # A oneOf whose branches overlap, in a JSON value: llguidance enforces it as anyOf only (before, a 400 that
     # passed on llguidance's words about an option of its own, even where the function was not strict).
     overlapping = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
