@@ -4,17 +4,18 @@
 optional properties, minProperties where keys may repeat, and `oneOf` whose branches the backend cannot prove
 disjoint.
 
-The exact rewrites (constrain/rewrite.py) turn most of these into keywords a grammar expresses; what is left used
-to be refused. Here the backend compiles a weaker schema (the keywords dropped, `oneOf` as `anyOf`), and a matcher
+The exact rewrites (constrain/rewrite.py) turn most of these into keywords a grammar expresses; what is left used to
+be refused. Here the backend compiles a weaker schema (the keywords dropped, `oneOf` as `anyOf`), and a matcher
 wrapper refuses every token that would finish a *governed* value that is invalid against the client's subschema
-there (jsonschema, the client's schema as the root). A governed value sits at a place the output's position names
-exactly: reached from the root through `properties`, `items`, `additionalProperties` without `patternProperties`,
-`allOf` and `$ref` only. A late keyword at such a place governs its own value; one below a choice (an anyOf or
-oneOf branch, `patternProperties`, a tuple item) makes the nearest exactly placed value around it governed, so the
-check comes later but is just as exact. The root is always exactly placed, so every such schema is covered.
-What no continuation repairs (`uniqueItems`, `propertyNames`) is also checked on a checked container so far as
-each member is finished, and a name as its closing quote is written; property counts at each key and comma
-(`maxProperties`, and `minProperties` where the keys come in the declared order: a key too late to reach it).
+there (jsonschema, the client's schema as the root, numbers as the decimals they spell). A governed value sits at a
+place the output's position names exactly: reached from the root through `properties`, `items`,
+`additionalProperties` without `patternProperties`, `allOf` and `$ref` only. A late keyword at such a place governs
+its own value; one below a choice (an anyOf or oneOf branch, `patternProperties`, a tuple item) makes the nearest
+exactly placed value around it governed, so the check comes later but is just as exact. The root is always exactly
+placed, so every such schema is covered. What no continuation repairs (`uniqueItems`, `propertyNames`) is also
+checked on a checked container so far as each member is finished, and a name as its closing quote is written;
+property counts at each key and comma (`maxProperties`, and `minProperties` where the keys come in the declared
+order: a key too late to reach it).
 
 `pattern` and `patternProperties` are decided on the patterns' automata (constrain/regex_sets.py), never by
 running the client's regex. Formats are checked where the draft's FormatChecker can (email, ipv4, ipv6, uuid;
@@ -28,6 +29,7 @@ end invalid. Never imports HTTP or model code.
 from __future__ import annotations
 
 import copy
+import decimal
 import itertools
 import json
 import math
@@ -90,7 +92,7 @@ class LatePlan:
         decide (never weaker than asked). Patterns are decided on automata: jsonschema would run the client's
         regex; formats as jsonschema's FormatChecker can."""
         try:
-            return self.validator.evolve(schema=node).is_valid(value)
+            return self.validator.evolve(schema=node).is_valid(_exact(value))
         except Exception:  # noqa: BLE001 - what jsonschema cannot decide counts as invalid
             return False
 
@@ -782,17 +784,16 @@ class EvaluatedNames:
         memo_key = ("names", id(self), members)
         if memo_key not in plan._memo:
             try:
-                value = json.loads(members)
-            except ValueError:
-                value = None
-            if not isinstance(value, dict):
-                value = {}
+                readings = _readings(members)
+            except (ValueError, _NotFinite):
+                readings = [None]
+            value = readings[0] if isinstance(readings[0], dict) else {}
             order = list(self.conditions)
             last = max((order.index(k) for k in value if k in self.conditions), default=-1) if self.ordered else -1
             plan._memo[memo_key] = {
                 json.dumps(name, ensure_ascii=False)[1:-1].encode(): name
                 for name, cond in list(self.conditions.items())[last + 1:]
-                if name not in value and (cond is True or plan.holds(cond, value))}
+                if name not in value and (cond is True or all(plan.holds(cond, v) for v in readings))}
             if len(plan._memo) > 4096:
                 plan._memo.clear()
         return plan._memo[memo_key]
@@ -999,9 +1000,117 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
             yield jsonschema.ValidationError(f"additional properties are not allowed ({extras!r})")
 
     cls = validator_class(source)
+    exact = {key: _with_exact_value(cls.VALIDATORS[key]) for key in _EXACT_KEYWORDS if key in cls.VALIDATORS}
+    exact.update({key: _multiple_of for key in ("multipleOf", "divisibleBy") if key in cls.VALIDATORS})
+    types = cls.TYPE_CHECKER
+    if types.is_type(1.0, "integer"):  # (drafts 6 on: a number with a zero fraction is an integer, `1.0` and `1e2`)
+        types = types.redefine("integer", lambda checker, instance, base=types: (
+            base.is_type(instance, "integer") or (isinstance(instance, decimal.Decimal) and _integral(instance))))
     return jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
-                                              "additionalProperties": additional_properties})(
-        source, format_checker=_format_checker(cls))
+                                              "additionalProperties": additional_properties, **exact},
+                                        type_checker=types)(source, format_checker=_format_checker(cls))
+
+
+# ---- numbers as written -----------------------------------------------------------------------------------------
+# JSON Schema judges a number as the decimal it spells: under `not: {multipleOf: 0.1}` jsonschema read `0.3` as a
+# float (0.3 / 0.1 = 2.9999999999999996) and let it through, and refused it under a `oneOf` branch it satisfies
+# (QA fuzz4 F1). The checks read each number exactly (an int, or the Decimal it writes) and a schema's float as
+# the decimal its repr spells (as llg_backend reads bounds); nothing is ever expanded by its exponent (`1e-999999999`
+# is compared and divided as digits and an exponent).
+
+_EXACT_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const")
+
+
+def _exact(value: Any) -> Any:
+    """`value` with each float as the Decimal its repr spells (what the schema wrote: `0.1`, not the double's
+    0.1000000000000000055...), in lists and dicts too; anything else as it is (the same object where nothing
+    changes)."""
+    if isinstance(value, float):
+        return decimal.Decimal(repr(value))
+    if isinstance(value, list):
+        items = [_exact(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
+    if isinstance(value, dict):
+        members = {k: _exact(v) for k, v in value.items()}
+        return value if all(members[k] is v for k, v in value.items()) else members
+    return value
+
+
+def _with_exact_value(keyword: Callable) -> Callable:
+    """jsonschema's `keyword` given the schema's value with its floats as written: a Decimal compares with a float
+    as the double it is (`0.1` was below `minimum: 0.1`, 0.1000000000000000055...) and never equals it (`enum`,
+    `const`: `0.1` was not `const: 0.1`)."""
+    def check(validator, value, instance, schema):
+        return keyword(validator, _exact(value), instance, schema)
+    return check
+
+
+def _digits(value: int | decimal.Decimal) -> tuple[int, int]:
+    """(c, e), `value` == c * 10**e, both ints: read off the Decimal, never computed with its exponent."""
+    if isinstance(value, int):
+        return value, 0
+    sign, digits, exp = value.as_tuple()
+    if not isinstance(exp, int):
+        raise ValueError(f"{value!r} is not finite")
+    coefficient = int(decimal.Decimal((sign, digits, 0)))  # (no 4,300-digit limit, unlike int(str))
+    return coefficient, exp
+
+
+def _integral(value: decimal.Decimal) -> bool:
+    """`value` has no fraction: the digits its exponent puts after the point are all 0 (`2.50e1`, not `2.5`)."""
+    _, digits, exp = value.as_tuple()
+    return isinstance(exp, int) and (exp >= 0 or not any(digits[exp:]))
+
+
+def _is_multiple(value: int | decimal.Decimal, divisor: Any) -> bool:
+    """`value` / `divisor` is an integer in exact decimal arithmetic, in work bounded by their digits (an exponent
+    is only ever used modulo the divisor, or compared): `3E000225` is 6 * 10**224 * 5, `1e-999999999` no multiple of
+    0.1. A divisor that is no positive number counts as holding no multiple."""
+    c, e = _digits(value)
+    dc, de = _digits(_exact(divisor))
+    if dc <= 0:
+        return False
+    if c == 0:
+        return True
+    shift = e - de  # value / divisor = (c / dc) * 10**shift
+    if shift >= 0:
+        return c * pow(10, shift, dc) % dc == 0
+    if -shift > abs(c).bit_length() * 0.302 + 1:  # (more than c has digits: 0 < |c| < 10**-shift <= its divisor)
+        return False
+    return c % (dc * 10 ** -shift) == 0
+
+
+def _multiple_of(validator, divisor, instance, schema):
+    """`multipleOf` (draft 3's `divisibleBy`) in exact decimal: jsonschema divides floats."""
+    if validator.is_type(instance, "number") and not _is_multiple(instance, divisor):
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
+
+
+def _readings(text: bytes | str) -> list[Any]:
+    """The JSON value `text` spells, its numbers read exactly (an int, or the Decimal a fraction or exponent
+    writes); where some number's nearest double is another decimal (17 significant digits or more, `1e-400`,
+    which clients read as 0.0), also as clients read it (each such number as its double's repr spells it): a check
+    holds only where it holds for both. _NotFinite: a number past the largest double (clients read ±Infinity), or
+    whose exponent no Decimal holds (past 10**18); ValueError: not JSON."""
+    moved = False
+
+    def number(literal: str) -> decimal.Decimal:
+        nonlocal moved
+        double = float(literal)
+        if math.isinf(double):
+            raise _NotFinite(literal)
+        try:
+            exact = decimal.Decimal(literal)
+        except decimal.InvalidOperation:
+            raise _NotFinite(literal) from None
+        moved |= exact != decimal.Decimal(repr(double))
+        return exact
+
+    value = json.loads(text, parse_float=number, parse_int=_finite_int)
+    if not moved:
+        return [value]
+    return [value, json.loads(text, parse_float=lambda literal: decimal.Decimal(repr(float(literal))),
+                              parse_int=_finite_int)]
 
 
 def _format_checker(cls) -> jsonschema.FormatChecker:
@@ -1245,14 +1354,8 @@ def _past_doubles(number: bytearray) -> bool:
 
 
 class _NotFinite(Exception):
-    """A JSON number past the largest double: Python's float, and JavaScript, read it as ±Infinity."""
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise _NotFinite(text)
-    return value
+    """A JSON number past the largest double: Python's float, and JavaScript, read it as ±Infinity (or one whose
+    exponent is past what a Decimal holds, 10**18: no check can read it exactly)."""
 
 
 def _finite_int(text: str) -> int:
@@ -1416,17 +1519,17 @@ class LateMatcher(CheckedMatcher):
 
     def _holds(self, check: Check, text: bytes) -> bool:
         try:
-            value = json.loads(text, parse_float=_finite_float, parse_int=_finite_int)
+            readings = _readings(text)  # (exact: `0.3` is a multiple of 0.1, QA fuzz4 F1)
         except _NotFinite:
             return False  # (read as ±Infinity: `1e500` passed `not: {type: integer}`, QA testsuite F1)
         except ValueError:
             return True  # (not JSON: the backend's grammar refuses it anyway)
-        return any(all(self._valid(node, text, value) for node in alt) for alt in check)
+        return any(all(self._valid(node, text, readings) for node in alt) for alt in check)
 
-    def _valid(self, node: dict, text: bytes, value: Any) -> bool:
+    def _valid(self, node: dict, text: bytes, readings: list[Any]) -> bool:
         key = (id(node), text)
         if key not in self._verdicts:
-            self._verdicts[key] = self.tracker.plan.holds(node, value)
+            self._verdicts[key] = all(self.tracker.plan.holds(node, value) for value in readings)
         return self._verdicts[key]
 
     def _feed(self, data: bytes) -> None:

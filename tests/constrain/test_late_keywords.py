@@ -1145,3 +1145,109 @@ def test_max_contains_is_counted_only_in_the_drafts_that_have_it(gpt2_compiler, 
     assert accepts_document(draft7, tok, vocab, ["a", 1]) and accepts_document(draft7, tok, vocab, [1, 2])
     current = _compile(gpt2_compiler, {"$schema": D2020, **schema})
     assert accepts_document(current, tok, vocab, ["a", 1]) and not accepts_document(current, tok, vocab, [1, 2])
+
+
+# Numbers as the decimals they spell (QA fuzz4 F1): jsonschema's floats took `0.3` under `not: {multipleOf: 0.1}`
+# (0.3 / 0.1 = 2.9999999999999996), and `100.3`, not `0.3`, under the `oneOf`. The bounds, `enum` and `type` cases
+# guard the schema's floats, read as written beside the exact numbers (`0.1` is not below `minimum: 0.1`).
+DECIMAL_CASES = [
+    (_object({"type": "number", "not": {"multipleOf": 0.1}}), ['{"v": 0.35}', '{"v": 1.25}'],
+     ['{"v": 0.3}', '{"v": 0.7}', '{"v": 3e-1}']),
+    (_object({"oneOf": [{"type": "number", "multipleOf": 0.1}, {"type": "number", "minimum": 100}]}),
+     ['{"v": 0.3}', '{"v": 0.5}', '{"v": 100.25}'], ['{"v": 100.3}', '{"v": 100}']),
+    (_object({"type": "number", "not": {"multipleOf": 0.1, "minimum": 0.1}}), ['{"v": 0.05}', '{"v": 0.15}'],
+     ['{"v": 0.1}', '{"v": 0.100}', '{"v": 0.3}']),
+    (_object({"oneOf": [{"enum": [0.1, 2.5, "a"]}, {"type": "number", "multipleOf": 0.1}]}),
+     ['{"v": 0.2}', '{"v": "a"}'], ['{"v": 0.10}', '{"v": 2.5}', '{"v": 2.55}']),
+    (_object({"type": "number", "not": {"multipleOf": 0.5, "type": "integer"}}), ['{"v": 1.5}'],
+     ['{"v": 1.0}', '{"v": 1e2}', '{"v": 2}']),
+]
+
+
+@pytest.mark.parametrize("schema, good, bad", DECIMAL_CASES)
+def test_a_late_check_judges_numbers_as_the_decimals_they_spell(schema, good, bad, gpt2_compiler, tokenizers,
+                                                                 vocabs):
+    from constrain.walkbench import validator_for
+
+    grammar, oracle = _compile(gpt2_compiler, schema), validator_for(schema)  # (the oracle's multipleOf is decimal)
+    assert isinstance(grammar, LateGrammar) and grammar.unenforced == ()
+    for text in good:
+        assert oracle.is_valid(json.loads(text)) and _accepts(grammar, tokenizers["gpt2"], vocabs["gpt2"], text), text
+    for text in bad:
+        assert not oracle.is_valid(json.loads(text))
+        assert not _accepts(grammar, tokenizers["gpt2"], vocabs["gpt2"], text), text
+
+
+def test_an_integer_a_big_exponent_writes_counts_in_both_branches_it_meets(gpt2_compiler, vocabs):
+    """`3E000225` is 6 * 10**224 * 5, valid under `integer, multipleOf: 5` and `number` both; as a float,
+    3e225 % 5 != 0, and a walk (digit by digit: the token `225` is masked) ended there (QA fuzz4 F1c)."""
+    from constrain.grammar import ConstraintError
+
+    schema = {"type": "object", "additionalProperties": False, "properties": {"a": {"oneOf": [
+        {"enum": [2.5, 7, True]}, {"type": "integer", "multipleOf": 5}, {"type": "number"}]}}}
+    grammar, vocab = _compile(gpt2_compiler, schema), vocabs["gpt2"]
+    ids = vocab.ids_by_bytes()
+
+    def ends(text: bytes) -> bool:
+        m = grammar.matcher()
+        bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+        try:
+            for c in text:
+                m.fill_bitmask(bitmask, 0)
+                if ids[bytes([c])] not in set(allowed_ids(bitmask).tolist()) or not m.accept(ids[bytes([c])]):
+                    return False
+        except ConstraintError:  # (a dead end: no digit after `3E2` leaves an integer short of the doubles)
+            return False
+        return m.can_end()
+
+    assert ends(b'{"a":3E0}') and ends(b'{"a":7.5}')  # (3 and 7.5: a number, in no other branch)
+    assert not ends(b'{"a":3E000225}') and not ends(b'{"a":3E225}') and not ends(b'{"a":7}')
+
+
+@pytest.mark.parametrize("node, text, holds", [
+    ({"multipleOf": 5}, "3E000225", True),
+    ({"multipleOf": 7}, "3E225", False),
+    ({"multipleOf": 0.1}, "0.3", True),
+    ({"multipleOf": 0.1}, "100.3", True),
+    ({"multipleOf": 0.01}, "550.44", True),
+    ({"multipleOf": 0.1}, "0.35", False),
+    ({"multipleOf": 0.1}, "1e-999999999", False),  # (no multiple as written)
+    ({"not": {"multipleOf": 0.1}}, "1e-999999999", False),  # (clients read 0.0, a multiple)
+    ({"not": {"multipleOf": 0.1}}, "0.30000000000000001", False),  # (clients read 0.3)
+    ({"not": {"const": 0}}, "1e-400", False),
+    ({"minimum": 0.1}, "0.1", True),
+    ({"exclusiveMaximum": 1}, "0.99999999999999999", False),  # (below 1 as written; clients read 1.0)
+    ({"const": 0.1}, "0.10", True),
+    ({"enum": [[1.5, True]]}, "[1.50, true]", True),
+    ({"enum": [True]}, "1", False),
+    ({"uniqueItems": True}, "[1, 1.0]", False),
+    ({"uniqueItems": True}, "[0.1, 0.10000000000000001]", False),
+    ({"not": {"uniqueItems": True}}, "[0.1, 0.10000000000000001]", False),
+    ({"type": "integer"}, "2.50e1", True),
+    ({"type": "integer"}, "2.5", False),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}, "1.0", False),
+])
+def test_numbers_are_read_exactly_and_in_bounded_work(node, text, holds):
+    """What the late checks decide (both readings of `_readings`, each put to `LatePlan.holds`), without ever
+    expanding an exponent: `1e-999999999` takes no longer than `1e-9`."""
+    import time
+
+    from constrain.late_keywords import _readings
+
+    plan = plan_late_keywords({"not": {"const": None}, "allOf": [node]}, one_of=True)
+    start = time.monotonic()
+    assert all(plan.holds(node, value) for value in _readings(text)) is holds
+    assert time.monotonic() - start < 0.5
+
+
+@pytest.mark.parametrize("text", ["1e999999999", "-1E+400", "1e-99999999999999999999", "1e99999999999999999999"])
+def test_a_number_past_the_doubles_or_past_a_decimals_exponent_is_read_as_no_number(text):
+    """(past 10**18 no Decimal holds the exponent: never read exactly, never judged valid)"""
+    import time
+
+    from constrain.late_keywords import _NotFinite, _readings
+
+    start = time.monotonic()
+    with pytest.raises(_NotFinite):
+        _readings(text)
+    assert time.monotonic() - start < 0.5
