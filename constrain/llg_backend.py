@@ -1620,6 +1620,21 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
                       divisors=integer_divisors(schema))
 
 
+def _in_call_schema(found, i: int, params: dict, pointer: str):
+    """A pointer (or a ConstraintError's) found checking the `parameter_document` of the parameter at `pointer`,
+    where the call schema has it: a keyword of the parameters' own `$defs`, copied beside the value, is named there
+    (it was named at the `$ref` to it: QA toolfmt2 F5)."""
+    from constrain.xml_calls import document_pointer
+
+    if isinstance(found, ConstraintError):
+        moved = _in_call_schema(found.pointer, i, params, pointer) if found.pointer else found.pointer
+        if moved == found.pointer:
+            return found
+        return ConstraintError(found.message.replace(found.pointer, moved), param=found.param, pointer=moved,
+                               code=found.code)
+    return document_pointer(i, params, pointer, found[len(pointer):]) if found.startswith(pointer + "/") else found
+
+
 def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str) -> "LlgGrammar":
     """Tool calls in the shape of `spec.tool_format` (constrain/xml_calls.py: qwen3_coder, glm45, glm47): each
     call in `<tool_call>` tags, its function's name, then its parameters in declared order (the required ones
@@ -1698,9 +1713,13 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                                               pointer=pointer, code="unsupported_schema")
                     unenforced += (pointer,)
                     continue
-                _, bad = checked_grammar_text(lltok, "json", schema=value, strict_under=spec.strict_under,
-                                              whitespace_pattern=whitespace_pattern, param="tools",
-                                              base_pointer=pointer)
+                try:
+                    _, bad = checked_grammar_text(lltok, "json", schema=value, strict_under=spec.strict_under,
+                                                  whitespace_pattern=whitespace_pattern, param="tools",
+                                                  base_pointer=pointer)
+                except ConstraintError as exc:
+                    raise _in_call_schema(exc, i, params, pointer) from None
+                bad = tuple(_in_call_schema(p, i, params, pointer) for p in bad)
                 inner = open_object_at(value)
                 if inner is not None:  # (named where it is, not at the parameter: QA toolfmt2 F3)
                     place = document_pointer(i, params, pointer, inner)

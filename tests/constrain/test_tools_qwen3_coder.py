@@ -338,6 +338,19 @@ def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_ot
     loose = {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"^x": {}}}
     spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": loose}}])
     assert unenforced_in_client_terms(spec, compiler.compile(spec)) == ("/0/function/parameters/patternProperties",)
+    # one in the parameters' `$defs` is named there, not at the `$ref` to it (QA toolfmt2 F5)
+    listed = {"type": "object", "properties": {"v": {"$ref": "#/$defs/L"}}, "required": ["v"],
+              "additionalProperties": False, "$defs": {"L": {"type": "array", "uniqueItems": True}}}
+    for strict in (True, False):
+        spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": strict,
+                                                                          "parameters": listed}}])
+        if strict:
+            with pytest.raises(ConstraintError) as exc:
+                compiler.compile(spec)
+            assert exc.value.pointer == "/0/function/parameters/$defs/L/uniqueItems", exc.value.message
+        else:
+            assert unenforced_in_client_terms(spec, compiler.compile(spec)) == (
+                "/0/function/parameters/$defs/L/uniqueItems",)
     # keywords JSON Schema does not define assert nothing: OpenAPI's beside the parameters are no refusal
     openapi = {**params, "discriminator": {"propertyName": "ids"}, "x-order": 1, "nullable": False}
     tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
