@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -75,6 +76,23 @@ class _RequestIds:
             await send(message)
 
         return await self.app(scope, receive, naming_send)
+
+
+class _OriginForm:
+    """A request whose target is a whole URL (`GET http://host/v1/models`: the absolute form, which RFC 9112 says a
+    server must take, and which clients behind some proxies send) is routed by its path: uvicorn's h11 parser
+    hands the whole URL over as the path, and every such request was a 404. The outermost middleware, so
+    everything after it sees the path."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path", "").startswith(("http://", "https://")):
+            raw = scope.get("raw_path") or scope["path"].encode()
+            scope = {**scope, "path": urlsplit(scope["path"]).path or "/",
+                     "raw_path": urlsplit(raw.decode("latin-1")).path.encode("latin-1") or b"/"}
+        return await self.app(scope, receive, send)
 
 
 def _build_engine_and_compiler(config: ServerConfig, loaded: LoadedModel, template: ChatTemplate):
@@ -167,6 +185,7 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     app.add_middleware(BearerAuth, api_key=config.api_key)
     app.add_middleware(_CountRequests, metrics=metrics)
     app.add_middleware(_RequestIds)
+    app.add_middleware(_OriginForm)
     return app
 
 

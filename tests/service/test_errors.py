@@ -337,6 +337,21 @@ def test_a_request_the_http_parser_refuses_is_400_in_the_openai_shape(server, he
     assert "malformed" in error["message"], error
 
 
+def test_a_request_line_with_the_whole_url_is_routed_by_its_path(server):
+    """The absolute form (`GET http://host/v1/models HTTP/1.1`), which RFC 9112 says a server must take and some
+    proxies send, was a 404: uvicorn's h11 parser gave the whole URL as the path."""
+    url = urlsplit(server.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(f"GET http://{url.hostname}:{url.port}/v1/models?x=1 HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 200"), answer
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["data"][0]["id"] == MODEL
+
+
 def test_body_over_the_limit_is_413(http):
     big = "x" * (9 * 1024 * 1024)
     _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": [
