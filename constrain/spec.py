@@ -944,7 +944,7 @@ def _with_answer(specs: list[tuple[str, ConstraintSpec]]) -> list[tuple[str, Con
                               "answer under `response_format` could not be told from: send `tools` or "
                               "`response_format`, or `tool_choice: \"required\"`", param="response_format")
     if answer.kind not in ("json_object", "json_schema") or answer.kind == "json_schema" \
-            and not _objects_only(answer.extra.get("source", answer.schema)):
+            and not _objects_only(_ref_siblings(answer.extra.get("source", answer.schema))):
         # (a regex answer spelled `[{"name": "f", ...}]` and came back as a call no function's schema held: QA
         # review8 F3; so did a `$ref` to an array, F4)
         raise ConstraintError("with `tools`, the `response_format` must be a JSON object (`json_object`, or a "
@@ -954,8 +954,9 @@ def _with_answer(specs: list[tuple[str, ConstraintSpec]]) -> list[tuple[str, Con
 
 
 def _objects_only(schema: Any) -> bool:
-    """The schema (as the client sent it: rewrites may move its `type`) takes objects only, or refers (by a local
-    `$ref`, through others) to one that does."""
+    """The schema (as the client sent it, its draft's `$ref` siblings read: rewrites may move its `type`) takes
+    objects only, or refers (by a local `$ref`, through others) to one that does. (Drafts 4-7 ignore a `type:
+    object` beside a `$ref` to an array, whose calls came back as tool_calls: QA review9 F3.)"""
     node, seen = schema, set()
     while isinstance(node, dict) and node.get("type") != "object" and isinstance(node.get("$ref"), str) \
             and id(node) not in seen:

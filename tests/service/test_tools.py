@@ -126,6 +126,9 @@ def test_tools_with_a_response_format_name_the_answers_unenforced_keywords_apart
     for response_format in ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}},
                             {"type": "json_schema", "json_schema": {"name": "x", "schema": {
                                 "$defs": {"a": {"$ref": "#/$defs/b"}, "b": calls}, "$ref": "#/$defs/a"}}},
+                            {"type": "json_schema", "json_schema": {"name": "x", "schema": {  # (drafts 4-7:
+                                "$schema": "http://json-schema.org/draft-07/schema#",  # no sibling beside a $ref)
+                                "type": "object", "$ref": "#/definitions/a", "definitions": {"a": calls}}}},
                             {"type": "regex", "value": "\\[\\{.*"}):
         r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "tools": TOOLS,
                                                    "response_format": response_format})
