@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import attrs
 import jsonschema
 import numpy as np
 
@@ -311,9 +312,17 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
             return None
         patterns |= more
     work = Work.for_search()
-    searches = _Searches({p: pattern_search(p, work) for p in sorted(patterns)}, _patterns(schema, schema) is not None)
+    searches = {p: pattern_search(p, work) for p in sorted(patterns)}
     if any(f is None for f in searches.values()):
         return None
+    # A value below a choice is checked against every subschema in its place, not only the governed ones whose
+    # patterns are above (the root's `patternProperties` beside the `allOf` member a count's rewrite made: the
+    # missing search was read as invalid, and every object refused, QA fuzz4 F2). The schema's other patterns are
+    # searched here, within a budget of their own, never in a decode step (40 of them took 17 s there: QA review9
+    # F4); one out of its reach is missing, and a value it would decide counts as invalid (`LatePlan.holds`).
+    # None where `unevaluatedProperties` meets `patternProperties`: jsonschema would match names with the regex.
+    others, more = _patterns(schema, schema) or set(), Work.for_search()
+    searches.update({p: found for p in sorted(others - patterns) if (found := pattern_search(p, more)) is not None})
     governed = {id(n): originals[id(n)] for n in placed.values()}
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     unevaluated = [(node, key) for node in holders for key in ("unevaluatedProperties", "unevaluatedItems")
@@ -951,26 +960,6 @@ def _patterns(root: dict, node: dict) -> set[str] | None:
     return patterns
 
 
-class _Searches(dict):
-    """Pattern -> its search (`pattern_search`). A value below a choice is checked against every subschema in
-    place, not only the governed ones whose patterns the plan collects (the root's `patternProperties` beside the
-    `allOf` member that a count's rewrite made): a pattern missing here was a KeyError, read as invalid, and every
-    object was refused (QA fuzz4 F2). Such a search is made when first met, where `more` (no schema object holds
-    `unevaluatedProperties` beside `patternProperties`: jsonschema would match those names with the client's
-    regex); out of the automata's reach, or without `more`, the value still counts as invalid."""
-
-    def __init__(self, searches: dict[str, Callable[[str], bool]], more: bool):
-        super().__init__(searches)
-        self.more = more
-
-    def __missing__(self, pattern: str) -> Callable[[str], bool]:
-        search = pattern_search(pattern) if self.more else None
-        if search is None:
-            raise KeyError(pattern)  # (`LatePlan.holds`: what cannot be decided is invalid)
-        self[pattern] = search
-        return search
-
-
 def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
     """jsonschema's validator for `source` (its draft, with `dependencies` as enforced) whose regex keywords
     search with the automata in `searches` instead of Python's `re`."""
@@ -1006,9 +995,14 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
     if types.is_type(1.0, "integer"):  # (drafts 6 on: a number with a zero fraction is an integer, `1.0` and `1e2`)
         types = types.redefine("integer", lambda checker, instance, base=types: (
             base.is_type(instance, "integer") or (isinstance(instance, decimal.Decimal) and _integral(instance))))
-    return jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
-                                              "additionalProperties": additional_properties, **exact},
-                                        type_checker=types)(source, format_checker=_format_checker(cls))
+    checked = jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
+                                                 "additionalProperties": additional_properties, **exact},
+                                           type_checker=types)
+    # jsonschema's `evolve` (each subschema it descends into, and `LatePlan.holds`) takes its own class for a
+    # subschema that names a `$schema`: floats and Python's `re` again (`0.1` under `not: {const: 0.1}` passed;
+    # `^(a+)+$` ran for seconds on the engine thread: QA review9 F1, F2). Here every subschema keeps these checks.
+    checked.evolve = lambda self, **changes: attrs.evolve(self, **changes)
+    return checked(source, format_checker=_format_checker(cls))
 
 
 # ---- numbers as written -----------------------------------------------------------------------------------------
