@@ -224,6 +224,14 @@ def parameter_document(params: dict, key: str) -> dict | None:
         return not ref.startswith(("#/$defs/", "#/definitions/"))
 
     document = copy.deepcopy({**schema, **defs})
+    # an `$anchor` another parameter declares: its subschema, copied under `$defs`, declares it here too (a 400
+    # "Anchor 'A' does not exist": QA review9 F5); its own references are kept below as the others are
+    declared = {n[k]: n for _, k, n in walk_with_refs(params) if k == "$anchor" and isinstance(n[k], str)}
+    named = {n[k][1:] for _, k, n in walk_with_refs(document) if k == "$ref" and isinstance(n[k], str)
+             and n[k].startswith("#") and not n[k].startswith("#/") and n[k] != "#"}
+    here = {n[k] for _, k, n in walk_with_refs(document) if k == "$anchor"}
+    for i, name in enumerate(sorted(named & set(declared) - here)):
+        document.setdefault("$defs", {})[f"structgen-anchor-{i}"] = copy.deepcopy(declared[name])
     keep_ref_targets(params, document, elsewhere, copy.deepcopy)
     unresolved = any(k == "$ref" and isinstance(n[k], str) and (n[k] == "#" or n[k].startswith("#/"))
                      and elsewhere(n[k]) for _, k, n in walk_with_refs(document))

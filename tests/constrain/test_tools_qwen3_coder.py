@@ -162,6 +162,15 @@ def test_a_reference_into_the_parameters_names_the_same_place_in_a_values_schema
             assert takes_text(g, tok, _call("tree", ("name", "a"), ("kids", kids))) == ok, kids
         assert takes_text(g, tok, _call("tree", ("name", "a"), ("kids", "[]"), ("same", "4")))
         assert not takes_text(g, tok, _call("tree", ("name", "a"), ("kids", "[]"), ("same", '"x"')))
+    # an `$anchor` another parameter declares (a 400 "Anchor 'A' does not exist": QA review9 F5)
+    anchored = {"type": "object", "properties": {"a": {"$anchor": "A", "type": "integer", "minimum": 2},
+                                                 "b": {"type": "array", "items": {"$ref": "#A"}}},
+                "required": ["b"], "additionalProperties": False}
+    g = compiler.compile(_spec("required", tools=[{"type": "function", "function": {"name": "f",
+                                                                                    "parameters": anchored}}]))
+    assert g.unenforced == ()
+    for items, ok in (("[2, 3]", True), ("[1]", False), ('["x"]', False)):
+        assert takes_text(g, tok, _call("f", ("b", items))) == ok, items
 
 
 def test_raw_values_match_their_pattern_in_every_regex_dialect(coder):
