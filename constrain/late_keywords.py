@@ -48,7 +48,7 @@ from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
 from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end
 from constrain.regex_sets import Work, pattern_examples, pattern_search
-from constrain.support import ANNOTATIONS, references_followable, resolve_ref, walk, walk_with_refs
+from constrain.support import ANNOTATIONS, map_subschemas, references_followable, resolve_ref, walk, walk_with_refs
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
@@ -86,6 +86,9 @@ class LatePlan:
     holders: frozenset[int] = frozenset()  # id() of the nodes of `schema` whose late keywords were taken out
     members: dict[int, "MemberChecks | None"] = field(default_factory=dict, repr=False)
     bounded: bool = False  # `schema` holds some `unevaluated*: false` to what may be evaluated
+    # id() of each client's node below a `$schema` other than the root's (a function's draft-04 parameters in the
+    # calls' schema) -> that `$schema`, the draft the node is read in
+    dialects: dict[int, str] = field(default_factory=dict, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)  # child_alternatives, by its arguments
 
     def holds(self, node: dict, value: Any) -> bool:
@@ -93,7 +96,10 @@ class LatePlan:
         decide (never weaker than asked). Patterns are decided on automata: jsonschema would run the client's
         regex; formats as jsonschema's FormatChecker can."""
         try:
-            return self.validator.evolve(schema=node).is_valid(_exact(value))
+            validator = self.validator
+            if id(node) in self.dialects:  # (read in its own draft: QA review10 F1)
+                validator = validator.evolve(schema={"$schema": self.dialects[id(node)]})
+            return validator.evolve(schema=node).is_valid(_exact(value))
         except Exception:  # noqa: BLE001 - what jsonschema cannot decide counts as invalid
             return False
 
@@ -318,11 +324,12 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     # A value below a choice is checked against every subschema in its place, not only the governed ones whose
     # patterns are above (the root's `patternProperties` beside the `allOf` member a count's rewrite made: the
     # missing search was read as invalid, and every object refused, QA fuzz4 F2). The schema's other patterns are
-    # searched here, within a budget of their own, never in a decode step (40 of them took 17 s there: QA review9
-    # F4); one out of its reach is missing, and a value it would decide counts as invalid (`LatePlan.holds`).
+    # searched here, each within the limits of one search, never in a decode step (40 of them took 17 s there: QA
+    # review9 F4; one budget for them all left ten of them out, and every object refused, QA review10 F3); one out
+    # of its reach is missing, and a value it would decide counts as invalid (`LatePlan.holds`).
     # None where `unevaluatedProperties` meets `patternProperties`: jsonschema would match names with the regex.
-    others, more = _patterns(schema, schema) or set(), Work.for_search()
-    searches.update({p: found for p in sorted(others - patterns) if (found := pattern_search(p, more)) is not None})
+    others = _patterns(schema, schema) or set()
+    searches.update({p: found for p in sorted(others - patterns) if (found := pattern_search(p)) is not None})
     governed = {id(n): originals[id(n)] for n in placed.values()}
     pointers = tuple(sorted(ptr for ptr, n in _node_pointers(out).items() if id(n) in governed))
     unevaluated = [(node, key) for node in holders for key in ("unevaluatedProperties", "unevaluatedItems")
@@ -340,7 +347,22 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders),
                     {id(n): _member_checks(n, schema if id(n) in named else None, counted) for n in governed.values()},
-                    bounded=bool(bounded))
+                    bounded=bool(bounded), dialects=_dialects(schema))
+
+
+def _dialects(schema: dict) -> dict[int, str]:
+    """id() of each subschema below a `$schema` other than the root's -> that `$schema` (`LatePlan.dialects`)."""
+    out: dict[int, str] = {}
+    stack: list[tuple[Any, Any]] = [(schema, schema.get("$schema"))]
+    while stack:
+        node, dialect = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+        if dialect != schema.get("$schema") and isinstance(dialect, str):
+            out[id(node)] = dialect
+        map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    return out
 
 
 def _keep_targets(root: dict, refs: list[tuple[dict, str, Any]]) -> None:
@@ -988,21 +1010,36 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
         elif not ap and extras:
             yield jsonschema.ValidationError(f"additional properties are not allowed ({extras!r})")
 
-    cls = validator_class(source)
-    exact = {key: _with_exact_value(cls.VALIDATORS[key]) for key in _EXACT_KEYWORDS if key in cls.VALIDATORS}
-    exact.update({key: _multiple_of for key in ("multipleOf", "divisibleBy") if key in cls.VALIDATORS})
-    types = cls.TYPE_CHECKER
-    if types.is_type(1.0, "integer"):  # (drafts 6 on: a number with a zero fraction is an integer, `1.0` and `1e2`)
-        types = types.redefine("integer", lambda checker, instance, base=types: (
-            base.is_type(instance, "integer") or (isinstance(instance, decimal.Decimal) and _integral(instance))))
-    checked = jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
-                                                 "additionalProperties": additional_properties, **exact},
-                                           type_checker=types)
-    # jsonschema's `evolve` (each subschema it descends into, and `LatePlan.holds`) takes its own class for a
-    # subschema that names a `$schema`: floats and Python's `re` again (`0.1` under `not: {const: 0.1}` passed;
-    # `^(a+)+$` ran for seconds on the engine thread: QA review9 F1, F2). Here every subschema keeps these checks.
-    checked.evolve = lambda self, **changes: attrs.evolve(self, **changes)
-    return checked(source, format_checker=_format_checker(cls))
+    classes: dict[type, type] = {}
+
+    def checked(cls: type) -> type:
+        """`cls` (a draft's validator class) with the checks above and numbers read as written."""
+        if cls not in classes:
+            exact = {key: _with_exact_value(cls.VALIDATORS[key]) for key in _EXACT_KEYWORDS if key in cls.VALIDATORS}
+            exact.update({key: _multiple_of for key in ("multipleOf", "divisibleBy") if key in cls.VALIDATORS})
+            types = cls.TYPE_CHECKER
+            if types.is_type(1.0, "integer"):  # (drafts 6 on: a number with a zero fraction is an integer, `1e2`)
+                types = types.redefine("integer", lambda checker, instance, base=types: (
+                    base.is_type(instance, "integer") or (isinstance(instance, decimal.Decimal)
+                                                          and _integral(instance))))
+            classes[cls] = jsonschema.validators.extend(
+                cls, {"pattern": pattern, "patternProperties": pattern_properties,
+                      "additionalProperties": additional_properties, **exact}, type_checker=types)
+            classes[cls].evolve = evolve
+        return classes[cls]
+
+    def evolve(self, **changes):
+        """As jsonschema's: a subschema that names a `$schema` is read in that draft (a function's draft-04
+        parameters inside the calls' schema), but with these checks (jsonschema took its own class there: floats,
+        and Python's `re`, `^(a+)+$` seconds per value on the engine thread, QA review9 F1, F2)."""
+        schema = changes.get("schema", self.schema)
+        dialect = isinstance(schema, dict) and isinstance(schema.get("$schema"), str)
+        cls = checked(validator_class(schema)) if dialect else type(self)
+        fields = {f.alias: getattr(self, f.name) for f in attrs.fields(type(self)) if f.init}
+        return cls(**{**fields, **changes})
+
+    root = validator_class(source)
+    return checked(root)(source, format_checker=_format_checker(root))
 
 
 # ---- numbers as written -----------------------------------------------------------------------------------------

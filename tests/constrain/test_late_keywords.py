@@ -177,6 +177,38 @@ def test_values_their_schema_refuses_are_refused_token_by_token(schema, good, ba
         compiler.close()
 
 
+DRAFT_4, DRAFT_7 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize("dialect, parameters, arguments", [
+    (DRAFT_4, {"properties": {"n": {"type": "number"}}, "required": ["n"],
+               "not": {"properties": {"n": {"maximum": 5, "exclusiveMaximum": True}}}},
+     [('{"n": 7}', True), ('{"n": 5}', True), ('{"n": 3}', False)]),
+    (DRAFT_4, {"properties": {"n": {"type": "number", "not": {"maximum": 5, "exclusiveMaximum": True}}},
+               "required": ["n"]}, [('{"n": 5}', True), ('{"n": 3}', False)]),
+    (DRAFT_4, {"properties": {"n": {"type": "number", "not": {"type": "integer"}}}, "required": ["n"]},
+     [('{"n": 1.0}', True), ('{"n": 1.5}', True), ('{"n": 2}', False)]),
+    (DRAFT_7, {"properties": {"n": {"type": "array", "not": {"items": [{"type": "string"}],
+                                                             "additionalItems": False}}}, "required": ["n"]},
+     [('{"n": [1]}', True), ('{"n": ["a", 1]}', True), ('{"n": ["a"]}', False)]),
+])
+def test_a_functions_parameters_are_checked_in_the_draft_they_name(dialect, parameters, arguments, gpt2_compiler,
+                                                                    tokenizers, vocabs):
+    """The calls' schema names no draft; a function's parameters keep theirs, and the checks read them in it: a
+    draft-4 boolean `exclusiveMaximum` was read as the bound 1 (`{"n": 3}` passed a `not` that refuses it), and
+    draft 7's list `items` as nothing any value passed (QA review10 F1)."""
+    params = {"$schema": dialect, "type": "object", "additionalProperties": False, **parameters}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}],
+                             tool_choice="required", tool_format="json_array", backend="llguidance")
+    g = gpt2_compiler.compile(spec)
+    assert isinstance(g, LateGrammar) and g.unenforced == ()
+    validator = jsonschema.validators.validator_for(params)(params)
+    for text, valid in arguments:
+        assert validator.is_valid(json.loads(text)) == valid, text
+        call = '[{"name": "f", "arguments": ' + text + '}]'
+        assert _accepts(g, tokenizers["gpt2"], vocabs["gpt2"], call) == valid, text
+
+
 def test_a_subschema_naming_its_dialect_keeps_the_checks():
     """jsonschema's `evolve` takes its own validator class for a subschema that names a `$schema`: floats, and
     Python's `re` on the client's regex (`^(a+)+$` ran for seconds on the engine thread: QA review9 F2). The
