@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -88,10 +88,13 @@ class _OriginForm:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope.get("path", "").startswith(("http://", "https://")):
-            raw = scope.get("raw_path") or scope["path"].encode()
-            scope = {**scope, "path": urlsplit(scope["path"]).path or "/",
-                     "raw_path": urlsplit(raw.decode("latin-1")).path.encode("latin-1") or b"/"}
+        if scope["type"] == "http" and scope.get("path", "")[:8].lower().startswith(("http://", "https://")):
+            raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+            try:  # (split as sent, then decoded: `%3F` in the path is no query; QA review10 F5)
+                path = urlsplit(raw).path or "/"
+            except ValueError:  # (`http://[::1/x`: left as it is, a 404, never a 500: F4)
+                return await self.app(scope, receive, send)
+            scope = {**scope, "path": unquote(path), "raw_path": path.encode("latin-1")}
         return await self.app(scope, receive, send)
 
 

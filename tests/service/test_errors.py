@@ -350,6 +350,14 @@ def test_a_request_line_with_the_whole_url_is_routed_by_its_path(server):
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 200"), answer
     assert json.loads(rest.partition(b"\r\n\r\n")[2])["data"][0]["id"] == MODEL
+    for target, status in ((b"http://[::1/v1/models", b"404"), (b"HTTP://x/v1/models", b"200"),
+                           (b"http://x/v1/models%3Fx", b"404")):  # (a URL that does not split is no 500)
+        with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+            sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 " + status), (target, answer)
 
 
 def test_body_over_the_limit_is_413(http):
