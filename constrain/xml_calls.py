@@ -43,8 +43,8 @@ from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
-from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, resolve_ref,
-                               walk_with_refs)
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, nested_resources,
+                               resolve_ref, walk_with_refs)
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -157,8 +157,10 @@ def value_form(schema: Any, root: dict) -> ValueForm:
     """The form of a parameter's value under `schema` (a subschema of the parameters object `root`)."""
     seen = 0
     # (keywords JSON Schema does not define assert nothing: OpenAPI's `nullable` or `example` beside a string put
-    # it in quotes, where the model's template writes it raw: QA toolfmt2 F6)
-    while isinstance(schema, dict) and set(schema) & ASSERTIONS == {"$ref"} and seen < 16:
+    # it in quotes, where the model's template writes it raw: QA toolfmt2 F6; a `$ref` beside an `$id` is read
+    # against that base, not the root's: JSON, whose document says so, QA review10 F2)
+    while isinstance(schema, dict) and set(schema) & ASSERTIONS == {"$ref"} and not {"$id", "id"} & set(schema) \
+            and seen < 16:
         schema, seen = resolve_ref(root, schema["$ref"]), seen + 1
     if not isinstance(schema, dict) or (set(schema) & ASSERTIONS) - _RAW_KEYWORDS:
         return JSON_FORM
@@ -224,6 +226,9 @@ def parameter_document(params: dict, key: str) -> dict | None:
         return not ref.startswith(("#/$defs/", "#/definitions/"))
 
     document = copy.deepcopy({**schema, **defs})
+    if nested_resources(params) and any(k == "$ref" for _, k, _ in walk_with_refs(document)):
+        return None  # (a `$ref` below a nested `$id` names a place in that resource: read at the root, it took
+        # `#/$defs/a` of the parameters for the resource's own, unsound, QA review10 F2)
     # an `$anchor` another parameter declares: its subschema, copied under `$defs`, declares it here too (a 400
     # "Anchor 'A' does not exist": QA review9 F5); its own references are kept below as the others are
     declared = {n[k]: n for _, k, n in walk_with_refs(params) if k == "$anchor" and isinstance(n[k], str)}

@@ -162,6 +162,16 @@ def test_a_reference_into_the_parameters_names_the_same_place_in_a_values_schema
             assert takes_text(g, tok, _call("tree", ("name", "a"), ("kids", kids))) == ok, kids
         assert takes_text(g, tok, _call("tree", ("name", "a"), ("kids", "[]"), ("same", "4")))
         assert not takes_text(g, tok, _call("tree", ("name", "a"), ("kids", "[]"), ("same", '"x"')))
+    # a `$ref` beside a nested `$id` names a place in that resource, which the parameter's document cannot hold:
+    # refused where required (it was read at the parameters' root: "abc" passed `maxLength: 1`, QA review10 F2)
+    nested = {"type": "object", "required": ["s"], "properties": {"s": {
+        "$id": "http://example.com/sub", "$ref": "#/$defs/a", "$defs": {"a": {"type": "string", "maxLength": 1}}}},
+        "$defs": {"a": {"type": "string", "maxLength": 5}}}
+    for strict in (True, False):
+        with pytest.raises(ConstraintError) as exc:
+            compiler.compile(_spec("required", tools=[{"type": "function", "function": {
+                "name": "f", "strict": strict, "parameters": nested}}]))
+        assert exc.value.pointer == "/0/function/parameters/properties/s", exc.value.message
     # an `$anchor` another parameter declares (a 400 "Anchor 'A' does not exist": QA review9 F5)
     anchored = {"type": "object", "properties": {"a": {"$anchor": "A", "type": "integer", "minimum": 2},
                                                  "b": {"type": "array", "items": {"$ref": "#A"}}},
