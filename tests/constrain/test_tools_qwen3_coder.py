@@ -335,6 +335,22 @@ def test_raw_values_with_a_format_or_pattern_close_within_a_tight_budget(coder):
         assert len(valid_calls(decode(vocab, toks), spec, {"contact": contact})) == 1
 
 
+def _refused_when_strict_and_named_otherwise(compiler, parameters: dict, pointer: str, before: tuple = ()) -> str:
+    """A strict function of `parameters` (after the tools `before` it) is a 400 naming `pointer`, in terms of
+    `tools`; not strict, the function is served with `pointer` named unenforced. The 400's message."""
+    for strict in (True, False):
+        tools = [*before, {"type": "function", "function": {"name": "f", "strict": strict, "parameters": parameters}}]
+        spec = _spec("required", tools=tools)
+        if strict:
+            with pytest.raises(ConstraintError) as exc:
+                compiler.compile(spec)
+            assert exc.value.param == "tools" and exc.value.pointer == pointer, exc.value.message
+            message = exc.value.message
+        else:
+            assert unenforced_in_client_terms(spec, compiler.compile(spec)) == (pointer,)
+    return message
+
+
 def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_otherwise(coder):
     """`uniqueItems` is enforced by a check that follows JSON outputs, not this format: a strict function gets a
     400 with the keyword's pointer in terms of `tools`; a function that is not strict gets it named. So do
@@ -343,33 +359,15 @@ def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_ot
     params = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"},
                                                        "uniqueItems": True}},
               "required": ["ids"], "additionalProperties": False}
-    for strict in (True, False):
-        tools = [TOOLS[2], {"type": "function", "function": {"name": "f", "strict": strict, "parameters": params}}]
-        spec = _spec("required", tools=tools)
-        if strict:
-            with pytest.raises(ConstraintError) as exc:
-                compiler.compile(spec)
-            assert exc.value.param == "tools"
-            assert exc.value.pointer == "/1/function/parameters/properties/ids/uniqueItems"
-        else:
-            g = compiler.compile(spec)
-            assert unenforced_in_client_terms(spec, g) == ("/1/function/parameters/properties/ids/uniqueItems",)
+    _refused_when_strict_and_named_otherwise(compiler, params, "/1/function/parameters/properties/ids/uniqueItems",
+                                             before=(TOOLS[2],))
     loose = {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"^x": {}}}
     spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": loose}}])
     assert unenforced_in_client_terms(spec, compiler.compile(spec)) == ("/0/function/parameters/patternProperties",)
     # one in the parameters' `$defs` is named there, not at the `$ref` to it (QA toolfmt2 F5)
     listed = {"type": "object", "properties": {"v": {"$ref": "#/$defs/L"}}, "required": ["v"],
               "additionalProperties": False, "$defs": {"L": {"type": "array", "uniqueItems": True}}}
-    for strict in (True, False):
-        spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": strict,
-                                                                          "parameters": listed}}])
-        if strict:
-            with pytest.raises(ConstraintError) as exc:
-                compiler.compile(spec)
-            assert exc.value.pointer == "/0/function/parameters/$defs/L/uniqueItems", exc.value.message
-        else:
-            assert unenforced_in_client_terms(spec, compiler.compile(spec)) == (
-                "/0/function/parameters/$defs/L/uniqueItems",)
+    _refused_when_strict_and_named_otherwise(compiler, listed, "/0/function/parameters/$defs/L/uniqueItems")
     # keywords JSON Schema does not define assert nothing: OpenAPI's beside the parameters are no refusal
     openapi = {**params, "discriminator": {"propertyName": "ids"}, "x-order": 1, "nullable": False}
     tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
@@ -379,16 +377,8 @@ def test_keywords_the_format_cannot_enforce_are_refused_when_strict_and_named_ot
     # passed on llguidance's words about an option of its own, even where the function was not strict).
     overlapping = {"type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
                    "required": ["v"], "additionalProperties": False}
-    for strict in (True, False):
-        spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": strict,
-                                                                          "parameters": overlapping}}])
-        if strict:
-            with pytest.raises(ConstraintError) as exc:
-                compiler.compile(spec)
-            assert exc.value.pointer == "/0/function/parameters/properties/v/oneOf" and "oneOf" in exc.value.message
-        else:
-            assert unenforced_in_client_terms(spec, compiler.compile(spec)) == \
-                ("/0/function/parameters/properties/v/oneOf",)
+    assert "oneOf" in _refused_when_strict_and_named_otherwise(compiler, overlapping,
+                                                               "/0/function/parameters/properties/v/oneOf")
 
 
 def test_a_parameter_every_value_of_which_holds_the_closing_tag_is_refused_or_left_out(coder):
