@@ -105,8 +105,8 @@ def in_written_order(schema: Any) -> Any:
     order their members are written in (sorted, a schema of the same properties in another order was served the
     first one's grammar, on disk too: QA cachekeys F1), and values (`VALUE_KEYWORDS`: an object `const` is written
     in its key order). The order of other keywords changes nothing that is compiled (kept, a schema of them in
-    another order compiled, and built a 6 MB outlines automaton, again: QA review F4). A name that is a keyword's (a `$defs` entry called
-    `properties`) is only kept in its order: never a merge of two different schemas."""
+    another order compiled, and built a 6 MB outlines automaton, again: QA review F4). A name that is a keyword's
+    (a `$defs` entry called `properties`) is only kept in its order: never a merge of two different schemas."""
     if isinstance(schema, list):
         return [in_written_order(item) for item in schema]
     if not isinstance(schema, dict):

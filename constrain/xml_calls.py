@@ -86,7 +86,7 @@ SHAPES = {
 # about it. `additionalProperties` takes nothing away: only declared parameters are written.
 _OBJECT_KEYWORDS = {"type", "properties", "required", "additionalProperties", "$defs", "definitions", "title",
                     "description", "$schema", "$id", "$comment", "examples", "default", "strict"}
-_RAW_KEYWORDS = {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}  # (the assertions raw text keeps)
+_RAW_KEYWORDS = {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"}  # (what raw text can keep)
 _ANY_TEXT = r"[\s\S]"
 
 
@@ -345,8 +345,8 @@ _TOGETHER = (("if", "then", "else"), ("contains", "minContains", "maxContains"))
 
 
 def _root_keywords(client: Any, found: list[str]) -> list[str]:
-    """`found` (the unsupported pointers of a function's rewritten parameters), its root keywords beyond those this format
-    writes named as the keywords the client wrote: the rewrite folds many of them (`minProperties`,
+    """`found` (the unsupported pointers of a function's rewritten parameters), its root keywords beyond those this
+    format writes named as the keywords the client wrote: the rewrite folds many of them (`minProperties`,
     `dependentRequired`, `if`/`then`, `not`) into one `allOf`, which named only the parameters object (QA toolfmt2
     F4). A client keyword is named where its rewrite beside the object keywords cannot be written on its own; one
     the rewrite drops as implied (`minProperties: 1` beside `required`) is enforced, and not named. Where none is
