@@ -44,7 +44,7 @@ from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
 from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, nested_resources,
-                               resolve_ref, walk_with_refs)
+                               resolve_ref, walk, walk_with_refs)
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -226,9 +226,14 @@ def parameter_document(params: dict, key: str) -> dict | None:
         return not ref.startswith(("#/$defs/", "#/definitions/"))
 
     document = copy.deepcopy({**schema, **defs})
-    if nested_resources(params) and any(k == "$ref" for _, k, _ in walk_with_refs(document)):
-        return None  # (a `$ref` below a nested `$id` names a place in that resource: read at the root, it took
-        # `#/$defs/a` of the parameters for the resource's own, unsound, QA review10 F2)
+    # (a `$ref` at or below a nested `$id` names a place in that resource: read at the document's root, it took
+    # `#/$defs/a` of the parameters for the resource's own, unsound, QA review10 F2; others, into such a resource
+    # too, name what they name at the root: QA review11 F1)
+    resources = nested_resources(params)
+    copied = (f"/properties/{escape_pointer_part(key)}/", "/$defs/", "/definitions/")
+    if any(k == "$ref" and ptr.startswith(copied) and any(ptr.startswith(r + "/") for r in resources)
+           for ptr, k, _ in walk(params)):
+        return None
     # an `$anchor` another parameter declares: its subschema, copied under `$defs`, declares it here too (a 400
     # "Anchor 'A' does not exist": QA review9 F5); its own references are kept below as the others are
     declared = {n[k]: n for _, k, n in walk_with_refs(params) if k == "$anchor" and isinstance(n[k], str)}

@@ -172,6 +172,12 @@ def test_a_reference_into_the_parameters_names_the_same_place_in_a_values_schema
             compiler.compile(_spec("required", tools=[{"type": "function", "function": {
                 "name": "f", "strict": strict, "parameters": nested}}]))
         assert exc.value.pointer == "/0/function/parameters/properties/s", exc.value.message
+    # a `$ref` into such a resource, from outside it, names what it names at the root (QA review11 F1: refused)
+    into = {"type": "object", "required": ["b"], "properties": {"b": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+            "$defs": {"n": {"$id": "http://example.com/n", "type": "integer", "maximum": 3}}}
+    g = compiler.compile(_spec("required", tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                                                    "parameters": into}}]))
+    assert takes_text(g, tok, _call("f", ("b", "[1, 3]"))) and not takes_text(g, tok, _call("f", ("b", "[4]")))
     # an `$anchor` another parameter declares (a 400 "Anchor 'A' does not exist": QA review9 F5)
     anchored = {"type": "object", "properties": {"a": {"$anchor": "A", "type": "integer", "minimum": 2},
                                                  "b": {"type": "array", "items": {"$ref": "#A"}}},
