@@ -158,9 +158,10 @@ def value_form(schema: Any, root: dict) -> ValueForm:
     seen = 0
     # (keywords JSON Schema does not define assert nothing: OpenAPI's `nullable` or `example` beside a string put
     # it in quotes, where the model's template writes it raw: QA toolfmt2 F6; a `$ref` beside an `$id` is read
-    # against that base, not the root's: JSON, whose document says so, QA review10 F2)
+    # against that base, not the root's: JSON, whose document says so, QA review10 F2; and so is one where the
+    # parameters hold such a base anywhere: a `$ref` reached through one names a place in it, QA review12 F1)
     while isinstance(schema, dict) and set(schema) & ASSERTIONS == {"$ref"} and not {"$id", "id"} & set(schema) \
-            and seen < 16:
+            and seen < 16 and not nested_resources(root):
         schema, seen = resolve_ref(root, schema["$ref"]), seen + 1
     if not isinstance(schema, dict) or (set(schema) & ASSERTIONS) - _RAW_KEYWORDS:
         return JSON_FORM

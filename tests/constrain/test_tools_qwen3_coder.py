@@ -172,6 +172,15 @@ def test_a_reference_into_the_parameters_names_the_same_place_in_a_values_schema
             compiler.compile(_spec("required", tools=[{"type": "function", "function": {
                 "name": "f", "strict": strict, "parameters": nested}}]))
         assert exc.value.pointer == "/0/function/parameters/properties/s", exc.value.message
+    # nor one whose target refers on inside such a resource (a string was taken for an integer: QA review12 F1)
+    through = {"type": "object", "required": ["s"], "properties": {"s": {"$ref": "#/$defs/n/$defs/x"}},
+               "$defs": {"n": {"$id": "http://example.com/n", "$defs": {"x": {"$ref": "#/$defs/y"},
+                                                                         "y": {"type": "integer"}}},
+                         "y": {"type": "string"}}}
+    with pytest.raises(ConstraintError) as exc:
+        compiler.compile(_spec("required", tools=[{"type": "function", "function": {"name": "f",
+                                                                                    "parameters": through}}]))
+    assert exc.value.pointer == "/0/function/parameters/properties/s", exc.value.message
     # a `$ref` into such a resource, from outside it, names what it names at the root (QA review11 F1: refused)
     into = {"type": "object", "required": ["b"], "properties": {"b": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
             "$defs": {"n": {"$id": "http://example.com/n", "type": "integer", "maximum": 3}}}
