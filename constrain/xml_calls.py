@@ -216,8 +216,9 @@ def parameter_document(params: dict, key: str) -> dict | None:
     """The schema of a JSON-form parameter as a document of its own, which its `%json` is compiled from: the
     parameters' `$defs` beside it, and what its local `$ref`s name elsewhere in the parameters (`#`, the usual
     tree's; `#/properties/a`) copied under `$defs`. Compiled alone, `#` named the parameter itself (`[[]]` passed for
-    a list of trees, QA toolfmt2 F1) and `#/properties/a` nothing (a 400, F2). None where such a reference stays
-    unresolved (below a nested `$id`, whose references `keep_ref_targets` leaves as they are)."""
+    a list of trees, QA toolfmt2 F1) and `#/properties/a` nothing (a 400, F2). None where a `$ref` it holds sits at
+    or below a nested `$id`, or where such a reference stays unresolved (beside a nested `$id` anywhere, whose
+    references `keep_ref_targets` leaves as they are)."""
     schema = params["properties"][key]
     if not isinstance(schema, dict):
         return {}
