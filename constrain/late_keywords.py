@@ -343,11 +343,17 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
     # (names are judged as keys are written only where the backend offers the declared ones alone: every byte of
     # a free key would be put to the check)
     named = {i for i, key in bounded.items() if key == "unevaluatedProperties"}
-    counted = "unevaluatedProperties" in validator_class(schema).VALIDATORS  # (the drafts with maxContains)
+    dialects = _dialects(schema)
+
+    def keywords(node: dict):
+        """The keywords of the draft `node` is read in (a function's own, in the calls' schema: QA review11 F3)."""
+        return validator_class({"$schema": dialects[id(node)]} if id(node) in dialects else schema).VALIDATORS
+
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders),
-                    {id(n): _member_checks(n, schema if id(n) in named else None, counted) for n in governed.values()},
-                    bounded=bool(bounded), dialects=_dialects(schema))
+                    {id(n): _member_checks(n, schema if id(n) in named else None, keywords(n))
+                     for n in governed.values()},
+                    bounded=bool(bounded), dialects=dialects)
 
 
 def _dialects(schema: dict) -> dict[int, str]:
@@ -918,18 +924,21 @@ def _may_still_fail(condition: Any) -> tuple:
     return ({"not": {"properties": props, "required": names}},)
 
 
-def _member_checks(node: dict, root: Any = None, counted: bool = True) -> MemberChecks | None:
+def _member_checks(node: dict, root: Any = None, keywords: Any = None) -> MemberChecks | None:
     """What is checked of `node`'s value as each member is finished; with `root` (the client's schema, given where
     the backend holds `node`'s keys to the declared names), the names its `unevaluatedProperties: false` leaves.
-    `counted`: the draft has `maxContains` (2019-09 on; in draft 7 the check was `contains` alone on the array so
-    far, and `["a", 1]` was refused at its first item: QA fuzz F4)."""
-    prefix = {k: node[k] for k in ("propertyNames",) if k in node}
+    `keywords`: those of the draft `node` is read in (None: every draft's); `maxContains` only from 2019-09 (in
+    draft 7 the check was `contains` alone on the array so far, and `["a", 1]` was refused at its first item: QA
+    fuzz F4), `propertyNames` from draft 6."""
+    known = (lambda key: True) if keywords is None else keywords.__contains__
+    prefix = {k: node[k] for k in ("propertyNames",) if k in node and known(k)}
     if node.get("uniqueItems") is True:
         prefix["uniqueItems"] = True
     # (more items holding `contains` than `maxContains`: refused for good)
+    counted = known("unevaluatedProperties")  # (the drafts with maxContains, which jsonschema reads in `contains`)
     if counted and "contains" in node and isinstance(node.get("maxContains"), int):
         prefix.update(contains=node["contains"], maxContains=node["maxContains"], minContains=0)
-    names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node else None
+    names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node and known("propertyNames") else None
     counts = _property_counts(node)
     evaluated = _evaluated_names(root, node) if root is not None else None
     return MemberChecks(prefix, names, counts, evaluated) if prefix or counts or evaluated else None

@@ -191,6 +191,10 @@ DRAFT_4, DRAFT_7 = "http://json-schema.org/draft-04/schema#", "http://json-schem
     (DRAFT_7, {"properties": {"n": {"type": "array", "not": {"items": [{"type": "string"}],
                                                              "additionalItems": False}}}, "required": ["n"]},
      [('{"n": [1]}', True), ('{"n": ["a", 1]}', True), ('{"n": ["a"]}', False)]),
+    # (draft 7 has no `maxContains`: its member check refused `[1, 1]`, QA review11 F3)
+    (DRAFT_7, {"properties": {"n": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1},
+                                    "maxContains": 1}}, "required": ["n"]},
+     [('{"n": [1, 1]}', True), ('{"n": [1]}', True), ('{"n": [2]}', False)]),
 ])
 def test_a_functions_parameters_are_checked_in_the_draft_they_name(dialect, parameters, arguments, gpt2_compiler,
                                                                     tokenizers, vocabs):
