@@ -24,6 +24,7 @@ import numpy as np
 from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
+from constrain.support import escape_pointer_part
 from constrain.vocabulary import Vocabulary
 
 # Keywords through which a key's name selects what applies to its value, or counts.
@@ -57,7 +58,7 @@ def open_object_at(schema: Any) -> str | None:
                 return at
             shut = closed or node.get("additionalProperties") is False
             for k, v in node.items():
-                part = f"{at}/{k.replace('~', '~0').replace('/', '~1')}"
+                part = f"{at}/{escape_pointer_part(k)}"
                 if k in _MERGED and shut and isinstance(v, list):
                     stack.extend((m, f"{part}/{i}", True) for i, m in enumerate(v))
                 else:

@@ -44,7 +44,7 @@ from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
 from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, nested_resources,
-                               resolve_ref, walk, walk_with_refs)
+                               resolve_ref, unescape_pointer_part, walk, walk_with_refs)
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -256,7 +256,7 @@ def document_pointer(i: int, params: dict, pointer: str, inner: str) -> str:
     of them, else below the parameter."""
     parts = inner.split("/")
     if len(parts) > 2 and parts[1] in ("$defs", "definitions") and isinstance(params.get(parts[1]), dict) \
-            and parts[2].replace("~1", "/").replace("~0", "~") in params[parts[1]]:
+            and unescape_pointer_part(parts[2]) in params[parts[1]]:
         return f"/$defs/tool{i}{inner}"
     return pointer + inner
 
