@@ -121,9 +121,23 @@ class _Worker:
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         self.pid = self.proc.pid
         self._fd = self.proc.stdout.fileno()
+        self._in = self.proc.stdin.fileno()
+        os.set_blocking(self._in, False)
 
-    def send(self, obj) -> None:
-        _send(self.proc.stdin, obj)
+    def send(self, obj, deadline: float) -> None:
+        """BuildTimeout at the deadline. A worker reads its vocabulary (megabytes, past a pipe's buffer) only once
+        its imports are done: on a loaded machine a blocking write held the build seconds past its time limit, and
+        a worker that never read would have held it for good."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        left_to_write = memoryview(len(data).to_bytes(_HEADER, "big") + data)
+        while left_to_write:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self._in], [], left)[1]:
+                raise BuildTimeout()
+            try:
+                left_to_write = left_to_write[os.write(self._in, left_to_write):]
+            except BlockingIOError:  # (writable, yet the pipe took nothing: select again)
+                continue
 
     def recv(self, deadline: float):
         """The next message, BuildTimeout at the deadline, None when the worker exited."""
@@ -197,7 +211,7 @@ class CompileWorkers:
         try:
             w = self._take(deadline)
             try:
-                w.send(("build", regex, str(out_path), label))
+                w.send(("build", regex, str(out_path), label), deadline)
                 reply = w.recv(deadline)
             except BuildTimeout:
                 self._discard(w)
@@ -262,7 +276,7 @@ class CompileWorkers:
             self._live.add(w)
             self.started.append(w.pid)
         try:
-            w.send(self._vocab_msg)
+            w.send(self._vocab_msg, deadline)
             reply = w.recv(deadline)
         except BuildTimeout:
             self._discard(w)
