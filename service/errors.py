@@ -119,14 +119,31 @@ def param_path(parts: list[str | int]) -> str:
     return path
 
 
+def _union_branch(part: str | int) -> bool:
+    """A location part that names a branch of a union pydantic tried ("str", "list[int]", "function-after[...]")."""
+    return isinstance(part, str) and (any(ch in part for ch in "[]") or part in ("str", "int", "float", "bool", "dict"))
+
+
+def _telling_error(errors: list[dict]) -> dict:
+    """The error to report. pydantic reports a union's branches in turn, the first branch's first: where the value
+    failed that branch by its shape and a later branch took its shape and failed deeper in (a list of parts with a
+    part of a wrong type), the deeper error says what is wrong (review8 F7: a list of parts was told "Input should be
+    a valid string")."""
+    first = errors[0]
+    loc = tuple(first.get("loc", ()))
+    if not loc or not _union_branch(loc[-1]):
+        return first
+    union = loc[:-1]
+    return next((e for e in errors[1:] if tuple(e.get("loc", ()))[:len(union)] == union
+                 and len(e.get("loc", ())) > len(loc)), first)
+
+
 def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """The first validation error as one sentence naming the parameter (e.g. `temperature`)."""
+    """The telling validation error as one sentence naming the parameter (e.g. `temperature`)."""
     if not errors:
         return "invalid request body", None
-    first = errors[0]
-    # drop pydantic's union-branch names ("str", "list[int]", "function-after[...]") from the location
-    loc = [p for p in first.get("loc", ()) if isinstance(p, int) or not (any(ch in p for ch in "[]")
-                                                                       or p in ("str", "int", "float", "bool", "dict"))]
+    first = _telling_error(errors)
+    loc = [p for p in first.get("loc", ()) if not _union_branch(p)]  # (without pydantic's union-branch names)
     named = getattr((first.get("ctx") or {}).get("error"), "param", None)  # a check across fields names its own
     param = param_path(loc + ([named] if named else [])) or None
     msg = str(first.get("msg", "invalid value"))
@@ -150,7 +167,7 @@ def invalid_body(errors: list[dict], content_type: str | None) -> APIError:
         # (curl -d without -H sends application/x-www-form-urlencoded: the body is not read as JSON at all)
         message += f", sent with Content-Type: application/json (this request's is {content_type!r})"
     # (a check across fields may say what kind of error it is: `unsupported_parameter`)
-    code = getattr((errors[0].get("ctx") or {}).get("error"), "code", None) if errors else None
+    code = getattr((_telling_error(errors).get("ctx") or {}).get("error"), "code", None) if errors else None
     return invalid(message, param, code=code if isinstance(code, str) else "invalid_request")
 
 

@@ -142,8 +142,10 @@ class ChatMessage(BaseModel):
                 raise ValueError(f"content parts of type {kind!r} are not supported: send text")
             if kind == "refusal" and isinstance(part.get("refusal"), str):
                 continue  # (an assistant's; `_content_present` checks the role)
-            if kind != "text" or not isinstance(part.get("text"), str):
+            if kind != "text":
                 raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}, got type {kind!r}")
+            if not isinstance(part.get("text"), str):  # (was told "got type 'text'")
+                raise ValueError("a text content part's `text` must be a string")
         return value
 
     def renders(self, extra_field: str) -> bool:

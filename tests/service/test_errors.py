@@ -59,6 +59,23 @@ def test_chat_field_out_of_range_is_a_400_naming_it(http, field, value):
     assert param == field or param.startswith(field + "."), param  # (`logit_bias.12`: the entry)
 
 
+@pytest.mark.parametrize("field, value, param, said", [
+    # (a list of parts was told "Input should be a valid string": pydantic's first union branch, review8 F7)
+    ("prediction", {"type": "content", "content": [{"type": "image", "text": "x"}]}, "prediction.content[0].type",
+     "Input should be 'text'"),
+    ("prediction", {"type": "content", "content": [{"text": "x"}]}, "prediction.content[0].type", "missing"),
+    ("prediction", {"type": "content", "content": 5}, "prediction.content", "valid string"),
+    ("tool_choice", "any", "tool_choice", "'none', 'auto' or 'required'"),
+    # (a text part whose text is no string was told "got type 'text'")
+    ("messages", [{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content",
+     "`text` must be a string"),
+])
+def test_a_value_of_a_union_is_told_what_is_wrong_in_the_shape_it_took(http, field, value, param, said):
+    body = {"model": MODEL, "messages": HELLO, field: value}
+    error = _assert_error(http.post("/v1/chat/completions", json=body), 400, param)
+    assert said in error["message"], error["message"]
+
+
 def test_a_logit_bias_key_repeated_with_leading_zeros_is_named_briefly(http):
     """The error quoted both keys whole: a key padded with 200,000 zeros made a 200 KB message (review of
     13305f0)."""
