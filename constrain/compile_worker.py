@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import math
 import os
 import pickle
 import select
@@ -26,6 +28,7 @@ from collections import deque
 from pathlib import Path
 
 _HEADER = 8  # big-endian message length, then a pickle
+log = logging.getLogger(__name__)
 
 
 class BuildTimeout(Exception):
@@ -35,7 +38,8 @@ class BuildTimeout(Exception):
 class BuildFailed(Exception):
     """The build did not produce an automaton. `kind`: refused (outlines-core rejected the regex), unwritable
     (the automaton could not be written where asked: a full disk), memory (the worker hit its memory cap), died
-    (the worker exited otherwise) or closed (the pool was closed)."""
+    (the worker exited otherwise), unstarted (no worker was ready by the deadline: the machine's fault, not the
+    regex's) or closed (the pool was closed)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -116,6 +120,14 @@ def main(argv: list[str]) -> int:
 
 
 # ---- the parent -------------------------------------------------------------------------------------------------
+def _ready(fd: int, event: int, seconds: float) -> bool:
+    """Whether `fd` is ready for `event` (or closed at the other end) within `seconds`. poll, not select: select
+    refuses descriptors past 1023, and a server holding a thousand connections failed every build (QA review13)."""
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(1, math.ceil(seconds * 1000))))
+
+
 class _Worker:
     def __init__(self, args: list[str], env: dict):
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
@@ -132,7 +144,7 @@ class _Worker:
         left_to_write = memoryview(len(data).to_bytes(_HEADER, "big") + data)
         while left_to_write:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self._in], [], left)[1]:
+            if left <= 0 or not _ready(self._in, select.POLLOUT, left):
                 raise BuildTimeout()
             try:
                 left_to_write = left_to_write[os.write(self._in, left_to_write):]
@@ -151,13 +163,18 @@ class _Worker:
         buf = bytearray()
         while len(buf) < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+            if left <= 0 or not _ready(self._fd, select.POLLIN, left):
                 raise BuildTimeout()
             chunk = os.read(self._fd, n - len(buf))
             if not chunk:
                 return None
             buf += chunk
         return bytes(buf)
+
+    def signal_kill(self) -> None:
+        """SIGKILL, nothing more: whoever uses the worker sees it gone, and reaps it (`kill`)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     def kill(self) -> int:
         """Kill and reap: once this returns the process no longer exists."""
@@ -204,7 +221,8 @@ class CompileWorkers:
 
     def build(self, regex: str, out_path: Path, timeout_s: float, label: str = "") -> float:
         """Write the regex's TokenDFA to `out_path` (npz, saved with `label`); returns the build seconds. The time
-        limit covers starting a worker when none is idle. Raises BuildTimeout or BuildFailed."""
+        limit covers starting a worker when none is idle (BuildFailed "unstarted" where the start used it up).
+        Raises BuildTimeout or BuildFailed."""
         deadline = time.monotonic() + timeout_s
         if not self._slots.acquire(timeout=max(timeout_s, 0)):
             raise BuildTimeout()
@@ -243,24 +261,35 @@ class CompileWorkers:
             return [w.pid for w in self._live]
 
     def close(self) -> None:
-        """Kill every worker, busy or idle; later builds fail with BuildFailed('closed')."""
+        """Kill every worker, busy or idle; later builds fail with BuildFailed('closed'). A busy worker's pipes are
+        left to the thread using them (which sees the worker gone, and discards it): closed here, their descriptor
+        numbers could be reused under that thread, which would write a vocabulary into some other file."""
         with self._lock:
             self._closed = True
-            workers = list(self._live)
+            idle, busy = list(self._idle), [w for w in self._live if w not in self._idle]
             self._idle.clear()
-        for w in workers:
+            self._live.difference_update(idle)
+        for w in idle:
             w.kill()
-        with self._lock:
-            self._live.clear()
+        for w in busy:
+            w.signal_kill()
+            w.proc.wait()  # (reaped here or by its thread, whichever comes first: gone once this returns)
 
     # ---- internals ------------------------------------------------------------------------------------------
     def _take(self, deadline: float) -> _Worker:
-        with self._lock:
-            if self._closed:
-                raise BuildFailed("closed", "the compiler was closed")
-            if self._idle:
-                return self._idle.pop()
-        return self._spawn(deadline)
+        """An idle worker, else a new one. An idle worker that exited (killed from outside) is discarded: sending
+        it the next build failed that build, an unrelated constraint remembered as failed (QA review13 F2)."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise BuildFailed("closed", "the compiler was closed")
+                w = self._idle.pop() if self._idle else None
+            if w is None:
+                return self._spawn(deadline)
+            if w.proc.poll() is None:
+                return w
+            log.warning("compile worker %d exited while idle (code %s): starting another", w.pid, w.proc.returncode)
+            self._discard(w)
 
     def _spawn(self, deadline: float) -> _Worker:
         t0 = time.monotonic()
@@ -281,7 +310,9 @@ class CompileWorkers:
         except BuildTimeout:
             self._discard(w)
             self.killed += 1
-            raise
+            raise BuildFailed("unstarted", f"no compile process was ready within the time limit (this one took "
+                                           f"longer than {time.monotonic() - t0:.0f} s to start: the machine may be "
+                                           f"overloaded)") from None
         except OSError:
             reply = None
         except BaseException:
@@ -289,6 +320,8 @@ class CompileWorkers:
             raise
         if reply is None or reply[0] != "ready":
             code = self._discard(w)
+            if self._closed:
+                raise BuildFailed("closed", "the compiler was closed")
             raise BuildFailed("died", f"the compile process failed to start (exit {code})")
         self.startup_seconds.append(time.monotonic() - t0)
         return w

@@ -853,6 +853,10 @@ class GrammarCompiler:
             if exc.kind == "unwritable":  # (not remembered: the next request tries again, space may be freed)
                 raise ConstraintError(f"the outlines automaton could not be written: {exc.message}",
                                       code="compile_failed") from None
+            if exc.kind == "unstarted":  # (not remembered: `(yes|no)` was refused for good on a loaded machine)
+                raise ConstraintError(f"the outlines build of this constraint could not begin: {exc.message}; "
+                                      f"send it again later, or use the llguidance backend",
+                                      code="compile_timeout") from None
             if exc.kind == "refused":
                 err = ConstraintError(f"outlines cannot compile this constraint: {exc.message}")
             elif exc.kind == "memory":

@@ -26,6 +26,16 @@ def _gone(pid: int) -> bool:
     return "\nState:\tZ" in state
 
 
+def _compiler_with_a_worker_started(tokenizers, vocabs, compile_timeout_s: float, **options) -> GrammarCompiler:
+    """A compiler whose build worker is started, with a time limit for the builds that follow: a limit of a second
+    or two also counts a worker's start, which can take longer than that on a loaded machine (then the build is
+    told it could not begin, and these tests are about builds that ran)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], compile_timeout_s=60, **options)
+    c.compile(spec_from_request(regex="(warm|worker)", backend="outlines"))
+    c.compile_timeout_s = compile_timeout_s
+    return c
+
+
 async def _until_submitted(c: GrammarCompiler, builds: int) -> None:
     """Until `builds` outlines builds are queued or under way: requests compile on a thread pool, so those sent
     together reach the build queue in any order, and on a loaded machine later than a fixed sleep allows."""
@@ -35,11 +45,12 @@ async def _until_submitted(c: GrammarCompiler, builds: int) -> None:
 
 
 def test_compile_past_its_time_limit_fails_with_compile_timeout_and_its_worker_is_gone(tokenizers, vocabs):
-    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=1.5)
+    c = _compiler_with_a_worker_started(tokenizers, vocabs, 1.5, backend="outlines")
     try:
         with pytest.raises(ConstraintError) as exc:
             c.compile(spec_from_request(regex=SLOW))
         assert exc.value.code == "compile_timeout" and exc.value.param == "regex"
+        assert "took longer than 1.5 s and was stopped" in exc.value.message, exc.value.message
         pid = c.workers.started[-1]
         assert _gone(pid) and c.workers.killed == 1 and c.workers.pids() == []
         with pytest.raises(ConstraintError) as again:  # remembered: no second build
@@ -110,7 +121,7 @@ def test_requests_waiting_on_outlines_builds_hold_no_compile_thread_and_leaving_
 def test_a_build_that_never_began_is_told_so_when_its_wait_ends(tokenizers, vocabs):
     """Behind slow builds holding every worker, a `(yes|no)` whose build never began was told "compiling this
     constraint took longer than 60 s" (QA dos F3)."""
-    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=2)
+    c = _compiler_with_a_worker_started(tokenizers, vocabs, 2, max_workers=1)
 
     async def run():
         ahead = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
@@ -135,7 +146,7 @@ def test_a_build_that_began_late_or_ran_past_the_limit_is_told_so(tokenizers, vo
     took long, and nothing was logged (QA cache F3, F1)."""
     import logging
 
-    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=2)
+    c = _compiler_with_a_worker_started(tokenizers, vocabs, 2, max_workers=1)
 
     async def run():
         ahead = asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW, backend="outlines")))
@@ -279,7 +290,7 @@ def test_a_worker_that_never_reads_its_vocabulary_is_killed_at_the_time_limit(tm
     """Sending the vocabulary (megabytes, past a pipe's buffer) blocked until the worker read it: a worker slow to
     start on a loaded machine held its build seconds past the time limit, and one that never read held it for good
     (the build failed only once the worker exited)."""
-    from constrain.compile_worker import BuildTimeout, CompileWorkers
+    from constrain.compile_worker import BuildFailed, CompileWorkers
 
     stuck = tmp_path / "stuck-python"
     stuck.write_text("#!/bin/sh\nexec sleep 120\n")  # (starts, and never reads its stdin)
@@ -287,8 +298,66 @@ def test_a_worker_that_never_reads_its_vocabulary_is_killed_at_the_time_limit(tm
     monkeypatch.setattr(sys, "executable", str(stuck))
     w = CompileWorkers(vocabs["gpt2"].token_bytes, vocabs["gpt2"].eos_token_ids, max_workers=1)
     try:
-        with pytest.raises(BuildTimeout):
+        with pytest.raises(BuildFailed) as exc:
             w.build("a", tmp_path / "a.npz", 1.0)
+        assert exc.value.kind == "unstarted", exc.value.message
         assert w.killed == 1 and _gone(w.started[-1]) and w.pids() == []
     finally:
         w.close()
+
+
+def _stuck_python(folder: Path) -> str:
+    """A stand-in for the Python that starts build workers: it starts, and never reads its stdin."""
+    stuck = folder / "stuck-python"
+    stuck.write_text("#!/bin/sh\nexec sleep 120\n")
+    stuck.chmod(0o755)
+    return str(stuck)
+
+
+def test_a_build_whose_worker_could_not_start_in_time_is_not_remembered_as_failed(tmp_path, tokenizers, vocabs,
+                                                                                   monkeypatch):
+    """A worker slow to start used up the time limit, and the constraint was remembered as one that "took longer
+    than N s and was stopped": `(yes|no)` was refused for the life of the server (QA review13 F1)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", compile_timeout_s=1)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(sys, "executable", _stuck_python(tmp_path))
+            with pytest.raises(ConstraintError) as exc:
+                c.compile(spec_from_request(regex="(yes|no)"))
+        assert exc.value.code == "compile_timeout" and "could not begin" in exc.value.message, exc.value.message
+        c.compile_timeout_s = 60
+        assert c.compile(spec_from_request(regex="(yes|no)")).backend == "outlines"
+    finally:
+        c.close()
+
+
+def test_an_idle_worker_killed_from_outside_fails_no_later_build(tokenizers, vocabs):
+    """The next build was sent to the dead worker and failed, an unrelated constraint remembered as failed
+    (QA review13 F2)."""
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", max_workers=1)
+    try:
+        c.compile(spec_from_request(regex="(cat|dog)"))
+        pid = c.workers.pids()[0]
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+        deadline = time.monotonic() + 60
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.compile(spec_from_request(regex="(red|blue)")).backend == "outlines"
+        assert len(c.workers.started) == 2 and c.stats.outlines_failures == 0
+    finally:
+        c.close()
+
+
+def test_builds_work_when_the_server_holds_descriptors_past_1023(tokenizers, vocabs):
+    """select() refuses descriptors past 1023: with about a thousand connections open, every build failed with
+    "filedescriptor out of range in select()" (QA review13 F3)."""
+    import os
+
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # (the worker's pipes are numbered past them)
+    c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="outlines", max_workers=1)
+    try:
+        assert c.compile(spec_from_request(regex="(yes|no)")).backend == "outlines"
+    finally:
+        c.close()
+        for fd in held:
+            os.close(fd)
