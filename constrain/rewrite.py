@@ -65,12 +65,15 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   definition it is still compiling); inside such a copy, a `type` that the branches imply anyway is dropped
   beside a branch back to the definition being copied.
 
-First, `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the value (those
-named beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates
-another name) becomes `additionalProperties` on the node with those names declared there, or is dropped where an
-`additionalProperties` among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
-`$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends
-on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
+Before anything, a keyword the draft a node is read in does not define (draft 4's `const`, ...) is left out where
+the node does not only assert (under `not`, in a `oneOf` member, an `if`, a `contains`): the draft reads it as
+nothing there (`_undefined_read_as_nothing`). Then `unevaluatedProperties` (2019-09 and later) whose evaluated
+properties are known without the value (those named beside it and through `allOf` and local `$ref`s, where no
+`anyOf`, `oneOf`, `if`... among them evaluates another name) becomes `additionalProperties` on the node with those
+names declared there, or is dropped where an `additionalProperties` among them evaluates everything already. The
+rest is skipped entirely for schemas still using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id`
+that moves what a `$ref` inside it means (their meaning depends on context a local rewrite cannot see; a nested
+`$id` no `$ref` resolves against changes nothing).
 """
 
 from __future__ import annotations
@@ -90,9 +93,9 @@ from constrain.formats import LIBRARY_FORMATS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.pattern_dialects import portable_pattern, widest_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
-from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, keep_ref_targets,
-                               map_subschemas, recursive_targets, references_followable, resolve_ref,
-                               unescape_pointer_part, walk, walk_with_refs)
+from constrain.support import (ASSERTIONS, NAMED_SUBSCHEMAS, STANDARD_FORMATS, escape_pointer_part, gives_another_base,
+                               keep_ref_targets, map_subschemas, recursive_targets, references_followable, resolve_ref,
+                               pointer_child, unescape_pointer_part, walk, walk_with_refs)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -194,9 +197,7 @@ class _Ctx:
         self.refs = _refs(root)
         # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`): `#`,
         # the root's, too, and those in subschemas only a `$ref` reaches (QA review8 F2)
-        self.ref_sources = [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node
-                            in walk_with_refs(root) if key == "$ref" and isinstance(node["$ref"], str)
-                            and node["$ref"].startswith("#")]
+        self.ref_sources = _ref_sources(root)
         self.here = ""  # the pointer of the node the rewrite steps are given (`_rewrite`)
 
     def resolve(self, ref: Any) -> Any:
@@ -338,6 +339,7 @@ def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with the rewrites above applied (the input is never modified)."""
     if not isinstance(schema, dict):
         return schema
+    schema = _undefined_read_as_nothing(schema)
     plain = _unevaluated_items_as_items(_unevaluated_as_additional(_unevaluated_saying_nothing(schema)))
     if plain is not schema:
         return rewrite_schema(plain)
@@ -355,6 +357,121 @@ def rewrite_schema(schema: Any) -> Any:
     except RecursionError:
         return schema
     return out if ctx.changed else schema
+
+
+def _ref_sources(root: Any) -> list[tuple[str, str]]:
+    """(pointer of a node holding a `$ref`, the pointer the `$ref` names), for the local `$ref`s of `root`."""
+    return [(ptr[:-len("/$ref")], unquote(node["$ref"][1:])) for ptr, key, node in walk_with_refs(root)
+            if key == "$ref" and isinstance(node["$ref"], str) and node["$ref"].startswith("#")]
+
+
+@functools.cache
+def _keywords_read(cls: type) -> frozenset:
+    """The keywords validators of `cls` read: its own, and those its keywords read beside them (`if`'s `then` and
+    `else`; 2019-09's `contains`, its `minContains` and `maxContains`; draft 4's `maximum`, its boolean
+    `exclusiveMaximum`)."""
+    known = set(cls.VALIDATORS) | {"exclusiveMaximum", "exclusiveMinimum"}
+    if "if" in known:
+        known |= {"then", "else"}
+    if "unevaluatedProperties" in known:
+        known |= {"minContains", "maxContains"}
+    return frozenset(known)
+
+
+# Every keyword some draft from 4 on reads (`validator_class` adds the dependency keywords to each).
+_EVERY_KEYWORD = frozenset().union(*(_keywords_read(_with_dependency_keywords(d))
+                                     for d in (jsonschema.Draft4Validator, jsonschema.Draft6Validator,
+                                               jsonschema.Draft7Validator, jsonschema.Draft201909Validator,
+                                               jsonschema.Draft202012Validator)))
+# Keywords whose value is one subschema, and those whose value is a list of them.
+_ONE_SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                            "unevaluatedItems", "unevaluatedProperties", "additionalItems"})
+_SUBSCHEMA_LIST = frozenset({"items", "allOf", "anyOf", "oneOf", "prefixItems"})
+_MAX_UNDEFINED_PASSES = 8
+
+
+def _undefined_read_as_nothing(schema: dict) -> dict:
+    """`schema` without the keywords the draft a node is read in does not define (draft 4's `const`, `contains`,
+    `propertyNames`, `if`; draft 6's `if`; `dependentRequired` before 2019-09, ...) where that node is not only
+    asserted (`_asserted`: below a `not`, an `if`, a `oneOf` member, a `contains`): the draft reads them as
+    nothing, as its validator (and the late checks, constrain/late_keywords.py) do. Where a node only asserts,
+    such a keyword stays and is enforced as a later draft reads it: an answer then meets it too, valid under either
+    reading. Read so under a `not` (or where one member of a `oneOf` must fail), it let through what the draft
+    refuses (draft 4's `{"type": "number", "not": {"const": 1}}`, which nothing satisfies, took -9: QA numbers
+    F1). A node is read in the draft of the nearest `$schema` above it (its own included; the root's otherwise),
+    as the late checks read it (`_dialects`); the dependency keywords are read in every draft (`validator_class`).
+    A `$ref` to or into a keyword left out names a copy of it under `$defs` (`keep_ref_targets`). A copy where one
+    changes; `schema` itself otherwise (and where a `$ref` cannot be followed: which nodes are only asserted is
+    then unknown)."""
+    for _ in range(_MAX_UNDEFINED_PASSES):
+        if not references_followable(schema):
+            return schema
+        drops = _undefined_in_unasserted(schema)
+        if any(gives_another_base(ptr, key, node) for ptr, key, node in walk_with_refs(schema)):
+            # (`keep_ref_targets` moves nothing there: a keyword a `$ref` points into stays, read as before)
+            targets = [target for _, target in _ref_sources(schema)]
+            drops = [(ptr, key) for ptr, key in drops
+                     if not any(t == (g := f"{ptr}/{escape_pointer_part(key)}") or t.startswith(g + "/")
+                                for t in targets)]
+        if not drops:
+            return schema
+        out = copy.deepcopy(schema)
+        for ptr, key in drops:
+            node = resolve_ref(out, "#" + ptr)
+            if isinstance(node, dict):
+                node.pop(key, None)
+        gone = [f"{ptr}/{escape_pointer_part(key)}" for ptr, key in drops]
+        keep_ref_targets(schema, out, lambda ref: any((r := unquote(ref)[1:]) == g or r.startswith(g + "/")
+                                                      for g in gone), copy.deepcopy)
+        schema = out
+    return schema
+
+
+def _undefined_in_unasserted(root: dict) -> list[tuple[str, str]]:
+    """(pointer of a node, keyword) for each keyword `_undefined_read_as_nothing` leaves out. The walk goes into the
+    subschemas of the keywords the node's draft defines (and of `$defs`/`definitions`), then those a `$ref` names
+    that it did not reach (`#/definitions/a/full`, or inside a keyword kept as a later draft reads it)."""
+    sources = _ref_sources(root)
+    root_dialect = root.get("$schema")
+    drops: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def reading(dialect: Any) -> frozenset:
+        return _keywords_read(validator_class({"$schema": dialect} if dialect != root_dialect
+                                              and isinstance(dialect, str) else root))
+
+    def visit(node: Any, ptr: str, dialect: Any) -> None:
+        if not isinstance(node, dict) or ptr in seen:
+            return
+        seen.add(ptr)
+        dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+        read = reading(dialect)
+        undefined = [key for key in node if key in _EVERY_KEYWORD and key not in read]
+        if undefined and not _asserted_among(ptr, sources):
+            drops.extend((ptr, key) for key in undefined)
+        for key, value in node.items():
+            if key not in read and key not in ("$defs", "definitions"):
+                continue  # (not a keyword of this draft: nothing in it is read as a subschema here)
+            kp = f"{ptr}/{escape_pointer_part(key)}"
+            if key in NAMED_SUBSCHEMAS and isinstance(value, dict):
+                for name, sub in value.items():
+                    visit(sub, f"{kp}/{escape_pointer_part(name)}", dialect)
+            elif isinstance(value, list) and key in _SUBSCHEMA_LIST:
+                for i, sub in enumerate(value):
+                    visit(sub, f"{kp}/{i}", dialect)
+            elif key in _ONE_SUBSCHEMA:
+                visit(value, kp, dialect)
+
+    visit(root, "", root_dialect)
+    for _, target in sources:
+        if target not in seen:
+            dialect, node = root_dialect, root
+            for part in target.split("/")[1:]:
+                dialect = node["$schema"] if isinstance(node, dict) and isinstance(node.get("$schema"), str) \
+                    else dialect
+                node = pointer_child(node, part)[1]
+            visit(node, target, dialect)
+    return drops
 
 
 def _references_to_nothing(root: Any, ctx: _Ctx) -> Any:
@@ -1072,6 +1189,10 @@ _UNASSERTED = frozenset({"not", "if", "oneOf", "contains"})
 
 
 def _asserted(ptr: str, ctx: _Ctx) -> bool:
+    return _asserted_among(ptr, ctx.ref_sources)
+
+
+def _asserted_among(ptr: str, ref_sources: list[tuple[str, str]]) -> bool:
     """Whether the node at `ptr` only asserts what it holds: no `not`, `if`, `oneOf` or `contains` on its way from
     the root, nor on the way to any `$ref` to it or to a node it is in, and so on back. Any node's: a `$ref` to
     `#/properties/a`, or `#`, from under a `not` negates it too (QA review8 F2). A definition no `$ref` reaches is
@@ -1081,7 +1202,7 @@ def _asserted(ptr: str, ctx: _Ctx) -> bool:
         parts = (at := work.pop()).split("/")[1:]
         if _UNASSERTED.intersection(parts):  # (a property so named counts too: left to the checks, never wrong)
             return False
-        sources = [source for source, target in ctx.ref_sources if at == target or at.startswith(target + "/")]
+        sources = [source for source, target in ref_sources if at == target or at.startswith(target + "/")]
         if not sources and parts[:1] in (["$defs"], ["definitions"]):
             return False
         work += [source for source in sources if source not in seen]

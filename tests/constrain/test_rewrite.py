@@ -1586,3 +1586,95 @@ def test_regexes_llguidance_cannot_decide_are_refused_in_a_short_message_at_thei
             "name": "n", "schema": schema}}, backend="llguidance"))
     assert exc.value.pointer == "/allOf" and "too complex for llguidance to decide" in exc.value.message
     assert len(exc.value.message) < 400
+
+
+D4, D6 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-06/schema#"
+
+
+@pytest.mark.parametrize("schema", [
+    {"$schema": D4, "type": "number", "not": {"const": 1}},
+    {"$schema": D4, "type": "object", "not": {"propertyNames": {"maxLength": 1}}},
+    {"$schema": D4, "type": "array", "not": {"contains": {"type": "string"}}},
+    {"$schema": D6, "type": "string", "not": {"if": {"minLength": 2}, "then": {"maxLength": 3}}},
+])
+def test_a_not_of_keywords_its_draft_lacks_is_a_schema_nothing_satisfies(schema, gpt2_compiler):
+    """The draft reads a keyword it does not define as nothing: under `not`, `{}`, which every value meets, so
+    nothing is valid (jsonschema's validator for the draft). The rewrite read them as a later draft does and took
+    every number but 1 (QA numbers F1); such a schema is a 400."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert not any(validator.is_valid(d) for d in DOCS)
+    assert rewrite_schema(normalise_schema(schema)) is False
+    with pytest.raises(ConstraintError, match="no JSON document satisfies it"):
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "n", "schema": schema, "strict": True}}, backend="llguidance"))
+
+
+def test_keywords_a_draft_lacks_are_nothing_only_where_a_value_may_fail_them():
+    """Where a node only asserts, a later draft's keyword stays (an answer meets it too, valid under either
+    reading); under `not`, in a `oneOf` member, in an `if`, it is left out. A subschema naming its own draft is read
+    in it; the dependency keywords are read in every draft (`validator_class`), negated too."""
+    positive = {"$schema": D4, "anyOf": [{"type": "number", "const": 1}, {"type": "string"}]}
+    assert rewrite_schema(positive) == positive
+    latest = {"type": "number", "not": {"const": 1}}  # (2020-12: a keyword, negated)
+    out = rewrite_schema(latest)
+    assert out is not False and _same(latest, out)[0] == 6  # (the numbers but 1 and 1.0)
+    nested = {"type": "object", "properties": {"a": {"$schema": D4, "type": "number", "not": {"const": 1}},
+                                               "b": {"type": "number", "not": {"const": 1}}}}
+    out = rewrite_schema(nested)
+    assert out["properties"]["a"] is False and out["properties"]["b"] is not False
+    inside = {"$schema": D4, "properties": {"a": {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                                                  "type": "number", "not": {"const": 1}}}}
+    assert rewrite_schema(inside)["properties"]["a"] is not False
+    dependent = {"$schema": D7, "type": "object", "not": {"dependentRequired": {"a": ["b"]}}}
+    out = rewrite_schema(dependent)
+    assert "not" not in json.dumps(out) and _same(dependent, out)[0] > 0
+    assert validator_class(dependent)(dependent).is_valid({"a": 1}) and not validator_class(dependent)(
+        dependent).is_valid({"a": 1, "b": 2})
+    # (draft 4's `maximum` reads its boolean `exclusiveMaximum`: no keyword of its own, and kept)
+    bounded = {"$schema": D4, "type": "number", "not": {"maximum": 5, "exclusiveMaximum": True}}
+    assert rewrite_schema(bounded) == bounded
+
+
+def test_a_reference_into_a_keyword_its_draft_lacks_names_a_copy():
+    """A `$ref` may name a keyword's subschema that is left out (`#/oneOf/0/propertyNames`, a JSON Pointer to a
+    place in the document): it names a copy under `$defs`, read where the `$ref` is."""
+    schema = {"$schema": D4, "type": "object", "properties": {"a": {"$ref": "#/oneOf/0/propertyNames"}},
+              "oneOf": [{"propertyNames": {"maxLength": 1}}, {"required": ["b"]}]}
+    out = rewrite_schema(schema)
+    assert "propertyNames" not in json.dumps(out)
+    assert out["properties"]["a"] == {"$ref": "#/$defs/structgen-kept-0"}
+    assert out["$defs"]["structgen-kept-0"] == {"maxLength": 1}
+    _same(schema, out, [{}, {"b": 1}, {"a": "x"}, {"a": "xy"}, {"a": "x", "b": 1}, {"c": 1}, 5])
+
+
+@pytest.mark.parametrize("schema, valid, invalid", [
+    # draft 4: no `const`, so both members hold for every number >= 0, and oneOf fails (QA numbers F1: `79`)
+    ({"type": "number", "oneOf": [{"const": 1}, {"minimum": 0}]}, [-5], [79, 1, 0]),
+    # (the `multipleOf` members are checked late, in the draft too)
+    ({"type": "integer", "oneOf": [{"multipleOf": 3, "const": 3}, {"multipleOf": 5}]}, [9, 5, 3], [15, 7]),
+    ({"type": "number", "oneOf": [{"not": {"const": 1}}, {"minimum": 0}]}, [5, 1, 0], [-5]),
+])
+def test_a_one_of_member_is_read_in_the_schemas_draft(schema, valid, invalid, gpt2_compiler, tokenizers, vocabs):
+    schema = {"$schema": D4, "type": "object", "required": ["v"], "additionalProperties": False,
+              "properties": {"v": schema}}
+    validator = jsonschema.Draft4Validator(schema)
+    g = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": schema, "strict": True}}, backend="llguidance"))
+    for v in valid:
+        assert validator.is_valid({"v": v}) and accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], v), v
+    for v in invalid:
+        assert not validator.is_valid({"v": v}) and not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], v), v
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=1, walks=12, max_tokens=30) > 0
+
+
+def test_a_functions_draft_4_parameters_read_its_one_of_members_in_draft_4(gpt2_compiler, tokenizers, vocabs):
+    """The calls' schema names no draft; a function's parameters keep theirs (`$schema` below the root)."""
+    params = {"$schema": D4, "type": "object", "additionalProperties": False, "required": ["v"],
+              "properties": {"v": {"type": "number", "oneOf": [{"const": 1}, {"minimum": 0}]}}}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}],
+                             tool_choice="required", tool_format="json_array", backend="llguidance")
+    g = gpt2_compiler.compile(spec)
+    for v, valid in ((-5, True), (79, False), (1, False)):
+        assert jsonschema.Draft4Validator(params).is_valid({"v": v}) == valid
+        call = [{"name": "f", "arguments": {"v": v}}]
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], call) == valid, v
