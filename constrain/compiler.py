@@ -61,6 +61,7 @@ from constrain.tools import (HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_AR
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.unique_objects import UniqueObjectsGrammar, plan_unique_objects
 from constrain.vocabulary import Vocabulary
+from constrain.xml_calls import as_the_client_wrote
 
 log = logging.getLogger(__name__)
 
@@ -1086,6 +1087,10 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
         exc = ConstraintError(message, param=exc.param, pointer=exc.pointer, code=exc.code)
     if not exc.pointer:
         return exc
+    named = as_the_client_wrote(spec, exc.pointer)[0]
+    if named != exc.pointer:  # (the keyword the client wrote, not the `allOf` its rewrite is in)
+        exc = ConstraintError(exc.message.replace(exc.pointer, named, 1), param=exc.param, pointer=named,
+                              code=exc.code)
     pointer, rewritten = _client_pointer(spec, exc.pointer)
     source = spec.extra.get("source")
     if rewritten and spec.kind != "tools" and source is not None:  # (an error, once: not each request's pointers)
@@ -1116,7 +1121,7 @@ def unenforced_in_client_terms(spec: ConstraintSpec, grammar: Grammar) -> tuple[
     """The grammar's unenforced pointers, told in terms of what the client sent (grammars are shared by every
     schema that rewrites to the same one, so this is per request, not stored on the grammar)."""
     pointers = tuple(getattr(grammar, "unenforced", ()) or ())
-    out = [_unenforced_place(spec, p) for p in pointers]
+    out = [_unenforced_place(spec, q) for p in pointers for q in as_the_client_wrote(spec, p)]
     if spec.answer is not None:  # (tools and a response_format: the answer's pointers say whose they are)
         out += ["response_format:" + _unenforced_place(spec.answer, p) for p in grammar.answer_unenforced]
     return tuple(dict.fromkeys(out))

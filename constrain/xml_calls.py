@@ -384,18 +384,29 @@ def _root_keywords(client: Any, found: list[str]) -> list[str]:
     return named + [p for p in found if not at_root(p)]
 
 
+def as_the_client_wrote(spec: ConstraintSpec, pointer: str) -> tuple[str, ...]:
+    """`pointer` (in the call schema) as the pointers of the keywords the client wrote: a keyword at a function's
+    parameters' root, where the rewrite folded the client's into an `allOf`, is named as those (`_root_keywords`),
+    else `pointer` itself. Per request: the grammar is shared by every spec whose schema rewrites alike, and the
+    names it kept were the first request's (`dependentRequired` was told `/dependencies`' place, the parameters)."""
+    from constrain.tools import TOOL_DEF
+
+    m = TOOL_DEF.match(pointer)
+    sources = spec.extra.get("tool_sources", ())
+    rest = pointer[m.end():] if m is not None else ""
+    if spec.tool_format not in SHAPES or m is None or int(m.group(1)) >= len(sources) or rest.count("/") != 1:
+        return (pointer,)
+    return tuple(pointer[:m.end()] + p for p in _root_keywords(sources[int(m.group(1))][1], [rest]))
+
+
 def check_functions(spec: ConstraintSpec) -> list[str]:
-    """The unsupported pointers of the spec's functions (in the call schema), or a ConstraintError for the first
-    one inside a strict function."""
+    """The unsupported pointers of the spec's functions (in the call schema, named as the client wrote them per
+    request: `as_the_client_wrote`), or a ConstraintError for the first one inside a strict function."""
     from constrain.tools import function_schema
 
     out = []
-    sources = spec.extra.get("tool_sources", ())
     for i in range(len(spec.tool_names)):
-        found = unsupported_keywords(function_schema(spec, i))
-        if i < len(sources):
-            found = _root_keywords(sources[i][1], found)
-        for pointer in found:
+        for pointer in unsupported_keywords(function_schema(spec, i)):
             full = f"/$defs/tool{i}{pointer}"
             if i in spec.strict_tools:
                 raise ConstraintError(f"strict schema uses a keyword that cannot be enforced at {full} in the "

@@ -453,6 +453,8 @@ def test_a_repeated_spec_is_served_from_the_cache(coder):
 @pytest.mark.parametrize("extra, named", [
     ({"dependentRequired": {"a": ["b"]}, "minProperties": 1}, ["dependentRequired", "minProperties"]),
     ({"maxProperties": 1}, ["maxProperties"]),
+    ({"dependencies": {"a": ["b"]}}, ["dependencies"]),  # (draft 7's spellings: QA toolreal F1)
+    ({"dependencies": {"a": {"required": ["b"]}}}, ["dependencies"]),
     ({"dependentSchemas": {"a": {"required": ["b"]}}}, ["dependentSchemas"]),
     ({"if": {"required": ["a"]}, "then": {"required": ["b"]}}, ["if", "then"]),
     ({"not": {"required": ["a"]}}, ["not"]),
@@ -477,6 +479,28 @@ def test_root_keywords_the_rewrite_folds_into_allof_are_named_as_the_client_wrot
             assert "equivalent form" not in exc.value.message
         else:
             assert sorted(unenforced_in_client_terms(spec, compiler.compile(spec))) == sorted(pointers)
+
+
+@pytest.mark.parametrize("first, second", [
+    ({"dependencies": {"c": ["d"]}}, {"dependentRequired": {"c": ["d"]}}),
+    ({"dependentRequired": {"c": ["d"]}}, {"dependencies": {"c": ["d"]}}),
+    ({"dependencies": {"c": {"required": ["d"]}}}, {"dependentSchemas": {"c": {"required": ["d"]}}}),
+])
+def test_a_root_keyword_is_named_as_each_request_wrote_it_where_the_grammar_is_shared(first, second, coder):
+    """Two spellings that rewrite alike share one grammar, which kept the first request's keyword: the second
+    was told `/1/function/parameters`, and the keyword it wrote nowhere (QA fixptr F2, after QA toolreal F1).
+    Each request's own keyword is named, and the grammar is still compiled once."""
+    _, _, compiler = coder
+    pointers, grammars = [], []
+    for extra in (first, second):
+        params = {"type": "object", "properties": {"c": {"type": "string"}, "d": {"type": "number"}}, **extra}
+        spec = _spec("required", tools=[TOOLS[2], {"type": "function", "function": {"name": "f",
+                                                                                    "parameters": params}}])
+        grammars.append(compiler.compile(spec))
+        pointers.append(unenforced_in_client_terms(spec, grammars[-1]))
+    assert grammars[0] is grammars[1]
+    assert pointers == [(f"/1/function/parameters/{next(iter(first))}",),
+                        (f"/1/function/parameters/{next(iter(second))}",)]
 
 
 @pytest.mark.parametrize("keyword", [{"dependentRequired": {"a": ["b"]}}, {"minProperties": 1},
