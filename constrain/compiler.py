@@ -56,8 +56,8 @@ from constrain.regex_sets import repeat_product
 from constrain.support import (client_pointer, containers_only, outlines_unsupported, pointer_child, resolve_ref,
                                unescape_pointer_part, walk)
 from constrain.tools import (HERMES_OPEN, LEAD_TAGS, LLAMA3_CALL_TAG, MISTRAL_ARGS, MISTRAL_CALLS, TOKEN_THEN_ARRAY,
-                             XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call, free_text_pattern,
-                             function_schema, hermes_regex, text_may_not_start)
+                             TOOL_DEF, XML_FORMATS, call_item_schema, call_token_id, client_pointer_of_call,
+                             free_text_pattern, function_schema, hermes_regex, text_may_not_start)
 from constrain.unique_items import UniqueItemsGrammar, UniquePlan, plan_unique_items, token_index
 from constrain.unique_objects import UniqueObjectsGrammar, plan_unique_objects
 from constrain.vocabulary import Vocabulary
@@ -1004,6 +1004,25 @@ def _written_as_it_is(source: Any, compiled: Any, pointer: str, mapped: str) -> 
     return places[0] if len(places) == 1 else None
 
 
+def _as_written(spec: ConstraintSpec, pointer: str, mapped: str) -> str | None:
+    """`_written_as_it_is` in the client's schema that `mapped` (`pointer` told by `_client_pointer`) is in: the
+    response_format's, or the parameters of the entry of `tools` it names (tools named only the subschema a
+    rewrite replaced, `/1/function/parameters` for a pattern in a `then`, where a response_format named it)."""
+    if spec.kind != "tools":
+        source = spec.extra.get("source")
+        return None if source is None else _written_as_it_is(source, spec.schema, pointer, mapped)
+    found = TOOL_DEF.match(pointer)
+    sources = spec.extra.get("tool_sources", ())
+    if found is None or int(found.group(1)) >= len(sources) or sources[int(found.group(1))][1] is None:
+        return None
+    index, params = sources[int(found.group(1))]
+    base = f"/{index}/function/parameters"
+    if mapped != base and not mapped.startswith(base + "/"):
+        return None
+    written = _written_as_it_is(params, spec.schema, pointer, mapped[len(base):])
+    return None if written is None else base + written
+
+
 def _outlines_refusal(spec: ConstraintSpec, bad: list[str]) -> ConstraintError:
     """The 400 for a schema outlines cannot serve (`bad`: the pointers `outlines_unsupported` names). An object
     open to undeclared properties is named as such, at the object: its `additionalProperties` is absent, and the
@@ -1092,10 +1111,8 @@ def _in_client_terms(exc: ConstraintError, spec: ConstraintSpec) -> ConstraintEr
         exc = ConstraintError(exc.message.replace(exc.pointer, named, 1), param=exc.param, pointer=named,
                               code=exc.code)
     pointer, rewritten = _client_pointer(spec, exc.pointer)
-    source = spec.extra.get("source")
-    if rewritten and spec.kind != "tools" and source is not None:  # (an error, once: not each request's pointers)
-        written = _written_as_it_is(source, spec.schema, exc.pointer, pointer)
-        pointer, rewritten = (written, False) if written else (pointer, True)
+    written = _as_written(spec, exc.pointer, pointer) if rewritten else None
+    pointer, rewritten = (written, False) if written else (pointer, rewritten)
     if pointer == exc.pointer:
         return exc
     # (the root's pointer is "", RFC 6901's: the message names it in words)
@@ -1111,9 +1128,8 @@ def _unenforced_place(spec: ConstraintSpec, pointer: str) -> str:
     place where the client wrote it so, else the subschema a rewrite replaced; the root, whose pointer is empty,
     written `#` (its URI-fragment form: an empty header read as nothing unenforced, QA review6 F4)."""
     mapped, rewritten = _client_pointer(spec, pointer)
-    source = spec.extra.get("source")
-    if rewritten and spec.kind != "tools" and source is not None:
-        mapped = _written_as_it_is(source, spec.schema, pointer, mapped) or mapped
+    if rewritten:
+        mapped = _as_written(spec, pointer, mapped) or mapped
     return mapped or "#"
 
 

@@ -471,6 +471,27 @@ def test_strict_is_per_function(tool_choice, gpt2_compiler):
         assert exc.value.pointer == "/1/function/parameters/properties/tags/not"
 
 
+@pytest.mark.parametrize("tool_format", ["json_array", "hermes"])
+def test_a_keyword_a_rewrite_moved_is_named_where_the_function_wrote_it(tool_format, gpt2_compiler):
+    """`if`/`then` is rewritten into branches: a pattern llguidance cannot read in the `then` was named at the
+    subschema the rewrite replaced, `/1/function/parameters` ("in the equivalent form..."), in the 400 and in the
+    unenforced list, where a response_format names `/then/properties/b/pattern` (QA fixptr F1 follow-up)."""
+    from constrain.compiler import unenforced_in_client_terms
+
+    moved = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+             "if": {"required": ["a"]}, "then": {"properties": {"b": {"type": "string", "pattern": "(?<=a)b"}}}}
+    for params, at in ((moved, ""), ({"type": "object", "properties": {"v": moved}}, "/properties/v")):
+        pointer = f"/1/function/parameters{at}/then/properties/b/pattern"
+        for strict in (True, False):
+            spec = spec_from_request(tools=_tools(params, strict), tool_choice="required", tool_format=tool_format)
+            if strict:
+                with pytest.raises(ConstraintError) as exc:
+                    gpt2_compiler.compile(spec)
+                assert exc.value.pointer == pointer and "equivalent form" not in exc.value.message
+            else:
+                assert unenforced_in_client_terms(spec, gpt2_compiler.compile(spec)) == (pointer,)
+
+
 @pytest.mark.parametrize("tool_choice", ["required", "auto"])
 def test_escaped_argument_keys_cannot_pass_as_other_keys(tool_choice, gpt2_compiler, tokenizers, vocabs):
     """Open parameters (no additionalProperties: false) name `city`: `\\u0063ity` would be another key to
