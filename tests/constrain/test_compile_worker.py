@@ -44,6 +44,22 @@ async def _until_submitted(c: GrammarCompiler, builds: int) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _until_waiting(c: GrammarCompiler, requests: int) -> None:
+    """Until `requests` requests await their outlines builds off the request threads (`_wait_for_build`): a request
+    whose build is queued may still be on its request thread, and one cancelled there leaves its build queued with
+    nobody to drop it."""
+    deadline = time.monotonic() + 60
+    while sum(c._waiters.values()) < requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def _until_begun(c: GrammarCompiler, builds: int) -> None:
+    """Until `builds` outlines builds are under way (on a loaded machine, seconds after their requests were sent)."""
+    deadline = time.monotonic() + 60
+    while len(c._began) < builds and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 def test_compile_past_its_time_limit_fails_with_compile_timeout_and_its_worker_is_gone(tokenizers, vocabs):
     c = _compiler_with_a_worker_started(tokenizers, vocabs, 1.5, backend="outlines")
     try:
@@ -74,7 +90,7 @@ def test_requests_waiting_on_outlines_builds_leave_room_for_other_compiles(token
     async def run():
         slow = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
                 for i in range(2)]
-        await asyncio.sleep(0.5)  # (both builds begun)
+        await _until_begun(c, 2)  # (both builds begun: 0.5 s was not always enough on a loaded machine)
         tiny = await c.compile_async(spec_from_request(choice=["yes", "no"], backend="llguidance"))
         waiting = [not f.done() for f in slow]
         for f in slow:
@@ -94,11 +110,14 @@ def test_requests_waiting_on_outlines_builds_hold_no_compile_thread_and_leaving_
     builds for minutes, and a client that left had every build it asked for made anyway (QA hostile F2)."""
     # (6 s: the first build must still be under way when the `choice` is compiled, a second or two in)
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], max_workers=1, compile_timeout_s=6)
+    # (built before the builds begin: on a loaded machine building llguidance's tokenizer in the `choice` compile
+    # took 3.5-4.7 s, and the 40 requests reached their builds over 4 s: past the 6 s of the first build)
+    c.lltokenizer()
 
     async def run():
         slow = [asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW + "x" * i, backend="outlines")))
                 for i in range(40)]
-        await _until_submitted(c, 40)  # (each waits for its build, the first under way)
+        await _until_waiting(c, 40)  # (each waits for its build, the first under way)
         tiny = await c.compile_async(spec_from_request(choice=["yes", "no"], backend="llguidance"))
         waiting = sum(not f.done() for f in slow)
         for f in slow:
@@ -146,17 +165,17 @@ def test_a_build_that_began_late_or_ran_past_the_limit_is_told_so(tokenizers, vo
     took long, and nothing was logged (QA cache F3, F1)."""
     import logging
 
-    c = _compiler_with_a_worker_started(tokenizers, vocabs, 2, max_workers=1)
+    c = _compiler_with_a_worker_started(tokenizers, vocabs, 5, max_workers=1)
 
     async def run():
         ahead = asyncio.ensure_future(c.compile_async(spec_from_request(regex=SLOW, backend="outlines")))
-        deadline = time.monotonic() + 60
-        while not c._began and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        # (`behind` waits 3 s from about 0.3 s after `ahead` began; it begins once `ahead` is stopped, 2 s after
-        # `ahead` began and a moment to stop it: its wait ends a second into its build. `ahead` must have begun,
-        # else the request threads may send `behind` first.)
-        await asyncio.sleep(0.3)
+        await _until_begun(c, 1)
+        # (`behind` waits 6 s from about 1.5 s after `ahead` began; it begins once `ahead` is stopped, 5 s after
+        # `ahead` began and a moment to stop it: its wait ends about 2.5 s into its 5 s build, ~2.5 s from either
+        # edge. `ahead` must have begun, else the request threads may send `behind` first. With a 2 s limit and
+        # 0.3 s here, the edges were 0.6 s away, and a loaded machine took 1.3 s to stop `ahead` and begin
+        # `behind`: 0.13 s left.)
+        await asyncio.sleep(1.5)
         behind = c.compile_async(spec_from_request(regex=SLOW + "z", backend="outlines"))
         return await asyncio.gather(ahead, behind, return_exceptions=True)
 

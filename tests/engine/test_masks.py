@@ -27,7 +27,9 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["a", "b"
 @pytest.fixture(scope="module")
 def compilers(builtin):
     vocab = Vocabulary.from_tokenizer(builtin.tokenizer, builtin.logits_width, builtin.eos_token_ids)
-    made = {b: GrammarCompiler(vocab, builtin.tokenizer, backend=b, background_outlines=False)
+    # (a time limit of its own, as tests/constrain's compilers have: the default 60 s build of SCHEMA in a niced
+    # worker ran out on a loaded 2-core machine, and these tests are about masks, not build times)
+    made = {b: GrammarCompiler(vocab, builtin.tokenizer, backend=b, background_outlines=False, compile_timeout_s=300)
             for b in ("llguidance", "outlines")}
     yield made
     for c in made.values():
