@@ -258,7 +258,7 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
         if params is False:
             raise ConstraintError(f"tools[{i}].function.parameters: Unsatisfiable schema: it rewrites to `false` "
                                   "(such as {\"not\": {}}): no arguments satisfy it", param="tools")
-        params = _arguments_object_schema(params)
+        params = arguments_object_schema(params)
         every.append((params, id_keyword(params.get("$schema"))))
     names = [_own_base(params, id_key) for params, id_key in every]
     for i, (params, id_key) in enumerate(every):
@@ -287,7 +287,7 @@ def call_schema(functions: list[dict], single: bool, args_key: str = "arguments"
     return schema
 
 
-def _arguments_object_schema(params: Any) -> Any:
+def arguments_object_schema(params: Any) -> Any:
     """`params` held to JSON objects: a call's arguments are an object (OpenAI reads `parameters: {}` as a function
     without arguments), so a schema that leaves the type open (`{}`, `{"properties": ...}` without `type`, an
     `anyOf` with other branches, a root `$ref` to any of these) takes objects only; anything else would be written

@@ -359,7 +359,7 @@ def _root_keywords(client: Any, found: list[str]) -> list[str]:
     the rewrite drops as implied (`minProperties: 1` beside `required`) is enforced, and not named. Where none is
     (the keywords cannot be written only together), `found` stays as it was."""
     from constrain.spec import normalise_schema
-    from constrain.tools import _arguments_object_schema
+    from constrain.tools import arguments_object_schema
 
     def at_root(pointer: str) -> bool:
         return pointer.count("/") == 1 and pointer[1:] not in ("properties", "required")
@@ -373,7 +373,7 @@ def _root_keywords(client: Any, found: list[str]) -> list[str]:
 
     def unwritable(keys: list[str]) -> bool:
         try:
-            rewritten = _arguments_object_schema(normalise_schema({**base, **{k: client[k] for k in keys}}))
+            rewritten = arguments_object_schema(normalise_schema({**base, **{k: client[k] for k in keys}}))
         except ConstraintError:
             return True
         return any(at_root(p) for p in unsupported_keywords(rewritten))
