@@ -537,7 +537,7 @@ def misread_bounds(node: dict) -> list[str]:
     high, high_key = _interval_end(node, "maximum", "exclusiveMaximum", min)
     if low is None or high is None:
         return []
-    moved = any(key is not None and end != 0 and inward_end(end, key == high_key) is not None
+    moved = any(key is not None and inward_end(end, key == high_key) is not None
                 for end, key in ((low, low_key), (high, high_key)))  # (by the backend's rewrite)
     if not (0 < high - low < 1 or (high - low == 1 and low_key is not None and high_key is not None and moved)):
         return []

@@ -1049,8 +1049,11 @@ def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
     up to the neighbour's, which is below b's (15 digits: distinct doubles). What it costs: the numbers of 16 or
     more digits between the neighbour and b (`0.9999999999999999`, which reads below 1) are not written. Inclusive
     ends need nothing (reading rounds monotonically, so a decimal within one reads within it), and integers are
-    read exactly. Left alone: an end of 0 (only a number of 300 or more leading zeros reads as 0), and ends too small
-    or too large for llguidance to build the neighbour's range."""
+    read exactly. An end of 0 becomes ±1e-15 (the numbers between are never written): reading rounds nothing to 0
+    there, but llguidance misreads an interval whose excluded end is an integer with the other end less than 1 away
+    (`late_keywords.misread_bounds`), and it forms such intervals itself, intersecting the members of two `anyOf`s:
+    `allOf: [{not: {const: 1}}, {not: {const: 0}}]` took `0` (QA review14 F1). Left alone: ends too small or too
+    large for llguidance to build the neighbour's range."""
     for _, key, node in list(walk_with_refs(schema)):  # (a `$ref` may name a subschema no keyword holds: `#/x/y`)
         if key not in ("exclusiveMinimum", "exclusiveMaximum") or id(node) in uncompiled:
             continue
@@ -1059,7 +1062,7 @@ def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
             continue
         inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
         end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
-        if isinstance(end, bool) or not isinstance(end, (int, float)) or end == 0:
+        if isinstance(end, bool) or not isinstance(end, (int, float)):
             continue
         bound = inward_end(end, upper=key == "exclusiveMaximum")
         if bound is not None:

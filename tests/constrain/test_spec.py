@@ -950,6 +950,30 @@ def test_a_number_that_parsers_read_as_an_exclusive_end_is_not_written(gpt2_comp
         assert validator.is_valid(json.loads('{"v": ' + number + "}")) and takes(number), number
 
 
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"not": {"const": 1}}, {"not": {"const": 0}}]},
+    {"oneOf": [{"not": {"const": 1}}, {"const": 0}]},
+    {"allOf": [{"anyOf": [{"type": "number", "exclusiveMaximum": 1}, {"type": "number", "exclusiveMinimum": 1}]},
+               {"anyOf": [{"type": "number", "exclusiveMaximum": 0}, {"type": "number", "exclusiveMinimum": 0}]}]},
+])
+def test_an_interval_llguidance_forms_across_two_any_ofs_does_not_take_its_excluded_end(gpt2_compiler, tokenizers,
+                                                                                        vocabs, schema):
+    """llguidance misreads an interval whose excluded end is an integer with the other end less than 1 away, and
+    forms one itself where the members of two `anyOf`s meet: `x < 1` and `x > 0` took `0` (QA review14 F1). An
+    excluded end of 0 is compiled as 1e-15 (or -1e-15), as other ends are held at their 15-digit neighbours."""
+    from constrain.walkbench import validator_for
+
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": document, "strict": True}}, backend="llguidance"))
+    check = validator_for(schema)
+    for value in [0, -0.0, 0.0, 1, 0.5, 2, -1, 1e-15]:
+        taken = accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], value)
+        assert not taken or check.is_valid(value), value
+    assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], 0.5)
+    assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=3, walks=20) >= 10
+
+
 @pytest.mark.parametrize("schema, pointer", [
     ({"type": "number", "minimum": 1e308}, "/properties/v/minimum"),
     ({"type": "number", "exclusiveMaximum": -1e19}, "/properties/v/exclusiveMaximum"),
