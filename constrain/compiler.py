@@ -171,7 +171,7 @@ class GrammarCompiler:
         self.workers = CompileWorkers(vocab.token_bytes, vocab.eos_token_ids, max_workers=max_workers,
                                       memory_mb=compile_memory_mb)
         self._pending: dict[str, Future] = {}  # outlines builds under way
-        self._began: dict[str, float] = {}  # when each build under way began (time.monotonic)
+        self._began: dict[str, float] = {}  # when each build under way began, its worker ready (time.monotonic)
         self._waiters: dict[str, int] = {}  # outlines key -> requests awaiting its build (`compile_async`)
         self._local = threading.local()  # `waited`, `seen`: of the compile_async compile on this thread
         self._llg_pending: dict[str, Future] = {}  # llguidance compiles under way (`_llg`)
@@ -382,7 +382,7 @@ class GrammarCompiler:
         try:
             finished, _ = await asyncio.wait({waiting}, timeout=self.compile_timeout_s + 1.0)
             if not finished:
-                began = self._began.get(key)  # (None for the moment a build is starting or ending)
+                began = self._began.get(key)  # (None while its worker starts, and as it ends)
                 late = began is None or time.monotonic() - began < self.compile_timeout_s
                 done = Future()
                 done.set_exception(FutureTimeout("queued" if not build.running() else "late" if late else "building"))
@@ -794,7 +794,7 @@ class GrammarCompiler:
             return fut.result(timeout=self.compile_timeout_s + 1.0)
         except FutureTimeout as exc:
             said = {("queued",): "queued", ("late",): "late", ("building",): "ran"}.get(exc.args)  # (_wait_for_build)
-            began = self._began.get(key)  # (None for the moment a build is starting or ending)
+            began = self._began.get(key)  # (None while its worker starts, and as it ends)
             how = said or ("queued" if not (fut.done() or fut.running()) else
                            "late" if began is None or time.monotonic() - began < self.compile_timeout_s else "ran")
             raise self._timeout_error(spec.param, how) from None
@@ -827,17 +827,20 @@ class GrammarCompiler:
             path = self._temporary_path(key)
         self.stats.outlines_builds += 1
         started = time.monotonic()
-        with self._lock:
-            self._began[key] = started
+
+        def began() -> None:  # (a worker is ready: the time limit runs from here)
+            with self._lock:
+                self._began[key] = time.monotonic()
+
         try:
             try:
-                self.workers.build(regex, path, self.compile_timeout_s, key)
+                self.workers.build(regex, path, self.compile_timeout_s, key, on_begin=began)
             except BuildFailed as exc:
                 if exc.kind != "unwritable" or path.parent != getattr(self.disk, "folder", None):
                     raise
                 log.warning("the grammar cache folder cannot be written (%s): building in memory", exc.message)
                 path = self._temporary_path(key)
-                self.workers.build(regex, path, self.compile_timeout_s, key)
+                self.workers.build(regex, path, self.compile_timeout_s, key, on_begin=began)
             dfa = TokenDFA.load(path, 32 * self.vocab.words, key)
             g = OutlinesGrammar(dfa, self.vocab, call_tag=call_tag)
             if self.disk is not None and path.parent == self.disk.folder:
