@@ -65,15 +65,16 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   definition it is still compiling); inside such a copy, a `type` that the branches imply anyway is dropped
   beside a branch back to the definition being copied.
 
-Before anything, a keyword the draft a node is read in does not define (draft 4's `const`, ...) is left out where
-the node does not only assert (under `not`, in a `oneOf` member, an `if`, a `contains`): the draft reads it as
-nothing there (`_undefined_read_as_nothing`). Then `unevaluatedProperties` (2019-09 and later) whose evaluated
-properties are known without the value (those named beside it and through `allOf` and local `$ref`s, where no
-`anyOf`, `oneOf`, `if`... among them evaluates another name) becomes `additionalProperties` on the node with those
-names declared there, or is dropped where an `additionalProperties` among them evaluates everything already. The
-rest is skipped entirely for schemas still using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id`
-that moves what a `$ref` inside it means (their meaning depends on context a local rewrite cannot see; a nested
-`$id` no `$ref` resolves against changes nothing).
+Before anything, a keyword the draft a node is read in does not define (draft 4's `const`, ...), and in drafts 4-7
+one beside a `$ref`, is left out where the node does not only assert (under `not`, in a `oneOf` member, an `if`, a
+`contains`): the draft reads it as nothing there (`as_read_where_unasserted`; constrain/spec.py's `_ref_siblings`
+runs it first). Then `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the
+value (those named beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them
+evaluates another name) becomes `additionalProperties` on the node with those names declared there, or is dropped
+where an `additionalProperties` among them evaluates everything already. The rest is skipped entirely for schemas
+still using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it
+means (their meaning depends on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against
+changes nothing).
 """
 
 from __future__ import annotations
@@ -339,7 +340,7 @@ def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with the rewrites above applied (the input is never modified)."""
     if not isinstance(schema, dict):
         return schema
-    schema = _undefined_read_as_nothing(schema)
+    schema = as_read_where_unasserted(schema)
     plain = _unevaluated_items_as_items(_unevaluated_as_additional(_unevaluated_saying_nothing(schema)))
     if plain is not schema:
         return rewrite_schema(plain)
@@ -378,6 +379,12 @@ def _keywords_read(cls: type) -> frozenset:
     return frozenset(known)
 
 
+@functools.cache
+def _ignores_ref_siblings(cls: type) -> bool:
+    """Validators of `cls` read nothing beside a `$ref` (drafts 4-7)."""
+    return cls({"$ref": "#/definitions/a", "type": "string", "definitions": {"a": {}}}).is_valid(1)
+
+
 # Every keyword some draft from 4 on reads (`validator_class` adds the dependency keywords to each).
 _EVERY_KEYWORD = frozenset().union(*(_keywords_read(_with_dependency_keywords(d))
                                      for d in (jsonschema.Draft4Validator, jsonschema.Draft6Validator,
@@ -390,19 +397,21 @@ _SUBSCHEMA_LIST = frozenset({"items", "allOf", "anyOf", "oneOf", "prefixItems"})
 _MAX_UNDEFINED_PASSES = 8
 
 
-def _undefined_read_as_nothing(schema: dict) -> dict:
+def as_read_where_unasserted(schema: dict) -> dict:
     """`schema` without the keywords the draft a node is read in does not define (draft 4's `const`, `contains`,
-    `propertyNames`, `if`; draft 6's `if`; `dependentRequired` before 2019-09, ...) where that node is not only
-    asserted (`_asserted`: below a `not`, an `if`, a `oneOf` member, a `contains`): the draft reads them as
-    nothing, as its validator (and the late checks, constrain/late_keywords.py) do. Where a node only asserts,
-    such a keyword stays and is enforced as a later draft reads it: an answer then meets it too, valid under either
-    reading. Read so under a `not` (or where one member of a `oneOf` must fail), it let through what the draft
-    refuses (draft 4's `{"type": "number", "not": {"const": 1}}`, which nothing satisfies, took -9: QA numbers
-    F1). A node is read in the draft of the nearest `$schema` above it (its own included; the root's otherwise),
-    as the late checks read it (`_dialects`); the dependency keywords are read in every draft (`validator_class`).
-    A `$ref` to or into a keyword left out names a copy of it under `$defs` (`keep_ref_targets`). A copy where one
-    changes; `schema` itself otherwise (and where a `$ref` cannot be followed: which nodes are only asserted is
-    then unknown)."""
+    `propertyNames`, `if`; draft 6's `if`; `dependentRequired` before 2019-09, ...), and in drafts 4-7 without
+    those beside a `$ref` (which those drafts ignore), where that node is not only asserted (`_asserted`: below a
+    `not`, an `if`, a `oneOf` member, a `contains`): the draft reads them as nothing, as its validator (and the
+    late checks, constrain/late_keywords.py) do. Where a node only asserts, such a keyword stays and is enforced as
+    a later draft reads it (`$ref` siblings as constrain/spec.py's `_ref_siblings` keeps them): an answer then
+    meets it too, valid under either reading. Read so under a `not` (or where one member of a `oneOf` must fail),
+    it let through what the draft refuses (draft 4's `{"type": "number", "not": {"const": 1}}`, which nothing
+    satisfies, took -9: QA numbers F1; draft 7's `{"type": "string", "not": {"$ref": "#/definitions/s",
+    "maxLength": 1}}` with `s` a string, "abc": QA fixdraft). A node is read in the draft of the nearest `$schema`
+    above it (its own included; the root's otherwise), as the late checks read it (`_dialects`); the dependency
+    keywords are read in every draft (`validator_class`). A `$ref` to or into a keyword left out names a copy of it
+    under `$defs` (`keep_ref_targets`). A copy where one changes; `schema` itself otherwise (and where a `$ref`
+    cannot be followed: which nodes are only asserted is then unknown)."""
     for _ in range(_MAX_UNDEFINED_PASSES):
         if not references_followable(schema):
             return schema
@@ -428,24 +437,26 @@ def _undefined_read_as_nothing(schema: dict) -> dict:
 
 
 def _undefined_in_unasserted(root: dict) -> list[tuple[str, str]]:
-    """(pointer of a node, keyword) for each keyword `_undefined_read_as_nothing` leaves out. The walk goes into the
-    subschemas of the keywords the node's draft defines (and of `$defs`/`definitions`), then those a `$ref` names
-    that it did not reach (`#/definitions/a/full`, or inside a keyword kept as a later draft reads it)."""
+    """(pointer of a node, keyword) for each keyword `as_read_where_unasserted` leaves out. The walk goes into the
+    subschemas of the keywords the node's draft reads there (and of `$defs`/`definitions`), then those a `$ref`
+    names that it did not reach (`#/definitions/a/full`, or inside a keyword kept as a later draft reads it)."""
     sources = _ref_sources(root)
     root_dialect = root.get("$schema")
     drops: list[tuple[str, str]] = []
     seen: set[str] = set()
 
-    def reading(dialect: Any) -> frozenset:
-        return _keywords_read(validator_class({"$schema": dialect} if dialect != root_dialect
-                                              and isinstance(dialect, str) else root))
+    def reading(dialect: Any) -> type:
+        return validator_class({"$schema": dialect} if dialect != root_dialect and isinstance(dialect, str) else root)
 
     def visit(node: Any, ptr: str, dialect: Any) -> None:
         if not isinstance(node, dict) or ptr in seen:
             return
         seen.add(ptr)
         dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
-        read = reading(dialect)
+        cls = reading(dialect)
+        read = _keywords_read(cls)
+        if "$ref" in node and len(node) > 1 and _ignores_ref_siblings(cls) and not _asserted_among(ptr, sources):
+            read = frozenset({"$ref"})  # (drafts 4-7 read nothing beside it)
         undefined = [key for key in node if key in _EVERY_KEYWORD and key not in read]
         if undefined and not _asserted_among(ptr, sources):
             drops.extend((ptr, key) for key in undefined)

@@ -23,7 +23,7 @@ from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
 from constrain.regex_sets import longest_literal, python_only_syntax
-from constrain.rewrite import bounds_on_members, rewrite_schema, types_of
+from constrain.rewrite import as_read_where_unasserted, bounds_on_members, rewrite_schema, types_of
 from constrain.support import (ANNOTATIONS, ASSERTIONS, escape_pointer_part, gives_another_base, map_subschemas,
                                keep_ref_targets, pointer_child, references_followable, resolve_ref, walk,
                                walk_with_refs)
@@ -211,13 +211,20 @@ def _ref_siblings(schema: Any) -> Any:
     An answer that satisfies them too is valid under both readings, and it is what the schema's author meant
     (`type: object` beside a `$ref` to a definition that names no type, which otherwise lets `null` through). So
     in those drafts the asserting siblings are kept, beside an `allOf` holding the reference, which every draft
-    and every validator applies (the late checks' included). They are dropped, as the spec reads them, where
-    their `type` and the referenced schema's share none (the two together would accept nothing), where the
-    reference is recursive (llguidance compiles no siblings beside one) and where llguidance cannot read one of
-    their patterns; `id`/`$id` beside a `$ref` below the root always are (they would move the reference's base).
-    What asserts nothing (annotations, the containers of definitions) stays."""
+    and every validator applies (the late checks' included). Only where the node only asserts, though: under a
+    `not`, in a `oneOf` member, an `if` or a `contains`, a stricter schema lets more through (draft 7's `not:
+    {$ref: <a string>, maxLength: 1}` refuses every string, and took "abc"), so there they are dropped first, as
+    the draft reads them (`as_read_where_unasserted`, which drops the keywords a draft lacks there too). They are
+    dropped, as the spec reads them, where their `type` and the referenced schema's share none (the two together
+    would accept nothing), where the reference is recursive (llguidance compiles no siblings beside one) and where
+    llguidance cannot read one of their patterns; `id`/`$id` beside a `$ref` below the root always are (they would
+    move the reference's base). What asserts nothing (annotations, the containers of definitions) stays."""
     if not (isinstance(schema, dict) and any(d in str(schema.get("$schema", "")) for d in _OLD_DRAFTS)):
         return schema
+    try:
+        schema = as_read_where_unasserted(_with_known_dialect(schema))
+    except Exception:  # noqa: BLE001 - as `normalise_schema` treats the rewrites: the schema as it is
+        log.debug("reading $ref siblings as the draft does failed", exc_info=True)
 
     def applicable(siblings: dict, ref: str) -> bool:
         return (_types_meet(_types(siblings), referenced_types(schema, ref)) and not _recursive(schema, ref)

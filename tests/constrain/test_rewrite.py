@@ -1678,3 +1678,83 @@ def test_a_functions_draft_4_parameters_read_its_one_of_members_in_draft_4(gpt2_
         assert jsonschema.Draft4Validator(params).is_valid({"v": v}) == valid
         call = [{"name": "f", "arguments": {"v": v}}]
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], call) == valid, v
+
+
+# Drafts 4-7 read nothing beside a `$ref`; where the node only asserts, the siblings are applied anyway (an answer
+# is valid under both readings: constrain/spec.py's `_ref_siblings`), but where a stricter schema lets more through
+# (under `not`, in a `oneOf` member, an `if`, a `contains`) they are read as the draft reads them, as nothing.
+_BESIDE_A_REF = [
+    # not {$ref: a string}: no string; the siblings read took every string longer than 1 ("abc": QA fixdraft)
+    (D7, {"type": "string", "not": {"$ref": "#/definitions/s", "maxLength": 1}}, None, ["abc", "a"]),
+    # draft 4: the first member holds every number, so oneOf takes those the second refuses (3 was taken, 7 not)
+    (D4, {"type": "number", "oneOf": [{"$ref": "#/definitions/n", "minimum": 10}, {"maximum": 5}]},
+     [7, 100], [3, 5]),
+    # (a late keyword beside the `$ref`, which the late checks read in the draft too: 10 was taken, 4 not)
+    (D7, {"type": "integer", "oneOf": [{"$ref": "#/definitions/i", "multipleOf": 3}, {"minimum": 10}]},
+     [4, 9], [10, 12, 15]),
+    # the `if` holds for every string, so each meets `then` ("abcd" was taken: `if` failed on it)
+    (D7, {"type": "string", "if": {"$ref": "#/definitions/s", "maxLength": 2}, "then": {"maxLength": 3}},
+     ["ab", "abc"], ["abcd"]),
+    # (`contains`: any number will do, not one of at least 5 alone: over-strict before, [1] was refused)
+    (D7, {"type": "array", "contains": {"$ref": "#/definitions/n", "minimum": 5}}, [[1], [7]], [[], ["a"]]),
+]
+_DEFINITIONS = {"s": {"type": "string"}, "n": {"type": "number"}, "i": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("draft, value_schema, valid, invalid", _BESIDE_A_REF)
+def test_keywords_beside_a_ref_are_read_as_the_draft_reads_them_where_a_value_may_fail_them(
+        draft, value_schema, valid, invalid, gpt2_compiler, tokenizers, vocabs):
+    schema = {"$schema": draft, "type": "object", "required": ["v"], "additionalProperties": False,
+              "properties": {"v": value_schema}, "definitions": _DEFINITIONS}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for v in invalid:
+        assert not validator.is_valid({"v": v}), v
+    request = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+    if valid is None:  # (the value accepts nothing, so no document does: a 400)
+        assert normalise_schema(schema) is False  # (`v` is required)
+        with pytest.raises(ConstraintError, match="no JSON document satisfies it"):
+            gpt2_compiler.compile(spec_from_request(response_format=request, backend="llguidance"))
+        return
+    for backend in ("llguidance", "auto"):
+        g = gpt2_compiler.compile(spec_from_request(response_format=request, backend=backend))
+        for v in valid:
+            assert validator.is_valid({"v": v}) and accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], v), v
+        for v in invalid:
+            assert not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], v), (backend, v)
+        assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=3, walks=12, max_tokens=30) > 0
+
+
+def test_keywords_beside_a_ref_stay_where_the_node_only_asserts_and_in_a_later_draft():
+    """Where the node only asserts, the siblings are applied as before (beside an `allOf` holding the reference);
+    a subschema that names a later draft reads them under `not` too, and one that names draft 7 below a schema
+    of a later draft does not."""
+    from constrain.spec import _ref_siblings
+
+    positive = {"$schema": D7, "type": "object", "properties": {"a": {"$ref": "#/definitions/s", "maxLength": 1}},
+                "definitions": _DEFINITIONS}
+    assert _ref_siblings(positive)["properties"]["a"] == {"maxLength": 1, "allOf": [{"$ref": "#/definitions/s"}]}
+    later = {"$schema": D7, "type": "object", "definitions": _DEFINITIONS, "properties": {"a": {
+        "not": {"$schema": "https://json-schema.org/draft/2020-12/schema", "$ref": "#/definitions/s",
+                "maxLength": 1}}}}
+    assert _ref_siblings(later)["properties"]["a"]["not"]["maxLength"] == 1
+    earlier = {"type": "object", "$defs": _DEFINITIONS, "properties": {
+        "a": {"$schema": D7, "type": "string", "not": {"$ref": "#/$defs/s", "maxLength": 1}},
+        "b": {"type": "string", "not": {"$ref": "#/$defs/s", "maxLength": 1}}}}
+    out = normalise_schema(earlier)
+    assert out["properties"]["a"] is False and out["properties"]["b"] is not False
+
+
+def test_a_reference_into_keywords_beside_a_ref_names_a_copy():
+    """A `$ref` may name a subschema among the siblings left out (`#/not/properties/x`): it names a copy under
+    `$defs`, read where the `$ref` is."""
+    schema = {"$schema": D7, "type": "object", "properties": {"a": {"$ref": "#/not/properties/x"}},
+              "not": {"$ref": "#/definitions/o", "properties": {"x": {"type": "integer"}}},
+              "definitions": {"o": {"type": "object", "required": ["z"]}}}
+    from constrain.spec import _ref_siblings
+
+    out = _ref_siblings(schema)
+    assert out["not"] == {"$ref": "#/definitions/o"}
+    assert out["properties"]["a"] == {"$ref": "#/$defs/structgen-kept-0"}
+    assert out["$defs"]["structgen-kept-0"] == {"type": "integer"}
+    docs = [{}, {"a": 1}, {"a": "x"}, {"z": 1}, {"a": 1, "z": 1}, {"x": "s"}, 5]
+    assert _same(schema, normalise_schema(schema), docs) == (3, 4)  # ({}, {"a": 1}, {"x": "s"})
