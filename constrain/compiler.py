@@ -804,7 +804,7 @@ class GrammarCompiler:
     def _timeout_error(self, param: str | None, how: str = "ran") -> ConstraintError:
         """Why a wait for an outlines build ended: `queued`, the build had not begun, every build worker busy with
         other constraints (a `(yes|no)` was told it "took longer than 60 s" behind four slow builds); `late`, it
-        began late for the same reason and goes on (QA cache F2); `ran`, it ran past the time limit and was stopped
+        began late for the same reason, or while its worker started (QA review15 F2), and goes on (QA cache F2); `ran`, it ran past the time limit and was stopped
         (remembered: told so again at once, QA cache F3)."""
         if how == "queued":
             return ConstraintError(f"the outlines build of this constraint did not begin within "
@@ -812,9 +812,9 @@ class GrammarCompiler:
                                    f"constraints; send it again later, or use the llguidance backend", param=param,
                                    code="compile_timeout")
         if how == "late":
-            return ConstraintError("the outlines build of this constraint began late, every build worker busy with "
-                                   "other constraints, and goes on: send it again shortly, or use the llguidance "
-                                   "backend", param=param, code="compile_timeout")
+            return ConstraintError("the outlines build of this constraint began late (behind other constraints' "
+                                   "builds, or while a build worker started) and goes on: send it again shortly, or "
+                                   "use the llguidance backend", param=param, code="compile_timeout")
         return ConstraintError(f"the outlines build of this constraint took longer than {self.compile_timeout_s:g} s "
                                f"and was stopped; this server does not build it again: use the llguidance backend "
                                f"(or the auto policy, which serves it with llguidance)", param=param,

@@ -455,11 +455,12 @@ def _undefined_in_unasserted(root: dict) -> list[tuple[str, str]]:
         dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
         cls = reading(dialect)
         read = _keywords_read(cls)
-        if "$ref" in node and len(node) > 1 and _ignores_ref_siblings(cls) and not _asserted_among(ptr, sources):
-            read = frozenset({"$ref"})  # (drafts 4-7 read nothing beside it)
-        undefined = [key for key in node if key in _EVERY_KEYWORD and key not in read]
-        if undefined and not _asserted_among(ptr, sources):
-            drops.extend((ptr, key) for key in undefined)
+        siblings_ignored = "$ref" in node and len(node) > 1 and _ignores_ref_siblings(cls)
+        if (siblings_ignored or any(key in _EVERY_KEYWORD and key not in read for key in node)) \
+                and not _asserted_among(ptr, sources):
+            if siblings_ignored:
+                read = frozenset({"$ref"})  # (drafts 4-7 read nothing beside it)
+            drops.extend((ptr, key) for key in node if key in _EVERY_KEYWORD and key not in read)
         for key, value in node.items():
             if key not in read and key not in ("$defs", "definitions"):
                 continue  # (not a keyword of this draft: nothing in it is read as a subschema here)
