@@ -46,7 +46,7 @@ from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, al
 from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
-from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end
+from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end, moved_end
 from constrain.regex_sets import Work, pattern_examples, pattern_search
 from constrain.support import ANNOTATIONS, map_subschemas, references_followable, resolve_ref, walk, walk_with_refs
 from constrain.vocabulary import Vocabulary
@@ -537,8 +537,7 @@ def misread_bounds(node: dict) -> list[str]:
     high, high_key = _interval_end(node, "maximum", "exclusiveMaximum", min)
     if low is None or high is None:
         return []
-    moved = any(key is not None and inward_end(end, key == high_key) is not None
-                for end, key in ((low, low_key), (high, high_key)))  # (by the backend's rewrite)
+    moved = any(key is not None and moved_end(node, key) is not None for key in (low_key, high_key))
     if not (0 < high - low < 1 or (high - low == 1 and low_key is not None and high_key is not None and moved)):
         return []
     return [key for end, key in ((low, low_key), (high, high_key)) if key is not None and float(end).is_integer()]

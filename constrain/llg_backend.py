@@ -1038,7 +1038,8 @@ def _resolved_below(node, id_key: str, base: str | None, top: bool = False):
 
 
 _SAFE_DIGITS = decimal.Context(prec=15)  # decimals of at most 15 significant digits are distinct doubles, in order
-_SAFE_END_RANGE = (1e-15, 1e15)  # |end| where its nearest 15-digit neighbour is a bound llguidance builds a range for
+_SAFE_END_RANGE = (1e-15, 2 ** 53)  # |end| where `inward_end` has a bound llguidance builds a range for
+_INTEGER_SPACED = 1e15  # from here up, 15-digit decimals are 10 apart: the nearest integer inside stands for an end
 
 
 def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
@@ -1049,34 +1050,51 @@ def _exclusive_ends_as_inclusive(schema, uncompiled: set[int]) -> None:
     up to the neighbour's, which is below b's (15 digits: distinct doubles). What it costs: the numbers of 16 or
     more digits between the neighbour and b (`0.9999999999999999`, which reads below 1) are not written. Inclusive
     ends need nothing (reading rounds monotonically, so a decimal within one reads within it), and integers are
-    read exactly. An end of 0 becomes ±1e-15 (the numbers between are never written): reading rounds nothing to 0
-    there, but llguidance misreads an interval whose excluded end is an integer with the other end less than 1 away
+    read exactly. From 1e15 up to 2**53 the end becomes the nearest integer inside (`exclusiveMaximum: 1e15` is
+    `maximum: 999999999999999`; integers are exact doubles there, and 15-digit decimals, 10 apart, would lose the
+    integers between). An end of 0 becomes ±1e-15 (the numbers between are never written): reading rounds nothing
+    to 0 there, but llguidance misreads an interval whose excluded end is an integer with the other end less than 1 away
     (`late_keywords.misread_bounds`), and it forms such intervals itself, intersecting the members of two `anyOf`s:
-    `allOf: [{not: {const: 1}}, {not: {const: 0}}]` took `0` (QA review14 F1). Left alone: ends too small or too
-    large for llguidance to build the neighbour's range."""
+    `allOf: [{not: {const: 1}}, {not: {const: 0}}]` took `0` (QA review14 F1), and with 1e15 and 1e15 + 0.5
+    (review15 F1). Left alone: ends below 1e-15 and from 2**53 up (doubles there are integers 2 or more apart)."""
     for _, key, node in list(walk_with_refs(schema)):  # (a `$ref` may name a subschema no keyword holds: `#/x/y`)
         if key not in ("exclusiveMinimum", "exclusiveMaximum") or id(node) in uncompiled:
             continue
         types = node.get("type", "number")
         if "number" not in (types if isinstance(types, list) else [types]):
             continue
-        inclusive = "minimum" if key == "exclusiveMinimum" else "maximum"
-        end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
-        if isinstance(end, bool) or not isinstance(end, (int, float)):
-            continue
-        bound = inward_end(end, upper=key == "exclusiveMaximum")
+        bound = moved_end(node, key)
         if bound is not None:
             end_as_inclusive(node, key, bound)
 
 
+def moved_end(node: dict, key: str) -> float | None:
+    """The inclusive bound `_exclusive_ends_as_inclusive` gives the exclusive end `key` of `node`, or None where it
+    leaves that end alone: `inward_end` has none, or it would reach the node's other end (`(1e15, 1e15 + 1)` would
+    hold no number, where llguidance reads it right as it is)."""
+    upper = key == "exclusiveMaximum"
+    inclusive = "maximum" if upper else "minimum"
+    end = node.get(inclusive) if node.get(key) is True else node.get(key)  # (draft 4: a flag beside the end)
+    if isinstance(end, bool) or not isinstance(end, (int, float)):
+        return None
+    bound = inward_end(end, upper)
+    if bound is None:
+        return None
+    others = _bounds(node, _LOWER_BOUNDS if upper else _UPPER_BOUNDS)
+    return bound if all(bound > v if upper else bound < v for v in others) else None
+
+
 def inward_end(end: float, upper: bool) -> float | None:
     """The inclusive bound that stands for the exclusive `end` of an interval (its upper one if `upper`): the
-    nearest decimal of 15 significant digits inside (`_exclusive_ends_as_inclusive`); for 0, ±1e-15 (the numbers
-    between are never written). None where `end` is too small or too large for llguidance to build that range."""
+    nearest decimal of 15 significant digits inside (`_exclusive_ends_as_inclusive`), from 1e15 up the nearest
+    integer inside; for 0, ±1e-15 (the numbers between are never written). None where `end` is too small or too
+    large for that."""
     if end == 0:
         return -_SAFE_END_RANGE[0] if upper else _SAFE_END_RANGE[0]
     if not _SAFE_END_RANGE[0] <= abs(end) < _SAFE_END_RANGE[1]:
         return None
+    if abs(end) >= _INTEGER_SPACED:
+        return float(math.ceil(end) - 1 if upper else math.floor(end) + 1)
     exact = decimal.Decimal(repr(end)) if isinstance(end, float) else decimal.Decimal(end)
     return float(exact.next_minus(_SAFE_DIGITS) if upper else exact.next_plus(_SAFE_DIGITS))
 

@@ -955,23 +955,44 @@ def test_a_number_that_parsers_read_as_an_exclusive_end_is_not_written(gpt2_comp
     {"oneOf": [{"not": {"const": 1}}, {"const": 0}]},
     {"allOf": [{"anyOf": [{"type": "number", "exclusiveMaximum": 1}, {"type": "number", "exclusiveMinimum": 1}]},
                {"anyOf": [{"type": "number", "exclusiveMaximum": 0}, {"type": "number", "exclusiveMinimum": 0}]}]},
+    {"allOf": [{"not": {"const": 1e15}}, {"not": {"const": 1e15 + 0.5}}]},
+    {"allOf": [{"not": {"const": -1e15}}, {"not": {"const": -1e15 - 0.5}}]},
+    {"allOf": [{"not": {"const": 2 ** 52}}, {"not": {"const": 2 ** 52 + 0.5}}]},
 ])
 def test_an_interval_llguidance_forms_across_two_any_ofs_does_not_take_its_excluded_end(gpt2_compiler, tokenizers,
                                                                                         vocabs, schema):
     """llguidance misreads an interval whose excluded end is an integer with the other end less than 1 away, and
-    forms one itself where the members of two `anyOf`s meet: `x < 1` and `x > 0` took `0` (QA review14 F1). An
-    excluded end of 0 is compiled as 1e-15 (or -1e-15), as other ends are held at their 15-digit neighbours."""
+    forms one itself where the members of two `anyOf`s meet: `x < 1` and `x > 0` took `0` (QA review14 F1), as
+    did `1e15 + 0.5` beside `1e15` (review15 F1). An excluded end of 0 is compiled as 1e-15 (or -1e-15), as other
+    ends are held at their 15-digit neighbours, and from 1e15 up at the nearest integer inside."""
     from constrain.walkbench import validator_for
 
     document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
     grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": document, "strict": True}}, backend="llguidance"))
     check = validator_for(schema)
-    for value in [0, -0.0, 0.0, 1, 0.5, 2, -1, 1e-15]:
+    for value in [0, -0.0, 0.0, 1, 0.5, 2, -1, 1e-15, 1e15, 1e15 + 0.5, -1e15, -1e15 - 0.5, 2 ** 52, 2 ** 52 + 0.5]:
         taken = accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], value)
         assert not taken or check.is_valid(value), value
     assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], 0.5)
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=3, walks=20) >= 10
+
+
+def test_an_excluded_end_from_1e15_up_is_compiled_as_the_nearest_integer_inside():
+    """15-digit decimals are 10 apart there and every integer below 2**53 is a double; an end whose bound would
+    reach the node's other end is left alone (llguidance reads `(1e15, 1e15 + 1)` right), as is one past 2**53."""
+    from constrain.llg_backend import moved_end
+
+    assert moved_end({"exclusiveMinimum": 1e15}, "exclusiveMinimum") == 1e15 + 1
+    assert moved_end({"exclusiveMaximum": 1e15 + 0.5}, "exclusiveMaximum") == 1e15
+    assert moved_end({"exclusiveMaximum": -1e15}, "exclusiveMaximum") == -1e15 - 1
+    assert moved_end({"exclusiveMaximum": 2 ** 53 - 1}, "exclusiveMaximum") == 2 ** 53 - 2
+    assert moved_end({"exclusiveMaximum": 999999999999999.5}, "exclusiveMaximum") == 999999999999999
+    assert moved_end({"exclusiveMinimum": 2 ** 53}, "exclusiveMinimum") is None
+    for node in ({"exclusiveMinimum": 1e15, "exclusiveMaximum": 1e15 + 1}, {"exclusiveMinimum": 1e15,
+                                                                           "maximum": 1e15 + 0.5}):
+        assert moved_end(node, "exclusiveMinimum") is None
+    assert moved_end({"minimum": 0, "maximum": 1e-16, "exclusiveMinimum": True}, "exclusiveMinimum") is None
 
 
 @pytest.mark.parametrize("schema, pointer", [
