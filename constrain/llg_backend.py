@@ -1668,7 +1668,8 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     escapes)."""
     from constrain.plain_keys import open_object_at
     from constrain.tools import HERMES_CLOSE, HERMES_OPEN, function_schema
-    from constrain.xml_calls import SHAPES, check_functions, document_pointer, parameter_document, value_form
+    from constrain.xml_calls import (SHAPES, Variant, check_functions, document_pointer, object_variants,
+                                     parameter_document, value_form)
 
     shape = SHAPES[spec.tool_format]
     tokens = {tag: _tag_token(lltok, tag) for tag in shape.tags}
@@ -1694,28 +1695,32 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
             raise ConstraintError(f"tools[{i}]: the function name {name!r} cannot be written in the "
                                   f"{spec.tool_format} tool-call format of this model's chat template", param="tools")
         params = function_schema(spec, i)
-        props = params.get("properties", {}) if isinstance(params, dict) else {}
-        required = set(params.get("required", ())) if isinstance(params, dict) else set()
-        body = [text(name + shape.after_name)]
-        for j, (key, schema) in enumerate(props.items() if isinstance(props, dict) else ()):
-            pointer = f"/$defs/tool{i}/properties/{escape_pointer_part(key)}"
+        found = object_variants(params)
+        if found is not None:  # (a union of objects: one argument list per variant)
+            variants = found[0]
+        else:
+            props = params.get("properties", {}) if isinstance(params, dict) else {}
+            variants = [Variant(tuple((key, schema, f"/properties/{escape_pointer_part(key)}") for key, schema in
+                                      (props.items() if isinstance(props, dict) else ())),
+                                frozenset(params.get("required", ())) if isinstance(params, dict) else frozenset())]
+        written: dict[str, str | ConstraintError] = {}  # pointer -> its rule, or why it cannot be written
+
+        def parameter(key: str, schema: Any, at: str, j: int) -> str | ConstraintError:
+            nonlocal unenforced, hints
+            pointer = f"/$defs/tool{i}{at}"
             if pointer in unenforced or schema is False:
-                if key in required:
-                    raise ConstraintError(f"tools[{i}]: the required parameter {key!r} cannot be written in the "
-                                          f"{spec.tool_format} tool-call format of this model's chat template",
-                                          param="tools", pointer=pointer, code="unsupported_schema")
-                continue
+                return ConstraintError(f"tools[{i}]: the required parameter {key!r} cannot be written in the "
+                                       f"{spec.tool_format} tool-call format of this model's chat template",
+                                       param="tools", pointer=pointer, code="unsupported_schema")
             opening = text(shape.before_key + key + shape.between)
             form = value_form(schema, params)
             # (a value none of whose allowed strings can be written raw failed the answer midway, a 400
             # `constraint_too_complex` after the call had begun)
             if form.raw and not form.writable(shape.value_close):
-                if key in required:
-                    raise ConstraintError(f"tools[{i}]: every value of the required parameter {key!r} holds "
-                                          f"{shape.value_close!r}, which ends a value in the {spec.tool_format} "
-                                          "tool-call format of this model's chat template", param="tools",
-                                          pointer=pointer, code="unsupported_schema")
-                continue  # (an optional one is left out: the only way a call can hold it)
+                return ConstraintError(f"tools[{i}]: every value of the required parameter {key!r} holds "
+                                       f"{shape.value_close!r}, which ends a value in the {spec.tool_format} "
+                                       "tool-call format of this model's chat template", param="tools",
+                                       pointer=pointer, code="unsupported_schema")
             if form.raw:  # (a raw value is the string a JSON string would hold, unescaped)
                 hints += tuple(h for h in string_hints(schema) if b"\\" not in h)
             if form.raw and closing_token is None:  # (the closing text in the lexeme: a token may span both)
@@ -1725,15 +1730,16 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 rules.append(f"p{i}_{j}: {opening} P{i}_{j} {text(shape.after_value)}\n"
                              f"P{i}_{j}: {form.lexeme(shape.value_close)}")
             else:
-                value = parameter_document(params, key)
+                value = parameter_document(params, key, at)
                 if value is None:
-                    if key in required or any(pointer.startswith(s + "/") for s in spec.strict_under):
-                        raise ConstraintError(f"tools[{i}]: the parameter {key!r} refers to its function's schema "
-                                              f"beyond its own, which holds a nested $id: the {spec.tool_format} "
-                                              "tool-call format cannot follow such a reference", param="tools",
-                                              pointer=pointer, code="unsupported_schema")
+                    error = ConstraintError(f"tools[{i}]: the parameter {key!r} refers to its function's schema "
+                                            f"beyond its own, which holds a nested $id: the {spec.tool_format} "
+                                            "tool-call format cannot follow such a reference", param="tools",
+                                            pointer=pointer, code="unsupported_schema")
+                    if any(pointer.startswith(s + "/") for s in spec.strict_under):
+                        raise error
                     unenforced += (pointer,)
-                    continue
+                    return error
                 try:
                     _, bad = checked_grammar_text(lltok, "json", schema=value, strict_under=spec.strict_under,
                                                   whitespace_pattern=whitespace_pattern, param="tools",
@@ -1755,9 +1761,28 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"
                              f"v{i}_{j}: %json {json.dumps({**llguidance_schema(value), 'x-guidance': options})}")
                 hints += string_hints(value)
-            body.append(f"p{i}_{j}" if key in required else f"p{i}_{j}?")
-            if key in required:
-                required_keys.append(shape.before_key + key + shape.between)
+            return f"p{i}_{j}"
+
+        lists, refused = [], None
+        for variant in variants:
+            body = []
+            for key, schema, at in variant.props:
+                if at not in written:
+                    written[at] = parameter(key, schema, at, len(written))
+                rule = written[at]
+                if isinstance(rule, ConstraintError):
+                    if key in variant.required:  # (no call of this variant can be written)
+                        refused = refused or rule
+                        break
+                    continue  # (an optional one is left out: the only way a call can hold it)
+                body.append(rule if key in variant.required else f"{rule}?")
+            else:
+                lists.append(" ".join(body) or '""')
+                required_keys += [shape.before_key + key + shape.between for key, _, _ in variant.props
+                                  if key in variant.required]
+        if not lists:
+            raise refused
+        body = [text(name + shape.after_name), f"({' | '.join(lists)})" if len(lists) > 1 else lists[0]]
         functions.append(f"f{i}")
         rules.append(f"f{i}: {' '.join(body)}")
     open_token = _tag_token(lltok, HERMES_OPEN)

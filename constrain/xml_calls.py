@@ -26,9 +26,13 @@ value never holds the tag that ends it.
 The whole output is one llguidance grammar (Lark), so a token may straddle a value and the tag after it (`.\n`):
 JSON values are `%json` of their schema (with llguidance's support check: strict refusals carry the keyword's
 pointer, the others are named as unenforced). The parameters come in the order the schema declares them, the
-required ones always; a parameter the schema does not declare is never written. The checks constrain/ applies
-while decoding JSON outputs (late keywords, `uniqueItems`, keys without escapes) follow JSON documents, not these
-formats: the keywords they would enforce are refused in strict functions and named as unenforced otherwise.
+required ones always; a parameter the schema does not declare is never written. Parameters that combine objects
+(a root `anyOf`/`oneOf` of objects, as pydantic's and zod's unions write them, `allOf`, a root `$ref`) are one list
+of parameters per branch where each branch is plain enough (`object_variants`): before, only the root's own
+properties were written, none in a union of objects, so every call was `{}`, valid against no branch. The checks
+constrain/ applies while decoding JSON outputs (late keywords, `uniqueItems`, keys without escapes) follow JSON
+documents, not these formats: the keywords they would enforce are refused in strict functions and named as
+unenforced otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import functools
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pattern
 from constrain.grammar import ConstraintError, ConstraintSpec
@@ -206,20 +211,179 @@ def value_form(schema: Any, root: dict) -> ValueForm:
 
 def parameter_forms(params: Any) -> dict[str, ValueForm]:
     """Parameter name -> the form of its value, for a function's parameters (as rewritten by
-    `tools.function_schema`)."""
+    `tools.function_schema`); where they are a union of objects (`object_variants`), of each variant's parameters
+    (whose forms agree)."""
+    found = object_variants(params)
+    if found is not None:
+        return {key: value_form(schema, params) for v in found[0] for key, schema, _ in v.props}
     if not isinstance(params, dict) or not isinstance(params.get("properties"), dict):
         return {}
     return {name: value_form(schema, params) for name, schema in params["properties"].items()}
 
 
-def parameter_document(params: dict, key: str) -> dict | None:
+@dataclass(frozen=True)
+class Variant:
+    """One way a function's arguments may be written: its parameters in order, as (name, schema, pointer of the
+    schema in the parameters), those always written, and whether no other key may stand beside them."""
+
+    props: tuple[tuple[str, Any, str], ...]
+    required: frozenset[str]
+    closed: bool = False
+
+
+class _Inexpressible(Exception):
+    pass
+
+
+_UNION_KEYWORDS = {"anyOf", "oneOf", "allOf", "$ref"}
+_MOST_VARIANTS = 64
+
+
+def _merged(a: Variant, b: Variant) -> Variant | None:
+    """The argument lists both `a` and `b` take (None: none, as where one requires a key the other closes out);
+    _Inexpressible where a key both declare has two schemas (its value would be held to both). A key whose schema
+    is `false` in either is never written; one whose schema is `true` (or `{}`) in one takes the other's."""
+    declared = ({k for k, _, _ in a.props}, {k for k, _, _ in b.props})
+    props: dict[str, tuple[Any, str]] = {}
+    for mine, (theirs, closed) in ((a, (declared[1], b.closed)), (b, (declared[0], a.closed))):
+        for key, schema, pointer in mine.props:
+            if key not in theirs and closed:
+                continue  # (a key the other closes out is never written)
+            if key not in props or props[key][0] in (True, {}) or schema is False:
+                props[key] = (schema, pointer)
+            elif schema not in (True, {}) and props[key][0] is not False and \
+                    json.dumps(props[key][0], sort_keys=True) != json.dumps(schema, sort_keys=True):
+                raise _Inexpressible
+    required = a.required | b.required
+    if any(props[r][0] is False if r in props else a.closed or b.closed for r in required):
+        return None  # (a required key one closes out, or whose schema is false: no object is both)
+    return Variant(tuple((k, s, p) for k, (s, p) in props.items()), required, a.closed or b.closed)
+
+
+def _product(left: list[Variant], right: list[Variant]) -> list[Variant]:
+    out = [m for v in left for w in right if (m := _merged(v, w)) is not None]
+    if len(out) > _MOST_VARIANTS:
+        raise _Inexpressible
+    return out
+
+
+def _string_values(schema: Any) -> set[str] | None:
+    values = schema.get("enum") if isinstance(schema, dict) and "enum" in schema else \
+        [schema["const"]] if isinstance(schema, dict) and "const" in schema else None
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return None
+    return set(values)
+
+
+def _fails(v: Variant, w: Variant) -> bool:
+    """Every argument object `v` writes fails `w`: it lacks a key `w` requires, or a key both require holds one
+    of strings none of which `w` allows (a discriminator)."""
+    written = {k for k, schema, _ in v.props if schema is not False}
+    if not w.required <= written:
+        return True
+    mine, theirs = {k: s for k, s, _ in v.props}, {k: s for k, s, _ in w.props}
+    for key in v.required & w.required:
+        a, b = _string_values(mine.get(key)), _string_values(theirs.get(key))
+        if a is not None and b is not None and not a & b:
+            return True
+    return False
+
+
+def _variants(schema: Any, pointer: str, root: dict, depth: int, loose: list[str]) -> list[Variant]:
+    """The argument lists that write exactly the objects `schema` (at `pointer` in `root`) takes; the pointers of
+    `oneOf`s that they write as `anyOf` (whose branches may overlap) go to `loose`."""
+    if depth > 16:
+        raise _Inexpressible
+    if schema is True:
+        return [Variant((), frozenset())]
+    if schema is False:
+        return []
+    if not isinstance(schema, dict) or (set(schema) & ASSERTIONS) - _OBJECT_KEYWORDS - _UNION_KEYWORDS:
+        raise _Inexpressible
+    types = _types(schema)
+    if types is not None and "object" not in types:
+        if not types:
+            raise _Inexpressible
+        return []  # (arguments are objects: such a branch takes none)
+    extra = schema.get("additionalProperties", True)
+    props, required = schema.get("properties", {}), schema.get("required", [])
+    if extra not in (True, False, {}) or not isinstance(props, dict) or not isinstance(required, list) or \
+            not all(isinstance(r, str) for r in required) or not isinstance(schema.get("allOf", []), list):
+        raise _Inexpressible
+    closed = extra is False
+    out = [Variant(tuple((k, s, f"{pointer}/properties/{escape_pointer_part(k)}") for k, s in props.items()),
+                   frozenset(required), closed)]
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")):
+            raise _Inexpressible
+        target = resolve_ref(root, ref)
+        if target is None:
+            raise _Inexpressible
+        out = _product(out, _variants(target, unquote(ref[1:]), root, depth + 1, loose))
+    for member, sub in enumerate(schema.get("allOf", ())):
+        out = _product(out, _variants(sub, f"{pointer}/allOf/{member}", root, depth + 1, loose))
+    for word in ("anyOf", "oneOf"):
+        if word not in schema:
+            continue
+        if not isinstance(schema[word], list) or not schema[word]:
+            raise _Inexpressible
+        branches = [_product(out, _variants(sub, f"{pointer}/{word}/{b}", root, depth + 1, loose))
+                    for b, sub in enumerate(schema[word])]
+        if word == "oneOf" and not all(_fails(v, w) for b, vs in enumerate(branches) for c, ws in enumerate(branches)
+                                       if b != c for v in vs for w in ws):
+            loose.append(f"{pointer}/oneOf")
+        out = [v for vs in branches for v in vs]
+        if len(out) > _MOST_VARIANTS:
+            raise _Inexpressible
+    return out
+
+
+def object_variants(params: Any) -> tuple[list[Variant], list[str]] | None:
+    """Where a function's parameters combine objects (a root `anyOf` or `oneOf` of objects, as pydantic's and zod's
+    unions write them, an `allOf`, a root `$ref` to such a schema): the argument lists (`Variant`s) that write
+    exactly the objects they take, each parameter under the one schema that holds its value, and the pointers of
+    the `oneOf`s written as `anyOf` (their branches may overlap). None where they do not combine objects, or do so
+    beyond what argument lists can write: keywords other than `properties`, `required` and boolean
+    `additionalProperties`, a key declared twice with two schemas, a required key no branch declares, a key the
+    tags cannot hold, a key written raw in one variant and as JSON in another (the parser could not tell which),
+    references beyond `$defs`, nested `$id`s."""
+    if not isinstance(params, dict) or not set(params) & _UNION_KEYWORDS or nested_resources(params):
+        return None
+    if any(k == "$ref" and isinstance(n[k], str) and not n[k].startswith(("#/$defs/", "#/definitions/"))
+           for _, k, n in walk(params)):
+        return None  # (a parameter's `parameter_document` reads `#/properties/...` at the parameters' root)
+    loose: list[str] = []
+    try:
+        variants = _variants(params, "", params, 0, loose)
+    except _Inexpressible:
+        return None
+    # (a key whose schema is false is never written: kept until here, as what it rules out of merged variants)
+    variants = [Variant(tuple(p for p in v.props if p[1] is not False), v.required, v.closed) for v in variants]
+    forms: dict[str, tuple[bool, bool]] = {}
+    for v in variants:
+        for key, schema, _ in v.props:
+            form = value_form(schema, params)
+            if not key or any(c in key for c in "<>\n") or forms.setdefault(key, (form.raw, form.nullable)) != \
+                    (form.raw, form.nullable):
+                return None
+        if not v.required <= {k for k, _, _ in v.props}:
+            return None
+    if not variants:
+        return None
+    unique = {json.dumps([v.props, sorted(v.required)], sort_keys=True): v for v in variants}  # (alike branches)
+    return list(unique.values()), loose
+
+
+def parameter_document(params: dict, key: str, pointer: str | None = None) -> dict | None:
     """The schema of a JSON-form parameter as a document of its own, which its `%json` is compiled from: the
     parameters' `$defs` beside it, and what its local `$ref`s name elsewhere in the parameters (`#`, the usual
     tree's; `#/properties/a`) copied under `$defs`. Compiled alone, `#` named the parameter itself (`[[]]` passed for
     a list of trees, QA toolfmt2 F1) and `#/properties/a` nothing (a 400, F2). None where a `$ref` it holds sits at
     or below a nested `$id`, or where such a reference stays unresolved (beside a nested `$id` anywhere, whose
     references `keep_ref_targets` leaves as they are)."""
-    schema = params["properties"][key]
+    pointer = f"/properties/{escape_pointer_part(key)}" if pointer is None else pointer
+    schema = resolve_ref(params, "#" + quote(pointer))
     if not isinstance(schema, dict):
         return {}
     defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
@@ -232,7 +396,7 @@ def parameter_document(params: dict, key: str) -> dict | None:
     # `#/$defs/a` of the parameters for the resource's own, unsound, QA review10 F2; others, into such a resource
     # too, name what they name at the root: QA review11 F1)
     resources = nested_resources(params)
-    copied = (f"/properties/{escape_pointer_part(key)}/", "/$defs/", "/definitions/")
+    copied = (f"{pointer}/", "/$defs/", "/definitions/")
     if any(k == "$ref" and ptr.startswith(copied) and any(ptr.startswith(r + "/") for r in resources)
            for ptr, k, _ in walk(params)):
         return None
@@ -264,6 +428,14 @@ def document_pointer(i: int, params: dict, pointer: str, inner: str) -> str:
 def unsupported_keywords(params: Any) -> list[str]:
     """Pointers (in `params`) of what this format cannot write: keywords about the parameters object beyond
     its properties, required names it does not declare, names the tags cannot hold."""
+    found = object_variants(params)
+    if found is not None:  # (a union of objects: each variant is written; an overlapping `oneOf` as `anyOf`)
+        return found[1]
+    return _beyond_properties(params)
+
+
+def _beyond_properties(params: Any) -> list[str]:
+    """`unsupported_keywords` where the parameters are written as one argument list, of their `properties`."""
     if not isinstance(params, dict):
         return [""]
     # (a keyword JSON Schema does not define asserts nothing: OpenAPI's `discriminator`, `x-...`)
@@ -366,6 +538,11 @@ def _root_keywords(client: Any, found: list[str]) -> list[str]:
 
     if not isinstance(client, dict) or not any(at_root(p) for p in found):
         return found
+    try:  # (written as argument lists per variant, only the `oneOf`s found are loose)
+        if object_variants(arguments_object_schema(normalise_schema(client))) is not None:
+            return found
+    except ConstraintError:
+        pass
     base = {k: v for k, v in client.items() if k in _OBJECT_KEYWORDS}
     others = [k for k in client if k not in _OBJECT_KEYWORDS and k in ASSERTIONS]
     groups = [[k for k in group if k in others] for group in _TOGETHER]
@@ -376,7 +553,9 @@ def _root_keywords(client: Any, found: list[str]) -> list[str]:
             rewritten = arguments_object_schema(normalise_schema({**base, **{k: client[k] for k in keys}}))
         except ConstraintError:
             return True
-        return any(at_root(p) for p in unsupported_keywords(rewritten))
+        # (a keyword whose rewrite stands beside the object keywords is not enforced where the whole is written as
+        # one argument list, even one that argument lists per variant would write alone: `minProperties`)
+        return any(at_root(p) for p in _beyond_properties(rewritten))
 
     named = [f"/{escape_pointer_part(k)}" for group in groups if unwritable(group) for k in group]
     if not named:

@@ -450,22 +450,31 @@ def test_a_repeated_spec_is_served_from_the_cache(coder):
     assert compiler.compile(spec) is first and compiler.stats.cache_hits == hits + 1
 
 
+_LONG_B = {"properties": {"b": {"maxLength": 2}}}  # (a second schema for `b`: no argument list holds both)
+
+
 @pytest.mark.parametrize("extra, named", [
-    ({"dependentRequired": {"a": ["b"]}, "minProperties": 1}, ["dependentRequired", "minProperties"]),
-    ({"maxProperties": 1}, ["maxProperties"]),
-    ({"dependencies": {"a": ["b"]}}, ["dependencies"]),  # (draft 7's spellings: QA toolreal F1)
-    ({"dependencies": {"a": {"required": ["b"]}}}, ["dependencies"]),
-    ({"dependentSchemas": {"a": {"required": ["b"]}}}, ["dependentSchemas"]),
-    ({"if": {"required": ["a"]}, "then": {"required": ["b"]}}, ["if", "then"]),
-    ({"not": {"required": ["a"]}}, ["not"]),
-    ({"allOf": [{"required": ["a"]}]}, ["allOf"]),
+    ({"dependentSchemas": {"a": _LONG_B}, "minProperties": 1}, ["dependentSchemas", "minProperties"]),
+    ({"dependencies": {"a": _LONG_B}}, ["dependencies"]),  # (draft 7's spelling: QA toolreal F1)
+    ({"if": {"properties": {"a": {"const": "x"}}, "required": ["a"]}, "then": {"required": ["b"]}}, ["if", "then"]),
+    ({"not": {"properties": {"a": {"const": "x"}}, "required": ["a"]}}, ["not"]),
+    ({"allOf": [_LONG_B]}, ["allOf"]),
     ({"minProperties": 1, "required": ["a"]}, []),  # (implied by `required`: enforced, not named)
+    # written as one argument list per variant of the rewrite's `anyOf` (QA xmlanyof): enforced, not named
+    ({"dependentRequired": {"a": ["b"]}, "minProperties": 1}, []),
+    ({"maxProperties": 1}, []),
+    ({"dependencies": {"a": ["b"]}}, []),
+    ({"dependencies": {"a": {"required": ["b"]}}}, []),
+    ({"dependentSchemas": {"a": {"required": ["b"]}}}, []),
+    ({"if": {"required": ["a"]}, "then": {"required": ["b"]}}, []),
+    ({"not": {"required": ["a"]}}, []),
+    ({"allOf": [{"required": ["a"]}]}, []),
 ])
 def test_root_keywords_the_rewrite_folds_into_allof_are_named_as_the_client_wrote_them(extra, named, coder):
     """The rewrite folds such root keywords into one `allOf`, which named only `/0/function/parameters`, in the
     strict 400 and in the unenforced list (QA toolfmt2 F4): each is named as the keyword itself; one the rewrite
-    drops as implied is enforced, and named nowhere."""
-    _, _, compiler = coder
+    drops as implied is enforced, and named nowhere; so is one whose rewrite argument lists write exactly."""
+    _, vocab, compiler = coder
     params = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
               "additionalProperties": False, **extra}
     pointers = tuple(f"/0/function/parameters/{k}" for k in named)
@@ -478,13 +487,22 @@ def test_root_keywords_the_rewrite_folds_into_allof_are_named_as_the_client_wrot
             assert exc.value.pointer == pointers[0] and exc.value.code == "unsupported_schema"
             assert "equivalent form" not in exc.value.message
         else:
-            assert sorted(unenforced_in_client_terms(spec, compiler.compile(spec))) == sorted(pointers)
+            g = compiler.compile(spec)
+            assert sorted(unenforced_in_client_terms(spec, g)) == sorted(pointers)
+            if not named:
+                rng = random.Random(4)
+                for _ in range(6):
+                    toks, done = random_walk(g, vocab, rng, 40, budget=True, prefer_end=0.4)
+                    assert done
+                    valid_calls(decode(vocab, toks), spec, {"f": params})
+
+
+_SMALL_D = {"properties": {"d": {"maximum": 3}}}
 
 
 @pytest.mark.parametrize("first, second", [
-    ({"dependencies": {"c": ["d"]}}, {"dependentRequired": {"c": ["d"]}}),
-    ({"dependentRequired": {"c": ["d"]}}, {"dependencies": {"c": ["d"]}}),
-    ({"dependencies": {"c": {"required": ["d"]}}}, {"dependentSchemas": {"c": {"required": ["d"]}}}),
+    ({"dependencies": {"c": _SMALL_D}}, {"dependentSchemas": {"c": _SMALL_D}}),
+    ({"dependentSchemas": {"c": _SMALL_D}}, {"dependencies": {"c": _SMALL_D}}),
 ])
 def test_a_root_keyword_is_named_as_each_request_wrote_it_where_the_grammar_is_shared(first, second, coder):
     """Two spellings that rewrite alike share one grammar, which kept the first request's keyword: the second
@@ -524,3 +542,71 @@ def test_a_closed_nested_object_whose_keywords_the_rewrite_writes_as_members_is_
                 compiler.compile(spec)
             assert exc.value.pointer == "/0/function/parameters/properties/o"
             assert "additionalProperties: false there" in exc.value.message
+
+
+_A = {"properties": {"a": {"type": "string", "maxLength": 5}}, "required": ["a"]}
+_B = {"properties": {"b": {"type": "integer", "minimum": 1}}, "required": ["b"]}
+_CAT = {"type": "object", "properties": {"kind": {"const": "cat", "type": "string"}, "lives": {"type": "integer"}},
+        "required": ["kind", "lives"], "additionalProperties": False}
+_DOG = {"type": "object", "properties": {"kind": {"const": "dog", "type": "string"}, "name": {"type": "string"}},
+        "required": ["kind"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("tool_format", ["qwen3_coder", "glm47"])
+@pytest.mark.parametrize("parameters, keys", [
+    ({"type": "object", "anyOf": [_A, _B]}, [("a",), ("b",)]),
+    ({"type": "object", "oneOf": [_A, _B]}, [("a",), ("b",)]),  # (no object both write: a oneOf)
+    ({"anyOf": [{"type": "object", **_A, "additionalProperties": False},
+                {"type": "object", **_B, "additionalProperties": False}]}, [("a",), ("b",)]),
+    # pydantic's discriminated union: a oneOf of `$ref`s whose `kind` consts differ
+    ({"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "$defs": {"Cat": _CAT, "Dog": _DOG}},
+     [("kind",), ("kind", "lives"), ("kind", "name")]),
+    ({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+      "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, [("a",), ("a", "b"), ("b",)]),
+    # a closed root: a branch that requires a key it closes out takes no object
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}, "additionalProperties": False,
+      "anyOf": [_A, _B]}, [("a",)]),
+    # the rewrite's exact `anyOf` for a `oneOf` of required keys: the branches' `properties: {"b": false}`
+    ({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+      "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, [("a",), ("b",)]),
+])
+def test_a_union_of_objects_at_the_root_is_written_as_one_argument_list_per_branch(parameters, keys, tool_format,
+                                                                                     coder):
+    """A root `anyOf`/`oneOf` of objects (pydantic's and zod's unions) was refused in strict functions and, in the
+    others, served as the root's own properties alone: none in these, so every call was `{}`, which no branch
+    takes (QA xmlanyof F1). Each branch is now one argument list: strict or not, nothing is unenforced and every
+    call validates."""
+    _, vocab, compiler = coder
+    for strict in (True, False):
+        tools = [{"type": "function", "function": {"name": "f", "strict": strict, "parameters": parameters}}]
+        for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+            spec = spec_from_request(tools=tools, tool_choice=choice, tool_format=tool_format)
+            g = compiler.compile(spec)
+            assert unenforced_in_client_terms(spec, g) == ()
+            rng, seen = random.Random(5), set()
+            for _ in range(10):
+                toks, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.4)
+                assert done
+                seen |= {tuple(sorted(json.loads(c.arguments)))
+                         for c in valid_calls(decode(vocab, toks), spec, {"f": parameters})}
+            assert seen <= set(keys) and len(seen) >= min(2, len(keys))
+
+
+def test_a_union_argument_lists_cannot_write_exactly_is_refused_when_strict_and_named_otherwise(coder):
+    """A `oneOf` whose branches may both take one object is written as `anyOf`: refused when strict, else named.
+    A union whose branches hold one key in two forms (raw text and JSON: the parser could not tell which was
+    written) or keywords beyond `properties` and `required` is refused as before."""
+    _, vocab, compiler = coder
+    overlapping = {"type": "object", "oneOf": [_A, {"properties": {**_A["properties"], **_B["properties"]},
+                                                    "required": ["a"]}]}
+    _refused_when_strict_and_named_otherwise(compiler, overlapping, "/0/function/parameters/oneOf")
+    spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": overlapping}}])
+    g, rng = compiler.compile(spec), random.Random(2)
+    for _ in range(8):  # (held to the anyOf it was written as)
+        toks, done = random_walk(g, vocab, rng, 40, budget=True, prefer_end=0.4)
+        assert done
+        valid_calls(decode(vocab, toks), spec, {"f": {"type": "object", "anyOf": overlapping["oneOf"]}})
+    two_forms = {"type": "object", "anyOf": [_A, {"properties": {"a": {"type": "integer"}}, "required": ["a"]}]}
+    _refused_when_strict_and_named_otherwise(compiler, two_forms, "/0/function/parameters/anyOf")
+    counted = {"type": "object", "anyOf": [_A, {**_B, "maxProperties": 1}]}
+    _refused_when_strict_and_named_otherwise(compiler, counted, "/0/function/parameters/anyOf")

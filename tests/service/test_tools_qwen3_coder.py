@@ -127,19 +127,20 @@ def test_an_earlier_call_with_empty_arguments_is_a_call_without_arguments(client
 
 
 def test_a_strict_function_the_format_cannot_write_is_refused_with_its_pointer(client):
-    """A keyword about the parameters object beyond its properties (`minProperties`) cannot be said in this
-    format: a strict function gets a 400 naming where it is, in terms of the request's `tools`."""
+    """A keyword about the parameters object beyond its properties that no argument list can say
+    (`dependentSchemas` holding `b` to a second schema) cannot be said in this format: a strict function gets a 400
+    naming where it is, in terms of the request's `tools`."""
     import openai
 
     params = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
-              "minProperties": 1, "additionalProperties": False}
+              "dependentSchemas": {"a": {"properties": {"b": {"maxLength": 2}}}}, "additionalProperties": False}
     tools = [TOOLS[1], {"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}]
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
                                        max_tokens=20)
-    error = exc.value.body  # (minProperties is rewritten into required sets: named as written, QA toolfmt2 F4)
+    error = exc.value.body  # (dependentSchemas is rewritten into branches: named as written, QA toolfmt2 F4)
     assert error["param"] == "tools" and error["code"] == "unsupported_schema"
-    assert "at /1/function/parameters/minProperties in the qwen3_coder tool-call format" in error["message"]
+    assert "at /1/function/parameters/dependentSchemas in the qwen3_coder tool-call format" in error["message"]
 
 
 @pytest.mark.parametrize("max_tokens", [1, 16])
