@@ -373,9 +373,21 @@ class Generation:
                                          vocab=self.compiler.vocab)
             except constrain.ConstraintError as exc:
                 raise _constraint_error(exc) from None
-        if grammar is not None and req.continue_final_message and spec.kind != "tools" and reasoning is None:
-            # (tool calls are parsed from the generated text, so their constraint applies to it alone)
-            grammar = self._continued(grammar, spec, text, answer_prefill)
+        if grammar is not None and req.continue_final_message and reasoning is None:
+            if spec.kind != "tools":
+                grammar = self._continued(grammar, spec, text, answer_prefill)
+            elif spec.answer is not None and answer_prefill.strip():
+                # (tool calls are parsed from the generated text, so their constraint applies to it alone; but
+                # beside a response_format the answer is never free text: a prefill is the answer's beginning, and
+                # the constraint applies to it and its continuation together, as without tools. A prefill
+                # `{"a": 1` was continued with a whole new object, `{"a": 1{"a": 2}`, and `ok` with `{...}`.)
+                if not answer_prefill.lstrip().startswith("{"):
+                    raise invalid(f"the assistant message to continue (continue_final_message), {answer_prefill!r}, "
+                                  "is not the beginning of a `response_format` answer (a JSON object): beside "
+                                  "`tools` and a `response_format` the answer is calls or that object, never free "
+                                  "text, and a call cannot be continued (calls are read from the generated text)",
+                                  "messages", code="invalid_constraint")
+                grammar = self._continued(grammar, spec, text, answer_prefill)
         return self._plan(req, [prompt], spec, grammar, headers, default_max=None, started=started,
                           logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, prefix="chatcmpl",
                           reasoning=reasoning, harmony=harmony, after_block=after_block)

@@ -263,6 +263,40 @@ def test_a_constraint_applies_to_the_prefill_and_its_continuation_together(http)
         assert "continue" in r.json()["error"]["message"]
 
 
+def test_beside_tools_a_response_format_applies_to_the_prefill_and_its_continuation_together(http):
+    """With `tools` and a `response_format` (tool_choice auto) the answer is calls or the response_format's object,
+    never free text: a prefill is that object's beginning, and prefill + answer is one valid document, streamed
+    alike. The constraint was applied to the generated text alone: `{"a": 1` was continued with a whole new object
+    (`{"a": 1{"a":-9 }`) and `ok` with `{...}`. A prefill that cannot begin the answer is a 400 naming `messages`;
+    with tools alone, a prefill is still free text."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+    def ask(prefill: str, **fields):
+        return http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [*HELLO, {"role": "assistant", "content": prefill}],
+            "continue_final_message": True, "max_tokens": 8, "tools": tools, "tool_choice": "auto", **fields})
+
+    rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    for seed in range(3):
+        for stream in (False, True):
+            r = ask('{"a": 1', response_format=rf, seed=seed, stream=stream)
+            assert r.status_code == 200, r.text
+            if stream:
+                chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+                content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+            else:
+                content = r.json()["choices"][0]["message"]["content"]
+            jsonschema.validate(json.loads('{"a": 1' + content), schema)
+    for prefill, fmt in [("ok", {"type": "json_object"}), ('{"b": 1', rf), ("[", rf)]:
+        r = ask(prefill, response_format=fmt)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert ask("ok").status_code == 200  # (tools alone: free text)
+
+
 def test_n_2_returns_two_choices_in_index_order(client):
     r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, n=2, seed=7)
     assert [c.index for c in r.choices] == [0, 1]
