@@ -375,28 +375,95 @@ def object_variants(params: Any) -> tuple[list[Variant], list[str]] | None:
     return list(unique.values()), loose
 
 
+_DEFINITIONS = ("$defs", "definitions")
+
+
+def _reached_definitions(params: dict, schema: Any) -> dict[str, set[str]] | None:
+    """The names of the parameters' `$defs` and `definitions` entries that `schema` (one parameter's) reaches: through
+    its `$ref`s, then theirs (an entry's, and those of what `#`, `#/properties/...` and `$anchor` references name,
+    which `parameter_document` copies beside it), by keyword. None where that cannot be told (a reference that is
+    no local pointer or known `$anchor`, to nothing, to the whole `$defs`; `$dynamicRef`, `$recursiveRef`; `$defs`
+    that is no object)."""
+    if any(not isinstance(params[k], dict) for k in _DEFINITIONS if k in params):
+        return None
+    defs = {k: params[k] for k in _DEFINITIONS if k in params}
+    root = {k: v for k, v in params.items() if k not in _DEFINITIONS}  # (`#`: its copy holds no `$defs`)
+    anchors: dict[str, Any] = {}  # name -> (keyword, entry) where an entry declares it, else its subschema
+    for ptr, k, n in walk(params):
+        if k == "$anchor" and isinstance(n[k], str):
+            parts = ptr.split("/")
+            entry = (parts[1], unescape_pointer_part(parts[2])) if len(parts) > 3 and parts[1] in defs else None
+            anchors.setdefault(n[k], entry if entry is not None else n)
+    reached: dict[str, set[str]] = {k: set() for k in _DEFINITIONS}
+    work, seen = [schema], set()
+    while work:
+        node = work.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for _, k, n in walk(node):
+            if k in ("$dynamicRef", "$recursiveRef"):
+                return None
+            if k != "$ref":
+                continue
+            ref = n[k]
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                return None
+            parts, target = unquote(ref[1:]).split("/"), resolve_ref(params, ref)
+            if ref == "#":
+                work.append(root)
+            elif ref.startswith("#/"):
+                if not isinstance(target, (dict, bool)) or (parts[1] in defs and len(parts) == 2):
+                    return None  # (nothing, no schema, the whole `$defs`)
+                if parts[1] in defs:  # (the entry is copied whole; what it names inside `walk` may not reach: `a/full`)
+                    reached[parts[1]].add(unescape_pointer_part(parts[2]))
+                    work.append(defs[parts[1]][unescape_pointer_part(parts[2])])
+                work.append(target)
+            elif unquote(ref[1:]) in anchors:
+                found = anchors[unquote(ref[1:])]
+                if isinstance(found, tuple):
+                    reached[found[0]].add(found[1])
+                    found = defs[found[0]][found[1]]
+                work.append(found)
+            else:
+                return None
+    return reached
+
+
 def parameter_document(params: dict, key: str, pointer: str | None = None) -> dict | None:
     """The schema of a JSON-form parameter as a document of its own, which its `%json` is compiled from: the
-    parameters' `$defs` beside it, and what its local `$ref`s name elsewhere in the parameters (`#`, the usual
-    tree's; `#/properties/a`) copied under `$defs`. Compiled alone, `#` named the parameter itself (`[[]]` passed for
-    a list of trees, QA toolfmt2 F1) and `#/properties/a` nothing (a 400, F2). None where a `$ref` it holds sits at
-    or below a nested `$id`, or where such a reference stays unresolved (beside a nested `$id` anywhere, whose
-    references `keep_ref_targets` leaves as they are)."""
+    parameters' `$defs` it reaches beside it, and what its local `$ref`s name elsewhere in the parameters (`#`, the
+    usual tree's; `#/properties/a`) copied under `$defs`. Compiled alone, `#` named the parameter itself (`[[]]`
+    passed for a list of trees, QA toolfmt2 F1) and `#/properties/a` nothing (a 400, F2). Only the definitions it
+    reaches (`_reached_definitions`): with every one, a definition only another parameter uses was checked as this
+    one's, and one this format cannot enforce (an open object) refused a strict function whose calls never write
+    it (QA xmlanyof F2). None where a `$ref` it holds sits at or below a nested `$id`, or where such a reference
+    stays unresolved (beside a nested `$id` anywhere, whose references `keep_ref_targets` leaves as they are)."""
     pointer = f"/properties/{escape_pointer_part(key)}" if pointer is None else pointer
     schema = resolve_ref(params, "#" + quote(pointer))
     if not isinstance(schema, dict):
         return {}
-    defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
+    defs = {k: params[k] for k in _DEFINITIONS if k in params}
+    reached = _reached_definitions(params, schema)
+    copied = (f"{pointer}/", "/$defs/", "/definitions/")
+    if reached is not None:
+        defs = {k: {n: s for n, s in v.items() if n in reached[k]} if isinstance(v, dict) else v
+                for k, v in defs.items()}
+        copied = (f"{pointer}/", *(f"/{k}/{escape_pointer_part(n)}/" for k in reached for n in reached[k]))
 
     def elsewhere(ref: str) -> bool:
         return not ref.startswith(("#/$defs/", "#/definitions/"))
+
+    def copy_of(target: Any) -> Any:  # (the parameters whole, for `#`: their definitions are the document's)
+        if target is params and reached is not None:
+            return copy.deepcopy({k: v for k, v in params.items() if k not in _DEFINITIONS})
+        return copy.deepcopy(target)
 
     document = copy.deepcopy({**schema, **defs})
     # (a `$ref` at or below a nested `$id` names a place in that resource: read at the document's root, it took
     # `#/$defs/a` of the parameters for the resource's own, unsound, QA review10 F2; others, into such a resource
     # too, name what they name at the root: QA review11 F1)
     resources = nested_resources(params)
-    copied = (f"{pointer}/", "/$defs/", "/definitions/")
     if any(k == "$ref" and ptr.startswith(copied) and any(ptr.startswith(r + "/") for r in resources)
            for ptr, k, _ in walk(params)):
         return None
@@ -408,7 +475,7 @@ def parameter_document(params: dict, key: str, pointer: str | None = None) -> di
     here = {n[k] for _, k, n in walk_with_refs(document) if k == "$anchor"}
     for i, name in enumerate(sorted(named & set(declared) - here)):
         document.setdefault("$defs", {})[f"structgen-anchor-{i}"] = copy.deepcopy(declared[name])
-    keep_ref_targets(params, document, elsewhere, copy.deepcopy)
+    keep_ref_targets(params, document, elsewhere, copy_of)
     unresolved = any(k == "$ref" and isinstance(n[k], str) and (n[k] == "#" or n[k].startswith("#/"))
                      and elsewhere(n[k]) for _, k, n in walk_with_refs(document))
     return None if unresolved else document

@@ -610,3 +610,62 @@ def test_a_union_argument_lists_cannot_write_exactly_is_refused_when_strict_and_
     _refused_when_strict_and_named_otherwise(compiler, two_forms, "/0/function/parameters/anyOf")
     counted = {"type": "object", "anyOf": [_A, {**_B, "maxProperties": 1}]}
     _refused_when_strict_and_named_otherwise(compiler, counted, "/0/function/parameters/anyOf")
+
+
+_OPEN = {"type": "object", "properties": {"x": {"type": "string"}}}  # (keys this format cannot keep unescaped)
+_M = {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"], "additionalProperties": False}
+_TREE = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3},
+                                          "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+         "required": ["name", "kids"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("tool_format", ["qwen3_coder", "glm47"])
+@pytest.mark.parametrize("parameters", [
+    # pydantic's discriminated union of its (open) models: `lives`, an integer, is JSON; `Dog` was checked with it
+    {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+     "$defs": {"Cat": {k: v for k, v in _CAT.items() if k != "additionalProperties"},
+               "Dog": {**{k: v for k, v in _DOG.items() if k != "additionalProperties"}, "required": ["kind", "name"]}}},
+    # definitions no parameter reaches (shared across tools), beside ones one does, through another
+    {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"$ref": "#/$defs/W"}}, "required": ["n", "m"],
+     "additionalProperties": False, "$defs": {"W": {"$ref": "#/$defs/M"}, "M": _M, "U": _OPEN,
+                                              "L": {"type": "array", "uniqueItems": True}}},
+    {"type": "object", "properties": {"m": {"$ref": "#/definitions/M"}}, "required": ["m"],
+     "additionalProperties": False, "definitions": {"M": _M, "U": _OPEN}},
+    # `#` (a tree's children): the parameters copied beside the value held every definition too
+    {**_TREE, "$defs": {"U": _OPEN}},
+    # a nested `$id` whose references the document could not follow, in a definition the parameter never reaches
+    {"type": "object", "properties": {"m": {"$ref": "#/$defs/M"}}, "required": ["m"], "additionalProperties": False,
+     "$defs": {"M": _M, "N": {"$id": "http://example.com/n", "$ref": "#/$defs/y", "$defs": {"y": {"type": "string"}}}}},
+])
+def test_a_parameter_is_checked_against_only_the_definitions_it_reaches(parameters, tool_format, coder):
+    """A JSON value's schema is compiled as a document of its own, with the parameters' `$defs` beside it: every one
+    of them, so a definition the parameter never reaches, that this format cannot enforce (an open object), refused
+    a strict function and was named in the others (QA xmlanyof F2), though no call writes it. The JSON formats
+    (hermes, the reference) serve these with nothing unenforced; so do these formats now, and every call validates."""
+    _, vocab, compiler = coder
+    for strict in (True, False):
+        tools = [{"type": "function", "function": {"name": "f", "strict": strict, "parameters": parameters}}]
+        for fmt in ("hermes", tool_format):
+            spec = spec_from_request(tools=tools, tool_choice="required", tool_format=fmt)
+            g = compiler.compile(spec)
+            assert unenforced_in_client_terms(spec, g) == (), fmt
+        assert spec.tool_format == tool_format
+        rng = random.Random(3)
+        for _ in range(6):
+            toks, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.4)
+            assert done
+            valid_calls(decode(vocab, toks), spec, {"f": parameters})
+
+
+def test_a_definition_a_parameter_reaches_is_still_refused_when_strict_and_named_otherwise(coder):
+    """Reached through another definition, or from the copy of the parameters a `#` brings along, what this format
+    cannot enforce is refused in strict functions and named in the others, where it is in the client's schema."""
+    _, _, compiler = coder
+    through = {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"$ref": "#/$defs/M"}},
+               "required": ["n", "m"], "additionalProperties": False,
+               "$defs": {"M": {**_M, "properties": {"k": {"$ref": "#/$defs/U"}}}, "U": _OPEN}}
+    _refused_when_strict_and_named_otherwise(compiler, through, "/0/function/parameters/$defs/U")
+    listed = {**through, "$defs": {**through["$defs"], "U": {"type": "array", "uniqueItems": True}}}
+    _refused_when_strict_and_named_otherwise(compiler, listed, "/0/function/parameters/$defs/U/uniqueItems")
+    tree = {**_TREE, "properties": {**_TREE["properties"], "u": {"$ref": "#/$defs/U"}}, "$defs": {"U": _OPEN}}
+    _refused_when_strict_and_named_otherwise(compiler, tree, "/0/function/parameters/$defs/U")

@@ -143,6 +143,26 @@ def test_a_strict_function_the_format_cannot_write_is_refused_with_its_pointer(c
     assert "at /1/function/parameters/dependentSchemas in the qwen3_coder tool-call format" in error["message"]
 
 
+def test_a_strict_function_is_checked_against_only_the_definitions_each_parameter_reaches(client):
+    """pydantic's discriminated union of its models (open objects) in `$defs`: `lives`, an integer written as JSON,
+    was compiled with every definition beside it, and `Dog`, which it never reaches, made the strict function a 400
+    (QA xmlanyof F2). Served now, as the JSON formats serve it, nothing unenforced, every call valid."""
+    cat = {"type": "object", "properties": {"kind": {"const": "cat", "type": "string"}, "lives": {"type": "integer"}},
+           "required": ["kind", "lives"]}
+    dog = {"type": "object", "properties": {"kind": {"const": "dog", "type": "string"}, "name": {"type": "string"}},
+           "required": ["kind", "name"]}
+    params = {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "$defs": {"Cat": cat, "Dog": dog}}
+    tools = [{"type": "function", "function": {"name": "pet", "strict": True, "parameters": params}}]
+    for seed in range(2):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=ASK, tools=tools, tool_choice="required", max_tokens=60, seed=seed)
+        assert "x-structgen-unenforced" not in raw.headers
+        calls = raw.parse().choices[0].message.tool_calls
+        assert calls
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), params)
+
+
 @pytest.mark.parametrize("max_tokens", [1, 16])
 def test_the_servers_own_answer_cut_by_max_tokens_goes_back_in_history(client, max_tokens):
     """Agent loops append every answer as returned and answer each call. A call max_tokens cut (arguments `{"a": `)
