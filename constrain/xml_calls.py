@@ -224,11 +224,13 @@ def parameter_forms(params: Any) -> dict[str, ValueForm]:
 @dataclass(frozen=True)
 class Variant:
     """One way a function's arguments may be written: its parameters in order, as (name, schema, pointer of the
-    schema in the parameters), those always written, and whether no other key may stand beside them."""
+    schema in the parameters), those always written, whether no other key may stand beside them, and the `oneOf`
+    branches it was made from, as (the `oneOf`'s pointer, the branch's index)."""
 
     props: tuple[tuple[str, Any, str], ...]
     required: frozenset[str]
     closed: bool = False
+    origins: frozenset[tuple[str, int]] = frozenset()
 
 
 class _Inexpressible(Exception):
@@ -257,7 +259,8 @@ def _merged(a: Variant, b: Variant) -> Variant | None:
     required = a.required | b.required
     if any(props[r][0] is False if r in props else a.closed or b.closed for r in required):
         return None  # (a required key one closes out, or whose schema is false: no object is both)
-    return Variant(tuple((k, s, p) for k, (s, p) in props.items()), required, a.closed or b.closed)
+    return Variant(tuple((k, s, p) for k, (s, p) in props.items()), required, a.closed or b.closed,
+                   a.origins | b.origins)
 
 
 def _product(left: list[Variant], right: list[Variant]) -> list[Variant]:
@@ -289,9 +292,11 @@ def _fails(v: Variant, w: Variant) -> bool:
     return False
 
 
-def _variants(schema: Any, pointer: str, root: dict, depth: int, loose: list[str]) -> list[Variant]:
-    """The argument lists that write exactly the objects `schema` (at `pointer` in `root`) takes; the pointers of
-    `oneOf`s that they write as `anyOf` (whose branches may overlap) go to `loose`."""
+def _variants(schema: Any, pointer: str, root: dict, depth: int,
+              oneofs: dict[str, list[list[Variant]]]) -> list[Variant]:
+    """The argument lists that write exactly the objects `schema` (at `pointer` in `root`) takes, each tagged with
+    the `oneOf` branches it was made from; each `oneOf`'s pointer goes to `oneofs` with its branches' lists (whether
+    one is written exactly is told from the whole's lists: `object_variants`)."""
     if depth > 16:
         raise _Inexpressible
     if schema is True:
@@ -320,19 +325,20 @@ def _variants(schema: Any, pointer: str, root: dict, depth: int, loose: list[str
         target = resolve_ref(root, ref)
         if target is None:
             raise _Inexpressible
-        out = _product(out, _variants(target, unquote(ref[1:]), root, depth + 1, loose))
+        out = _product(out, _variants(target, unquote(ref[1:]), root, depth + 1, oneofs))
     for member, sub in enumerate(schema.get("allOf", ())):
-        out = _product(out, _variants(sub, f"{pointer}/allOf/{member}", root, depth + 1, loose))
+        out = _product(out, _variants(sub, f"{pointer}/allOf/{member}", root, depth + 1, oneofs))
     for word in ("anyOf", "oneOf"):
         if word not in schema:
             continue
         if not isinstance(schema[word], list) or not schema[word]:
             raise _Inexpressible
-        branches = [_product(out, _variants(sub, f"{pointer}/{word}/{b}", root, depth + 1, loose))
+        branches = [_product(out, _variants(sub, f"{pointer}/{word}/{b}", root, depth + 1, oneofs))
                     for b, sub in enumerate(schema[word])]
-        if word == "oneOf" and not all(_fails(v, w) for b, vs in enumerate(branches) for c, ws in enumerate(branches)
-                                       if b != c for v in vs for w in ws):
-            loose.append(f"{pointer}/oneOf")
+        if word == "oneOf":
+            oneofs[f"{pointer}/oneOf"] = branches
+            branches = [[Variant(v.props, v.required, v.closed, v.origins | {(f"{pointer}/oneOf", b)}) for v in vs]
+                        for b, vs in enumerate(branches)]
         out = [v for vs in branches for v in vs]
         if len(out) > _MOST_VARIANTS:
             raise _Inexpressible
@@ -353,11 +359,18 @@ def object_variants(params: Any) -> tuple[list[Variant], list[str]] | None:
     if any(k == "$ref" and isinstance(n[k], str) and not n[k].startswith(("#/$defs/", "#/definitions/"))
            for _, k, n in walk(params)):
         return None  # (a parameter's `parameter_document` reads `#/properties/...` at the parameters' root)
-    loose: list[str] = []
+    oneofs: dict[str, list[list[Variant]]] = {}
     try:
-        variants = _variants(params, "", params, 0, loose)
+        variants = _variants(params, "", params, 0, oneofs)
     except _Inexpressible:
         return None
+    # (a `oneOf` is exact where every list made from one of its branches writes only objects its other branches
+    # refuse, told from the whole's lists: a key that its branches tell apart by may be declared, and so written,
+    # beside the `oneOf` (`allOf: [{properties: {a, b}}, {oneOf: [{required: [a]}, {required: [b]}]}]` wrote
+    # `{a, b}`, which both take: QA review16 F1))
+    loose = [at for at, branches in oneofs.items()
+             if not all(_fails(v, w) for v in variants for at_, b in v.origins if at_ == at
+                        for c, ws in enumerate(branches) if c != b for w in ws)]
     # (a key whose schema is false is never written: kept until here, as what it rules out of merged variants)
     variants = [Variant(tuple(p for p in v.props if p[1] is not False), v.required, v.closed) for v in variants]
     forms: dict[str, tuple[bool, bool]] = {}

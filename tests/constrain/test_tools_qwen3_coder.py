@@ -669,3 +669,29 @@ def test_a_definition_a_parameter_reaches_is_still_refused_when_strict_and_named
     _refused_when_strict_and_named_otherwise(compiler, listed, "/0/function/parameters/$defs/U/uniqueItems")
     tree = {**_TREE, "properties": {**_TREE["properties"], "u": {"$ref": "#/$defs/U"}}, "$defs": {"U": _OPEN}}
     _refused_when_strict_and_named_otherwise(compiler, tree, "/0/function/parameters/$defs/U")
+
+
+@pytest.mark.parametrize("parameters, pointer", [
+    ({"type": "object", "properties": {"k": {"type": "integer"}, "z": {"type": "integer"}},
+      "allOf": [{"oneOf": [{"properties": {"z": {"type": "integer"}}, "required": ["z"]},
+                           {"properties": {"k": {"type": "integer"}}, "required": ["k"]}]}]},
+     "/0/function/parameters/allOf/0/oneOf"),
+    ({"type": "object", "properties": {"k": {"type": "integer"}, "z": {"type": "integer"}}, "$ref": "#/$defs/U",
+      "$defs": {"U": {"oneOf": [{"properties": {"z": {"type": "integer"}}, "required": ["z"]},
+                                {"properties": {"k": {"type": "integer"}}, "required": ["k"]}]}}},
+     "/0/function/parameters/$defs/U/oneOf"),
+])
+def test_a_oneof_is_told_apart_with_the_keys_declared_beside_it(parameters, pointer, coder):
+    """A `oneOf` whose branches each lack a key the other requires was kept exact from its branches alone, but a
+    key declared beside it (a sibling `allOf` member, the object that refers to it) may stand in either branch's
+    calls: `{"k": 1, "z": 1}` was written, which both branches take, in a strict function with nothing unenforced
+    (QA review16 F1). Such a `oneOf` is now enforced as `anyOf`: refused when strict, else named."""
+    tok, vocab, compiler = coder
+    with pytest.raises(ConstraintError) as exc:
+        compiler.compile(_spec("required", tools=[{"type": "function", "function": {
+            "name": "f", "strict": True, "parameters": parameters}}]))
+    assert exc.value.param == "tools" and exc.value.pointer == pointer, exc.value.message
+    spec = _spec("required", tools=[{"type": "function", "function": {"name": "f", "parameters": parameters}}])
+    g = compiler.compile(spec)
+    assert pointer in unenforced_in_client_terms(spec, g)
+    assert takes_text(g, tok, _call("f", ("k", "1"), ("z", "1")))
