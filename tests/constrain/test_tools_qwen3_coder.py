@@ -695,3 +695,28 @@ def test_a_oneof_is_told_apart_with_the_keys_declared_beside_it(parameters, poin
     g = compiler.compile(spec)
     assert pointer in unenforced_in_client_terms(spec, g)
     assert takes_text(g, tok, _call("f", ("k", "1"), ("z", "1")))
+
+
+@pytest.mark.parametrize("tool_format", ["qwen3_coder", "glm47"])
+def test_a_json_value_the_grammar_opens_with_a_space_is_read(tool_format, coder):
+    """Where a union's argument lists write one key under two JSON rules, llguidance's `%json`s take a space before
+    the value; the parser read JSON from the value's first character and refused it, so an answer the grammar took
+    did not parse (QA review16 F2). JSON's whitespace before the value is now read past."""
+    tok, vocab, compiler = coder
+    parameters = {"anyOf": [{"properties": {"z": {"type": "integer"}}, "required": ["z"]},
+                            {"properties": {"z": {"type": "integer"}, "q": {"type": "integer"}},
+                             "required": ["z", "q"]}]}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                                     "parameters": parameters}}],
+                             tool_choice="required", tool_format=tool_format)
+    g = compiler.compile(spec)
+    text = _call("f", ("z", " 1")) if tool_format == "qwen3_coder" else \
+        "<tool_call>f<arg_key>z</arg_key><arg_value> 1</arg_value></tool_call>"
+    if takes_text(g, tok, text):  # (as llguidance does now; the parser reads what it takes either way)
+        parsed = parse_tool_calls(text, spec)
+        assert parsed is not None and [json.loads(c.arguments) for c in parsed.calls] == [{"z": 1}]
+    rng = random.Random(3)
+    for _ in range(20):
+        toks, done = random_walk(g, vocab, rng, 30, budget=True, prefer_end=0.3)
+        assert done
+        valid_calls(decode(vocab, toks), spec, {"f": parameters})
