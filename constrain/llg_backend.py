@@ -512,7 +512,10 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
         while not walk.is_accepting() or refused(b"", ends=True):
             if len(out) >= max_bytes or walk.is_error() or walk.is_stopped():
                 return None
-            ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)), None)
+            # (one the grammar takes twice in a row is text inside a value there, not its end: inside a JSON string,
+            # where tags are not tokens of their own, the walk wrote `</arg_value>` until it ran out of bytes)
+            ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)
+                           and walk.validate_tokens(e + e) != 2 * len(e)), None)
             if ending is not None:  # (before forced bytes, which may be its beginning: `<` of `</function>`)
                 walk.consume_tokens(ending)
                 wrote(ending)

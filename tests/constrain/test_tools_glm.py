@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from constrain import parse_tool_calls, spec_from_request
-from tests.conftest import GLM_TAGS, build_glm45_tokenizer
+from tests.conftest import GLM_TAGS, build_glm45_tokenizer, build_qwen3_coder_tokenizer
 from tests.constrain.conftest import allowed_ids, compiling, random_walk, takes_text, valid_calls
 
 WEATHER = {"type": "object", "properties": {
@@ -190,3 +190,26 @@ def test_a_raw_email_value_closes_within_a_tight_budget(tool_format, glm):
         toks, done = random_walk(g, vocab, rng, 60, budget=True, special_ok=TAG_IDS)
         assert done
         assert len(valid_calls(tok.decode(toks, skip_special_tokens=False), spec, {"contact": contact})) == 1
+
+
+@pytest.mark.parametrize("tool_format", ["glm45", "glm47"])
+def test_calls_close_where_the_tags_are_text(tool_format, tmp_path):
+    """Where the tokenizer has no tokens for the argument tags (Qwen2's, `<tool_call>` added but not special), a
+    tag's text is also text inside a JSON string or a raw value: the closing walk took `</arg_value>` there for the
+    value's end again and again and found no completion, and glm47's walks ran out of tokens inside a string (6 in
+    15; glm45's ending holds a newline, which a JSON string does not)."""
+    params = {"type": "object", "properties": {"a": {}, "s": {"type": "string"}}, "required": ["a", "s"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    spec = spec_from_request(tools=tools, tool_choice="required", parallel_tool_calls=False, tool_format=tool_format)
+    with compiling(build_qwen3_coder_tokenizer(tmp_path), "qwen2") as (tok, vocab, compiler):
+        g = compiler.compile(spec)
+        m = g.matcher()
+        nl = "\n" if tool_format == "glm45" else ""
+        for t in vocab.spell(f'<tool_call>f{nl}<arg_key>a</arg_key>{nl}<arg_value>"x'.encode(), ordinary=True):
+            assert m.accept(t)
+        assert m.min_tokens_to_end() is not None
+        rng = random.Random(0)
+        for _ in range(12):
+            toks, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.3)
+            assert done
+            valid_calls(tok.decode(toks), spec, {"f": params})
