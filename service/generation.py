@@ -41,7 +41,7 @@ from service.sampling import sampling_params
 log = logging.getLogger(__name__)
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # seed 002; chat defaults to the room left in the context
-_HEADER_SAFE = "".join(c for c in string.punctuation if c not in "%,")  # (with letters and digits)
+_HEADER_SAFE = "".join(c for c in string.punctuation if c not in '%,"')  # (with letters and digits)
 
 
 # Characters a header list may take: all of a response's headers must fit proxies' buffers (nginx's proxy_buffer_size
@@ -54,11 +54,12 @@ def header_list(items) -> str:
     schema). Each item is percent-encoded as UTF-8 (RFC 3986) where it holds a character other than printable
     ASCII, a space, a `%` or a `,`: header values are Latin-1 and end at a newline, so a property named `名前` or
     `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form. A list longer than
-    HEADER_LIST_MAX characters ends with `+N more`, N the items left out."""
+    HEADER_LIST_MAX characters ends with `+N more`, N the items left out. An empty item is written `""` (a field
+    named `""` was an empty header), so `"` is always encoded."""
     items = list(items)
     encoded, size = [], -1
     for item in items:  # (encoded only until the list is too long: half a million field names took 0.6 s)
-        encoded.append(quote(item, safe=_HEADER_SAFE))
+        encoded.append(quote(item, safe=_HEADER_SAFE) if item else '""')
         size += len(encoded[-1]) + 1
         if size > HEADER_LIST_MAX:
             break

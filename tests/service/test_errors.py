@@ -555,6 +555,10 @@ def test_unknown_fields_are_accepted_and_named_in_a_header(http):
                                                "my_sdk_extra": 1, "another": {"x": 1}, "user": "u1"})
     assert r.status_code == 200
     assert r.headers["x-structgen-ignored-fields"] == "another,my_sdk_extra"
+    # a field named by the empty string is written `""` (it made an empty header), a quote percent-encoded
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
+                                               "": 1, '""': 2})
+    assert r.status_code == 200 and r.headers["x-structgen-ignored-fields"] == '"",%22%22', r.headers
     # predicted outputs only make decoding faster, never change the answer: ignored, and said so
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
                                                "prediction": {"type": "content", "content": "Hello there"}})
