@@ -3,6 +3,7 @@ redundant. Every rewrite preserves the set of accepted instances exactly; when a
 is left alone (and the backend then refuses it in strict mode, with its pointer).
 
 Rewrites (each unit-tested with jsonschema on accepted and refused documents, tests/constrain/test_rewrite.py):
+- keywords of a type the node's `type` does not take (`minimum` beside `type: string`) say nothing: dropped;
 - finite values: a node with `enum`/`const` (directly or in an `allOf` member) accepts exactly those of its values
   that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
   $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats, or a
@@ -918,7 +919,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     ctx.here = ptr
-    for step in (_impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of,
+    for step in (_keywords_of_other_types, _impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of,
                  _conditional, _unique_items, _contains, _property_names, _patterns_as_properties, _dependencies,
                  _properties_count, _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
         before = node
@@ -940,6 +941,33 @@ def _moves_targets(before: dict, after: Any, ptr: str, targets: list[str]) -> bo
         if key in before and (not isinstance(after, dict) or after.get(key) is not before[key]):
             return True
     return False
+
+
+# The keywords that say something of values of one type only (`format`: every format JSON Schema defines is of
+# strings); `unevaluated*` are left, as they make the rewrite skip the schema (_CONTEXT_KEYS).
+_KEYWORDS_OF_TYPE = {
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "array": ("items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains", "minItems",
+              "maxItems", "uniqueItems"),
+    "object": ("properties", "patternProperties", "additionalProperties", "required", "minProperties",
+               "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies"),
+}
+
+
+def _keywords_of_other_types(node: dict, ctx: _Ctx) -> dict:
+    """Keywords of a type the node's `type` does not take say nothing there: dropped, so that none is refused or
+    named for what no backend could build (`{"type": "string", "minimum": 1e19}` was a 400: no number range past
+    1e18; a lookbehind `pattern` beside `type: integer` a 400 under strict)."""
+    types = types_of(node["type"]) if "type" in node else None
+    if types is None:
+        return node
+    taken = {"number" if t in ("integer", "fraction") else t for t in types}
+    dropped = [k for kind, keys in _KEYWORDS_OF_TYPE.items() if kind not in taken for k in keys if k in node]
+    if not dropped:
+        return node
+    ctx.changed = True
+    return {k: v for k, v in node.items() if k not in dropped}
 
 
 def _impossible_keys(node: dict, ctx: _Ctx) -> Any:

@@ -233,6 +233,14 @@ CASES = [
     ("minProperties beside nested $ids", {"type": "object", "additionalProperties": False, "minProperties": 2,
                                           "properties": {k: {"$id": f"/properties/{k}", "type": "integer"}
                                                          for k in "abcd"}}, "minProperties"),
+    # keywords of a type the node does not take say nothing there
+    ("number keywords beside a type of strings", {"type": "string", "minimum": 1e19, "multipleOf": 1234567.1,
+                                                  "maxLength": 2}, "minimum"),
+    ("string keywords beside a type of integers", {"type": "integer", "pattern": "(?<=a)b", "minimum": 2}, "pattern"),
+    ("object keywords beside a type of arrays", {"type": "array", "required": ["a"], "maxItems": 2,
+                                                 "properties": {"a": {"type": "string"}}}, "required"),
+    ("array keywords beside objects and null", {"type": ["object", "null"], "items": {"type": "string"},
+                                                "minItems": 3, "required": ["a"]}, "items"),
 ]
 
 
@@ -1758,3 +1766,22 @@ def test_a_reference_into_keywords_beside_a_ref_names_a_copy():
     assert out["$defs"]["structgen-kept-0"] == {"type": "integer"}
     docs = [{}, {"a": 1}, {"a": "x"}, {"z": 1}, {"a": 1, "z": 1}, {"x": "s"}, 5]
     assert _same(schema, normalise_schema(schema), docs) == (3, 4)  # ({}, {"a": 1}, {"x": "s"})
+
+
+def test_keywords_of_types_a_node_does_not_take_are_not_refused(gpt2_compiler):
+    """A bound no backend builds, or a pattern llguidance cannot read, where the node takes no number or no string,
+    was a 400 (QA fuzz5 F2); a `$ref` to a subschema inside such a keyword still finds it."""
+    schema = {"type": "object", "properties": {
+        "s": {"type": "string", "minimum": 1e19, "maximum": 10 ** 20},
+        "n": {"type": "integer", "pattern": "(?<=a)b", "maximum": 3},
+        "r": {"$ref": "#/properties/t/properties/a"},
+        "t": {"type": "string", "properties": {"a": {"type": "integer"}}}},
+        "required": ["s", "n", "r", "t"], "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    assert rewrite_schema(schema)["properties"]["t"] == schema["properties"]["t"]
+    with pytest.raises(ConstraintError) as exc:  # (where it takes numbers, the bound is still refused)
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(
+            {"type": ["string", "integer"], "minimum": 1e19}), strict=True, backend="llguidance"))
+    assert exc.value.pointer == "/minimum"
