@@ -24,7 +24,7 @@ import numpy as np
 from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
-from constrain.support import escape_pointer_part
+from constrain.support import NAMED_SUBSCHEMAS, VALUE_KEYWORDS, escape_pointer_part
 from constrain.vocabulary import Vocabulary
 
 # Keywords through which a key's name selects what applies to its value, or counts.
@@ -36,8 +36,9 @@ _U = ord("u")
 
 def keys_need_plain_spelling(schema: Any) -> bool:
     """Some object of `schema` names keys and takes others too (its `additionalProperties` is not false), so a
-    key spelled with an escape could pass as another key. Looks at every object in the schema, annotations and
-    enum values included: at worst a schema pays for a check it does not need."""
+    key spelled with an escape could pass as another key. Looks at every object but values (`const`, `enum`,
+    `default`, ...), those no `$ref` reaches and unknown keywords' included: at worst a schema pays for a check it
+    does not need."""
     return open_object_at(schema) is not None
 
 
@@ -49,7 +50,8 @@ def open_object_at(schema: Any) -> str | None:
     or `oneOf` of a closed object is not one: llguidance merges it into that object, which takes no other keys
     (escaped spellings refused). The rewrite writes `dependentRequired`, `minProperties` and `not: {required}`
     as such members (`{"properties": {"a": false}}`), and a closed object holding them was refused in the XML
-    tool-call formats with advice to declare the `additionalProperties: false` it declared (QA toolfmt2 F3)."""
+    tool-call formats with advice to declare the `additionalProperties: false` it declared (QA toolfmt2 F3).
+    Values (`const`, `enum`, `default`, `examples`) are not schemas, and are not looked into."""
     stack: list[tuple[Any, str, bool]] = [(schema, "", False)]
     while stack:
         node, at, closed = stack.pop()
@@ -59,7 +61,11 @@ def open_object_at(schema: Any) -> str | None:
             shut = closed or node.get("additionalProperties") is False
             for k, v in node.items():
                 part = f"{at}/{escape_pointer_part(k)}"
-                if k in _MERGED and shut and isinstance(v, list):
+                if k in VALUE_KEYWORDS:  # (values, not schemas: a `default` object was refused in XML formats)
+                    continue
+                if k in NAMED_SUBSCHEMAS and isinstance(v, dict):  # (names there, not keywords: a property `enum`)
+                    stack.extend((sub, f"{part}/{escape_pointer_part(name)}", False) for name, sub in v.items())
+                elif k in _MERGED and shut and isinstance(v, list):
                     stack.extend((m, f"{part}/{i}", True) for i, m in enumerate(v))
                 else:
                     stack.append((v, part, False))

@@ -174,7 +174,16 @@ def test_walks_that_try_to_escape_every_key_end_in_valid_documents_with_plain_ke
     ({"type": "object", "properties": {"o": OPEN}, "additionalProperties": False}, "/properties/o"),
     ({"type": "object", "additionalProperties": False, "allOf": [{"properties": {"o": OPEN}}]},
      "/allOf/0/properties/o"),  # (a member's values are objects of their own)
+    # values are not schemas: a `default` or `enum` object with a key `properties` is no open object...
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": False, "default": {"properties": 1},
+      "enum": [{"a": {"required": []}}], "examples": [{"properties": {}}]}, None),
+    # ...but a property named `default` or `enum` is a schema
+    ({"type": "object", "properties": {"default": OPEN}, "additionalProperties": False}, "/properties/default"),
+    ({"type": "object", "properties": {"enum": {}}, "$defs": {"const": OPEN}, "additionalProperties": False},
+     "/$defs/const"),
 ])
 def test_members_of_a_closed_object_are_closed_and_an_open_object_is_named_where_it_is(schema, at):
-    """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3)."""
+    """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3). Values
+    (`default`, `enum`...) were looked into as schemas: a strict function with a `default` object holding a key
+    `properties` was refused in the XML tool-call formats."""
     assert open_object_at(schema) == at
