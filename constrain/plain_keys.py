@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -51,7 +52,10 @@ def open_object_at(schema: Any) -> str | None:
     (escaped spellings refused). The rewrite writes `dependentRequired`, `minProperties` and `not: {required}`
     as such members (`{"properties": {"a": false}}`), and a closed object holding them was refused in the XML
     tool-call formats with advice to declare the `additionalProperties: false` it declared (QA toolfmt2 F3).
-    Values (`const`, `enum`, `default`, `examples`) are not schemas, and are not looked into."""
+    Values (`const`, `enum`, `default`, `examples`) are not schemas, and are not looked into, unless a local `$ref`
+    points at or into one: what it names there is a schema (`{"$ref": "#/$defs/h/default"}` let `{"\\u0061": "s"}`
+    through as another key than the declared `a` of an open object held in a `default`)."""
+    targets = _ref_targets(schema)
     stack: list[tuple[Any, str, bool]] = [(schema, "", False)]
     while stack:
         node, at, closed = stack.pop()
@@ -61,8 +65,8 @@ def open_object_at(schema: Any) -> str | None:
             shut = closed or node.get("additionalProperties") is False
             for k, v in node.items():
                 part = f"{at}/{escape_pointer_part(k)}"
-                if k in VALUE_KEYWORDS:  # (values, not schemas: a `default` object was refused in XML formats)
-                    continue
+                if k in VALUE_KEYWORDS and not any(t == part or t.startswith(part + "/") for t in targets):
+                    continue  # (values, not schemas: a `default` object was refused in XML formats)
                 if k in NAMED_SUBSCHEMAS and isinstance(v, dict):  # (names there, not keywords: a property `enum`)
                     stack.extend((sub, f"{part}/{escape_pointer_part(name)}", False) for name, sub in v.items())
                 elif k in _MERGED and shut and isinstance(v, list):
@@ -72,6 +76,23 @@ def open_object_at(schema: Any) -> str | None:
         elif isinstance(node, list):
             stack.extend((v, f"{at}/{i}", False) for i, v in enumerate(node))
     return None
+
+
+def _ref_targets(schema: Any) -> set[str]:
+    """The JSON Pointers (~-escaped, percent-decoded as validators read a `$ref`'s fragment) that the local `$ref`s
+    anywhere in `schema` name (those inside values too: at worst a value is looked into for nothing)."""
+    out: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                out.add(unquote(ref[1:]))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
 
 
 class _KeyFollower(JsonFollower):

@@ -44,6 +44,8 @@ def _accepts(grammar, tokenizer, vocab, text: str) -> bool:
     (PATTERNED, '{"\\u0078": "s"}', False),  # a name the pattern matches
     (PATTERNED, '{"x": 1, "y": "s"}', True),
     ({"type": "object", "required": ["a"], "properties": {"a": {"const": 1}}}, '{"a": 1, "\\u0061": 2}', False),
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/h/default"}}, "additionalProperties": False,
+      "$defs": {"h": {"default": OPEN}}}, '{"x": {"\\u0061": "s"}}', False),  # (an open object a `$ref` names)
 ])
 def test_a_key_spelled_with_a_unicode_escape_is_refused_where_names_select_schemas(schema, text, accepted,
                                                                                   gpt2_compiler, tokenizers, vocabs):
@@ -181,6 +183,11 @@ def test_walks_that_try_to_escape_every_key_end_in_valid_documents_with_plain_ke
     ({"type": "object", "properties": {"default": OPEN}, "additionalProperties": False}, "/properties/default"),
     ({"type": "object", "properties": {"enum": {}}, "$defs": {"const": OPEN}, "additionalProperties": False},
      "/$defs/const"),
+    # ...and so is a value a `$ref` points at or into
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/h/default"}}, "additionalProperties": False,
+      "$defs": {"h": {"default": OPEN}}}, "/$defs/h/default"),
+    ({"type": "object", "properties": {"x": {"$ref": "#/x-lib/enum/0"}}, "additionalProperties": False,
+      "x-lib": {"enum": [OPEN]}}, "/x-lib/enum/0"),
 ])
 def test_members_of_a_closed_object_are_closed_and_an_open_object_is_named_where_it_is(schema, at):
     """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3). Values
