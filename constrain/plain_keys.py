@@ -60,7 +60,8 @@ def open_object_at(schema: Any) -> str | None:
     while stack:
         node, at, closed = stack.pop()
         if isinstance(node, dict):
-            if not closed and node.get("additionalProperties") is not False and any(k in node for k in _NAMING):
+            if not closed and node.get("additionalProperties") is not False and any(k in node for k in _NAMING) \
+                    and _takes_objects(node):
                 return at
             shut = closed or node.get("additionalProperties") is False
             for k, v in node.items():
@@ -76,6 +77,18 @@ def open_object_at(schema: Any) -> str | None:
         elif isinstance(node, list):
             stack.extend((v, f"{at}/{i}", False) for i, v in enumerate(node))
     return None
+
+
+_TYPE_NAMES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
+
+
+def _takes_objects(node: dict) -> bool:
+    """`node`'s `type` (if any) lets objects through: beside `type: string` a `properties` names nothing any value
+    holds (the rewrite drops such keywords, but keeps one a `$ref` points into: a string parameter was refused in the
+    XML tool-call formats as an object open to other keys)."""
+    t = node.get("type", "object")
+    t = [t] if isinstance(t, str) else t
+    return not (isinstance(t, list) and all(isinstance(x, str) and x in _TYPE_NAMES for x in t) and "object" not in t)
 
 
 def _ref_targets(schema: Any) -> set[str]:

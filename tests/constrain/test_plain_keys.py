@@ -188,6 +188,12 @@ def test_walks_that_try_to_escape_every_key_end_in_valid_documents_with_plain_ke
       "$defs": {"h": {"default": OPEN}}}, "/$defs/h/default"),
     ({"type": "object", "properties": {"x": {"$ref": "#/x-lib/enum/0"}}, "additionalProperties": False,
       "x-lib": {"enum": [OPEN]}}, "/x-lib/enum/0"),
+    # a node that takes no objects is no open object, whatever object keywords it keeps (a `$ref` points into one)
+    ({"type": "object", "properties": {"t": {"type": "string", "properties": {"a": {"type": "integer"}}},
+                                       "r": {"$ref": "#/properties/t/properties/a"}}, "additionalProperties": False},
+     None),
+    ({"type": "object", "properties": {"t": {"type": ["string", "object"], "properties": {"a": {}}}},
+      "additionalProperties": False}, "/properties/t"),
 ])
 def test_members_of_a_closed_object_are_closed_and_an_open_object_is_named_where_it_is(schema, at):
     """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3). Values

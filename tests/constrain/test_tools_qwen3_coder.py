@@ -720,3 +720,15 @@ def test_a_json_value_the_grammar_opens_with_a_space_is_read(tool_format, coder)
         toks, done = random_walk(g, vocab, rng, 30, budget=True, prefer_end=0.3)
         assert done
         valid_calls(decode(vocab, toks), spec, {"f": parameters})
+
+
+def test_a_string_parameter_keeping_object_keywords_a_ref_points_into_is_no_open_object(coder):
+    """The rewrite drops `properties` beside `type: string`, but keeps it where a `$ref` points into it: the string
+    parameter was refused under strict as an object whose keys could be written with escapes."""
+    params = {"type": "object", "properties": {"t": {"type": "string", "properties": {"a": {"type": "integer"}}},
+                                               "r": {"$ref": "#/properties/t/properties/a"}},
+              "required": ["t", "r"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": params}}]
+    _, _, compiler = coder
+    g = compiler.compile(_spec("required", tools=tools))
+    assert g.unenforced == ()
