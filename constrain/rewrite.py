@@ -958,12 +958,14 @@ _KEYWORDS_OF_TYPE = {
 def _keywords_of_other_types(node: dict, ctx: _Ctx) -> dict:
     """Keywords of a type the node's `type` does not take say nothing there: dropped, so that none is refused or
     named for what no backend could build (`{"type": "string", "minimum": 1e19}` was a 400: no number range past
-    1e18; a lookbehind `pattern` beside `type: integer` a 400 under strict)."""
+    1e18; a lookbehind `pattern` beside `type: integer` a 400 under strict). One a `$ref` points into stays (the
+    others still go: `_rewrite` undid the whole step, and a `minimum: 1e19` beside it was a 400 again)."""
     types = types_of(node["type"]) if "type" in node else None
     if types is None:
         return node
     taken = {"number" if t in ("integer", "fraction") else t for t in types}
-    dropped = [k for kind, keys in _KEYWORDS_OF_TYPE.items() if kind not in taken for k in keys if k in node]
+    dropped = [k for kind, keys in _KEYWORDS_OF_TYPE.items() if kind not in taken for k in keys if k in node
+               and not _targeted(f"{ctx.here}/{escape_pointer_part(k)}", ctx.refs)]
     if not dropped:
         return node
     ctx.changed = True

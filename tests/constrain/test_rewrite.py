@@ -1785,3 +1785,22 @@ def test_keywords_of_types_a_node_does_not_take_are_not_refused(gpt2_compiler):
         gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(
             {"type": ["string", "integer"], "minimum": 1e19}), strict=True, backend="llguidance"))
     assert exc.value.pointer == "/minimum"
+
+
+def test_keywords_of_other_types_go_beside_one_a_ref_points_into(gpt2_compiler):
+    """A `$ref` into one keyword of a type the node does not take keeps that keyword, and only that one: the step was
+    undone for the whole node, and the `minimum: 1e19` or lookbehind `pattern` beside it was a 400 under strict."""
+    schema = {"type": "object", "properties": {
+        "t": {"type": "string", "minimum": 1e19, "maxLength": 3, "properties": {"a": {"type": "integer"}}},
+        "u": {"type": "integer", "pattern": "(?<=a)b", "items": {"type": "string"}},
+        "r": {"$ref": "#/properties/t/properties/a"}, "q": {"$ref": "#/properties/u/items"}},
+        "required": ["t", "u", "r", "q"], "additionalProperties": False}
+    out = rewrite_schema(schema)
+    assert out["properties"]["t"] == {"type": "string", "maxLength": 3, "properties": {"a": {"type": "integer"}}}
+    assert out["properties"]["u"] == {"type": "integer", "items": {"type": "string"}}
+    docs = [{"t": "ab", "u": 1, "r": 2, "q": "s"}, {"t": "abcd", "u": 1, "r": 2, "q": "s"},
+            {"t": "ab", "u": 1, "r": "x", "q": "s"}, {"t": "ab", "u": 1, "r": 2, "q": 3}, 5]
+    assert _same(schema, out, docs) == (1, 4)
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
