@@ -528,7 +528,9 @@ def _references_to_nothing(root: Any, ctx: _Ctx) -> Any:
             return _impossible_keys(out, ctx) if out.get("properties") != s.get("properties") else out
 
         ctx.changed = True
-        root = replaced(root)
+        before, root = root, replaced(root)
+        if isinstance(root, dict):  # (a `$ref` into a subschema that became `false` names a copy of what it named)
+            keep_ref_targets(before, root, lambda ref: resolve_ref(root, ref) is None, copy.deepcopy)
     return root
 
 

@@ -1804,3 +1804,15 @@ def test_keywords_of_other_types_go_beside_one_a_ref_points_into(gpt2_compiler):
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
     assert g.unenforced == ()
+
+
+def test_a_reference_into_a_subschema_that_refers_to_nothing_names_a_copy(gpt2_compiler):
+    """A subschema whose `$ref` accepts nothing becomes `false` (`_references_to_nothing`); a `$ref` into it
+    (`#/properties/x/properties/a`) named nothing then: a 400, "Pointer ... does not exist"."""
+    schema = {"type": "object", "properties": {"x": {"$ref": "#/$defs/no", "properties": {"a": {"type": "null"}}},
+                                               "y": {"$ref": "#/properties/x/properties/a"}}, "$defs": {"no": False}}
+    out = normalise_schema(schema)
+    assert out["properties"]["x"] is False
+    assert out["$defs"][out["properties"]["y"]["$ref"].rsplit("/", 1)[1]] == {"type": "null"}
+    assert _same(schema, out, [{}, {"y": None}, {"y": 1}, {"x": 1}, 5]) == (2, 3)
+    gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=out, backend="llguidance"))
