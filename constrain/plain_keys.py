@@ -25,6 +25,7 @@ import numpy as np
 from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
+from constrain.rewrite import types_of
 from constrain.support import NAMED_SUBSCHEMAS, VALUE_KEYWORDS, escape_pointer_part
 from constrain.vocabulary import Vocabulary
 
@@ -79,16 +80,12 @@ def open_object_at(schema: Any) -> str | None:
     return None
 
 
-_TYPE_NAMES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
-
-
 def _takes_objects(node: dict) -> bool:
     """`node`'s `type` (if any) lets objects through: beside `type: string` a `properties` names nothing any value
     holds (the rewrite drops such keywords, but keeps one a `$ref` points into: a string parameter was refused in the
     XML tool-call formats as an object open to other keys)."""
-    t = node.get("type", "object")
-    t = [t] if isinstance(t, str) else t
-    return not (isinstance(t, list) and all(isinstance(x, str) and x in _TYPE_NAMES for x in t) and "object" not in t)
+    types = types_of(node["type"]) if "type" in node else None
+    return types is None or "object" in types
 
 
 def _ref_targets(schema: Any) -> set[str]:

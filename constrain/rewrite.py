@@ -921,9 +921,10 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
                      "propertyNames") and isinstance(value, dict):
             node[key] = _rewrite(value, kp, ctx, refs)
     ctx.here = ptr
-    for step in (_keywords_of_other_types, _impossible_keys, _impossible_contains, _lookaheads, _search_counts, _format, _not, _one_of,
-                 _conditional, _unique_items, _contains, _property_names, _patterns_as_properties, _dependencies,
-                 _properties_count, _pattern_properties, _declared_out_of_patterns, _all_of_patterns):
+    for step in (_keywords_of_other_types, _impossible_keys, _impossible_contains, _lookaheads, _search_counts,
+                 _format, _not, _one_of, _conditional, _unique_items, _contains, _property_names,
+                 _patterns_as_properties, _dependencies, _properties_count, _pattern_properties,
+                 _declared_out_of_patterns, _all_of_patterns):
         before = node
         node = step(node, ctx)
         moved = node is not before and targets and _moves_targets(before, node, ptr, targets)

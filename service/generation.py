@@ -52,8 +52,8 @@ HEADER_LIST_MAX = 2000
 def header_list(items) -> str:
     """A response header's comma-separated list of client strings (field names, JSON Pointers into the client's
     schema). Each item is percent-encoded as UTF-8 (RFC 3986) where it holds a character other than printable
-    ASCII, a space, a `%` or a `,`: header values are Latin-1 and end at a newline, so a property named `名前` or
-    `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form. A list longer than
+    ASCII, a space, a `%`, a `,` or a `"`: header values are Latin-1 and end at a newline, so a property named
+    `名前` or `a\nb` made the response a 500. Pointers so written are RFC 6901's URI-fragment form. A list longer than
     HEADER_LIST_MAX characters ends with `+N more`, N the items left out. An empty item is written `""` (a field
     named `""` was an empty header), so `"` is always encoded."""
     items = list(items)
