@@ -525,6 +525,13 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
             for e in endings:  # (forced bytes may run past an ending, into what one after it would replace)
                 at = forced.find(e)
                 forced = forced[:at + len(e)] if at >= 0 else forced
+            # (nor into an ending's beginning: they stop before it, and the ending is tried whole from there. The
+            # `<parameter=` forced before a required parameter's name was written, and the name was then the
+            # first that fits: an optional `date_range` before the required `keywords`, a call of 56 tokens
+            # where 22 fit, and calls that fitted the budget were refused or cut: QA xmlreal F1)
+            cut = min((k for e in endings for k in range(1, len(forced))
+                       if len(forced) - k < len(e) and e.startswith(forced[k:])), default=len(forced))
+            forced = forced[:cut]
             if forced:
                 ids = _forced_ids(forced, byte_tokens)
                 if ids is None or refused(_SPECIAL_MARK.sub(b"", forced)) or not walk.consume_tokens(ids):

@@ -732,3 +732,25 @@ def test_a_string_parameter_keeping_object_keywords_a_ref_points_into_is_no_open
     _, _, compiler = coder
     g = compiler.compile(_spec("required", tools=tools))
     assert g.unenforced == ()
+
+
+def test_the_budget_completion_skips_optional_parameters_declared_before_a_required_one(coder):
+    """The closing walk wrote the `<parameter=` forced before a name, then the first name that fits: an optional
+    `date_range` declared before the required `keywords` (Glaiveai2K's search_news), 56 tokens where the shortest
+    call is 19, so calls that fitted the budget were refused or cut (QA xmlreal F1)."""
+    from tests.constrain.test_tools_glm import OPTIONAL_FIRST
+
+    tok, vocab, compiler = coder
+    tools = [{"type": "function", "function": {"name": "search", "parameters": OPTIONAL_FIRST}}]
+    spec = _spec("required", tools=tools)
+    g = compiler.compile(spec)
+    shortest = tok.encode(_call("search", ("keywords", "[]")))
+    assert g.matcher().min_tokens_to_end() == len(shortest)
+    rng = random.Random(5)
+    for _ in range(6):
+        toks, done = random_walk(g, vocab, rng, len(shortest), budget=True)
+        assert done
+        valid_calls(decode(vocab, toks), spec, {"search": OPTIONAL_FIRST})
+    auto = compiler.compile(_spec("auto", tools=tools))  # (the tag is kept where the shortest call fits)
+    m = auto.matcher()
+    assert m.vet(OPEN_ID, len(shortest)) == OPEN_ID
