@@ -448,7 +448,8 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
     (`0.000...` under `exclusiveMinimum: 0` goes on with a 1), until it next writes a closer. With `key_names`
     (`required_names`) and `keys`, a key being written is finished as one of those names where the grammar
     takes it. `endings` are byte strings that end a part of the output (a tag after a value that is not JSON): at
-    each step the first that the grammar takes whole is written. Special tokens the grammar forces, and those in
+    each step the first that the grammar takes whole, but not twice in a row (text inside a value then), is written,
+    and forced bytes stop where one may begin. Special tokens the grammar forces, and those in
     `endings`, are written `\\xff[id]`, as llguidance writes forced bytes; they stay themselves in the result. With
     `divisors` (`integer_divisors`) and `keys`, an integer that may not end as it is gets the digits that make it a
     multiple of one (`_multiple_tail`). With `refuses` (the checks applied while decoding, constrain/checked.py),
