@@ -530,8 +530,8 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
             # `<parameter=` forced before a required parameter's name was written, and the name was then the
             # first that fits: an optional `date_range` before the required `keywords`, a call of 56 tokens
             # where 22 fit, and calls that fitted the budget were refused or cut: QA xmlreal F1)
-            cut = min((k for e in endings for k in range(1, len(forced))
-                       if len(forced) - k < len(e) and e.startswith(forced[k:])), default=len(forced))
+            cut = min((k for e in endings for k in range(max(1, len(forced) - len(e) + 1), len(forced))
+                       if e.startswith(forced[k:])), default=len(forced))
             forced = forced[:cut]
             if forced:
                 ids = _forced_ids(forced, byte_tokens)

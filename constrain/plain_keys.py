@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import threading
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 
 from constrain.checked import NO_IDS, CheckedGrammar, CheckedMatcher, allowed_among, per_vocabulary
 from constrain.grammar import Grammar, Matcher
 from constrain.json_follower import Frame, JsonFollower
-from constrain.rewrite import types_of
+from constrain.rewrite import refs_in, targeted, types_of
 from constrain.support import NAMED_SUBSCHEMAS, VALUE_KEYWORDS, escape_pointer_part
 from constrain.vocabulary import Vocabulary
 
@@ -56,7 +55,7 @@ def open_object_at(schema: Any) -> str | None:
     Values (`const`, `enum`, `default`, `examples`) are not schemas, and are not looked into, unless a local `$ref`
     points at or into one: what it names there is a schema (`{"$ref": "#/$defs/h/default"}` let `{"\\u0061": "s"}`
     through as another key than the declared `a` of an open object held in a `default`)."""
-    targets = _ref_targets(schema)
+    refs = refs_in(schema)  # (those inside values too: at worst a value is looked into for nothing)
     stack: list[tuple[Any, str, bool]] = [(schema, "", False)]
     while stack:
         node, at, closed = stack.pop()
@@ -67,7 +66,7 @@ def open_object_at(schema: Any) -> str | None:
             shut = closed or node.get("additionalProperties") is False
             for k, v in node.items():
                 part = f"{at}/{escape_pointer_part(k)}"
-                if k in VALUE_KEYWORDS and not any(t == part or t.startswith(part + "/") for t in targets):
+                if k in VALUE_KEYWORDS and not targeted(part, refs):
                     continue  # (values, not schemas: a `default` object was refused in XML formats)
                 if k in NAMED_SUBSCHEMAS and isinstance(v, dict):  # (names there, not keywords: a property `enum`)
                     stack.extend((sub, f"{part}/{escape_pointer_part(name)}", False) for name, sub in v.items())
@@ -86,23 +85,6 @@ def _takes_objects(node: dict) -> bool:
     XML tool-call formats as an object open to other keys)."""
     types = types_of(node["type"]) if "type" in node else None
     return types is None or "object" in types
-
-
-def _ref_targets(schema: Any) -> set[str]:
-    """The JSON Pointers (~-escaped, percent-decoded as validators read a `$ref`'s fragment) that the local `$ref`s
-    anywhere in `schema` name (those inside values too: at worst a value is looked into for nothing)."""
-    out: set[str] = set()
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#"):
-                out.add(unquote(ref[1:]))
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return out
 
 
 class _KeyFollower(JsonFollower):

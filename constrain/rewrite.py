@@ -196,7 +196,7 @@ class _Ctx:
         self.regions: dict[tuple[str, ...], list | None] = {}  # `_all_of_patterns`' partitions
         self.inlining: set[str] = set()  # the `$ref`s `_inlined_patterns` is copying the targets of
         self.pattern_copies = _MAX_PATTERN_COPIES  # schema objects `_inlined_patterns` may still copy
-        self.refs = _refs(root)
+        self.refs = refs_in(root)
         # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`): `#`,
         # the root's, too, and those in subschemas only a `$ref` reaches (QA review8 F2)
         self.ref_sources = _ref_sources(root)
@@ -515,7 +515,7 @@ def _references_to_nothing(root: Any, ctx: _Ctx) -> Any:
                 verdicts[ref] = nothing(resolve_ref(root, ref))
             return verdicts[ref]
 
-        refs = _refs(root)
+        refs = refs_in(root)
         if not any(nothing({"$ref": r}) for r in refs):
             return root
 
@@ -568,7 +568,7 @@ def bounds_on_members(schema: Any) -> Any:
                     changed.append(f"{ptr}/{i}")
     if not changed:
         return schema
-    keep_ref_targets(schema, root, lambda ref: any(_targeted(p, [ref]) for p in changed),
+    keep_ref_targets(schema, root, lambda ref: any(targeted(p, [ref]) for p in changed),
                      lambda target: json.loads(json.dumps(target)))
     return root
 
@@ -604,8 +604,8 @@ def _unevaluated_as_additional(schema: dict) -> dict:
         return schema
     root = copy.deepcopy(schema)
     changed = False
-    refs = _refs(root)  # (one a `$ref` points at or into stays: its target would be gone, QA fuzz F3)
-    holders = {id(n): n for ptr, key, n in walk(root) if key == "unevaluatedProperties" and not _targeted(ptr, refs)}
+    refs = refs_in(root)  # (one a `$ref` points at or into stays: its target would be gone, QA fuzz F3)
+    holders = {id(n): n for ptr, key, n in walk(root) if key == "unevaluatedProperties" and not targeted(ptr, refs)}
     elsewhere = {id(x) for ptr, key, n in walk_with_refs(root) if gives_another_base(ptr, key, n)
                  for x in _iter_nodes(n)}  # (through `$ref`s too: into a `contentSchema`'s resource, QA review5)
     for node in holders.values():
@@ -642,11 +642,11 @@ def _unevaluated_saying_nothing(schema: dict) -> dict:
     `{}`: each asserts nothing, and the only keywords that read what they evaluate are their like, so leaving them
     all out changes nothing. Kept, one turned every rewrite off for the whole schema (fuzz3 F2). A copy where one
     changes."""
-    refs = _refs(schema)
+    refs = refs_in(schema)
     out = schema
     for key in ("unevaluatedItems", "unevaluatedProperties"):
         places = [(ptr, n) for ptr, k, n in walk(out) if k == key]
-        if not places or any(n[key] not in (True, {}) or _targeted(ptr, refs) for ptr, n in places):
+        if not places or any(n[key] not in (True, {}) or targeted(ptr, refs) for ptr, n in places):
             continue
         out = copy.deepcopy(out)
         for _, n in [(ptr, n) for ptr, k, n in walk(out) if k == key]:
@@ -667,9 +667,9 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     known = validator_class(schema).VALIDATORS
     if "prefixItems" not in known:
         return _unevaluated_items_as_additional(schema) if "unevaluatedItems" in known else schema
-    refs = _refs(schema)  # (no target is renamed)
+    refs = refs_in(schema)  # (no target is renamed)
     found = {ptr for ptr, key, n in walk(schema)
-             if key == "unevaluatedItems" and not _targeted(ptr, refs)
+             if key == "unevaluatedItems" and not targeted(ptr, refs)
              and ("items" in n or not any(k in n for k in _EVALUATING_ITEMS if k != "contains"))}
     if not found:
         return schema
@@ -691,10 +691,10 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
 def _unevaluated_items_as_additional(schema: dict) -> dict:
     """2019-09's form of `_unevaluated_items_as_items` (there `contains` is left out: what it evaluates changed
     in 2020-12)."""
-    refs = _refs(schema)
+    refs = refs_in(schema)
     beside = [k for k in _EVALUATING_ITEMS if k != "items"] + ["additionalItems"]
     found = {ptr for ptr, key, n in walk(schema)
-             if key == "unevaluatedItems" and not _targeted(ptr, refs) and not any(k in n for k in beside)}
+             if key == "unevaluatedItems" and not targeted(ptr, refs) and not any(k in n for k in beside)}
     if not found:
         return schema
     root = copy.deepcopy(schema)
@@ -884,12 +884,12 @@ def _inline_recursive_meetings(root: dict, ctx: _Ctx) -> dict:
     return out
 
 
-def _refs(schema: Any) -> list[str]:
+def refs_in(schema: Any) -> list[str]:
     """Every `$ref` value in `schema`."""
     return [n["$ref"] for n in _iter_nodes(schema) if isinstance(n.get("$ref"), str)]
 
 
-def _targeted(ptr: str, refs: list[str]) -> bool:
+def targeted(ptr: str, refs: list[str]) -> bool:
     """Some `$ref` of `refs` points at the node at `ptr` or inside it (a `$ref` is a URI: `%20` is a space)."""
     return bool(ptr) and any((r := unquote(ref)) == "#" + ptr or r.startswith("#" + ptr + "/") for ref in refs)
 
@@ -968,7 +968,7 @@ def _keywords_of_other_types(node: dict, ctx: _Ctx) -> dict:
         return node
     taken = {"number" if t in ("integer", "fraction") else t for t in types}
     dropped = [k for kind, keys in _KEYWORDS_OF_TYPE.items() if kind not in taken for k in keys if k in node
-               and not _targeted(f"{ctx.here}/{escape_pointer_part(k)}", ctx.refs)]
+               and not targeted(f"{ctx.here}/{escape_pointer_part(k)}", ctx.refs)]
     if not dropped:
         return node
     ctx.changed = True
@@ -1057,12 +1057,12 @@ def _finite(node: dict, ptr: str, ctx: _Ctx, refs: list[str]) -> dict | bool:
     """An enum/const node with other keywords: the values those keywords let through, as an enum; `false` where
     none is (`enum: []` was an empty alternation to outlines-core, which wrote `{"w":  }`)."""
     vals = ctx.values(node)
-    if vals == [] and not any(k in node for k in ("$defs", "definitions")) and not _targeted(ptr, refs):
+    if vals == [] and not any(k in node for k in ("$defs", "definitions")) and not targeted(ptr, refs):
         ctx.changed = True
         return False  # (a client's own `enum: []`)
     if vals is None or set(node) - _ANNOT <= {"enum", "const", "type"}:
         return node
-    if _targeted(ptr, refs) or not ctx.decidable(node):
+    if targeted(ptr, refs) or not ctx.decidable(node):
         return node
     keep = []
     for v in vals:
@@ -1970,7 +1970,7 @@ def _property_names(node: dict, ctx: _Ctx) -> dict:
         return node
     pn = node["propertyNames"]
     props = node.get("properties", {})
-    if isinstance(props, dict) and props and _targeted(f"{ctx.here}/properties", ctx.refs) \
+    if isinstance(props, dict) and props and targeted(f"{ctx.here}/properties", ctx.refs) \
             and (pn is False or node.get("additionalProperties") is False):
         return node  # (a declared property a `$ref` points at is not made `false` below: the checks keep the names)
     if pn is False and isinstance(props, dict):  # (no name at all: an object has no property; a key was written)
@@ -2221,7 +2221,7 @@ def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
     `additionalProperties` applies). A member that is only a `$ref` to such a schema is replaced by a copy of it,
     rewritten. A copy of the node where this changes it."""
     if not isinstance(node.get("allOf"), list) or _pattern_holders(node, ctx) < 2 \
-            or any(_targeted(f"{ctx.here}/{key}", ctx.refs) for key in ("allOf", "patternProperties")):
+            or any(targeted(f"{ctx.here}/{key}", ctx.refs) for key in ("allOf", "patternProperties")):
         return node
     out = _fresh_all_of(node, ctx, f"{ctx.here}/allOf")
     carriers = _pattern_carriers(out)
