@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from constrain.grammar import Grammar, Matcher
+from constrain.grammar import Grammar, Matcher, backend_of_parts
 from constrain.vocabulary import Vocabulary, ids_to_words
 
 _START, _TEXT, _NAME, _ARGS = "start", "text", "name", "args"
@@ -40,8 +40,7 @@ class ArgsCallsGrammar(Grammar):
         self.call_row = ids_to_words(np.array([call_id], dtype=np.int64), vocab.words)
         self.args_row = ids_to_words(np.array([args_id], dtype=np.int64), vocab.words)
         self.not_eos = ~vocab.eos_words()
-        first = next(iter(arguments.values()))
-        self.backend = first.backend
+        self.backend = backend_of_parts(names, *arguments.values(), text)
         self.unenforced = unenforced
         self._shortest_args: dict[str, int] | None = None
         self._shortest_call: int | None = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from constrain.grammar import Grammar, Matcher
+from constrain.grammar import Grammar, Matcher, backend_of_parts
 from constrain.vocabulary import Vocabulary, ids_to_words
 
 _START, _CALLS, _TEXT = "start", "calls", "text"
@@ -53,7 +53,7 @@ class CallTokenGrammar(Grammar):
         self.token_id = token_id
         self.token_row = ids_to_words(np.array([token_id], dtype=np.int64), vocab.words)
         self.spaced, self.unspaced = spaced_tokens(vocab)  # (`spaced` ascending)
-        self.backend = calls.backend
+        self.backend = backend_of_parts(calls, text)
         self.unenforced = calls.unenforced
 
     def matcher(self, lane: int = 0) -> "CallTokenMatcher":

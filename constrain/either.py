@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from constrain.grammar import Grammar, Matcher
+from constrain.grammar import Grammar, Matcher, backend_of_parts
 
 
 class EitherGrammar(Grammar):
@@ -22,7 +22,7 @@ class EitherGrammar(Grammar):
     def __init__(self, calls: Grammar, answer: Grammar):
         self.calls = calls
         self.answer = answer
-        self.backend = calls.backend
+        self.backend = backend_of_parts(calls, answer)
         self.unenforced = calls.unenforced
         self.answer_unenforced = answer.unenforced
 

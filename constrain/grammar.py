@@ -184,7 +184,7 @@ class Matcher(abc.ABC):
 class Grammar(abc.ABC):
     """A compiled constraint for one vocabulary; immutable and shared, hands out fresh matchers."""
 
-    backend: str  # "outlines" | "llguidance"
+    backend: str  # "outlines" | "llguidance"; a grammar made of parts: `backend_of_parts`
     unenforced: tuple[str, ...] = ()  # JSON Pointers of keywords accepted but not enforced (non-strict only)
     # tools with a response_format (constrain/either.py): the answer's unenforced pointers, in its schema's terms
     answer_unenforced: tuple[str, ...] = ()
@@ -197,3 +197,11 @@ class Grammar(abc.ABC):
         """A fresh matcher. Matchers of different `lane`s share no mutable state with each other, so that the
         engine's mask threads may fill their rows at once (llguidance's copies of one parse share a lexer, which
         serialises them: constrain/llg_backend.py keeps a parse per lane); lane 0 when one thread fills them all."""
+
+
+def backend_of_parts(*parts: Grammar | None) -> str:
+    """The backend of a grammar made of parts (each function's arguments, the answer beside calls): the distinct
+    backends of its parts, joined by "+" (`llguidance+outlines`). One part alone named it, and the auto policy moves
+    a repeated part to outlines on its own: where one part named it, the response header and the fingerprint hid
+    that a seed's tokens had changed (a harmony call's arguments came in other tokens under the same header)."""
+    return "+".join(sorted({name for part in parts if part is not None for name in part.backend.split("+")}))

@@ -30,7 +30,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from constrain.grammar import ConstraintError, Grammar, Matcher
+from constrain.grammar import ConstraintError, Grammar, Matcher, backend_of_parts
 from constrain.vocabulary import Vocabulary, ids_to_words
 
 START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>",
@@ -105,8 +105,7 @@ class HarmonyGrammar(Grammar):
         self.arguments = arguments
         self.tokens = tokens
         self.vocab = vocab
-        inner = answer or next(iter(arguments.values()), None)
-        self.backend = inner.backend if inner is not None else "harmony"
+        self.backend = backend_of_parts(answer, *arguments.values()) or "harmony"
         # with calls, `unenforced` names their arguments' keywords and `answer_unenforced` the answer's (as
         # constrain/either.py); a final message alone has the answer's
         answer_unenforced = answer.unenforced if answer is not None else ()

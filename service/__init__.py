@@ -11,7 +11,8 @@ Beyond OpenAI, documented for clients:
 - Request fields `regex` (a pattern) and `choice` (a list of strings) constrain the output; `response_format`
   also takes `{"type": "json_object", "schema": {...}}`; chat also takes a raw `prompt` instead of `messages`.
 - Request field `constraint_backend` (`auto`, `outlines`, `llguidance`) overrides the server's choice for one
-  request; response header `x-structgen-constraint-backend` names the backend that served the constraint.
+  request; response header `x-structgen-constraint-backend` names the backend that served the constraint
+  (`llguidance+outlines`: its parts were served by both).
 - Response header `x-structgen-ignored-fields`: unknown request fields, comma-separated (accepted, ignored; a
   message's as `messages.N.field`, likewise `stream_options.field`, `tools.N.field`, `tools.N.function.field`;
   one that several messages carry as `messages.*.field`; past 2,000 characters the list ends `+N more`).

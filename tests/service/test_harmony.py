@@ -122,6 +122,21 @@ def test_calls_come_back_as_tool_calls_whole_and_streamed(http, ids):
     assert "get_time" in names
 
 
+def test_the_header_and_fingerprint_name_each_backend_a_call_may_be_served_by(http):
+    """Each function's arguments are a grammar of their own, which the auto policy moves to outlines once built:
+    get_time's (built here at once) while get_city's stay on llguidance (outlines enforces no `minimum`). The
+    header named get_city's backend alone, so a seed's call came in other tokens under the same header (CI)."""
+    body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS[1:], "tool_choice": "required", "max_tokens": 24,
+            "seed": 1}
+    built = http.post("/v1/chat/completions", json={**body, "constraint_backend": "outlines"})
+    assert built.headers["x-structgen-constraint-backend"] == "outlines"
+    both = http.post("/v1/chat/completions", json={**body, "tools": TOOLS})
+    city = http.post("/v1/chat/completions", json={**body, "tools": TOOLS[:1], "constraint_backend": "llguidance"})
+    assert both.headers["x-structgen-constraint-backend"] == "llguidance+outlines"
+    assert city.headers["x-structgen-constraint-backend"] == "llguidance"
+    assert len({r.json()["system_fingerprint"] for r in (built, both, city)}) == 3
+
+
 def test_auto_may_answer_in_text(http, ids):
     request = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 20,
                "seed": 5, "logit_bias": {ids["final"]: 100}}
