@@ -466,6 +466,11 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
     shortcuts = shortcuts if refuses is None else None
     byte_tokens, closers, quote = tables.byte_tokens, tables.closers, tables.quote
     ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
+    # bytes of the endings' text that begin none (nor whitespace): a value the endings are text inside takes some
+    # of them; where an ending begins a part (between a call's parameters) the grammar takes none
+    firsts = {e[0] for e in endings if e}
+    probes = [byte_tokens[b] for b in sorted({b for e in endings for b in _SPECIAL_MARK.sub(b"", e)[1:]})
+              if b not in firsts and b not in b" \t\r\n" and b in byte_tokens]
     specials = {int(i) for data in endings for i in _SPECIAL_MARK.findall(data)}  # (kept as they are)
     walk = matcher.deep_copy()
     keys = keys.copy() if keys is not None else None
@@ -513,10 +518,14 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
         while not walk.is_accepting() or refused(b"", ends=True):
             if len(out) >= max_bytes or walk.is_error() or walk.is_stopped():
                 return None
-            # (one the grammar takes twice in a row is text inside a value there, not its end: inside a JSON string,
-            # where tags are not tokens of their own, the walk wrote `</arg_value>` until it ran out of bytes)
+            # (one the grammar takes twice in a row, where it also takes some other byte of the endings' text, is
+            # text inside a value there, not its end: inside a JSON string, where tags are not tokens of their own,
+            # the walk wrote `</arg_value>` until it ran out of bytes. A required parameter's opening is taken
+            # twice where its value is a raw string, which may begin as it does, and the walk then wrote the
+            # first name that fits, an optional one's: 53 tokens where 18 fit)
             ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)
-                           and walk.validate_tokens(e + e) != 2 * len(e)), None)
+                           and not (walk.validate_tokens(e + e) == 2 * len(e)
+                                    and any(walk.validate_tokens([t]) == 1 for t in probes))), None)
             if ending is not None:  # (before forced bytes, which may be its beginning: `<` of `</function>`)
                 walk.consume_tokens(ending)
                 wrote(ending)

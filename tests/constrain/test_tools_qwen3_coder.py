@@ -754,3 +754,16 @@ def test_the_budget_completion_skips_optional_parameters_declared_before_a_requi
     auto = compiler.compile(_spec("auto", tools=tools))  # (the tag is kept where the shortest call fits)
     m = auto.matcher()
     assert m.vet(OPEN_ID, len(shortest)) == OPEN_ID
+
+
+def test_the_budget_completion_skips_optional_parameters_before_a_required_string(coder):
+    """A required string's opening is taken twice in a row by the grammar (a raw value may begin as it does): the
+    closing walk took that for text inside a value, wrote the `<parameter=` forced there, then the optional
+    `date_range` declared first, 53 tokens where the shortest call is 18."""
+    from tests.constrain.test_tools_glm import OPTIONAL_FIRST
+
+    tok, vocab, compiler = coder
+    params = {**OPTIONAL_FIRST, "properties": {**OPTIONAL_FIRST["properties"], "keywords": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "search", "parameters": params}}]
+    g = compiler.compile(_spec("required", tools=tools))
+    assert g.matcher().min_tokens_to_end() == len(tok.encode(_call("search", ("keywords", ""))))
