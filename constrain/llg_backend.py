@@ -2211,8 +2211,12 @@ class LlgMatcher(Matcher):
             return token_id
         data = self._g.vocab.token_bytes[token_id] or b""
         # (a newline where the output may end is how a further call begins, after a call or after free text)
-        opens_call = self._g.call_tag is not None and (self._g.call_tag in data
-                                                        or (b"\n" in data and self._m.is_accepting()))
+        # (or a token that ends with the tag's beginning: the grammar takes the tag spelled as text too, and in
+        # glm47, with no newline between calls, `<` after a call or `><` at its end began one 53 tokens long with
+        # 24 left, cut at the limit)
+        tag = self._g.call_tag
+        opens_call = tag is not None and (tag in data or (b"\n" in data and self._m.is_accepting())
+                                          or any(data.endswith(tag[:k]) for k in range(1, len(tag))))
         if not opens_call and not self._near_for(data, tokens_left):
             return token_id
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:

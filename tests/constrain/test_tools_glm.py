@@ -239,3 +239,20 @@ def test_the_budget_completion_skips_optional_parameters_declared_before_a_requi
         toks, done = random_walk(g, vocab, rng, len(shortest), budget=True, special_ok=TAG_IDS)
         assert done
         valid_calls(tok.decode(toks, skip_special_tokens=False), spec, {"search": OPTIONAL_FIRST})
+
+
+def test_a_call_tag_spelled_as_text_is_vetted_near_the_budget(glm):
+    """glm47 writes no newline between calls, and its grammar takes `<tool_call>` spelled as text too: a `<` after
+    a call began another one that did not fit the tokens left (only the tag's token, and a newline, were vetted),
+    and the call was cut at the limit."""
+    tok, vocab, compiler = glm
+    params = {"type": "object", "properties": {"a": {"type": "string", "format": "date"}}, "required": ["a"],
+              "additionalProperties": False}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}],
+                             tool_choice="required", tool_format="glm47")
+    g = compiler.compile(spec)
+    m = g.matcher()
+    for t in tok.encode(_call("glm47", "f", ("a", "1086-08-14"))):
+        assert m.accept(t)
+    lt = tok.convert_tokens_to_ids("<")
+    assert m.vet(lt, 10) != lt
