@@ -83,6 +83,7 @@ _CLOSING_NEAR_FACTOR = 1.25
 # A token holding one of these bytes can open a member, an item or a value with required parts: before any growth
 # is seen with a schema, such a token is vetted as if the completion could grow by _CLOSING_GROWTH tokens at once.
 _OPENERS = frozenset(b"{[,:")
+_WHITESPACE = b" \t\r\n"  # (what may stand before untagged calls under tool_choice "auto": `LEAD`)
 _CLOSING_GROWTH = 32
 # The follower's modes inside a JSON string value, number or literal (`_near_for`). Where completions write no key
 # twice (`LlgMatcher.write_distinct_keys`), the completion measured before a token is taken as one after it only for
@@ -1622,7 +1623,8 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
-                      key_names=required_names(schema), divisors=integer_divisors(schema))
+                      key_names=required_names(schema), divisors=integer_divisors(schema),
+                      call_openers=not_first.encode())
 
 
 def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tuple[str, ...],
@@ -1902,8 +1904,11 @@ class LlgGrammar(Grammar):
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
                  hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = (),
                  call_tag: bytes | None = None, endings: tuple[bytes, ...] = (), call_names: tuple[bytes, ...] = (),
-                 divisors: tuple[int, ...] = ()):
+                 divisors: tuple[int, ...] = (), call_openers: bytes = b""):
         self.lltok = lltok
+        # the characters that open the calls at the output's start, where free text may stand instead (tool_choice
+        # "auto" of untagged calls: `compile_calls_or_text`): such a token there is vetted as a tag is (`vet`)
+        self.call_openers = call_openers
         self.divisors = divisors  # the schema's whole multipleOfs, for closing walks (`integer_divisors`)
         self.call_names = call_names  # each function's name as the output spells it after `call_tag` (`vet`)
         self.endings = endings  # byte strings that end parts of the output, for closing walks (`closing_tokens`)
@@ -2217,6 +2222,9 @@ class LlgMatcher(Matcher):
         tag = self._g.call_tag
         opens_call = tag is not None and (tag in data or (b"\n" in data and self._m.is_accepting())
                                           or any(data.endswith(tag[:k]) for k in range(1, len(tag))))
+        # (untagged calls under "auto": a `{` where only whitespace was written opens a whole call where the answer
+        # could end; it was vetted only from 2 x 8 + 32 tokens before the limit, and a call of 50 was cut)
+        opens_call = opens_call or self._opens_untagged_call(data)
         if not opens_call and not self._near_for(data, tokens_left):
             return token_id
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:
@@ -2256,6 +2264,14 @@ class LlgMatcher(Matcher):
         if here == [] and self._g.vocab.eos_token_ids:
             return min(self._g.vocab.eos_token_ids)  # complete here, and the token would leave it incomplete
         return token_id  # no completion fits either way: the output ends at the limit
+
+    def _opens_untagged_call(self, data: bytes) -> bool:
+        """A token of bytes `data` opens the calls (`LlgGrammar.call_openers`) at the output's start, after
+        whitespace at most, where the output may end instead."""
+        first = data.lstrip(_WHITESPACE)[:1]
+        tb = self._g.vocab.token_bytes
+        return bool(first) and first in self._g.call_openers and self._m.is_accepting() \
+            and all(not (tb[t] or b"").strip(_WHITESPACE) for t in self._consumed)
 
     def _still_completes(self, after: "llguidance.LLMatcher", closing: list[int] | None, data: bytes,
                          mode: str | None, prefix: bytes = b"") -> list[int] | None:

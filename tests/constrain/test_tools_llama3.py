@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from constrain import ConstraintError, parse_tool_calls, spec_from_request
-from tests.constrain.conftest import decode, random_walk
+from tests.constrain.conftest import decode, offered_walk, random_walk
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                             "days": {"type": "array", "items": {"enum": [1, 2, 3]},
@@ -192,3 +192,27 @@ def test_free_text_never_begins_with_the_python_tag_spelled_out(tagged):
     assert parse_tool_calls(text.decode(), _llama("auto")) is not None  # (what it would be read as)
     assert not takes_spelled(grammar, vocab, text) and not takes_spelled(grammar, vocab, b" <|python_tag|> hi")
     assert takes_spelled(grammar, vocab, b"It is <|python_tag|> time.")
+
+
+def test_a_long_call_begun_under_auto_is_vetted_at_any_distance(gpt2_compiler, vocabs):
+    """Under "auto" a `{` at the answer's start opens a whole call where the answer could end before it (the
+    completion grows from nothing to the call at once, as after a tag): it was vetted only from 2 x (0 + 8) + 32
+    tokens before the limit, so a call of 50 tokens begun with 55 left was cut at the limit, and one begun with
+    just enough left had its completion measured again only 8 tokens later, after a wasted token (QA budgetfuzz:
+    Glaiveai2K's create_event, cut at its `location` value)."""
+    params = {"type": "object", "properties": {f"parameter_number_{i}": {"type": "string", "format": "date"}
+                                               for i in range(4)},
+              "required": [f"parameter_number_{i}" for i in range(4)], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "schedule_the_long_event", "parameters": params}}]
+    vocab = vocabs["gpt2"]
+    shortest = gpt2_compiler.compile(_llama("required", tools=tools)).matcher().min_tokens_to_end()
+    assert shortest > 2 * 8 + 32
+    g = gpt2_compiler.compile(_llama("auto", tools=tools))
+    brace = vocab.ids_by_bytes()[b'{"']  # (the shortest call's first token)
+    assert g.matcher().vet(brace, shortest - 1) in vocab.eos_token_ids  # (the call cannot fit: the answer ends)
+    assert g.matcher().vet(brace, shortest) == brace
+    # begun with just enough left, a spelling longer than the shortest is steered back
+    offered = vocab.spell(b'{"name" : "schedule_the_long_event" , "parameters" : {')
+    toks = offered_walk(g, vocab, [], offered, shortest)
+    [call] = parse_tool_calls(decode(vocab, toks), _llama("auto", tools=tools)).calls
+    jsonschema.validate(json.loads(call.arguments), params)
