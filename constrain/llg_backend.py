@@ -99,6 +99,9 @@ _HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that 
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
+# of which a JSON value of XML tool calls gives its closing walks as endings, shortest first (each is tried at every
+# step of a walk: ~2 us each)
+_MAX_JSON_KEY_ENDINGS = 16
 _NUMBER_TAIL_MAX = 24  # bytes a number's tail is searched to (`_number_tail`)
 _NUMBER_TAIL_COMPARED = 6  # a first run longer than this is not compared with a second (an enum's shorter value)
 _MAX_FILL = 64  # bytes of filler a string is tried with (`_filler_tail`)
@@ -467,6 +470,10 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
     shortcuts = shortcuts if refuses is None else None
     byte_tokens, closers, quote = tables.byte_tokens, tables.closers, tables.quote
     ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
+    # (an ending that is a JSON key, `"name":`, is tried only where a key may begin: after `{` or `,`)
+    key_ending = [tables.byte_tokens.get(b'"') == ids[0] for ids in ending_tokens]
+    key_endings = [e for e in endings if e[:1] == b'"']
+    endings = tuple(e for e in endings if e[:1] != b'"')  # (the others, whose beginnings forced bytes stop before)
     # bytes of the endings' text that begin none (nor whitespace): a value the endings are text inside takes some
     # of them; where an ending begins a part (between a call's parameters) the grammar takes none
     firsts = {e[0] for e in endings if e}
@@ -524,7 +531,9 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
             # the walk wrote `</arg_value>` until it ran out of bytes. A required parameter's opening is taken
             # twice where its value is a raw string, which may begin as it does, and the walk then wrote the
             # first name that fits, an optional one's: 53 tokens where 18 fit)
-            ending = next((e for e in ending_tokens if walk.validate_tokens(e) == len(e)
+            at_key = not text or text[-1:] in (b"{", b",")
+            ending = next((e for e, key in zip(ending_tokens, key_ending) if (at_key or not key)
+                           and walk.validate_tokens(e) == len(e)
                            and not (walk.validate_tokens(e + e) == 2 * len(e)
                                     and any(walk.validate_tokens([t]) == 1 for t in probes))), None)
             if ending is not None:  # (before forced bytes, which may be its beginning: `<` of `</function>`)
@@ -542,6 +551,10 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
             # where 22 fit, and calls that fitted the budget were refused or cut: QA xmlreal F1)
             cut = min((k for e in endings for k in range(max(1, len(forced) - len(e) + 1), len(forced))
                        if e.startswith(forced[k:])), default=len(forced))
+            quote_at = forced.rfind(b'"')  # (a key's forced `"`, as after `{` where a key must come: the walk
+            # then wrote the first name that fits, an optional one's; it stops before it, for a key ending)
+            if quote_at > 0 and any(e.startswith(forced[quote_at:]) for e in key_endings):
+                cut = min(cut, quote_at)
             forced = forced[:cut]
             if forced:
                 ids = _forced_ids(forced, byte_tokens)
@@ -1711,6 +1724,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
 
     unenforced = check_functions(spec)
     rules, functions, hints, required_keys = [], [], [], []
+    json_keys: list[bytes] = []  # the names a JSON value's objects require (`required_names`), escaped
     closing_token = next((tag for tag in tokens if shape.after_value.startswith(tag)), None)
     for i, name in enumerate(spec.tool_names):
         if any(c in name for c in "<>\n"):
@@ -1783,6 +1797,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"
                              f"v{i}_{j}: %json {json.dumps({**llguidance_schema(value), 'x-guidance': options})}")
                 hints += string_hints(value)
+                json_keys.extend(required_names(value))
             return f"p{i}_{j}"
 
         lists, refused = [], None
@@ -1839,8 +1854,12 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     # A closing walk ends a value, or the call once its required parameters are written, else writes the next
     # required parameter (not the optional ones it would come to first); a value that cannot be empty is `null`
     # where it may be (its first byte that fits would begin `0001-01-01` under `format: date`: 10 tokens).
+    # Inside a JSON value, a key a closing walk writes is a required one, with its colon (no string value is that):
+    # the first that fits spelled the first declared property, an optional one, `{"base":0,"height":0,"radius":0,
+    # "side":0}` where `{"side":0}` fits, 11 tokens more, and calls that fitted the budget were cut (QA budgetfuzz)
     endings = (forced(shape.after_value), forced(shape.before_close + HERMES_CLOSE),
-               *dict.fromkeys(forced(opening) for opening in required_keys), forced("null" + shape.after_value))
+               *dict.fromkeys(forced(opening) for opening in required_keys), forced("null" + shape.after_value),
+               *list(dict.fromkeys(b'"' + name + b'":' for name in sorted(json_keys, key=len)))[:_MAX_JSON_KEY_ENDINGS])
     return LlgGrammar(lltok, grammar, vocab, tuple(dict.fromkeys(unenforced)), tuple(dict.fromkeys(hints)),
                       endings=endings, call_tag=HERMES_OPEN.encode(),
                       call_names=tuple(forced(name + shape.after_name) for name in spec.tool_names))

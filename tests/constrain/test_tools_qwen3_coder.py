@@ -767,3 +767,23 @@ def test_the_budget_completion_skips_optional_parameters_before_a_required_strin
     tools = [{"type": "function", "function": {"name": "search", "parameters": params}}]
     g = compiler.compile(_spec("required", tools=tools))
     assert g.matcher().min_tokens_to_end() == len(tok.encode(_call("search", ("keywords", ""))))
+
+
+def test_the_budget_completion_writes_a_json_value_s_required_keys_not_the_optional_ones_first(coder):
+    """A parameter whose value is a JSON object with optional members declared before its required one: the closing
+    walk wrote the first key that fits, `{"base":0,"height":0,"radius":0,"side":0}` where `{"side":0}` fits, 11
+    tokens more, so calls that fitted the budget were cut at it (QA budgetfuzz, Glaiveai2K's calculate_area)."""
+    tok, vocab, compiler = coder
+    dims = {"type": "object", "properties": {k: {"type": "number"} for k in ("base", "height", "radius", "side")},
+            "required": ["side"], "additionalProperties": False}
+    params = {"type": "object", "properties": {"dims": dims}, "required": ["dims"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "area", "parameters": params}}]
+    spec = _spec("required", tools=tools)
+    g = compiler.compile(spec)
+    shortest = tok.encode(_call("area", ("dims", '{"side":0}')))
+    assert g.matcher().min_tokens_to_end() <= len(shortest)
+    rng = random.Random(3)
+    for _ in range(4):
+        toks, done = random_walk(g, vocab, rng, len(shortest), budget=True)
+        assert done
+        valid_calls(decode(vocab, toks), spec, {"area": params})
