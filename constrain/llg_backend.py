@@ -1938,6 +1938,7 @@ class LlgGrammar(Grammar):
         # The most a completion's length grew from one measure to the next, over this grammar's matchers so far
         # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
         self.closing_growth = 0
+        self.names_spread_known = False  # the spread of the calls' lengths through each name is in it (`vet`)
         self.text = forcing_safe(text)
         self.forcing = self.text == text  # llguidance may force bytes as tokens (see `stop_forcing`)
         self.vocab = vocab
@@ -2246,7 +2247,8 @@ class LlgMatcher(Matcher):
         opens_call = opens_call or self._opens_untagged_call(data)
         if not opens_call and not self._near_for(data, tokens_left):
             return token_id
-        if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left:
+        learn = opens_call and not self._g.names_spread_known and len(self._g.call_names) > 1
+        if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left and not learn:
             self._vetted = (token_id, self._closing[1:], self._closing_kept)  # the completion's next token
             return token_id
         probe = self._m.deep_copy()
@@ -2260,11 +2262,18 @@ class LlgMatcher(Matcher):
         kept = after is not None
         if not kept:
             after = self._measure(probe, keys, prefix=data)
-        if opens_call and (after is None or len(after) > tokens_left - 1):
+        if opens_call and after is not None and (len(after) > tokens_left - 1 or learn):
             # The walk writes the function it comes to first, which may be the longest: the shortest through
             # each function's name (the call is then steered to it near the limit).
-            after = min((c for c in self._calls_after_tag(probe, keys, after, data) if c is not None), key=len,
-                        default=after)
+            calls = [c for c in self._calls_after_tag(probe, keys, after, data) if c is not None]
+            if calls:  # (a name's token picks its function: the completion grows at once by up to their spread, and
+                # a long function's name, written where the tag was kept for a short one's call, was not vetted
+                # from so far: a 54-token call begun with 30 left was cut at the limit, QA budgetfuzz)
+                self._g.names_spread_known = True
+                lengths = [len(c) for c in calls]
+                self._g.closing_growth = max(self._g.closing_growth, max(lengths) - min(lengths))
+            if len(after) > tokens_left - 1:
+                after = min(calls, key=len, default=after)
         if after is not None and len(after) <= tokens_left - 1:
             self._vetted = (token_id, after, kept)
             return token_id

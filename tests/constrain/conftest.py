@@ -182,3 +182,22 @@ def assert_the_tag_is_kept_only_where_its_call_fits(grammar, tokenizer, vocab, t
         assert tag in allowed_ids(bitmask).tolist()
         vetted = m.vet(tag, room + 1)
         assert vetted == tag if room == needed else vetted in vocab.eos_token_ids
+
+
+def a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(compiler, tokenizer, vocab, tool_format: str,
+                                                                      head: str, left: int = 30) -> None:
+    """LONG_FIRST on a grammar no output has walked yet: a call tag, then the long function's name, offered with
+    `left` tokens where only the short function's call fits. The tag is kept for the short call; the name was not
+    vetted from so far (no growth seen yet), and the long call was cut at the limit (QA budgetfuzz)."""
+    import copy
+
+    from constrain import spec_from_request
+
+    tools = copy.deepcopy(LONG_FIRST)
+    tools[1]["function"]["name"] = "zq"  # (a grammar of its own: none learned from other tests)
+    spec = spec_from_request(tools=tools, tool_choice="required", tool_format=tool_format)
+    g = compiler.compile(spec)
+    assert g.matcher().min_tokens_to_end() is not None
+    toks = offered_walk(g, vocab, [], tokenizer.encode(head, add_special_tokens=False), left)
+    schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in tools}
+    assert [c.name for c in valid_calls(tokenizer.decode(toks, skip_special_tokens=False), spec, schemas)][0] == "zq"

@@ -256,3 +256,12 @@ def test_a_call_tag_spelled_as_text_is_vetted_near_the_budget(glm):
         assert m.accept(t)
     lt = tok.convert_tokens_to_ids("<")
     assert m.vet(lt, 10) != lt
+
+
+@pytest.mark.parametrize("tool_format", ["glm45", "glm47"])
+def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(tool_format, glm):
+    from tests.constrain.conftest import a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept
+
+    tok, vocab, compiler = glm
+    a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(
+        compiler, tok, vocab, tool_format, _call(tool_format, "alpha_long_function", ("p0", "x")))

@@ -287,3 +287,11 @@ def test_no_call_is_begun_that_cannot_close_in_the_budget(qwen_tools):
     for _ in range(8):
         toks, done = random_walk(g, vocab, rng, 48, budget=True)
         assert done and parse_tool_calls(decode(vocab, toks), spec) is not None
+
+
+def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(qwen_tools):
+    from tests.constrain.conftest import a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept
+
+    tok, vocab, compiler = qwen_tools
+    a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(
+        compiler, tok, vocab, "hermes", '<tool_call>\n{"name": "alpha_long_function", "arguments": {')
