@@ -83,7 +83,7 @@ _CLOSING_NEAR_FACTOR = 1.25
 # A token holding one of these bytes can open a member, an item or a value with required parts: before any growth
 # is seen with a schema, such a token is vetted as if the completion could grow by _CLOSING_GROWTH tokens at once.
 _OPENERS = frozenset(b"{[,:")
-_WHITESPACE = b" \t\r\n"  # (what may stand before untagged calls under tool_choice "auto": `LEAD`)
+_WHITESPACE = b" \t\r\n"  # (JSON's; what may stand before untagged calls under tool_choice "auto": `LEAD`)
 _CLOSING_GROWTH = 32
 # The follower's modes inside a JSON string value, number or literal (`_near_for`). Where completions write no key
 # twice (`LlgMatcher.write_distinct_keys`), the completion measured before a token is taken as one after it only for
@@ -469,16 +469,15 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
     tables = _walk_bytes(vocab)
     shortcuts = shortcuts if refuses is None else None
     byte_tokens, closers, quote = tables.byte_tokens, tables.closers, tables.quote
-    ending_tokens = [ids for ids in (_forced_ids(e, byte_tokens) for e in endings) if ids]
-    # (an ending that is a JSON key, `"name":`, is tried only where a key may begin: after `{` or `,`)
-    key_ending = [tables.byte_tokens.get(b'"') == ids[0] for ids in ending_tokens]
+    # each ending's tokens, and whether it is a JSON key (`"name":`, tried only where a key may begin: after `{` or `,`)
+    ending_tokens = [(ids, e[:1] == b'"') for e in endings if (ids := _forced_ids(e, byte_tokens))]
     key_endings = [e for e in endings if e[:1] == b'"']
     endings = tuple(e for e in endings if e[:1] != b'"')  # (the others, whose beginnings forced bytes stop before)
     # bytes of the endings' text that begin none (nor whitespace): a value the endings are text inside takes some
     # of them; where an ending begins a part (between a call's parameters) the grammar takes none
     firsts = {e[0] for e in endings if e}
     probes = [byte_tokens[b] for b in sorted({b for e in endings for b in _SPECIAL_MARK.sub(b"", e)[1:]})
-              if b not in firsts and b not in b" \t\r\n" and b in byte_tokens]
+              if b not in firsts and b not in _WHITESPACE and b in byte_tokens]
     specials = {int(i) for data in endings for i in _SPECIAL_MARK.findall(data)}  # (kept as they are)
     walk = matcher.deep_copy()
     keys = keys.copy() if keys is not None else None
@@ -532,7 +531,7 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
             # twice where its value is a raw string, which may begin as it does, and the walk then wrote the
             # first name that fits, an optional one's: 53 tokens where 18 fit)
             at_key = not text or text[-1:] in (b"{", b",")
-            ending = next((e for e, key in zip(ending_tokens, key_ending) if (at_key or not key)
+            ending = next((e for e, key in ending_tokens if (at_key or not key)
                            and walk.validate_tokens(e) == len(e)
                            and not (walk.validate_tokens(e + e) == 2 * len(e)
                                     and any(walk.validate_tokens([t]) == 1 for t in probes))), None)
@@ -582,8 +581,8 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
                 and walk.validate_tokens([quote]) != 1
             hinted = in_text and (hinted or first_try)
             if stuck or first_try or (hints and _quote_refused(walk, keys, tables, refused)):
-                tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None, endings=ending_tokens) \
-                    if hints else None
+                tail = _hint_tail(walk, hints, byte_tokens, quote, ends=keys is None,
+                                  endings=[e for e, _ in ending_tokens]) if hints else None
                 try_at = try_at * 2 if run >= try_at else try_at  # (each trigger that fired waits twice as long)
                 cycle_at = cycle_at * 2 if written >= cycle_at else cycle_at
                 if tail and take(tail):
