@@ -48,7 +48,7 @@ from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (COUNT_REFUSAL, ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan,
                                      late_from_the_start, plan_late_keywords, token_sets)
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
-                                   compile_xml_calls, takes_nothing)
+                                   compile_xml_calls, json_call_names, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
 from constrain.pattern_dialects import portable_pattern, python_pattern, schema_patterns, without_edge_anchors
 from constrain.plain_keys import PlainKeysGrammar, key_escape_tokens, keys_need_plain_spelling
@@ -696,10 +696,12 @@ class GrammarCompiler:
             g = compile_calls_or_text(lltok, self.vocab, spec.schema, strict_under=spec.strict_under,
                                       whitespace_pattern=self.whitespace_pattern,
                                       not_first=text_may_not_start(spec.tool_format),
-                                      not_leading=LEAD_TAGS.get(spec.tool_format))
-        else:
+                                      not_leading=LEAD_TAGS.get(spec.tool_format),
+                                      call_names=json_call_names(spec.tool_names))
+        else:  # (tool calls as JSON: a closing walk measures the call through each function's name)
             g = compile_llg(lltok, self.vocab, "json", schema=spec.schema, strict_under=spec.strict_under,
-                            whitespace_pattern=self.whitespace_pattern, param=param)
+                            whitespace_pattern=self.whitespace_pattern, param=param,
+                            call_names=json_call_names(spec.tool_names) if spec.kind == "tools" else ())
         if spec.kind not in ("regex", "choice") and spec.tool_format not in XML_FORMATS \
                 and keys_need_plain_spelling(spec.schema):  # (XML formats refuse or name such objects instead)
             g = PlainKeysGrammar(g, self.vocab)  # (llguidance tells keys apart as spelled; outlines closes objects)

@@ -201,3 +201,43 @@ def a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(compiler,
     toks = offered_walk(g, vocab, [], tokenizer.encode(head, add_special_tokens=False), left)
     schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in tools}
     assert [c.name for c in valid_calls(tokenizer.decode(toks, skip_special_tokens=False), spec, schemas)][0] == "zq"
+
+
+# Tools whose shortest name (the one a closing walk writes) has the longer call (budget rule tests, QA budgetfuzz F4)
+SHORT_NAME_LONG_CALL = [{"type": "function", "function": {"name": "sum", "parameters": {
+    "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(8)},
+    "required": [f"p{i}" for i in range(8)], "additionalProperties": False}}},
+                        {"type": "function", "function": {"name": "zr_without_arguments"}}]
+
+
+def the_shortest_function_s_call_is_measured(compiler, tokenizer, vocab, tool_format: str,
+                                             special_ok: frozenset[int] = frozenset(), seeds: int = 6) -> int:
+    """SHORT_NAME_LONG_CALL: the budget completion measured before any name is written is the short call, not the
+    long one the closing walk comes to first (it writes the shortest name), and budgeted random walks with max_tokens the short call's length (and 1 or 3 more) end with valid calls. The
+    walk wrote the first name that fits: 41 tokens measured where 18 fit, and untagged JSON calls (llama3_json,
+    mistral) begun with that budget were cut at the limit (QA budgetfuzz F4). Returns the short call's length."""
+    import copy
+
+    from constrain import spec_from_request
+
+    tools = copy.deepcopy(SHORT_NAME_LONG_CALL)
+    schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in tools}
+
+    def alone(name: str) -> int:
+        named = {"type": "function", "function": {"name": name}}
+        return compiler.compile(spec_from_request(tools=tools, tool_choice=named, tool_format=tool_format)) \
+            .matcher().min_tokens_to_end()
+
+    short, long = alone("zr_without_arguments"), alone("sum")
+    assert long > short + 10
+    spec = spec_from_request(tools=tools, tool_choice="required", tool_format=tool_format, parallel_tool_calls=False)
+    g = compiler.compile(spec)
+    assert g.matcher().min_tokens_to_end() == short
+    for max_tokens in (short, short + 1, short + 3):
+        for seed in range(seeds):
+            toks, ended = random_walk(g, vocab, random.Random(seed), max_tokens, budget=True, prefer_end=0.0,
+                                      special_ok=special_ok)
+            text = tokenizer.decode(toks, skip_special_tokens=False)
+            assert ended, (max_tokens, text)
+            valid_calls(text, spec, schemas)
+    return short

@@ -295,3 +295,13 @@ def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(qwen
     tok, vocab, compiler = qwen_tools
     a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(
         compiler, tok, vocab, "hermes", '<tool_call>\n{"name": "alpha_long_function", "arguments": {')
+
+
+def test_the_budget_completion_is_the_shortest_function_s_call(qwen_tools):
+    """Several functions: the completion measured before the tag is written goes through the shortest function's
+    call (QA budgetfuzz F4: 34 tokens measured where 15 fit)."""
+    from tests.constrain.conftest import the_shortest_function_s_call_is_measured
+
+    tok, vocab, compiler = qwen_tools
+    the_shortest_function_s_call_is_measured(compiler, tok, vocab, "hermes", special_ok=frozenset(
+        tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")))

@@ -216,3 +216,23 @@ def test_a_long_call_begun_under_auto_is_vetted_at_any_distance(gpt2_compiler, v
     toks = offered_walk(g, vocab, [], offered, shortest)
     [call] = parse_tool_calls(decode(vocab, toks), _llama("auto", tools=tools)).calls
     jsonschema.validate(json.loads(call.arguments), params)
+
+
+
+def test_the_budget_completion_is_the_shortest_function_s_call(gpt2_compiler, tokenizers, vocabs):
+    """Several functions: the completion measured before the name is written goes through the shortest function's
+    call, not the first name the closing walk comes to (QA budgetfuzz F4: 31 tokens measured where 12 fit, and 4
+    of 6 walks at 15 tokens were cut). Under "auto", a `{` is kept where the shortest call fits (it was replaced by
+    EOS where the first function's did not)."""
+    import copy
+
+    from tests.constrain.conftest import SHORT_NAME_LONG_CALL, the_shortest_function_s_call_is_measured
+
+    vocab = vocabs["gpt2"]
+    short = the_shortest_function_s_call_is_measured(gpt2_compiler, tokenizers["gpt2"], vocab, "llama3_json")
+    tools = copy.deepcopy(SHORT_NAME_LONG_CALL)
+    tools[1]["function"]["name"] = "zs_without_arguments"  # (a grammar no output has walked yet)
+    g = gpt2_compiler.compile(_llama("auto", tools=tools))
+    brace = vocab.ids_by_bytes()[b'{"']  # (the shortest call's first token)
+    assert g.matcher().vet(brace, short) == brace
+    assert g.matcher().vet(brace, short - 1) in vocab.eos_token_ids
