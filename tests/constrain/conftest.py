@@ -4,6 +4,7 @@ mask walker of constrain/walkbench.py."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from constrain import GrammarCompiler, Vocabulary
+from constrain import GrammarCompiler, Vocabulary, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.walkbench import allowed_ids, decode, random_walk  # noqa: F401 - re-exported to the tests
 from tests.conftest import TOKENIZERS
@@ -159,6 +160,17 @@ def offered_walk(grammar, vocab, prefix: list[int], offered: list[int], tokens_l
     return out
 
 
+# A required parameter declared after an optional one (Glaiveai2K's search_news). The closing walk wrote the
+# `<arg_key>` forced before the name, then the first name that fits: the optional `date_range`, a completion 37
+# tokens longer than the shortest call (QA xmlreal F1; XML tool formats' budget rule tests).
+OPTIONAL_FIRST = {"type": "object", "properties": {
+    "date_range": {"type": "object", "properties": {"start": {"type": "string", "format": "date"},
+                                                    "end": {"type": "string", "format": "date"}},
+                   "required": ["start", "end"], "additionalProperties": False},
+    "keywords": {"type": "array", "items": {"type": "string"}}},
+    "required": ["keywords"], "additionalProperties": False}
+
+
 # Tools whose first function's shortest call is long and whose second's is short (budget rule tests of tagged calls)
 LONG_FIRST = [{"type": "function", "function": {"name": "alpha_long_function", "parameters": {
     "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(6)},
@@ -189,10 +201,6 @@ def a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(compiler,
     """LONG_FIRST on a grammar no output has walked yet: a call tag, then the long function's name, offered with
     `left` tokens where only the short function's call fits. The tag is kept for the short call; the name was not
     vetted from so far (no growth seen yet), and the long call was cut at the limit (QA budgetfuzz)."""
-    import copy
-
-    from constrain import spec_from_request
-
     tools = copy.deepcopy(LONG_FIRST)
     tools[1]["function"]["name"] = "zq"  # (a grammar of its own: none learned from other tests)
     spec = spec_from_request(tools=tools, tool_choice="required", tool_format=tool_format)
@@ -213,13 +221,10 @@ SHORT_NAME_LONG_CALL = [{"type": "function", "function": {"name": "sum", "parame
 def the_shortest_function_s_call_is_measured(compiler, tokenizer, vocab, tool_format: str,
                                              special_ok: frozenset[int] = frozenset(), seeds: int = 6) -> int:
     """SHORT_NAME_LONG_CALL: the budget completion measured before any name is written is the short call, not the
-    long one the closing walk comes to first (it writes the shortest name), and budgeted random walks with max_tokens the short call's length (and 1 or 3 more) end with valid calls. The
-    walk wrote the first name that fits: 41 tokens measured where 18 fit, and untagged JSON calls (llama3_json,
-    mistral) begun with that budget were cut at the limit (QA budgetfuzz F4). Returns the short call's length."""
-    import copy
-
-    from constrain import spec_from_request
-
+    long one the closing walk comes to first (it writes the shortest name), and budgeted random walks with
+    max_tokens the short call's length (and 1 or 3 more) end with valid calls. The walk wrote the first name that
+    fits: 41 tokens measured where 18 fit, and untagged JSON calls (llama3_json, mistral) begun with that budget were
+    cut at the limit (QA budgetfuzz F4). Returns the short call's length."""
     tools = copy.deepcopy(SHORT_NAME_LONG_CALL)
     schemas = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in tools}
 

@@ -13,7 +13,9 @@ import torch
 
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import GLM_TAGS, build_glm45_tokenizer, build_qwen3_coder_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, random_walk, takes_text, valid_calls
+from tests.constrain.conftest import (
+    OPTIONAL_FIRST, a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept, allowed_ids, compiling,
+    random_walk, takes_text, valid_calls)
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
@@ -215,16 +217,6 @@ def test_calls_close_where_the_tags_are_text(tool_format, tmp_path):
             valid_calls(tok.decode(toks), spec, {"f": params})
 
 
-# A required parameter declared after an optional one (Glaiveai2K's search_news). The closing walk wrote the
-# `<arg_key>` forced before the name, then the first name that fits: the optional `date_range`, a completion 37
-# tokens longer than the shortest call (QA xmlreal F1).
-OPTIONAL_FIRST = {"type": "object", "properties": {
-    "date_range": {"type": "object", "properties": {"start": {"type": "string", "format": "date"},
-                                                    "end": {"type": "string", "format": "date"}},
-                   "required": ["start", "end"], "additionalProperties": False},
-    "keywords": {"type": "array", "items": {"type": "string"}}},
-    "required": ["keywords"], "additionalProperties": False}
-
 
 @pytest.mark.parametrize("tool_format", ["glm45", "glm47"])
 def test_the_budget_completion_skips_optional_parameters_declared_before_a_required_one(tool_format, glm):
@@ -260,8 +252,6 @@ def test_a_call_tag_spelled_as_text_is_vetted_near_the_budget(glm):
 
 @pytest.mark.parametrize("tool_format", ["glm45", "glm47"])
 def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(tool_format, glm):
-    from tests.constrain.conftest import a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept
-
     tok, vocab, compiler = glm
     a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(
         compiler, tok, vocab, tool_format, _call(tool_format, "alpha_long_function", ("p0", "x")))

@@ -13,8 +13,10 @@ import torch
 
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer
-from tests.constrain.conftest import (LONG_FIRST, allowed_ids, assert_the_tag_is_kept_only_where_its_call_fits,
-                                      compiling, decode, may_answer_nothing, offered_walk, random_walk, takes_text)
+from tests.constrain.conftest import (LONG_FIRST, a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept,
+                                      allowed_ids, assert_the_tag_is_kept_only_where_its_call_fits, compiling, decode,
+                                      may_answer_nothing, offered_walk, random_walk, takes_text,
+                                      the_shortest_function_s_call_is_measured)
 
 OPEN_ID, CLOSE_ID = sorted(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
@@ -290,8 +292,6 @@ def test_no_call_is_begun_that_cannot_close_in_the_budget(qwen_tools):
 
 
 def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(qwen_tools):
-    from tests.constrain.conftest import a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept
-
     tok, vocab, compiler = qwen_tools
     a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(
         compiler, tok, vocab, "hermes", '<tool_call>\n{"name": "alpha_long_function", "arguments": {')
@@ -300,8 +300,6 @@ def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(qwen
 def test_the_budget_completion_is_the_shortest_function_s_call(qwen_tools):
     """Several functions: the completion measured before the tag is written goes through the shortest function's
     call (QA budgetfuzz F4: 34 tokens measured where 15 fit)."""
-    from tests.constrain.conftest import the_shortest_function_s_call_is_measured
-
     tok, vocab, compiler = qwen_tools
     the_shortest_function_s_call_is_measured(compiler, tok, vocab, "hermes", special_ok=frozenset(
         tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")))

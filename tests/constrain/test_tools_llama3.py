@@ -4,6 +4,7 @@ with "{", and the parser reads the call back."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 
@@ -11,7 +12,8 @@ import jsonschema
 import pytest
 
 from constrain import ConstraintError, parse_tool_calls, spec_from_request
-from tests.constrain.conftest import decode, offered_walk, random_walk
+from tests.constrain.conftest import (SHORT_NAME_LONG_CALL, decode, offered_walk, random_walk,
+                                      the_shortest_function_s_call_is_measured)
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                             "days": {"type": "array", "items": {"enum": [1, 2, 3]},
@@ -218,16 +220,11 @@ def test_a_long_call_begun_under_auto_is_vetted_at_any_distance(gpt2_compiler, v
     jsonschema.validate(json.loads(call.arguments), params)
 
 
-
 def test_the_budget_completion_is_the_shortest_function_s_call(gpt2_compiler, tokenizers, vocabs):
     """Several functions: the completion measured before the name is written goes through the shortest function's
     call, not the first name the closing walk comes to (QA budgetfuzz F4: 31 tokens measured where 12 fit, and 4
     of 6 walks at 15 tokens were cut). Under "auto", a `{` is kept where the shortest call fits (it was replaced by
     EOS where the first function's did not)."""
-    import copy
-
-    from tests.constrain.conftest import SHORT_NAME_LONG_CALL, the_shortest_function_s_call_is_measured
-
     vocab = vocabs["gpt2"]
     short = the_shortest_function_s_call_is_measured(gpt2_compiler, tokenizers["gpt2"], vocab, "llama3_json")
     tools = copy.deepcopy(SHORT_NAME_LONG_CALL)

@@ -16,7 +16,8 @@ from constrain import ConstraintError, spec_from_request
 from constrain.call_token import CallTokenGrammar
 from constrain.tools import parse_tool_calls
 from tests.conftest import build_mistral_tools_tokenizer
-from tests.constrain.conftest import allowed_ids, compiling, may_answer_nothing, random_walk
+from tests.constrain.conftest import (allowed_ids, compiling, may_answer_nothing, random_walk,
+                                      the_shortest_function_s_call_is_measured)
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                             "days": {"enum": [1, 3, 7]}},
@@ -191,8 +192,6 @@ def test_the_budget_completion_is_the_shortest_function_s_call(mistral):
     """Several functions: the completion measured before the name is written goes through the shortest function's
     call, not the first name the closing walk comes to (QA budgetfuzz F4: 41 tokens measured where 18 fit, and 4
     of 6 walks at 21 tokens were cut)."""
-    from tests.constrain.conftest import the_shortest_function_s_call_is_measured
-
     compiler, vocab, token = mistral
     the_shortest_function_s_call_is_measured(compiler, compiler.tokenizer, vocab, "mistral",
                                              special_ok=frozenset([token]))

@@ -18,9 +18,9 @@ from constrain.compiler import unenforced_in_client_terms
 from constrain.formats import DURATION, URI
 from constrain.xml_calls import JSON_FORM, SHAPES, parse_xml_calls, value_form
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen3_coder_tokenizer
-from tests.constrain.conftest import (LONG_FIRST, allowed_ids, assert_the_tag_is_kept_only_where_its_call_fits,
-                                      compiling, decode, may_answer_nothing, offered_walk, random_walk, takes_text,
-                                      valid_calls)
+from tests.constrain.conftest import (LONG_FIRST, OPTIONAL_FIRST, allowed_ids,
+                                      assert_the_tag_is_kept_only_where_its_call_fits, compiling, decode,
+                                      may_answer_nothing, offered_walk, random_walk, takes_text, valid_calls)
 
 OPEN_ID = min(QWEN_TOOL_TAGS)
 WEATHER = {"type": "object", "properties": {
@@ -738,8 +738,6 @@ def test_the_budget_completion_skips_optional_parameters_declared_before_a_requi
     """The closing walk wrote the `<parameter=` forced before a name, then the first name that fits: an optional
     `date_range` declared before the required `keywords` (Glaiveai2K's search_news), 56 tokens where the shortest
     call is 19, so calls that fitted the budget were refused or cut (QA xmlreal F1)."""
-    from tests.constrain.test_tools_glm import OPTIONAL_FIRST
-
     tok, vocab, compiler = coder
     tools = [{"type": "function", "function": {"name": "search", "parameters": OPTIONAL_FIRST}}]
     spec = _spec("required", tools=tools)
@@ -760,8 +758,6 @@ def test_the_budget_completion_skips_optional_parameters_before_a_required_strin
     """A required string's opening is taken twice in a row by the grammar (a raw value may begin as it does): the
     closing walk took that for text inside a value, wrote the `<parameter=` forced there, then the optional
     `date_range` declared first, 53 tokens where the shortest call is 18."""
-    from tests.constrain.test_tools_glm import OPTIONAL_FIRST
-
     tok, vocab, compiler = coder
     params = {**OPTIONAL_FIRST, "properties": {**OPTIONAL_FIRST["properties"], "keywords": {"type": "string"}}}
     tools = [{"type": "function", "function": {"name": "search", "parameters": params}}]
