@@ -99,6 +99,9 @@ _HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that 
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
+# Function names a completion through each name walks once a first such walk on the grammar has ranked them all
+# (`LlgMatcher._calls_after_tag`): one walk a function, ~1 ms each, ran at each measure while a name is ahead
+_NAMES_WALKED = 4
 # of which a JSON value of XML tool calls gives its closing walks as endings, shortest first (each is tried at every
 # step of a walk: ~2 us each)
 _MAX_JSON_KEY_ENDINGS = 16
@@ -1945,7 +1948,9 @@ class LlgGrammar(Grammar):
         # The most a completion's length grew from one measure to the next, over this grammar's matchers so far
         # (one `,{"` can open an item that needs 40 more tokens): vetting starts that much earlier.
         self.closing_growth = 0
-        self.names_spread_known = False  # the spread of the calls' lengths through each name is in it (`vet`)
+        # `call_names` by the length of the call through each, shortest first, from the first walk through them all
+        # (`LlgMatcher._calls_after_tag`); None before it. Their spread is then in `closing_growth`.
+        self.names_by_call: tuple[bytes, ...] | None = None
         self.text = forcing_safe(text)
         self.forcing = self.text == text  # llguidance may force bytes as tokens (see `stop_forcing`)
         self.vocab = vocab
@@ -2136,8 +2141,7 @@ class LlgMatcher(Matcher):
         function's name (`LlgGrammar.call_names`: the output has not written one yet) and there are several, the
         shortest of those through each name (`_calls_after_tag`, one walk a function): the walk writes the first
         name that fits, and calls cut at the limit were begun where the shortest function's fitted (QA budgetfuzz
-        F4: 41 tokens measured where a call of 18 fits). Their spread is learned as the tag's vet learns it.
-        `names` False: the walk alone (a walk through one name)."""
+        F4: 41 tokens measured where a call of 18 fits). `names` False: the walk alone (a walk through one name)."""
         closing = closing_tokens(matcher, self._g.vocab, keys, self._g.hints, self._distinct_keys, self._g.key_names,
                                  self._g.endings, self._g.divisors, self._walk_refuses(prefix), self._values,
                                  self._walk_max_bytes)
@@ -2146,11 +2150,6 @@ class LlgMatcher(Matcher):
             return closing
         calls = [c for c in self._calls_after_tag(matcher, keys, closing, prefix) if c is not None]
         self._through_names = calls or None
-        if not calls:
-            return closing
-        lengths = [len(c) for c in calls]
-        self._g.names_spread_known = True
-        self._g.closing_growth = max(self._g.closing_growth, max(lengths) - min(lengths))
         return min([closing, *calls], key=len)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:
@@ -2276,7 +2275,7 @@ class LlgMatcher(Matcher):
         opens_call = opens_call or self._opens_untagged_call(data)
         if not opens_call and not self._near_for(data, tokens_left):
             return token_id
-        learn = opens_call and not self._g.names_spread_known and len(self._g.call_names) > 1
+        learn = opens_call and self._g.names_by_call is None and len(self._g.call_names) > 1
         if self._closing and token_id == self._closing[0] and len(self._closing) <= tokens_left and not learn:
             self._vetted = (token_id, self._closing[1:], self._closing_kept)  # the completion's next token
             return token_id
@@ -2296,14 +2295,9 @@ class LlgMatcher(Matcher):
         if opens_call and after is not None and (len(after) > tokens_left - 1 or learn):
             # The walk writes the function it comes to first, which may be the longest: the shortest through
             # each function's name (the call is then steered to it near the limit).
+            # (`learn`: the first such walk on a grammar learns the calls' spread, `_calls_after_tag`)
             calls = through if through is not None else \
                 [c for c in self._calls_after_tag(probe, keys, after, data) if c is not None]
-            if calls:  # (a name's token picks its function: the completion grows at once by up to their spread, and
-                # a long function's name, written where the tag was kept for a short one's call, was not vetted
-                # from so far: a 54-token call begun with 30 left was cut at the limit, QA budgetfuzz)
-                self._g.names_spread_known = True
-                lengths = [len(c) for c in calls]
-                self._g.closing_growth = max(self._g.closing_growth, max(lengths) - min(lengths))
             if len(after) > tokens_left - 1:
                 after = min(calls, key=len, default=after)
         if after is not None and len(after) <= tokens_left - 1:
@@ -2385,7 +2379,12 @@ class LlgMatcher(Matcher):
         """From `probe` (after a token of bytes `prefix`), anywhere before a call's name is written (just after its
         tag, before it, or where a JSON call's `"name":` is ahead): a completion through each function's name
         (`LlgGrammar.call_names`), written where the completion `walked` from there writes the first name it comes
-        to; None for a name that cannot come there."""
+        to; None for a name that cannot come there. The first such walk on a grammar goes through every name and
+        ranks them (`LlgGrammar.names_by_call`); later ones through the `_NAMES_WALKED` shortest only (each name
+        costs a walk: 50 functions cost ~50 ms a measure, on the engine thread). It also learns how far the calls
+        differ in length, as growth: a name's token picks its function, and a long function's name, written where
+        the tag was kept for a short one's call, was not vetted from so far (a 54-token call begun with 30 left was
+        cut at the limit, QA budgetfuzz)."""
         vocab = self._g.vocab
         spelled = b"".join(b"\xff[%d]" % t if vocab.token_bytes[t] is None else vocab.token_bytes[t]
                            for t in walked or ())
@@ -2393,8 +2392,10 @@ class LlgMatcher(Matcher):
         if at < 0:
             return []
         byte_tokens = vocab.byte_tokens()
+        ranked = self._g.names_by_call
+        names = self._g.call_names if ranked is None else ranked[:_NAMES_WALKED]
         found: list[list[int] | None] = []
-        for name in self._g.call_names:
+        for name in names:
             ids = _forced_ids(spelled[:at] + name, byte_tokens)
             walk = probe.deep_copy()
             if ids is None or not walk.consume_tokens(ids):
@@ -2415,6 +2416,11 @@ class LlgMatcher(Matcher):
                     and probe.validate_tokens(joined + [eos]) == len(joined) + 1:
                 call = joined
             found.append(call)
+        if ranked is None and any(c is not None for c in found):
+            by_length = sorted((len(c), i) for i, c in enumerate(found) if c is not None)
+            self._g.closing_growth = max(self._g.closing_growth, by_length[-1][0] - by_length[0][0])
+            self._g.names_by_call = tuple(names[i] for _, i in by_length) + \
+                tuple(name for name, c in zip(names, found) if c is None)
         return found
 
     def forced_after(self, tokens: list[int]) -> bytes | None:
