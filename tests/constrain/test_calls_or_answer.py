@@ -88,3 +88,17 @@ def test_pairs_that_cannot_be_told_apart_are_a_400_naming_the_field():
         spec_from_request(tools=TOOLS, regex="a+")
     json_mode = _spec("json_array", response_format={"type": "json_object"})
     assert json_mode.answer.kind == "json_object"
+
+
+def test_the_backend_names_each_backend_its_parts_were_served_by(json_array):
+    """The calls and the answer are grammars of their own, which the auto policy moves to outlines one by one: the
+    union named the calls' backend alone, so the response header and the fingerprint hid a part's move."""
+    _, _, c = json_array
+    time_format = {"type": "json_schema", "json_schema": {"name": "time", "schema": TIME}}
+    on = {name: c.compile(spec_from_request(response_format=time_format, backend=name))
+          for name in ("outlines", "llguidance")}
+    calls = c.compile(spec_from_request(tools=TOOLS, tool_choice="required", backend="llguidance"))
+    assert EitherGrammar(calls, on["llguidance"]).backend == "llguidance"
+    mixed = EitherGrammar(calls, on["outlines"])
+    assert mixed.backend == "llguidance+outlines"
+    assert EitherGrammar(mixed, on["outlines"]).backend == "llguidance+outlines"  # (a part made of parts)
