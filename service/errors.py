@@ -108,6 +108,7 @@ def error_response(exc: APIError) -> JSONResponse:
 
 
 _NOT_AN_OBJECT = "the request body must be a JSON object"
+_OBJECT_TYPES = ("model_type", "model_attributes_type", "dict_type")  # (pydantic's errors for "not an object")
 
 
 def param_path(parts: list[str | int]) -> str:
@@ -148,6 +149,8 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     param = param_path(loc + ([named] if named else [])) or None
     msg = str(first.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
+    if first.get("type") in _OBJECT_TYPES:  # (pydantic's words name our classes: "... or instance of ChatMessage")
+        msg = "Input should be a JSON object"
     if not param and first.get("type") in ("model_attributes_type", "dict_type", "model_type", "missing"):
         return _NOT_AN_OBJECT, None  # ("missing": no body at all)
     if first.get("type") == "missing" and param:

@@ -76,6 +76,19 @@ def test_a_value_of_a_union_is_told_what_is_wrong_in_the_shape_it_took(http, fie
     assert said in error["message"], error["message"]
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"messages": ["hi"]}, "messages[0]"), ({"messages": HELLO, "tools": ["f"]}, "tools[0]"),
+    ({"messages": HELLO, "stream": True, "stream_options": "x"}, "stream_options"),
+    ({"messages": HELLO, "prediction": "x"}, "prediction"), ({"messages": HELLO, "response_format": "json_object"},
+                                                             "response_format"),
+])
+def test_a_value_that_is_no_object_is_told_so_in_json_terms(http, body, param):
+    """pydantic's words named the server's classes: "Input should be a valid dictionary or instance of
+    ChatMessage"."""
+    error = _assert_error(http.post("/v1/chat/completions", json={"model": MODEL, **body}), 400, param)
+    assert error["message"] == f"invalid value for '{param}': Input should be a JSON object", error["message"]
+
+
 def test_a_logit_bias_key_repeated_with_leading_zeros_is_named_briefly(http):
     """The error quoted both keys whole: a key padded with 200,000 zeros made a 200 KB message (review of
     13305f0)."""
