@@ -95,9 +95,10 @@ from constrain.formats import LIBRARY_FORMATS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.pattern_dialects import portable_pattern, widest_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
-from constrain.support import (ASSERTIONS, NAMED_SUBSCHEMAS, STANDARD_FORMATS, escape_pointer_part, gives_another_base,
-                               keep_ref_targets, map_subschemas, recursive_targets, references_followable, resolve_ref,
-                               pointer_child, unescape_pointer_part, walk, walk_with_refs)
+from constrain.support import (ASSERTIONS, NAMED_SUBSCHEMAS, STANDARD_FORMATS, copy_reads_alike, escape_pointer_part,
+                               gives_another_base, keep_ref_targets, map_subschemas, nested_bases, recursive_targets,
+                               references_followable, resolve_ref, pointer_child, unescape_pointer_part, walk,
+                               walk_with_refs)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -417,9 +418,9 @@ def as_read_where_unasserted(schema: dict) -> dict:
         if not references_followable(schema):
             return schema
         drops = _undefined_in_unasserted(schema)
-        if any(gives_another_base(ptr, key, node) for ptr, key, node in walk_with_refs(schema)):
-            # (`keep_ref_targets` moves nothing there: a keyword a `$ref` points into stays, read as before)
-            targets = [target for _, target in _ref_sources(schema)]
+        bases = set(nested_bases(schema))
+        if bases:  # (a keyword a `$ref` points into stays, read as before, where `keep_ref_targets` cannot copy it)
+            targets = [target for _, target in _ref_sources(schema) if not copy_reads_alike(bases, "", target)]
             drops = [(ptr, key) for ptr, key in drops
                      if not any(t == (g := f"{ptr}/{escape_pointer_part(key)}") or t.startswith(g + "/")
                                 for t in targets)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from typing import Any, Callable, Iterator
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 # Keywords that constrain nothing (annotations) or that every backend handles structurally.
 ANNOTATIONS = frozenset({
@@ -129,31 +129,43 @@ def keep_ref_targets(before: dict, after: dict, stale: Callable[[str], bool],
                      copy_of: Callable[[Any], Any]) -> None:
     """Each local `$ref` of `after` (a rewrite of `before`, with the same references) that names a place `stale`
     says no longer holds what `before` holds there (a keyword a rewrite dropped, a member it tightened) points
-    instead at `copy_of` what `before` holds there, under `$defs/structgen-kept-N` of `after` (in place; nothing
-    where `after` has a `$defs` that is not an object). A pointer names a place in the document, whatever the
-    rewrites make of it: such a reference was a 400 (`Pointer ... does not exist`) or named something else. Not
-    in a schema with a nested `$id`: under one, `#/$defs/structgen-kept-N` names another place, and a copy moved
-    out of one reads its references anew (a reference that is no pointer, an `$anchor`'s, is left as it is)."""
-    if any(gives_another_base(ptr, key, node) for ptr, key, node in walk_with_refs(before)):
-        return
-    kept: dict[str, str] = {}  # (by the place a reference names: `#/a%20b` and `#/a b` share one copy)
-    holders = [n for _, key, n in walk_with_refs(after) if key == "$ref" and isinstance(n[key], str)]
+    instead at `copy_of` what `before` holds there, under `$defs/structgen-kept-N` (in place; nothing where that
+    `$defs` is not an object). A pointer names a place in the document, whatever the rewrites make of it: such a
+    reference was a 400 (`Pointer ... does not exist`) or named something else. A pointer reads in the resource
+    around it (the subschema of the nearest nested `$id` above it, else the root): `stale` is asked of the
+    reference as the root reads it, and the copy goes under the `$defs` of that resource, where
+    `#/$defs/structgen-kept-N` names it (beside a nested `$id` anywhere every reference was left as it was: a
+    400, QA review17 F3). Not where the place lies in another resource, or holds one: a copy moved out of one
+    reads its references anew, and repeats its `$id` (nor a reference that is no pointer, an `$anchor`'s)."""
+    bases = set(nested_bases(before))
+    around = [""] + nested_bases(after)
+
+    def resource(ptr: str) -> str:
+        return max((b for b in around if ptr.startswith(b + "/")), key=len)
+
+    kept: dict[tuple[str, str], str] = {}  # (by resource and place: `#/a%20b` and `#/a b` share one copy)
+    holders = [(n, resource(p)) for p, key, n in walk_with_refs(after) if key == "$ref" and isinstance(n[key], str)]
     while holders:
-        holder = holders.pop()
+        holder, base = holders.pop()
         ref = holder["$ref"]
-        if ref in kept.values() or not (ref == "#" or ref.startswith("#/")) or not stale(ref):
+        if ref in kept.values() or not (ref == "#" or ref.startswith("#/")):
             continue
-        place = unquote(ref)
-        if place not in kept:
-            target = resolve_ref(before, ref)
-            defs = after.setdefault("$defs", {}) if target is not None else None
+        read = "#" + quote(base) + ref[1:]  # (the reference as the root reads it)
+        place = base + unquote(ref[1:])
+        if not stale(read):
+            continue
+        if (base, place) not in kept:
+            target, owner = resolve_ref(before, read), resolve_ref(after, "#" + quote(base))
+            if target is None or not isinstance(owner, dict) or not copy_reads_alike(bases, base, place):
+                continue
+            defs = owner.setdefault("$defs", {})
             if not isinstance(defs, dict):
                 continue
             name = next(f"structgen-kept-{i}" for i in itertools.count() if f"structgen-kept-{i}" not in defs)
             defs[name] = moved = copy_of(target)
-            kept[place] = f"#/$defs/{name}"
-            holders += [n for _, key, n in walk(moved) if key == "$ref" and isinstance(n[key], str)]
-        holder["$ref"] = kept[place]
+            kept[(base, place)] = f"#/$defs/{name}"
+            holders += [(n, base) for _, key, n in walk(moved) if key == "$ref" and isinstance(n[key], str)]
+        holder["$ref"] = kept[(base, place)]
 
 
 def pointers_of(schema: Any, keywords: set[str], base: str = "") -> list[str]:
@@ -220,6 +232,21 @@ def gives_another_base(ptr: str, key: str, node: dict) -> bool:
     return key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) and not node[key].startswith("#")
 
 
+def nested_bases(schema: Any) -> list[str]:
+    """The pointers of the subschemas a nested `$id` gives another base (`gives_another_base`), found through
+    `$ref`s too."""
+    return [ptr[: ptr.rindex("/")] for ptr, key, node in walk_with_refs(schema) if gives_another_base(ptr, key, node)]
+
+
+def copy_reads_alike(bases: set[str], base: str, place: str) -> bool:
+    """A copy of the subschema at `place` (a pointer in the document) put in the resource at `base` ("" the root;
+    `bases`: `nested_bases`) reads as the subschema does: `place` lies in that resource, below no other nested
+    `$id`, and holds none (its references would read against another base, its `$id` would repeat)."""
+    return (not base or base in bases) and not any(
+        b == place or b.startswith(place + "/") or (b.startswith(base + "/") and place.startswith(b + "/"))
+        for b in bases)
+
+
 def id_keyword(dialect: Any) -> str:
     """The keyword that gives a subschema a base of its own under the `$schema` value `dialect`: draft 4's (and
     3's) `id` (an annotation, or a property's name, in later drafts), else `$id`."""
@@ -249,17 +276,15 @@ def references_followable(root: dict) -> bool:
     $id changes the base of the $refs inside its subschema only, and a plain-name fragment (`"$id": "#name"`,
     drafts 6-7) changes no base at all. (Through `$ref`s too: one may name a resource under a keyword `walk` does
     not go into, `contentSchema`'s, whose own `$ref`s read against its `$id`: QA review5.)"""
-    bases: list[str] = []  # the subschemas a nested $id gives another base
     refs: list[str] = []
     for ptr, key, node in walk_with_refs(root):
         if key in ("$dynamicRef", "$recursiveRef"):
             return False
-        if gives_another_base(ptr, key, node):
-            bases.append(ptr[: ptr.rindex("/")])
         if key == "$ref":
             if resolve_ref(root, node[key]) is None:
                 return False
             refs.append(ptr)
+    bases = nested_bases(root) if refs else []
     return not any(ref.startswith(base + "/") for ref in refs for base in bases)
 
 

@@ -452,7 +452,7 @@ def parameter_document(params: dict, key: str, pointer: str | None = None) -> di
     reaches (`_reached_definitions`): with every one, a definition only another parameter uses was checked as this
     one's, and one this format cannot enforce (an open object) refused a strict function whose calls never write
     it (QA xmlanyof F2). None where a `$ref` it holds sits at or below a nested `$id`, or where such a reference
-    stays unresolved (beside a nested `$id` anywhere, whose references `keep_ref_targets` leaves as they are)."""
+    stays unresolved (one into a nested `$id`'s resource, or into what holds one: `keep_ref_targets` copies neither)."""
     pointer = f"/properties/{escape_pointer_part(key)}" if pointer is None else pointer
     schema = resolve_ref(params, "#" + quote(pointer))
     if not isinstance(schema, dict):

@@ -3,6 +3,7 @@ on documents the original accepts and refuses), and leaves alone what it cannot 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -17,6 +18,7 @@ from constrain.formats import DURATION, HOSTNAME, NATIVE_FORMAT_PATTERNS
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import bounds_on_members, rewrite_schema, validator_class
 from constrain.spec import normalise_schema, spec_from_request
+from constrain.support import keep_ref_targets
 from constrain.walkbench import decode, random_walk
 from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
@@ -1161,6 +1163,64 @@ def test_references_under_a_nested_id_are_not_moved_to_kept_copies(gpt2_compiler
         "name": "n", "schema": schema, "strict": strict}}, backend="llguidance"))
     assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], valid)
     assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], invalid)
+
+
+_X = {"$id": "http://example.com/x", "type": "string"}  # (a resource of its own, which no reference reads in)
+
+
+@pytest.mark.parametrize("schema, valid, invalid", [
+    # `a` becomes `false` (a required property that may not be): `d` named a place that was gone
+    ({"type": "object", "properties": {
+        "a": {"type": "object", "required": ["b"], "properties": {"b": {"$ref": "#/$defs/never"},
+                                                                  "c": {"type": "integer"}}},
+        "d": {"$ref": "#/properties/a/properties/c"}}, "required": ["d"], "$defs": {"never": {"not": {}}, "x": _X}},
+     {"d": 3}, {"d": "s"}),
+    # draft 7: the siblings of x's `$ref` are dropped, and y pointed into them
+    ({"$schema": D7, "type": "object", "properties": {
+        "x": {"$ref": "#/definitions/o", "type": "string", "properties": {"k": {"type": "integer"}}},
+        "y": {"$ref": "#/properties/x/properties/k"}}, "required": ["y"],
+      "definitions": {"o": {"type": "object"}, "x": _X}}, {"y": 3}, {"y": "s"}),
+    # a member takes its place's bound, which the reference to it is not held to
+    ({"type": "object", "properties": {"a": {"minimum": 5, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+                                       "b": {"$ref": "#/properties/a/anyOf/0"}}, "required": ["b"],
+      "$defs": {"x": _X}}, {"b": 3}, {"b": "s"}),
+    # the same inside the nested resource, whose own `$defs` then holds the member as written
+    ({"type": "object", "properties": {"z": {"$id": "http://example.com/z", "type": "object", "properties": {
+        "a": {"minimum": 5, "anyOf": [{"type": "integer"}]}, "b": {"$ref": "#/properties/a/anyOf/0"}},
+        "required": ["b"]}}, "required": ["z"]}, {"z": {"b": 3}}, {"z": {"b": "s"}}),
+    # draft 7 reads nothing beside a `$ref` under a `not`: v may not be; the `properties` w points into stayed,
+    # read as 2019-09 reads it, and v took an object whose k is no integer
+    ({"$schema": D7, "type": "object", "properties": {
+        "v": {"not": {"$ref": "#/definitions/any", "properties": {"k": {"type": "integer"}}}},
+        "w": {"$ref": "#/properties/v/not/properties/k"}}, "definitions": {"any": {}, "x": _X}},
+     {"w": 1}, {"v": {"k": "s"}}),
+])
+@pytest.mark.parametrize("strict", [True, False])
+def test_references_to_stale_places_beside_a_nested_id_name_kept_copies(gpt2_compiler, tokenizers, vocabs, schema,
+                                                                        valid, invalid, strict):
+    """`keep_ref_targets` left every reference as it was in a schema with a nested `$id` anywhere: one into a place
+    a rewrite made `false` or dropped was a 400 "Pointer ... does not exist", one to a member that took bounds
+    refused valid values (QA review17 F3). A reference reads in its own resource, which keeps the copy."""
+    check = jsonschema.validators.validator_for(schema)(schema)
+    assert check.is_valid(valid) and not check.is_valid(invalid)
+    g = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": schema, "strict": strict}}))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], valid)
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], invalid)
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=7, walks=12) > 0
+
+
+def test_a_reference_into_another_resource_is_left_as_it_is():
+    """A copy of a place in another resource (or holding one) would read its references anew: the reference at the
+    root into x's resource stays; x's own, to a place in x, names a copy under x's `$defs`."""
+    before = {"properties": {"r": {"$ref": "#/$defs/x/properties/p"}, "s": {"$ref": "#/$defs/x"}},
+              "$defs": {"x": {"$id": "http://e.com/x", "properties": {"p": {"$ref": "#/$defs/q"}},
+                              "$defs": {"q": {"type": "integer"}}}}}
+    after = copy.deepcopy(before)
+    keep_ref_targets(before, after, lambda ref: True, copy.deepcopy)
+    assert after["properties"] == before["properties"] and "structgen-kept-0" not in after["$defs"]
+    assert after["$defs"]["x"]["properties"]["p"] == {"$ref": "#/$defs/structgen-kept-0"}
+    assert after["$defs"]["x"]["$defs"]["structgen-kept-0"] == {"type": "integer"}
 
 
 def test_bounds_shared_with_members_reach_no_other_place_of_a_shared_subschema():
