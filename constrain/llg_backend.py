@@ -1686,19 +1686,21 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
                       divisors=integer_divisors(schema))
 
 
-def _in_call_schema(found, i: int, params: dict, pointer: str):
-    """A pointer (or a ConstraintError's) found checking the `parameter_document` of the parameter at `pointer`,
-    where the call schema has it: a keyword of the parameters' own `$defs`, copied beside the value, is named there
-    (it was named at the `$ref` to it: QA toolfmt2 F5)."""
+def _in_call_schema(found, i: int, params: dict, pointers: tuple[str, ...]):
+    """A pointer (or a ConstraintError's) found checking the `parts_document` of the parameter held to the schemas
+    at `pointers` (checked with the first as its base), where the call schema has it: a keyword of the parameters'
+    own `$defs`, copied beside the value, is named there (it was named at the `$ref` to it: QA toolfmt2 F5), one
+    of the k-th schema's below it."""
     from constrain.xml_calls import document_pointer
 
     if isinstance(found, ConstraintError):
-        moved = _in_call_schema(found.pointer, i, params, pointer) if found.pointer else found.pointer
+        moved = _in_call_schema(found.pointer, i, params, pointers) if found.pointer else found.pointer
         if moved == found.pointer:
             return found
         return ConstraintError(found.message.replace(found.pointer, moved), param=found.param, pointer=moved,
                                code=found.code)
-    return document_pointer(i, params, pointer, found[len(pointer):]) if found.startswith(pointer + "/") else found
+    base = pointers[0]
+    return document_pointer(i, params, pointers, found[len(base):]) if found.startswith(base + "/") else found
 
 
 def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str) -> "LlgGrammar":
@@ -1714,7 +1716,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
     from constrain.plain_keys import open_object_at
     from constrain.tools import HERMES_CLOSE, HERMES_OPEN, function_schema
     from constrain.xml_calls import (SHAPES, Variant, check_functions, document_pointer, object_variants,
-                                     parameter_document, value_form)
+                                     parts_document, parts_form)
 
     shape = SHAPES[spec.tool_format]
     tokens = {tag: _tag_token(lltok, tag) for tag in shape.tags}
@@ -1746,20 +1748,21 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
             variants = found[0]
         else:
             props = params.get("properties", {}) if isinstance(params, dict) else {}
-            variants = [Variant(tuple((key, schema, f"/properties/{escape_pointer_part(key)}") for key, schema in
-                                      (props.items() if isinstance(props, dict) else ())),
+            variants = [Variant(tuple((key, (schema,), (f"/properties/{escape_pointer_part(key)}",)) for key, schema
+                                      in (props.items() if isinstance(props, dict) else ())),
                                 frozenset(params.get("required", ())) if isinstance(params, dict) else frozenset())]
-        written: dict[str, str | ConstraintError] = {}  # pointer -> its rule, or why it cannot be written
+        written: dict[tuple[str, ...], str | ConstraintError] = {}  # pointers -> its rule, or why it cannot be
 
-        def parameter(key: str, schema: Any, at: str, j: int) -> str | ConstraintError:
+        def parameter(key: str, schemas: tuple[Any, ...], ats: tuple[str, ...], j: int) -> str | ConstraintError:
             nonlocal unenforced, hints
-            pointer = f"/$defs/tool{i}{at}"
-            if pointer in unenforced or schema is False:
+            pointers = tuple(f"/$defs/tool{i}{at}" for at in ats)
+            pointer = pointers[0]
+            form = parts_form(schemas, params)
+            if set(pointers) & set(unenforced) or False in schemas or form is None:
                 return ConstraintError(f"tools[{i}]: the required parameter {key!r} cannot be written in the "
                                        f"{spec.tool_format} tool-call format of this model's chat template",
                                        param="tools", pointer=pointer, code="unsupported_schema")
             opening = text(shape.before_key + key + shape.between)
-            form = value_form(schema, params)
             # (a value none of whose allowed strings can be written raw failed the answer midway, a 400
             # `constraint_too_complex` after the call had begun)
             if form.raw and not form.writable(shape.value_close):
@@ -1768,7 +1771,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                                        "tool-call format of this model's chat template", param="tools",
                                        pointer=pointer, code="unsupported_schema")
             if form.raw:  # (a raw value is the string a JSON string would hold, unescaped)
-                hints += tuple(h for h in string_hints(schema) if b"\\" not in h)
+                hints += tuple(h for schema in schemas for h in string_hints(schema) if b"\\" not in h)
             if form.raw and closing_token is None:  # (the closing text in the lexeme: a token may span both)
                 rules.append(f"p{i}_{j}: {opening} P{i}_{j}\n"
                              f"P{i}_{j}: {form.lexeme(shape.value_close)} {json.dumps(shape.after_value)}")
@@ -1776,7 +1779,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 rules.append(f"p{i}_{j}: {opening} P{i}_{j} {text(shape.after_value)}\n"
                              f"P{i}_{j}: {form.lexeme(shape.value_close)}")
             else:
-                value = parameter_document(params, key, at)
+                value = parts_document(params, key, ats)
                 if value is None:
                     error = ConstraintError(f"tools[{i}]: the parameter {key!r} refers to its function's schema "
                                             f"beyond its own, which holds a nested $id: the {spec.tool_format} "
@@ -1791,11 +1794,11 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                                                   whitespace_pattern=whitespace_pattern, param="tools",
                                                   base_pointer=pointer)
                 except ConstraintError as exc:
-                    raise _in_call_schema(exc, i, params, pointer) from None
-                bad = tuple(_in_call_schema(p, i, params, pointer) for p in bad)
+                    raise _in_call_schema(exc, i, params, pointers) from None
+                bad = tuple(_in_call_schema(p, i, params, pointers) for p in bad)
                 inner = open_object_at(value)
                 if inner is not None:  # (named where it is, not at the parameter: QA toolfmt2 F3)
-                    place = document_pointer(i, params, pointer, inner)
+                    place = document_pointer(i, params, pointers, inner)
                     if any(pointer.startswith(s + "/") for s in spec.strict_under):
                         raise ConstraintError(f"strict schema uses an object at {place} whose keys the "
                                               f"{spec.tool_format} tool-call format cannot keep from being written "
@@ -1813,10 +1816,10 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         lists, refused = [], None
         for variant in variants:
             body = []
-            for key, schema, at in variant.props:
-                if at not in written:
-                    written[at] = parameter(key, schema, at, len(written))
-                rule = written[at]
+            for key, schemas, ats in variant.props:
+                if ats not in written:
+                    written[ats] = parameter(key, schemas, ats, len(written))
+                rule = written[ats]
                 if isinstance(rule, ConstraintError):
                     if key in variant.required:  # (no call of this variant can be written)
                         refused = refused or rule

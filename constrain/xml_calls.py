@@ -210,13 +210,31 @@ def value_form(schema: Any, root: dict) -> ValueForm:
                      values=tuple(strings) if values is not None else None)
 
 
+def parts_form(schemas: tuple[Any, ...], root: dict) -> ValueForm | None:
+    """The form of a value held to each of `schemas` (a `Variant`'s parameter): raw where each of them is raw,
+    its text then matching every one's lexeme, and null where each takes null (elsewhere the text `null` is a
+    string, which their string keywords hold to); JSON where none is. None where some are raw and others JSON (the
+    value would be written in one form, and parsed, in some variants, as in another)."""
+    forms = [value_form(schema, root) for schema in schemas]
+    if len(forms) == 1 or not any(f.raw for f in forms):
+        return forms[0] if len(forms) == 1 else JSON_FORM
+    if not all(f.raw for f in forms):
+        return None
+    values = None
+    for f in forms:
+        if f.values is not None:
+            values = f.values if values is None else tuple(v for v in values if v in f.values)
+    return ValueForm(raw=True, nullable=all(f.nullable for f in forms), parts=sum((f.parts for f in forms), ()),
+                     values=values)
+
+
 def parameter_forms(params: Any) -> dict[str, ValueForm]:
     """Parameter name -> the form of its value, for a function's parameters (as rewritten by
     `tools.function_schema`); where they are a union of objects (`object_variants`), of each variant's parameters
     (whose forms agree)."""
     found = object_variants(params)
     if found is not None:
-        return {key: value_form(schema, params) for v in found[0] for key, schema, _ in v.props}
+        return {key: parts_form(schemas, params) for v in found[0] for key, schemas, _ in v.props}
     if not isinstance(params, dict) or not isinstance(params.get("properties"), dict):
         return {}
     return {name: value_form(schema, params) for name, schema in params["properties"].items()}
@@ -224,11 +242,12 @@ def parameter_forms(params: Any) -> dict[str, ValueForm]:
 
 @dataclass(frozen=True)
 class Variant:
-    """One way a function's arguments may be written: its parameters in order, as (name, schema, pointer of the
-    schema in the parameters), those always written, whether no other key may stand beside them, and the `oneOf`
-    branches it was made from, as (the `oneOf`'s pointer, the branch's index)."""
+    """One way a function's arguments may be written: its parameters in order, as (name, schemas, pointers of the
+    schemas in the parameters: the value is held to each of them, as where a `oneOf` branch narrows a property the
+    root declares; `(False,)` where it has none), those always written, whether no other key may stand beside
+    them, and the `oneOf` branches it was made from, as (the `oneOf`'s pointer, the branch's index)."""
 
-    props: tuple[tuple[str, Any, str], ...]
+    props: tuple[tuple[str, tuple[Any, ...], tuple[str, ...]], ...]
     required: frozenset[str]
     closed: bool = False
     origins: frozenset[tuple[str, int]] = frozenset()
@@ -242,24 +261,79 @@ _UNION_KEYWORDS = {"anyOf", "oneOf", "allOf", "$ref"}
 _MOST_VARIANTS = 64
 
 
+_ALL_TYPES = frozenset({"null", "boolean", "string", "integer", "number", "array", "object"})
+
+
+def _never(schemas: tuple[Any, ...]) -> bool:
+    return len(schemas) == 1 and schemas[0] is False
+
+
+def _value_types(schema: Any) -> set[str]:
+    """The JSON types some value `schema` takes may have, told from its `type`, `enum` and `const` (every type
+    where they do not say; `number` with `integer`, which its whole numbers are)."""
+    if not isinstance(schema, dict):
+        return set(_ALL_TYPES)
+    types = _types(schema)
+    out = set(_ALL_TYPES) if types is None else types | ({"integer"} if "number" in types else set())
+    values = schema["enum"] if "enum" in schema else [schema["const"]] if "const" in schema else None
+    if isinstance(values, list):
+        told: set[str] = set()
+        for v in values:
+            told |= {"null"} if v is None else {"boolean"} if isinstance(v, bool) else {"string"} \
+                if isinstance(v, str) else {"array"} if isinstance(v, list) else {"object"} if isinstance(v, dict) \
+                else {"number", "integer"} if isinstance(v, int) or float(v).is_integer() else {"number"}
+        out &= told
+    return out
+
+
+def _no_value(schemas: list[Any]) -> bool:
+    """No value is held to each of `schemas`: their types, or the strings, booleans and null their `enum`s and
+    `const`s allow, have nothing in common (told only where that is plain: else False)."""
+    if not set.intersection(*(_value_types(schema) for schema in schemas)):
+        return True
+    listed = [schema["enum"] if "enum" in schema else [schema["const"]] for schema in schemas
+              if isinstance(schema, dict) and ("enum" in schema or "const" in schema)]
+    if len(listed) < 2 or not all(isinstance(vs, list) and all(v is None or isinstance(v, (str, bool)) for v in vs)
+                                  for vs in listed):
+        return False
+    return not set.intersection(*({json.dumps(v) for v in vs} for vs in listed))
+
+
+def _joined(held: tuple[tuple[Any, ...], tuple[str, ...]],
+            more: tuple[tuple[Any, ...], tuple[str, ...]]) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """The parts (schemas, pointers) of a key two merged lists both declare: the value is held to each schema
+    (one that takes anything, `true` or `{}`, or one alike another, said once); `(False,)` where no value is
+    both (a part that is `false`, types or strings that have nothing in common)."""
+    parts = list(zip(held[0] + more[0], held[1] + more[1]))
+    refused = [(schema, pointer) for schema, pointer in parts if schema is False]
+    kept: list[tuple[Any, str]] = []
+    for schema, pointer in parts:
+        if schema not in (True, {}) and all(json.dumps(schema, sort_keys=True) != json.dumps(other, sort_keys=True)
+                                            for other, _ in kept):
+            kept.append((schema, pointer))
+    if not refused and len(kept) > 1 and _no_value([schema for schema, _ in kept]):
+        refused = kept
+    if refused:
+        return (False,), (refused[0][1],)
+    kept = kept or parts[:1]  # (each takes anything)
+    return tuple(schema for schema, _ in kept), tuple(pointer for _, pointer in kept)
+
+
 def _merged(a: Variant, b: Variant) -> Variant | None:
-    """The argument lists both `a` and `b` take (None: none, as where one requires a key the other closes out);
-    _Inexpressible where a key both declare has two schemas (its value would be held to both). A key whose schema
-    is `false` in either is never written; one whose schema is `true` (or `{}`) in one takes the other's."""
+    """The argument lists both `a` and `b` take (None: none, as where one requires a key the other closes out). A
+    key both declare is held to both its schemas (`_joined`): a `oneOf` branch's `const` that narrows a property
+    the root declares `{type: string}` (before, such a union was not written: QA xmlreal F2). A key whose schema
+    is `false` in either, or that no value takes in both, is never written."""
     declared = ({k for k, _, _ in a.props}, {k for k, _, _ in b.props})
-    props: dict[str, tuple[Any, str]] = {}
+    props: dict[str, tuple[tuple[Any, ...], tuple[str, ...]]] = {}
     for mine, (theirs, closed) in ((a, (declared[1], b.closed)), (b, (declared[0], a.closed))):
-        for key, schema, pointer in mine.props:
+        for key, schemas, pointers in mine.props:
             if key not in theirs and closed:
                 continue  # (a key the other closes out is never written)
-            if key not in props or props[key][0] in (True, {}) or schema is False:
-                props[key] = (schema, pointer)
-            elif schema not in (True, {}) and props[key][0] is not False and \
-                    json.dumps(props[key][0], sort_keys=True) != json.dumps(schema, sort_keys=True):
-                raise _Inexpressible
+            props[key] = (schemas, pointers) if key not in props else _joined(props[key], (schemas, pointers))
     required = a.required | b.required
-    if any(props[r][0] is False if r in props else a.closed or b.closed for r in required):
-        return None  # (a required key one closes out, or whose schema is false: no object is both)
+    if any(_never(props[r][0]) if r in props else a.closed or b.closed for r in required):
+        return None  # (a required key one closes out, or that no value is: no object is both)
     return Variant(tuple((k, s, p) for k, (s, p) in props.items()), required, a.closed or b.closed,
                    a.origins | b.origins)
 
@@ -271,7 +345,14 @@ def _product(left: list[Variant], right: list[Variant]) -> list[Variant]:
     return out
 
 
-def _string_values(schema: Any) -> set[str] | None:
+def _string_values(schemas: tuple[Any, ...] | None) -> set[str] | None:
+    """The strings a value held to each of `schemas` may be, where some of them is an `enum` or `const` of
+    strings."""
+    found = [values for schema in schemas or () if (values := _listed_strings(schema)) is not None]
+    return set.intersection(*found) if found else None
+
+
+def _listed_strings(schema: Any) -> set[str] | None:
     values = schema.get("enum") if isinstance(schema, dict) and "enum" in schema else \
         [schema["const"]] if isinstance(schema, dict) and "const" in schema else None
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
@@ -282,7 +363,7 @@ def _string_values(schema: Any) -> set[str] | None:
 def _fails(v: Variant, w: Variant) -> bool:
     """Every argument object `v` writes fails `w`: it lacks a key `w` requires, or a key both require holds one
     of strings none of which `w` allows (a discriminator)."""
-    written = {k for k, schema, _ in v.props if schema is not False}
+    written = {k for k, schemas, _ in v.props if not _never(schemas)}
     if not w.required <= written:
         return True
     mine, theirs = {k: s for k, s, _ in v.props}, {k: s for k, s, _ in w.props}
@@ -317,7 +398,7 @@ def _variants(schema: Any, pointer: str, root: dict, depth: int,
             not all(isinstance(r, str) for r in required) or not isinstance(schema.get("allOf", []), list):
         raise _Inexpressible
     closed = extra is False
-    out = [Variant(tuple((k, s, f"{pointer}/properties/{escape_pointer_part(k)}") for k, s in props.items()),
+    out = [Variant(tuple((k, (s,), (f"{pointer}/properties/{escape_pointer_part(k)}",)) for k, s in props.items()),
                    frozenset(required), closed)]
     if "$ref" in schema:
         ref = schema["$ref"]
@@ -349,12 +430,12 @@ def _variants(schema: Any, pointer: str, root: dict, depth: int,
 def object_variants(params: Any) -> tuple[list[Variant], list[str]] | None:
     """Where a function's parameters combine objects (a root `anyOf` or `oneOf` of objects, as pydantic's and zod's
     unions write them, an `allOf`, a root `$ref` to such a schema): the argument lists (`Variant`s) that write
-    exactly the objects they take, each parameter under the one schema that holds its value, and the pointers of
+    exactly the objects they take, each parameter under the schemas that hold its value, and the pointers of
     the `oneOf`s written as `anyOf` (their branches may overlap). None where they do not combine objects, or do so
     beyond what argument lists can write: keywords other than `properties`, `required` and boolean
-    `additionalProperties`, a key declared twice with two schemas, a required key no branch declares, a key the
-    tags cannot hold, a key written raw in one variant and as JSON in another (the parser could not tell which),
-    references beyond `$defs`, nested `$id`s."""
+    `additionalProperties`, a required key no branch declares, a key the tags cannot hold, a key written raw in one
+    variant and as JSON in another or held to schemas of both forms (the parser could not tell which), references
+    beyond `$defs`, nested `$id`s."""
     if not isinstance(params, dict) or not set(params) & _UNION_KEYWORDS or nested_resources(params):
         return None
     if any(k == "$ref" and isinstance(n[k], str) and not n[k].startswith(("#/$defs/", "#/definitions/"))
@@ -373,13 +454,13 @@ def object_variants(params: Any) -> tuple[list[Variant], list[str]] | None:
              if not all(_fails(v, w) for v in variants for at_, b in v.origins if at_ == at
                         for c, ws in enumerate(branches) if c != b for w in ws)]
     # (a key whose schema is false is never written: kept until here, as what it rules out of merged variants)
-    variants = [Variant(tuple(p for p in v.props if p[1] is not False), v.required, v.closed) for v in variants]
+    variants = [Variant(tuple(p for p in v.props if not _never(p[1])), v.required, v.closed) for v in variants]
     forms: dict[str, tuple[bool, bool]] = {}
     for v in variants:
-        for key, schema, _ in v.props:
-            form = value_form(schema, params)
-            if not key or any(c in key for c in "<>\n") or forms.setdefault(key, (form.raw, form.nullable)) != \
-                    (form.raw, form.nullable):
+        for key, schemas, _ in v.props:
+            form = parts_form(schemas, params)
+            if form is None or not key or any(c in key for c in "<>\n") or \
+                    forms.setdefault(key, (form.raw, form.nullable)) != (form.raw, form.nullable):
                 return None
         if not v.required <= {k for k, _, _ in v.props}:
             return None
@@ -495,10 +576,33 @@ def parameter_document(params: dict, key: str, pointer: str | None = None) -> di
     return None if unresolved else document
 
 
-def document_pointer(i: int, params: dict, pointer: str, inner: str) -> str:
-    """`inner`, a pointer in the `parameter_document` of the parameter at `pointer` (in the call schema), as a pointer
-    in the call schema: below the parameters' own `$defs` (copied beside the parameter's schema) where it names one
-    of them, else below the parameter."""
+def parts_document(params: dict, key: str, pointers: tuple[str, ...]) -> dict | None:
+    """The document of a JSON-form parameter held to the schemas at `pointers` (a `Variant`'s parameter): the
+    `parameter_document` of the one, or the `allOf` of each one's, their definitions (copies of the parameters'
+    own, which a union's references alone name) beside it. None where one is None."""
+    documents = [parameter_document(params, key, pointer) for pointer in pointers]
+    if len(documents) == 1 or any(d is None for d in documents):
+        return documents[0] if len(documents) == 1 else None
+    out: dict[str, Any] = {"allOf": [{k: v for k, v in d.items() if k not in _DEFINITIONS} for d in documents]}
+    for d in documents:
+        for word in _DEFINITIONS:
+            if word not in d:
+                continue
+            if not isinstance(d[word], dict) or any(out.setdefault(word, {}).setdefault(n, s) != s
+                                                    for n, s in d[word].items()):
+                return None
+    return out
+
+
+def document_pointer(i: int, params: dict, pointers: tuple[str, ...], inner: str) -> str:
+    """`inner`, a pointer in the `parts_document` of the parameter held to the schemas at `pointers` (in the call
+    schema), as a pointer in the call schema: below the parameters' own `$defs` (copied beside the parameter's
+    schema) where it names one of them, below the k-th schema where it is in the k-th member of the `allOf` that
+    holds several, else below the (first) schema."""
+    held = re.match(r"/allOf/(\d+)(?=/|$)", inner) if len(pointers) > 1 else None
+    if held is not None and int(held.group(1)) < len(pointers):
+        return document_pointer(i, params, pointers[int(held.group(1)):][:1], inner[held.end():])
+    pointer = pointers[0]
     parts = inner.split("/")
     if len(parts) > 2 and parts[1] in ("$defs", "definitions") and isinstance(params.get(parts[1]), dict) \
             and unescape_pointer_part(parts[2]) in params[parts[1]]:

@@ -456,8 +456,6 @@ _LONG_B = {"properties": {"b": {"maxLength": 2}}}  # (a second schema for `b`: n
 @pytest.mark.parametrize("extra, named", [
     ({"dependentSchemas": {"a": _LONG_B}, "minProperties": 1}, ["dependentSchemas", "minProperties"]),
     ({"dependencies": {"a": _LONG_B}}, ["dependencies"]),  # (draft 7's spelling: QA toolreal F1)
-    ({"if": {"properties": {"a": {"const": "x"}}, "required": ["a"]}, "then": {"required": ["b"]}}, ["if", "then"]),
-    ({"not": {"properties": {"a": {"const": "x"}}, "required": ["a"]}}, ["not"]),
     ({"allOf": [_LONG_B]}, ["allOf"]),
     ({"minProperties": 1, "required": ["a"]}, []),  # (implied by `required`: enforced, not named)
     # written as one argument list per variant of the rewrite's `anyOf` (QA xmlanyof): enforced, not named
@@ -467,6 +465,9 @@ _LONG_B = {"properties": {"b": {"maxLength": 2}}}  # (a second schema for `b`: n
     ({"dependencies": {"a": {"required": ["b"]}}}, []),
     ({"dependentSchemas": {"a": {"required": ["b"]}}}, []),
     ({"if": {"required": ["a"]}, "then": {"required": ["b"]}}, []),
+    # (`a` is held to the root's schema and to the rewrite's pattern for "not x" both: QA xmlreal F2)
+    ({"if": {"properties": {"a": {"const": "x"}}, "required": ["a"]}, "then": {"required": ["b"]}}, []),
+    ({"not": {"properties": {"a": {"const": "x"}}, "required": ["a"]}}, []),
     ({"not": {"required": ["a"]}}, []),
     ({"allOf": [{"required": ["a"]}]}, []),
 ])
@@ -497,7 +498,8 @@ def test_root_keywords_the_rewrite_folds_into_allof_are_named_as_the_client_wrot
                     valid_calls(decode(vocab, toks), spec, {"f": params})
 
 
-_SMALL_D = {"properties": {"d": {"maximum": 3}}}
+# (beyond argument lists: `properties: {d: {maximum: 3}}` is now written, `d` held to both its schemas)
+_SMALL_D = {"patternProperties": {"^d": {"maximum": 3}}}
 
 
 @pytest.mark.parametrize("first, second", [
@@ -610,6 +612,97 @@ def test_a_union_argument_lists_cannot_write_exactly_is_refused_when_strict_and_
     _refused_when_strict_and_named_otherwise(compiler, two_forms, "/0/function/parameters/anyOf")
     counted = {"type": "object", "anyOf": [_A, {**_B, "maxProperties": 1}]}
     _refused_when_strict_and_named_otherwise(compiler, counted, "/0/function/parameters/anyOf")
+
+
+# A discriminated union as real schemas write one (jsonschemabench Github_easy o10013, o75096): the root declares
+# each property, and each `oneOf` branch narrows some of them (a `const` for `action`, a `minimum` for `count`)
+_ACTIONS = {"type": "object", "properties": {"action": {"type": "string"},
+                                             "name": {"type": "string", "maxLength": 6},
+                                             "count": {"type": "integer", "maximum": 9}},
+            "required": ["action"], "additionalProperties": False,
+            "oneOf": [{"properties": {"action": {"const": "create"}, "name": {"type": "string", "minLength": 2}},
+                       "required": ["name"]},
+                      {"properties": {"action": {"enum": ["delete", "drop"]}, "count": {"minimum": 1}},
+                       "required": ["count"]}]}
+
+
+@pytest.mark.parametrize("tool_format", ["qwen3_coder", "glm47"])
+def test_a_union_whose_branches_narrow_the_root_properties_is_written_exactly(tool_format, coder):
+    """A key the root and a branch both declare, under two schemas, made the union inexpressible: a strict function
+    was a 400 and the others were served with the `oneOf` unenforced (QA xmlreal F2). Its value is now held to
+    both schemas: strict or not, nothing is unenforced, every call validates, both branches are written, and a
+    value one of the two schemas refuses is not."""
+    tok, vocab, compiler = coder
+    for strict in (True, False):
+        tools = [{"type": "function", "function": {"name": "f", "strict": strict, "parameters": _ACTIONS}}]
+        spec = spec_from_request(tools=tools, tool_choice="required", tool_format=tool_format)
+        g = compiler.compile(spec)
+        assert unenforced_in_client_terms(spec, g) == ()
+        rng, seen = random.Random(7), set()
+        for _ in range(16):
+            toks, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.4)
+            assert done
+            seen |= {json.loads(c.arguments)["action"] for c in valid_calls(decode(vocab, toks), spec, {"f": _ACTIONS})}
+        assert "create" in seen and seen & {"delete", "drop"}
+    if tool_format == "qwen3_coder":
+        assert takes_text(g, tok, _call("f", ("action", "create"), ("name", "abc")))
+        assert takes_text(g, tok, _call("f", ("action", "drop"), ("count", "9")))
+        assert not takes_text(g, tok, _call("f", ("action", "update"), ("name", "abc")))  # (no branch's const)
+        assert not takes_text(g, tok, _call("f", ("action", "create"), ("name", "a")))  # (the branch's minLength)
+        assert not takes_text(g, tok, _call("f", ("action", "create"), ("name", "abcdefg")))  # (the root's maxLength)
+        assert not takes_text(g, tok, _call("f", ("action", "drop"), ("count", "0")))  # (the branch's minimum)
+        assert not takes_text(g, tok, _call("f", ("action", "drop"), ("count", "10")))  # (the root's maximum)
+        assert not takes_text(g, tok, _call("f", ("action", "create"), ("count", "1")))  # (a oneOf: one branch)
+
+
+def test_a_key_no_value_takes_in_both_schemas_rules_out_its_branch(coder):
+    """A key whose two schemas no value takes (a string and an integer) made the whole union inexpressible: the
+    branch that requires it takes no object, and the others are written exactly; where no branch is left, the
+    union is refused as before (a 400 when strict, else named)."""
+    _, vocab, compiler = coder
+    parameters = {"type": "object", "properties": {"a": {"type": "string"}},
+                  "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, _B]}
+    for strict in (True, False):
+        tools = [{"type": "function", "function": {"name": "f", "strict": strict, "parameters": parameters}}]
+        spec = _spec("required", tools=tools)
+        g = compiler.compile(spec)
+        assert unenforced_in_client_terms(spec, g) == ()
+        rng = random.Random(1)
+        for _ in range(8):
+            toks, done = random_walk(g, vocab, rng, 40, budget=True, prefer_end=0.4)
+            assert done
+            assert all("b" in json.loads(c.arguments)
+                       for c in valid_calls(decode(vocab, toks), spec, {"f": parameters}))
+    none_left = {"type": "object", "properties": {"a": {"type": "string"}},
+                 "allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}]}
+    _refused_when_strict_and_named_otherwise(compiler, none_left, "/0/function/parameters/allOf")
+
+
+@pytest.mark.parametrize("parameters, pointer", [
+    # (in the branch's schema of a key the root declares too)
+    ({"type": "object", "properties": {"k": {"type": "string"}, "ids": {"type": "array", "items": {"type": "integer"}}},
+      "required": ["k"], "oneOf": [
+          {"properties": {"k": {"const": "x"}, "ids": {"uniqueItems": True}}, "required": ["ids"]},
+          {"properties": {"k": {"const": "y"}}}]},
+     "/0/function/parameters/oneOf/0/properties/ids/uniqueItems"),
+    # (in the root's)
+    ({"type": "object", "properties": {"k": {"type": "string"}, "ids": {"type": "array", "uniqueItems": True}},
+      "required": ["k"], "oneOf": [
+          {"properties": {"k": {"const": "x"}, "ids": {"maxItems": 2}}, "required": ["ids"]},
+          {"properties": {"k": {"const": "y"}}}]},
+     "/0/function/parameters/properties/ids/uniqueItems"),
+    # (in a definition the branch's schema refers to)
+    ({"type": "object", "properties": {"k": {"type": "string"}, "ids": {"type": "array", "maxItems": 3}},
+      "required": ["k"], "$defs": {"L": {"uniqueItems": True}}, "oneOf": [
+          {"properties": {"k": {"const": "x"}, "ids": {"$ref": "#/$defs/L"}}, "required": ["ids"]},
+          {"properties": {"k": {"const": "y"}}}]},
+     "/0/function/parameters/$defs/L/uniqueItems"),
+])
+def test_a_keyword_of_one_of_a_keys_schemas_is_named_where_the_client_wrote_it(parameters, pointer, coder):
+    """Where a key's value is held to the root's schema and a branch's, a keyword of either that this format cannot
+    enforce is refused in a strict function, and named in the others, at its place in the client's schema."""
+    _, _, compiler = coder
+    _refused_when_strict_and_named_otherwise(compiler, parameters, pointer)
 
 
 _OPEN = {"type": "object", "properties": {"x": {"type": "string"}}}  # (keys this format cannot keep unescaped)
