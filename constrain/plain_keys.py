@@ -49,9 +49,10 @@ _MERGED = ("allOf", "anyOf", "oneOf")  # (llguidance merges their members into t
 def open_object_at(schema: Any) -> str | None:
     """The JSON Pointer of the first object `keys_need_plain_spelling` finds, or None. A member of `allOf`, `anyOf`
     or `oneOf` of a closed object is not one: llguidance merges it into that object, which takes no other keys
-    (escaped spellings refused). The rewrite writes `dependentRequired`, `minProperties` and `not: {required}`
-    as such members (`{"properties": {"a": false}}`), and a closed object holding them was refused in the XML
-    tool-call formats with advice to declare the `additionalProperties: false` it declared (QA toolfmt2 F3).
+    (escaped spellings refused); nor is an object one of whose `allOf` members is closed, or its other members.
+    The rewrite writes `dependentRequired`, `minProperties` and `not: {required}` as such members
+    (`{"properties": {"a": false}}`), and a closed object holding them was refused in the XML tool-call formats
+    with advice to declare the `additionalProperties: false` it declared (QA toolfmt2 F3).
     Values (`const`, `enum`, `default`, `examples`) are not schemas, and are not looked into, unless a local `$ref`
     points at or into one: what it names there is a schema (`{"$ref": "#/$defs/h/default"}` let `{"\\u0061": "s"}`
     through as another key than the declared `a` of an open object held in a `default`)."""
@@ -60,10 +61,14 @@ def open_object_at(schema: Any) -> str | None:
     while stack:
         node, at, closed = stack.pop()
         if isinstance(node, dict):
-            if not closed and node.get("additionalProperties") is not False and any(k in node for k in _NAMING) \
-                    and _takes_objects(node):
+            # (an `allOf` member that is closed closes what llguidance merges it with: the node and its members,
+            # as where a key's value is held to a closed object and a schema that only requires its keys, the
+            # XML tool formats' `allOf` of a key's schemas, which was named open)
+            shut = closed or node.get("additionalProperties") is False or \
+                (isinstance(node.get("allOf"), list) and any(isinstance(m, dict) and m.get("additionalProperties")
+                                                            is False for m in node["allOf"]))
+            if not shut and any(k in node for k in _NAMING) and _takes_objects(node):
                 return at
-            shut = closed or node.get("additionalProperties") is False
             for k, v in node.items():
                 part = f"{at}/{escape_pointer_part(k)}"
                 if k in VALUE_KEYWORDS and not targeted(part, refs):

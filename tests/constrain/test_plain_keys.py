@@ -194,9 +194,19 @@ def test_walks_that_try_to_escape_every_key_end_in_valid_documents_with_plain_ke
      None),
     ({"type": "object", "properties": {"t": {"type": ["string", "object"], "properties": {"a": {}}}},
       "additionalProperties": False}, "/properties/t"),
+    # a closed `allOf` member closes its siblings and the node around them (llguidance merges them all)
+    ({"allOf": [{"type": "object", "properties": {"x": {}}, "additionalProperties": False}, {"required": ["x"]}]},
+     None),
+    ({"properties": {"y": {}}, "anyOf": [{"required": ["y"]}],
+      "allOf": [{"type": "object", "properties": {"x": {}}, "additionalProperties": False}]}, None),
+    ({"allOf": [{"$ref": "#/$defs/c"}, {"required": ["x"]}],  # (closed only through a reference: not told)
+      "$defs": {"c": {"type": "object", "properties": {"x": {}}, "additionalProperties": False}}}, "/allOf/1"),
+    ({"allOf": [OPEN, {"required": ["a"]}]}, "/allOf/1"),
 ])
 def test_members_of_a_closed_object_are_closed_and_an_open_object_is_named_where_it_is(schema, at):
-    """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3). Values
+    """llguidance merges `allOf`/`anyOf`/`oneOf` members into the object around them (QA toolfmt2 F3), and so a
+    closed `allOf` member closes the node and its other members too (the XML tool formats' `allOf` of a key's
+    schemas, a closed object and one that requires its keys, was named open: QA xmlreal F2). Values
     (`default`, `enum`...) were looked into as schemas: a strict function with a `default` object holding a key
     `properties` was refused in the XML tool-call formats."""
     assert open_object_at(schema) == at

@@ -678,6 +678,30 @@ def test_a_key_no_value_takes_in_both_schemas_rules_out_its_branch(coder):
     _refused_when_strict_and_named_otherwise(compiler, none_left, "/0/function/parameters/allOf")
 
 
+def test_a_closed_object_a_branch_narrows_is_no_open_object(coder):
+    """A root's closed object (`additionalProperties: false`) that a branch narrows with `required` is checked as
+    the `allOf` of both: the branch's member, which names keys, was taken for an object open to other keys, a 400
+    in a strict function, though llguidance merges it into the closed one. Served, with nothing unenforced."""
+    tok, vocab, compiler = coder
+    opts = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+            "additionalProperties": False}
+    parameters = {"type": "object", "properties": {"k": {"type": "string"}, "opts": opts}, "required": ["k", "opts"],
+                  "oneOf": [{"properties": {"k": {"const": "a"}, "opts": {"required": ["x"]}}},
+                            {"properties": {"k": {"const": "b"}, "opts": {"required": ["y"]}}}]}
+    tools = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": parameters}}]
+    spec = _spec("required", parallel=False, tools=tools)
+    g = compiler.compile(spec)
+    assert unenforced_in_client_terms(spec, g) == ()
+    rng = random.Random(2)
+    for _ in range(8):
+        toks, done = random_walk(g, vocab, rng, 60, budget=True, prefer_end=0.4)
+        assert done
+        valid_calls(decode(vocab, toks), spec, {"f": parameters})
+    assert takes_text(g, tok, _call("f", ("k", "a"), ("opts", '{"x": 1}')))
+    assert not takes_text(g, tok, _call("f", ("k", "a"), ("opts", '{"y": 1}')))
+    assert not takes_text(g, tok, _call("f", ("k", "a"), ("opts", '{"\\u0078": 1}')))
+
+
 @pytest.mark.parametrize("parameters, pointer", [
     # (in the branch's schema of a key the root declares too)
     ({"type": "object", "properties": {"k": {"type": "string"}, "ids": {"type": "array", "items": {"type": "integer"}}},
