@@ -37,7 +37,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import attrs
 import jsonschema
 import numpy as np
 
@@ -993,7 +992,7 @@ def _patterns(root: dict, node: dict) -> set[str] | None:
 def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
     """jsonschema's validator for `source` (its draft, with `dependencies` as enforced) whose regex keywords
     search with the automata in `searches` instead of Python's `re`."""
-    from constrain.rewrite import validator_class
+    from constrain.rewrite import read_in_dialects, validator_class
 
     def pattern(validator, regex, instance, schema):
         if validator.is_type(instance, "string") and not searches[regex](instance):
@@ -1030,21 +1029,13 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
                 types = types.redefine("integer", lambda checker, instance, base=types: (
                     base.is_type(instance, "integer") or (isinstance(instance, decimal.Decimal)
                                                           and _integral(instance))))
-            classes[cls] = jsonschema.validators.extend(
+            # (a subschema naming a `$schema`, a function's draft-04 parameters inside the calls' schema, is read in
+            # its draft with these checks too: jsonschema took its own class there, floats and Python's `re`,
+            # `^(a+)+$` seconds per value on the engine thread, QA review9 F1, F2)
+            classes[cls] = read_in_dialects(jsonschema.validators.extend(
                 cls, {"pattern": pattern, "patternProperties": pattern_properties,
-                      "additionalProperties": additional_properties, **exact}, type_checker=types)
-            classes[cls].evolve = evolve
+                      "additionalProperties": additional_properties, **exact}, type_checker=types), checked)
         return classes[cls]
-
-    def evolve(self, **changes):
-        """As jsonschema's: a subschema that names a `$schema` is read in that draft (a function's draft-04
-        parameters inside the calls' schema), but with these checks (jsonschema took its own class there: floats,
-        and Python's `re`, `^(a+)+$` seconds per value on the engine thread, QA review9 F1, F2)."""
-        schema = changes.get("schema", self.schema)
-        dialect = isinstance(schema, dict) and isinstance(schema.get("$schema"), str)
-        cls = checked(validator_class(schema)) if dialect else type(self)
-        fields = {f.alias: getattr(self, f.name) for f in attrs.fields(type(self)) if f.init}
-        return cls(**{**fields, **changes})
 
     root = validator_class(source)
     return checked(root)(source, format_checker=_format_checker(root))

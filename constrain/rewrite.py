@@ -85,9 +85,10 @@ import functools
 import itertools
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote
 
+import attrs
 import jsonschema
 
 from constrain.finite_values import finite_values
@@ -180,7 +181,25 @@ def _with_dependency_keywords(cls: type) -> type:
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if key in draft.VALIDATORS and key not in cls.VALIDATORS:
                 extra[key] = draft.VALIDATORS[key]
-    return jsonschema.validators.extend(cls, extra) if extra else cls
+    return read_in_dialects(jsonschema.validators.extend(cls, extra))
+
+
+def read_in_dialects(cls: type, of_draft: Callable[[type], type] = lambda cls: cls) -> type:
+    """`cls` (a class jsonschema.validators.create or extend made; set in place) whose `evolve` reads a subschema
+    that names a `$schema` (the root itself, checked as a node or reached by `$ref: "#"`; a function's draft-04
+    parameters) in `of_draft(validator_class(subschema))`: that draft as the product reads it. jsonschema's own
+    `evolve` (which `descend` and `$ref` go through too) takes the draft's plain class there, which reads no
+    `dependencies` from 2019-09 on (QA typedrop P1: a 2020-12 root's `enum` kept a member its `dependencies`
+    refuses) and drops whatever `cls` adds."""
+    def evolve(self, **changes):
+        schema = changes.get("schema", self.schema)
+        dialect = isinstance(schema, dict) and isinstance(schema.get("$schema"), str)
+        new = of_draft(validator_class(schema)) if dialect else type(self)
+        fields = {f.alias: getattr(self, f.name) for f in attrs.fields(type(self)) if f.init}
+        return new(**{**fields, **changes})
+
+    cls.evolve = evolve
+    return cls
 
 
 class _Ctx:

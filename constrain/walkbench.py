@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import fractions
+import functools
 import json
 import random
 import re
@@ -129,6 +130,14 @@ def _python_reads(parse, rfc3339: re.Pattern):
     return check
 
 
+@functools.cache
+def _exact_multiples(cls: type) -> type:
+    """`cls` with `multipleOf` in decimal, in a subschema that names another `$schema` too."""
+    from constrain.rewrite import read_in_dialects
+
+    return read_in_dialects(jsonschema.validators.extend(cls, {"multipleOf": _exact_multiple_of}), _exact_multiples)
+
+
 def validator_for(schema):
     """jsonschema's validator for `schema` as the product means it (constrain.rewrite.validator_class: its draft,
     `dependencies` in every draft), with the draft's format checker, `time` and `date-time` RFC 3339 that Python's
@@ -136,7 +145,7 @@ def validator_for(schema):
     and `multipleOf` in decimal."""
     from constrain.rewrite import validator_class
 
-    cls = jsonschema.validators.extend(validator_class(schema), {"multipleOf": _exact_multiple_of})
+    cls = _exact_multiples(validator_class(schema))
     formats = jsonschema.FormatChecker()
     formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
     for name, parse in (("time", datetime.time.fromisoformat), ("date-time", datetime.datetime.fromisoformat)):

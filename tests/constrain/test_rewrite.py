@@ -394,6 +394,39 @@ def test_a_property_whose_enum_its_siblings_exclude_is_never_written(backend, gp
         jsonschema.validate(json.loads(decode(vocabs["gpt2"], toks)), optional)
 
 
+S19, S20 = "https://json-schema.org/draft/2019-09/schema", "https://json-schema.org/draft/2020-12/schema"
+
+
+@pytest.mark.parametrize("schema,values", [
+    ({"$schema": S20, "type": "object", "dependencies": {"a": ["b"]}, "enum": [{"a": 1}, {"a": 1, "b": 2}]},
+     [{"a": 1, "b": 2}]),
+    ({"$schema": S19, "enum": [{"a": 1}, {"a": 1, "b": 2}], "not": {"dependencies": {"a": ["b"]}}}, [{"a": 1}]),
+])
+def test_an_enum_is_filtered_with_dependencies_whatever_draft_the_root_names(schema, values, gpt2_compiler,
+                                                                              tokenizers, vocabs):
+    """The enum step checked the root's members with jsonschema's `evolve`, which takes the plain class of the draft
+    a schema's `$schema` names: from 2019-09 on it reads no `dependencies`. The 2020-12 enum kept `{"a": 1}`, which
+    the product's reading refuses, and a strict compile wrote it; under `not`, `{"a": 1}` was dropped and the
+    schema rewritten to `false` (QA typedrop P1)."""
+    out = rewrite_schema(schema)
+    assert out == {"$schema": schema["$schema"], "enum": values}
+    _same(schema, out)
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+    assert g.unenforced == ()
+    for member in schema["enum"]:
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], member) == (member in values), member
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=10, max_tokens=30) == 10
+
+
+def test_a_ref_to_a_root_that_names_its_draft_reads_dependencies_there_too():
+    """`$ref: "#"` went through the same `evolve`: the nested object was checked without `dependencies`."""
+    schema = {"$schema": S20, "type": "object", "properties": {"x": {"$ref": "#"}}, "dependencies": {"a": ["b"]}}
+    validator = validator_class(schema)(schema)
+    assert not validator.is_valid({"x": {"a": 1}})
+    assert validator.is_valid({"x": {"a": 1, "b": 2}})
+    _same(schema, rewrite_schema(schema), DOCS + [{"x": {"a": 1}}, {"x": {"a": 1, "b": 2}}])
+
+
 CLOSED_WITHOUT_A = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["a"],
                     "additionalProperties": False}
 
