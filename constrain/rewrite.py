@@ -5,9 +5,10 @@ is left alone (and the backend then refuses it in strict mode, with its pointer)
 Rewrites (each unit-tested with jsonschema on accepted and refused documents, tests/constrain/test_rewrite.py):
 - keywords of a type the node's `type` does not take (`minimum` beside `type: string`) say nothing: dropped;
 - finite values: a node with `enum`/`const` (directly or in an `allOf` member) accepts exactly those of its values
-  that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema, in the root's
-  $ref context; skipped when a `format` could be involved, since jsonschema does not assert formats, or a
-  `pattern`/`patternProperties`, since Python's backtracking `re` must never run a client's regex);
+  that validate against the whole node: it becomes `{"enum": [those values]}` (decided by jsonschema as
+  `validator_class` reads the schema, `multipleOf` in decimal, in the root's $ref context; skipped when a
+  `format` could be involved, since jsonschema does not assert formats, or a `pattern`/`patternProperties`, since
+  Python's backtracking `re` must never run a client's regex);
 - a `pattern` or a `patternProperties` name that opens with `^` and lookaheads (`^(?!draft-)...`) becomes the one
   anchored pattern they and the rest mean (constrain/regex_sets.py: neither backend reads lookarounds);
 - a `pattern` with a long count at a side it does not anchor (`\\p{L}{1,255}`) becomes the anchored pattern of
@@ -81,6 +82,7 @@ changes nothing).
 from __future__ import annotations
 
 import copy
+import fractions
 import functools
 import itertools
 import json
@@ -166,22 +168,40 @@ def _has_key(node: Any, key: str) -> bool:
 
 
 def validator_class(root: dict) -> type:
-    """The schema's draft (2020-12 when it names none), with the dependency keywords of every draft: a schema
-    that writes `dependencies` means its draft 4-7 sense, whatever draft it declares (2019-09 split it into
-    `dependentRequired` and `dependentSchemas` and left the old name without meaning, so a 2020-12 validator would
-    ignore it). Enforcing the keyword keeps every output valid under either reading."""
+    """The schema's draft (2020-12 when it names none) as the product reads it. With the dependency keywords of every
+    draft: a schema that writes `dependencies` means its draft 4-7 sense, whatever draft it declares (2019-09 split
+    it into `dependentRequired` and `dependentSchemas` and left the old name without meaning, so a 2020-12 validator
+    would ignore it); enforcing the keyword keeps every output valid under either reading. With `multipleOf` in
+    decimal, each number as written (a float as its shortest repr), as JSON Schema defines it and as the grammars
+    and the late checks read it (constrain/late_keywords.py): jsonschema divides floats, 0.3 / 0.1 =
+    2.9999999999999996."""
     cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-    return _with_dependency_keywords(cls)
+    return _as_the_product_reads(cls)
 
 
 @functools.cache
-def _with_dependency_keywords(cls: type) -> type:
+def _as_the_product_reads(cls: type) -> type:
     extra = {}
     for draft in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator):
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if key in draft.VALIDATORS and key not in cls.VALIDATORS:
                 extra[key] = draft.VALIDATORS[key]
+    if "multipleOf" in cls.VALIDATORS:
+        extra["multipleOf"] = _exact_multiple_of
     return read_in_dialects(jsonschema.validators.extend(cls, extra))
+
+
+def _exact_multiple_of(validator, divisor, instance, schema):
+    """Exact: the number as written in decimal (a float's shortest repr, an int as it is) over the divisor."""
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        quotient = fractions.Fraction(repr(instance)) / fractions.Fraction(repr(divisor))
+    except (ValueError, OverflowError):  # inf: a number too large for a double
+        yield jsonschema.ValidationError(f"{instance!r} is not a finite number")
+        return
+    if quotient.denominator != 1:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
 
 
 def read_in_dialects(cls: type, of_draft: Callable[[type], type] = lambda cls: cls) -> type:
@@ -407,7 +427,7 @@ def _ignores_ref_siblings(cls: type) -> bool:
 
 
 # Every keyword some draft from 4 on reads (`validator_class` adds the dependency keywords to each).
-_EVERY_KEYWORD = frozenset().union(*(_keywords_read(_with_dependency_keywords(d))
+_EVERY_KEYWORD = frozenset().union(*(_keywords_read(_as_the_product_reads(d))
                                      for d in (jsonschema.Draft4Validator, jsonschema.Draft6Validator,
                                                jsonschema.Draft7Validator, jsonschema.Draft201909Validator,
                                                jsonschema.Draft202012Validator)))

@@ -14,8 +14,6 @@ them), and `multipleOf` exactly in decimal, as JSON Schema defines it (jsonschem
 from __future__ import annotations
 
 import datetime
-import fractions
-import functools
 import json
 import random
 import re
@@ -101,19 +99,6 @@ def decode(vocab, toks: list[int]) -> str:
     return b"".join(vocab.token_bytes[t] for t in toks).decode("utf-8")
 
 
-def _exact_multiple_of(validator, divisor, instance, schema):
-    """Exact: the number as written in decimal (a float's shortest repr, an int as it is) over the divisor."""
-    if not validator.is_type(instance, "number"):
-        return
-    try:
-        quotient = fractions.Fraction(repr(instance)) / fractions.Fraction(repr(divisor))
-    except (ValueError, OverflowError):  # inf: a number too large for a double
-        yield jsonschema.ValidationError(f"{instance!r} is not a finite number")
-        return
-    if quotient.denominator != 1:
-        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
-
-
 # RFC 3339's full-time and date-time (section 5.6): an offset is required, which Python's `fromisoformat` does not ask
 # (QA realschemas: the oracle took `2020-01-01T00:00:00`, which the grammars rightly refuse).
 _RFC3339_TIME = r"\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})"
@@ -130,14 +115,6 @@ def _python_reads(parse, rfc3339: re.Pattern):
     return check
 
 
-@functools.cache
-def _exact_multiples(cls: type) -> type:
-    """`cls` with `multipleOf` in decimal, in a subschema that names another `$schema` too."""
-    from constrain.rewrite import read_in_dialects
-
-    return read_in_dialects(jsonschema.validators.extend(cls, {"multipleOf": _exact_multiple_of}), _exact_multiples)
-
-
 def validator_for(schema):
     """jsonschema's validator for `schema` as the product means it (constrain.rewrite.validator_class: its draft,
     `dependencies` in every draft), with the draft's format checker, `time` and `date-time` RFC 3339 that Python's
@@ -145,7 +122,7 @@ def validator_for(schema):
     and `multipleOf` in decimal."""
     from constrain.rewrite import validator_class
 
-    cls = _exact_multiples(validator_class(schema))
+    cls = validator_class(schema)
     formats = jsonschema.FormatChecker()
     formats.checkers = dict(cls.FORMAT_CHECKER.checkers)
     for name, parse in (("time", datetime.time.fromisoformat), ("date-time", datetime.datetime.fromisoformat)):

@@ -19,7 +19,7 @@ from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.rewrite import bounds_on_members, rewrite_schema, validator_class
 from constrain.spec import normalise_schema, spec_from_request
 from constrain.support import keep_ref_targets
-from constrain.walkbench import decode, random_walk
+from constrain.walkbench import decode, random_walk, validator_for
 from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
 D7 = "http://json-schema.org/draft-07/schema#"
@@ -425,6 +425,33 @@ def test_a_ref_to_a_root_that_names_its_draft_reads_dependencies_there_too():
     assert not validator.is_valid({"x": {"a": 1}})
     assert validator.is_valid({"x": {"a": 1, "b": 2}})
     _same(schema, rewrite_schema(schema), DOCS + [{"x": {"a": 1}}, {"x": {"a": 1, "b": 2}}])
+
+
+_TENTHS = [0.3, 0.35, 0.7, 0.4, 1, 1.05, [0.3, 0.6], [0.3, 0.6, 0.7]]
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": [0.3, 0.35, 0.7], "multipleOf": 0.1},
+    {"enum": [0.3, 0.35], "not": {"multipleOf": 0.1}},
+    {"oneOf": [{"const": 0.3}, {"type": "number", "multipleOf": 0.1, "minimum": 0.3, "maximum": 1}]},
+    {"type": "array", "items": {"enum": [0.3, 0.6, 0.65], "multipleOf": 0.1}, "uniqueItems": True},
+])
+def test_multiple_of_is_read_in_decimal_where_the_rewrite_decides_values(schema):
+    """jsonschema divides floats (0.3 / 0.1 = 2.9999999999999996): the enum step dropped 0.3 and 0.7 under
+    `multipleOf: 0.1` (a required property of that enum was `false`, a 400) and kept 0.3 under its `not`; a oneOf
+    of 0.3 and the multiples of 0.1 was judged disjoint and became an `anyOf` that wrote 0.3; items of such an enum
+    were `false`. The product reads numbers as the decimals they spell (README; constrain/late_keywords.py)."""
+    out = rewrite_schema(schema)
+    original, rewritten = validator_for(schema), validator_for(out)  # (the oracle's multipleOf is decimal)
+    assert [d for d in DOCS + _TENTHS if original.is_valid(d) != rewritten.is_valid(d)] == []
+
+
+def test_an_enum_of_tenths_under_multiple_of_compiles_and_writes_them(gpt2_compiler, tokenizers, vocabs):
+    schema = {"type": "object", "properties": {"v": {"enum": [0.3, 0.35, 0.7], "multipleOf": 0.1}}, "required": ["v"],
+              "additionalProperties": False}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
+    assert [v for v in (0.3, 0.35, 0.7) if accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], v)] == [0.3, 0.7]
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=8, max_tokens=30) == 8
 
 
 CLOSED_WITHOUT_A = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["a"],
