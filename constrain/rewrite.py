@@ -174,7 +174,8 @@ def validator_class(root: dict) -> type:
     would ignore it); enforcing the keyword keeps every output valid under either reading. With `multipleOf` in
     decimal, each number as written (a float as its shortest repr), as JSON Schema defines it and as the grammars
     and the late checks read it (constrain/late_keywords.py): jsonschema divides floats, 0.3 / 0.1 =
-    2.9999999999999996."""
+    2.9999999999999996. In draft 4, with a numeric `exclusiveMinimum`/`exclusiveMaximum` and a boolean `items` as
+    the later drafts read them (`_bound_beside_flag`)."""
     cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
     return _as_the_product_reads(cls)
 
@@ -188,7 +189,33 @@ def _as_the_product_reads(cls: type) -> type:
                 extra[key] = draft.VALIDATORS[key]
     if "multipleOf" in cls.VALIDATORS:
         extra["multipleOf"] = _exact_multiple_of
+    if "exclusiveMinimum" not in cls.VALIDATORS:  # (draft 4: a flag beside `minimum`)
+        later = jsonschema.Draft6Validator.VALIDATORS
+        for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+            extra[bound] = _bound_beside_flag(cls.VALIDATORS[bound], later[bound], flag)
+            extra[flag] = _numeric_exclusive(later[flag])
+        extra["items"] = later["items"]  # (the same for a list or an object; a boolean, too)
     return read_in_dialects(jsonschema.validators.extend(cls, extra))
+
+
+# Draft 4 has no boolean subschemas, and its exclusive bounds are flags beside `minimum`/`maximum` (a number there,
+# or `items: false`, is no valid draft-4 schema). The rewrites write the later drafts' forms (the negation of
+# `maximum: 5` is `exclusiveMinimum: 5`, shared bounds, intervals between values; items that take no value are
+# `false`), which the backends read so, and so does the product. Draft 4 as jsonschema reads it took the number
+# for nothing, and as a flag beside a `minimum`, and failed on `items: false` (QA typedrop: the late checks, which
+# read the rewritten schema, let `0` through `not: {oneOf: [{not: {maximum: 1}}, {multipleOf: 0.5}]}`, and took
+# every value for invalid where `items: false` was in a `oneOf` branch, so that no answer could end).
+def _bound_beside_flag(draft4: Callable, later: Callable, flag: str) -> Callable:
+    def check(validator, value, instance, schema):
+        return (draft4 if isinstance(schema.get(flag), bool) else later)(validator, value, instance, schema)
+    return check
+
+
+def _numeric_exclusive(later: Callable) -> Callable:
+    def check(validator, value, instance, schema):
+        if not isinstance(value, bool):
+            yield from later(validator, value, instance, schema)
+    return check
 
 
 def _exact_multiple_of(validator, divisor, instance, schema):

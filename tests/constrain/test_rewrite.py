@@ -22,7 +22,7 @@ from constrain.support import keep_ref_targets
 from constrain.walkbench import decode, random_walk, validator_for
 from tests.constrain.conftest import accepts_document, accepts_value, ended_walks_valid
 
-D7 = "http://json-schema.org/draft-07/schema#"
+D4, D7 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-07/schema#"
 
 # A bank of documents of every type, to compare validity before and after a rewrite.
 _SCALARS = [None, True, False, 0, 1, 1.0, 2, 2.5, -3, 7, 14, "", "a", "ab", "abc", "b", "x1", "2020-01-01"]
@@ -452,6 +452,61 @@ def test_an_enum_of_tenths_under_multiple_of_compiles_and_writes_them(gpt2_compi
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True))
     assert [v for v in (0.3, 0.35, 0.7) if accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], v)] == [0.3, 0.7]
     assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=8, max_tokens=30) == 8
+
+
+DRAFT4_NEGATED_ONE_OF = {"$schema": D4, "type": "object", "properties": {"v": {"type": "number", "not": {"oneOf": [
+    {"type": "number", "not": {"maximum": 1}}, {"type": "number", "multipleOf": 0.5}]}}}, "required": ["v"],
+    "additionalProperties": False}
+
+
+@pytest.mark.parametrize("schema", [
+    {"$schema": D4, "not": {"maximum": 5}},
+    {"$schema": D4, "type": "integer", "not": {"enum": [1, 3]}},
+    {"$schema": D4, "oneOf": [{"type": "integer", "minimum": 3}, {"type": "integer", "maximum": 7}]},
+])
+def test_draft_4_reads_the_numeric_exclusive_bounds_the_rewrites_write(schema):
+    """The negations write `exclusiveMinimum: 5` (the later drafts' form, which the backends read), which draft 4
+    as jsonschema reads it took for nothing (and, beside a `minimum`, for the flag)."""
+    out = normalise_schema(schema)
+    assert '"exclusiveM' in json.dumps(out)
+    _same(schema, out, DOCS + [4, 5, 6, 8])
+
+
+def test_the_late_checks_of_a_draft_4_schema_read_its_rewritten_bounds(gpt2_compiler, vocabs):
+    """The late checks read the rewritten schema in its draft: the `not` of a `oneOf` whose first branch was
+    rewritten to `exclusiveMinimum: 1` read that branch as any number, and the answers wrote `0` and `-4` (both in
+    the second branch only, so refused by the `not`), with nothing named unenforced (QA typedrop)."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(DRAFT4_NEGATED_ONE_OF),
+                                             strict=True))
+    assert g.unenforced == ()
+    rng, ended = random.Random(0), 0
+    validator = validator_class(DRAFT4_NEGATED_ONE_OF)(DRAFT4_NEGATED_ONE_OF)
+    for _ in range(30):
+        try:
+            toks, done = random_walk(g, vocabs["gpt2"], rng, 40, budget=True, prefer_end=0.3)
+        except ConstraintError:  # (a dead end: a value the `not` refuses, which no continuation repairs)
+            continue
+        if done:
+            ended += 1
+            doc = json.loads(decode(vocabs["gpt2"], toks))
+            assert validator.is_valid(doc), doc
+    assert ended > 10
+
+
+def test_a_draft_4_one_of_branch_whose_items_take_nothing_is_read_by_the_late_checks(gpt2_compiler, tokenizers,
+                                                                                      vocabs):
+    """The items rewrite to `false` (a string that is 1), which draft 4 as jsonschema read failed on (it has no
+    boolean subschemas): the late check of the `oneOf` took every value for invalid, and no answer could end."""
+    schema = {"$schema": D4, "type": "object", "properties": {"v": {"oneOf": [
+        {"type": "array", "items": {"type": "string", "enum": [1], "maxLength": 3}},
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 2}]}}, "required": ["v"],
+        "additionalProperties": False}
+    out = normalise_schema(schema)
+    assert out["properties"]["v"]["oneOf"][0]["items"] is False
+    _same(schema, out, [{"v": []}, {"v": [1]}, {"v": ["a"]}, {"v": [1, 2, 3]}])
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=out, strict=True))
+    assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"v": [1]})
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=0, walks=6, max_tokens=60) == 6
 
 
 CLOSED_WITHOUT_A = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["a"],
@@ -1716,7 +1771,7 @@ def test_regexes_llguidance_cannot_decide_are_refused_in_a_short_message_at_thei
     assert len(exc.value.message) < 400
 
 
-D4, D6 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-06/schema#"
+D6 = "http://json-schema.org/draft-06/schema#"
 
 
 @pytest.mark.parametrize("schema", [
