@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from constrain.grammar import ConstraintError, Grammar, Matcher
-from constrain.json_follower import Frame, JsonFollower, decode_key
+from constrain.json_follower import MAX_EXPONENT_DIGITS, Frame, JsonFollower, decode_key, exponent_digits
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
@@ -91,6 +91,7 @@ _CLOSING_GROWTH = 32
 # as they were.
 _VALUE_MODES = frozenset({"string", "number", "literal"})
 _STRUCTURE = frozenset(b'"\\{}[],:')
+_EXPONENT_BYTES = b"+-0123456789"  # (what may go on a number's exponent)
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 # ... or this many bytes without a closer, in a cycle the run misses (`((ab)*c)+`: a picked `a`, a forced `b`)
 _STUCK_CYCLE = 16
@@ -2289,7 +2290,8 @@ class LlgMatcher(Matcher):
         keys = before.copy() if before is not None else None
         if keys is not None:
             keys.feed(data)
-        after = self._still_completes(probe, self._closing, data, before.mode if before is not None else None, data)
+        after = self._still_completes(probe, self._closing, data, before.mode if before is not None else None, data,
+                                     keys)
         kept = after is not None
         through = None
         if not kept:
@@ -2329,17 +2331,21 @@ class LlgMatcher(Matcher):
             and all(not (tb[t] or b"").strip(_WHITESPACE) for t in self._consumed)
 
     def _still_completes(self, after: "llguidance.LLMatcher", closing: list[int] | None, data: bytes,
-                         mode: str | None, prefix: bytes = b"") -> list[int] | None:
+                         mode: str | None, prefix: bytes = b"", keys: KeySets | None = None) -> list[int] | None:
         """`closing`, a completion measured before a token of bytes `data`, when it also completes the output
         after that token (`after`: the matcher there), else None: one check by llguidance (the completion and an
         EOS validated, ~3 us) where a walk costs 60-150 us, and inside a string or a number most tokens leave the
         completion as it was. Else, for a token that wrote the completion's first bytes, the rest of it. Where
         completions write no key twice, only for a token inside a value that leaves the keys as they were
-        (_VALUE_MODES, _STRUCTURE; `mode`: the follower's before the token, None if not known)."""
+        (_VALUE_MODES, _STRUCTURE; `mode`: the follower's before the token, None if not known). Never one that
+        makes a number's exponent too long (`_lengthens_an_exponent`; `keys`: the follower after the token, else
+        the output's)."""
         eos = self._g.lltok.eos_token
         if not closing or eos is None:
             return None
         if self._distinct_keys and (mode not in _VALUE_MODES or _STRUCTURE.intersection(data)):
+            return None
+        if self._lengthens_an_exponent(keys, closing):
             return None
         if after.validate_tokens(closing + [eos]) == len(closing) + 1:
             refuses = self._walk_refuses(prefix)  # (it completes the grammar: the checks may still refuse it)
@@ -2358,6 +2364,22 @@ class LlgMatcher(Matcher):
         if rest is None or after.validate_tokens(rest + [eos]) != len(rest) + 1:
             return None
         return _as_forced(after, self._g.vocab, rest)
+
+    def _lengthens_an_exponent(self, keys: KeySets | None, closing: list[int]) -> bool:
+        """`closing`, from inside a number's exponent (`keys`: the follower there, else the output's), goes on with
+        digits that give it more than MAX_EXPONENT_DIGITS significant ones: llguidance's number lexeme takes them,
+        the distinct-keys check refuses them (constrain/distinct_keys.py). A completion `0}` measured after `-5e`
+        was carried on past `-5e51`; the engine's vet then offered its `0`, the check refused it, the sampled token
+        stood (`,` with two tokens left), and the answer was cut at max_tokens where `}` fitted (QA budget F5)."""
+        head = self._g.vocab.token_bytes[closing[0]] or b""
+        if not head or head[:1] not in _EXPONENT_BYTES:  # (most completions: a closer, a quote)
+            return False
+        keys = keys if keys is not None else self._followed()
+        if keys is None or keys.mode != "number" or exponent_digits(bytes(keys.buf)) is None:
+            return False
+        spelled = b"".join(self._g.vocab.token_bytes[t] or b"" for t in closing)
+        run = len(spelled) - len(spelled.lstrip(_EXPONENT_BYTES))
+        return (exponent_digits(bytes(keys.buf) + spelled[:run]) or 0) > MAX_EXPONENT_DIGITS
 
     def _near_for(self, data: bytes, tokens_left: int) -> bool:
         """Whether a sampled token of bytes `data` is vetted (`_near`, by what it may do to the completion): one that

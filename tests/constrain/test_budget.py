@@ -935,3 +935,19 @@ def test_a_short_value_that_makes_the_rest_longer_is_not_the_walk_s_choice(schem
         toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
         assert ended, vocab_bytes(vocab, toks)
         jsonschema.validate(json.loads(decode(vocab, toks)), schema)
+
+
+@pytest.mark.parametrize("tokens_left", [3, 4])
+def test_a_completion_carried_into_a_two_digit_exponent_is_not_one_that_lengthens_it(tokens_left, qwen2_llguidance,
+                                                                                     tokenizers, vocabs):
+    """The completion `0}` measured after `-5e` was carried on as each digit came (llguidance's number takes any
+    exponent); past `-5e51` its `0` makes a third digit, which the distinct-keys check refuses. Vetting a `,` with
+    two tokens left, the rule offered that `0`, the check refused it, the `,` stood, and the answer was cut at
+    max_tokens where `}` fitted (QA budget F5)."""
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    grammar = qwen2_llguidance.compile(ConstraintSpec(kind="json_schema", schema={
+        "type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}))
+    ids = vocab.ids_by_bytes()
+    prefix = tok.encode('{"x": -5e', add_special_tokens=False)
+    out = offered_walk(grammar, vocab, prefix, [ids[b"5"], ids[b"1"]] + [ids[b","]] * 4, tokens_left)
+    assert tok.decode(prefix + out, skip_special_tokens=True) == '{"x": -5e51}'
