@@ -100,6 +100,7 @@ _HINT_STARTS = 64  # a top-level regex's closing tries the tails of a hint that 
 _MAX_HINT_BYTES = 256  # (a regex's longer example would make a completion too long for the rule to steer to)
 _CHECKS_PER_WALK = 256  # questions a closing walk puts to the checks (~0.1-0.5 ms each; a repeat is free)
 _MAX_KEY_NAMES = 256  # required names a closing walk tries where it writes a key (`required_names`)
+_MEMBER_BYTES = 5  # bytes a required member takes beyond its name, at the least: `"":0,` (`required_names`)
 # Function names a completion through each name walks once a first such walk on the grammar has ranked them all
 # (`LlgMatcher._calls_after_tag`): one walk a function, ~1 ms each, ran at each measure while a name is ahead
 _NAMES_WALKED = 4
@@ -262,16 +263,22 @@ def _ends_after(walk: "llguidance.LLMatcher", tail: list[int], closers: frozense
 
 
 def required_names(schema: Any) -> tuple[bytes, ...]:
-    """The names the schema's objects require, as a JSON string holds them (escaped), shortest first: a closing
-    walk that must write a key writes one of these where the grammar takes it, not the first letters that fit
-    (which spell the first declared property, often an optional one: `"attendees": []` before the required
-    `"end_date"`)."""
-    names: dict[str, None] = {}
+    """The names the schema's objects require, as a JSON string holds them (escaped): a closing walk that must
+    write a key writes the first of these the grammar takes there, not the first letters that fit (which spell the
+    first declared property, often an optional one: `"attendees": []` before the required `"end_date"`). Those of
+    the shortest `required` list first (its names' bytes, and a few a member for its quotes, colon, value and
+    comma), then the shortest: where `anyOf`/`oneOf` branches require different keys, the first name the walk
+    writes picks the branch, and the shortest name alone picked `{"a":"","bb":"","cc":"","dd":0}` (11 tokens)
+    where `{"xyz":0}` closes in 5 (QA budget F7)."""
+    names: dict[str, int] = {}  # name -> the fewest bytes of a `required` list that holds it
     for _, key, node in walk_with_refs(schema):
         if key == "required" and isinstance(node["required"], list):
-            names.update((n, None) for n in node["required"] if isinstance(n, str))
-    spelled = sorted((json.dumps(n, ensure_ascii=False)[1:-1].encode() for n in names), key=len)
-    return tuple(spelled[:_MAX_KEY_NAMES])
+            required = [n for n in node["required"] if isinstance(n, str)]
+            size = sum(len(n) + _MEMBER_BYTES for n in required)
+            names.update((n, min(size, names.get(n, size))) for n in required)
+    spelled = sorted(((size, json.dumps(n, ensure_ascii=False)[1:-1].encode()) for n, size in names.items()),
+                     key=lambda pair: (pair[0], len(pair[1])))
+    return tuple(name for _, name in spelled[:_MAX_KEY_NAMES])
 
 
 @dataclass(frozen=True)

@@ -951,3 +951,24 @@ def test_a_completion_carried_into_a_two_digit_exponent_is_not_one_that_lengthen
     prefix = tok.encode('{"x": -5e', add_special_tokens=False)
     out = offered_walk(grammar, vocab, prefix, [ids[b"5"], ids[b"1"]] + [ids[b","]] * 4, tokens_left)
     assert tok.decode(prefix + out, skip_special_tokens=True) == '{"x": -5e51}'
+
+
+@pytest.mark.parametrize("keyword", ["anyOf", "oneOf"])
+def test_the_key_a_completion_writes_picks_the_branch_that_requires_least(keyword, qwen2_llguidance, tokenizers,
+                                                                          vocabs):
+    """The closing walk wrote the shortest required name first, `a`, which picked the branch that requires four
+    keys: a completion of 11 tokens where `{"xyz":0}` closes in 5, so answers that fitted a budget between the two
+    were cut, and tokens that fitted were refused (QA budget F7). Names of the smallest `required` list come first."""
+    tok, vocab = tokenizers["qwen2"], vocabs["qwen2"]
+    schema = {"type": "object", keyword: [
+        {"properties": {"a": {"type": "string"}, "bb": {"type": "string"}, "cc": {"type": "string"},
+                        "dd": {"type": "integer"}}, "required": ["a", "bb", "cc", "dd"]},
+        {"properties": {"xyz": {"type": "integer"}}, "required": ["xyz"]}]}
+    grammar = qwen2_llguidance.compile(ConstraintSpec(kind="json_schema", schema=schema))
+    budget = len(tok.encode('{"xyz":0}', add_special_tokens=False))
+    assert grammar.matcher().min_tokens_to_end() == budget
+    rng = random.Random(0)
+    for _ in range(6):
+        toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
+        assert ended, decode(vocab, toks)
+        jsonschema.validate(json.loads(decode(vocab, toks)), schema)
