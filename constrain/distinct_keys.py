@@ -214,6 +214,9 @@ class DistinctKeysMatcher(CheckedMatcher):
         self.vocab = vocab
         self.names_restricted = names_restricted
         self.newline_quotes = per_vocabulary(_NewlineQuotes, vocab).ids if newline_names else None
+        base = backend_matcher(inner)
+        if newline_names and hasattr(base, "refuse_newline_keys"):
+            base.refuse_newline_keys()
         self.exponents = exponent_index(vocab)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, tokens_left: int | None = None) -> None:

@@ -92,6 +92,7 @@ _CLOSING_GROWTH = 32
 _VALUE_MODES = frozenset({"string", "number", "literal"})
 _STRUCTURE = frozenset(b'"\\{}[],:')
 _EXPONENT_BYTES = b"+-0123456789"  # (what may go on a number's exponent)
+_NEWLINE_ESCAPES = (b"\\n", b"\\u000a", b"\\u000A")  # (how a key ends in a newline: `KeySets.closing_a_newline_key`)
 _STUCK_RUN = 4  # the walk wrote the same byte this many times in a row: try the schema's string hints
 # ... or this many bytes without a closer, in a cycle the run misses (`((ab)*c)+`: a picked `a`, a forced `b`)
 _STUCK_CYCLE = 16
@@ -120,7 +121,10 @@ _FORMAT_EXAMPLES = {"email": "a@a.aa", "idn-email": "a@a.aa", "uri": "a:a", "iri
 
 class KeySets(JsonFollower):
     """Follows the output with the keys written so far in each open object, so that a closing walk can avoid
-    writing a key twice in one object (which would parse as one property)."""
+    writing a key twice in one object (which would parse as one property), and a key ending in a newline where
+    such keys are refused (`newline_keys_refused`, constrain/distinct_keys.py)."""
+
+    newline_keys_refused = False
 
     def _frame(self, is_array: bool) -> "_KeyedFrame":
         return _KeyedFrame(is_array)
@@ -132,9 +136,15 @@ class KeySets(JsonFollower):
         """A quote now would end a key that its object already has."""
         return self.mode == "key" and not self.escaped and decode_key(bytes(self.buf)) in self.stack[-1].keys
 
+    def closing_a_newline_key(self) -> bool:
+        """A quote now would end a key that ends in a newline, where such keys are refused."""
+        return self.newline_keys_refused and self.mode == "key" and not self.escaped \
+            and self.buf.endswith(_NEWLINE_ESCAPES) and decode_key(bytes(self.buf)).endswith("\n")
+
     def copy(self) -> "KeySets":
         c = KeySets()
         c.mode, c.escaped, c.buf = self.mode, self.escaped, bytearray(self.buf)
+        c.newline_keys_refused = self.newline_keys_refused
         c.calls = self.calls.copy() if self.calls is not None else None
         c.stack = [_KeyedFrame(f.is_array, f.key, f.index, set(f.keys)) for f in self.stack]
         return c
@@ -675,7 +685,7 @@ def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_k
     `uniqueItems` was `0`, then `0.0`, `0.00`... until the walk gave up, and no array of two numbers or more had a
     completion (QA budgetsweep2 F3); such a digit is taken only where no other byte is, and the fraction's point
     before an exponent (every integer is a multiple of 0.5: the walk wrote `-1e+0000...` until it gave up)."""
-    repeats = distinct_keys and keys is not None and keys.closing_repeats_a_key()
+    repeats = keys is not None and ((distinct_keys and keys.closing_repeats_a_key()) or keys.closing_a_newline_key())
     skip: set[int] = set()  # refused here
     not_zero = refused is not None and keys is not None and keys.mode == "number" and keys.buf == b"-"
     unended = None  # the first digit skipped for its refused ends (or exponent put off): where nothing else fits
@@ -2099,6 +2109,14 @@ class LlgMatcher(Matcher):
         (constrain/late_keywords.py): `{"": 1, "": 2}` parses as one property."""
         self._distinct_keys = True
 
+    def refuse_newline_keys(self) -> None:
+        """Budget completions close no key that ends in a newline: the distinct-keys check refuses such keys where
+        a names' pattern holds a `$` (`newline_names_refused`). The walk wrote `"ba\\n"` to meet `^.{1,3}$: false`
+        (`.` takes no newline), the check refused the completion's quote where the rule offered it, and the answer
+        was cut at max_tokens (QA budget)."""
+        if self._keys is not None:
+            self._keys.newline_keys_refused = True
+
     def check_walks_with(self, refuses: Callable[[bytes, bool], bool], values: tuple[bytes, ...] = ()) -> None:
         """Budget completions write nothing `refuses` refuses: a check applied while decoding
         (constrain/checked.py), asked whether the text from the output's state, then the end, would be refused.
@@ -2352,7 +2370,7 @@ class LlgMatcher(Matcher):
             return None
         if self._distinct_keys and (mode not in _VALUE_MODES or _STRUCTURE.intersection(data)):
             return None
-        if self._lengthens_an_exponent(keys, closing):
+        if self._lengthens_an_exponent(keys, closing) or self._in_a_newline_checked_key(keys):
             return None
         if after.validate_tokens(closing + [eos]) == len(closing) + 1:
             refuses = self._walk_refuses(prefix)  # (it completes the grammar: the checks may still refuse it)
@@ -2371,6 +2389,15 @@ class LlgMatcher(Matcher):
         if rest is None or after.validate_tokens(rest + [eos]) != len(rest) + 1:
             return None
         return _as_forced(after, self._g.vocab, rest)
+
+    def _in_a_newline_checked_key(self, keys: KeySets | None) -> bool:
+        """Inside a key where keys ending in a newline are refused (`refuse_newline_keys`; `keys`: the follower
+        after the token, else the output's): a completion carried over may close the key after a newline the token
+        wrote, so one is walked instead."""
+        if self._keys is None or not self._keys.newline_keys_refused:
+            return False
+        keys = keys if keys is not None else self._followed()
+        return keys is not None and keys.mode == "key"
 
     def _lengthens_an_exponent(self, keys: KeySets | None, closing: list[int]) -> bool:
         """`closing`, from inside a number's exponent (`keys`: the follower there, else the output's), goes on with

@@ -972,3 +972,25 @@ def test_the_key_a_completion_writes_picks_the_branch_that_requires_least(keywor
         toks, ended = random_walk(grammar, vocab, rng, budget, budget=True)
         assert ended, decode(vocab, toks)
         jsonschema.validate(json.loads(decode(vocab, toks)), schema)
+
+
+def test_a_completion_closes_no_key_that_ends_in_a_newline_where_such_keys_are_refused(qwen2_llguidance, vocabs):
+    """Keys of at least 4 characters holding an `a` and a `b`, in an object whose `^.{1,3}$` pattern (with a `$`)
+    makes the distinct-keys check refuse keys ending in a newline (JSONSchemaBench Handwritten allOfPProp1). The
+    closing walk met `^.{1,3}$: false` with `"ba\\n"` (`.` takes no newline), and a completion was carried on after
+    a sampled newline: the rule offered the quote that closes such a key, the check refused it, the sampled token
+    stood, and answers were cut at max_tokens (7 random walks in 72 at budgets of the shortest document)."""
+    vocab = vocabs["qwen2"]
+    schema = {"type": "object", "allOf": [
+        {"patternProperties": {"^.{1,3}$": False}, "additionalProperties": True},
+        {"patternProperties": {"a": True}, "additionalProperties": False},
+        {"patternProperties": {"b": True}, "additionalProperties": False}], "minProperties": 4}
+    grammar = qwen2_llguidance.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "s", "schema": schema, "strict": True}}))
+    shortest = grammar.matcher().min_tokens_to_end()
+    rng = random.Random(0)
+    for extra in range(6):
+        for _ in range(3):
+            toks, ended = random_walk(grammar, vocab, rng, shortest + extra, budget=True)
+            assert ended, b"".join(vocab.token_bytes[t] for t in toks)
+            jsonschema.validate(json.loads(decode(vocab, toks)), schema)
