@@ -1701,7 +1701,7 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     names = tuple(json.dumps(v["properties"]["name"]["const"], ensure_ascii=False).encode() for v in variants)
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
                       key_names=required_names(schema), call_tag=HERMES_OPEN.encode(), call_names=names,
-                      divisors=integer_divisors(schema))
+                      divisors=integer_divisors(schema), call_close=HERMES_CLOSE.encode())
 
 
 def _in_call_schema(found, i: int, params: dict, pointers: tuple[str, ...]):
@@ -1892,7 +1892,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                *dict.fromkeys(forced(opening) for opening in required_keys), forced("null" + shape.after_value),
                *list(dict.fromkeys(b'"' + name + b'":' for name in sorted(json_keys, key=len)))[:_MAX_JSON_KEY_ENDINGS])
     return LlgGrammar(lltok, grammar, vocab, tuple(dict.fromkeys(unenforced)), tuple(dict.fromkeys(hints)),
-                      endings=endings, call_tag=HERMES_OPEN.encode(),
+                      endings=endings, call_tag=HERMES_OPEN.encode(), call_close=HERMES_CLOSE.encode(),
                       call_names=tuple(forced(name + shape.after_name) for name in spec.tool_names))
 
 
@@ -1954,8 +1954,10 @@ class LlgGrammar(Grammar):
     def __init__(self, lltok, text: str, vocab: Vocabulary, unenforced: tuple[str, ...] = (),
                  hints: tuple[bytes, ...] = (), json_output: bool = False, key_names: tuple[bytes, ...] = (),
                  call_tag: bytes | None = None, endings: tuple[bytes, ...] = (), call_names: tuple[bytes, ...] = (),
-                 divisors: tuple[int, ...] = (), call_openers: bytes = b""):
+                 divisors: tuple[int, ...] = (), call_openers: bytes = b"", call_close: bytes | None = None):
         self.lltok = lltok
+        # the text that closes a tagged call, where a newline after it begins another (`LlgMatcher._ends_in`)
+        self.call_close = call_close
         # the characters that open the calls at the output's start, where free text may stand instead (tool_choice
         # "auto" of untagged calls: `compile_calls_or_text`): such a token there is vetted as a tag is (`vet`)
         self.call_openers = call_openers
@@ -2298,7 +2300,8 @@ class LlgMatcher(Matcher):
         # 24 left, cut at the limit)
         tag = self._g.call_tag
         opens_call = tag is not None and (tag in data or (b"\n" in data and self._m.is_accepting())
-                                          or any(data.endswith(tag[:k]) for k in range(1, len(tag))))
+                                          or any(data.endswith(tag[:k]) for k in range(1, len(tag)))
+                                          or self._ends_in(data))
         # (untagged calls under "auto": a `{` where only whitespace was written opens a whole call where the answer
         # could end; it was vetted only from 2 x 8 + 32 tokens before the limit, and a call of 50 was cut)
         opens_call = opens_call or self._opens_untagged_call(data)
@@ -2346,6 +2349,23 @@ class LlgMatcher(Matcher):
         if here == [] and self._g.vocab.eos_token_ids:
             return min(self._g.vocab.eos_token_ids)  # complete here, and the token would leave it incomplete
         return token_id  # no completion fits either way: the output ends at the limit
+
+    def _ends_in(self, data: bytes) -> bool:
+        """A token of bytes `data` closes a call (`LlgGrammar.call_close`, spelled as text) and goes on with a
+        newline, which begins another: the output may end before that newline (`</tool_call` then `>\n` was
+        kept with 5 tokens left, and the second call it began was cut at the limit)."""
+        close, eos = self._g.call_close, self._g.lltok.eos_token
+        if not close or eos is None:
+            return False
+        at = data.find(b"\n", 1)
+        while at > 0:
+            head = data[:at]
+            if close.endswith(head) or head.endswith(close):
+                ids = self._g.vocab.spell(head, ordinary=True)
+                if ids and self._m.validate_tokens(ids + [eos]) == len(ids) + 1:
+                    return True
+            at = data.find(b"\n", at + 1)
+        return False
 
     def _opens_untagged_call(self, data: bytes) -> bool:
         """A token of bytes `data` opens the calls (`LlgGrammar.call_openers`) at the output's start, after

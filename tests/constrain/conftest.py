@@ -212,6 +212,34 @@ def a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(compiler,
     assert [c.name for c in valid_calls(tokenizer.decode(toks, skip_special_tokens=False), spec, schemas)][0] == "zq"
 
 
+def a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(compiler, tokenizer, vocab, tool_format: str,
+                                                                      first: str) -> None:
+    """LONG_FIRST's long function alone, calls required: after the call `first` (the format's text of one call, its
+    `</tool_call>` last), written with that tag spelled in ordinary tokens up to its `>`, the token `>\n` (the tag's
+    end, then the newline that begins another call) is kept only where a further call fits after it, else the
+    call is closed with `>`. Only a newline where the output may end was vetted as beginning a call: `>\n`, which
+    passes the end within the token, was kept where the completion before it was too short to be near the limit
+    (1 token), and the second call it began was cut at the limit (QA xmlbudget)."""
+    spec = spec_from_request(tools=LONG_FIRST[:1], tool_choice="required", tool_format=tool_format)
+    g = compiler.compile(spec)
+    assert first.endswith("</tool_call>")
+    written = tokenizer.encode(first[:-len("</tool_call>")], add_special_tokens=False) + \
+        vocab.spell(b"</tool_call", ordinary=True)
+    [gt] = vocab.spell(b">", ordinary=True)
+    [gt_newline] = vocab.spell(b">\n", ordinary=True)
+    probe = g.matcher()
+    assert all(probe.accept(t) for t in written + [gt_newline])
+    needed = probe.min_tokens_to_end()
+    assert needed is not None and needed > 24  # (past the zone vetted by the completion's length before `>\n`)
+    bitmask = torch.zeros((1, vocab.words), dtype=torch.int32)
+    for left, kept in [(needed + 1, True), (needed, False), (needed // 2, False)]:
+        m = g.matcher()
+        assert all(m.accept(t) for t in written)
+        m.fill_bitmask(bitmask, 0, left)  # (the engine fills the mask, then vets the sampled token)
+        assert gt_newline in allowed_ids(bitmask).tolist()
+        assert m.vet(gt_newline, left) == (gt_newline if kept else gt)
+
+
 # Tools whose shortest name (the one a closing walk writes) has the longer call (budget rule tests, QA budgetfuzz F4)
 SHORT_NAME_LONG_CALL = [{"type": "function", "function": {"name": "sum", "parameters": {
     "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(8)},

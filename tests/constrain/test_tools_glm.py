@@ -14,7 +14,8 @@ import torch
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import GLM_TAGS, build_glm45_tokenizer, build_qwen3_coder_tokenizer
 from tests.constrain.conftest import (
-    OPTIONAL_FIRST, a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept, allowed_ids, compiling,
+    OPTIONAL_FIRST, a_further_call_is_begun_after_a_spelled_close_only_where_one_fits,
+    a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept, allowed_ids, compiling,
     random_walk, takes_text, valid_calls)
 
 WEATHER = {"type": "object", "properties": {
@@ -255,3 +256,10 @@ def test_a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(tool
     tok, vocab, compiler = glm
     a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept(
         compiler, tok, vocab, tool_format, _call(tool_format, "alpha_long_function", ("p0", "x")))
+
+
+def test_a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(glm):
+    """(glm45: a newline between calls; glm47 writes none, its `<` after a call is vetted as the tag's beginning)"""
+    tok, vocab, compiler = glm
+    a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(
+        compiler, tok, vocab, "glm45", _call("glm45", "alpha_long_function", ("p0", "x"), ("p1", "x"), ("p2", "x"), ("p3", "x"), ("p4", "x"), ("p5", "x")))

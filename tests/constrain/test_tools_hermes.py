@@ -13,7 +13,8 @@ import torch
 
 from constrain import parse_tool_calls, spec_from_request
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen_tools_tokenizer
-from tests.constrain.conftest import (LONG_FIRST, a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept,
+from tests.constrain.conftest import (LONG_FIRST, a_further_call_is_begun_after_a_spelled_close_only_where_one_fits,
+                                      a_long_function_s_name_is_vetted_where_a_short_one_s_call_was_kept,
                                       allowed_ids, assert_the_tag_is_kept_only_where_its_call_fits, compiling, decode,
                                       may_answer_nothing, offered_walk, random_walk, takes_text,
                                       the_shortest_function_s_call_is_measured)
@@ -303,3 +304,9 @@ def test_the_budget_completion_is_the_shortest_function_s_call(qwen_tools):
     tok, vocab, compiler = qwen_tools
     the_shortest_function_s_call_is_measured(compiler, tok, vocab, "hermes", special_ok=frozenset(
         tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")))
+
+
+def test_a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(qwen_tools):
+    tok, vocab, compiler = qwen_tools
+    a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(
+        compiler, tok, vocab, "hermes", _calls(("alpha_long_function", {f"p{i}": "" for i in range(6)})))

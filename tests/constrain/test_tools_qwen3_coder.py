@@ -18,7 +18,8 @@ from constrain.compiler import unenforced_in_client_terms
 from constrain.formats import DURATION, URI
 from constrain.xml_calls import JSON_FORM, SHAPES, parse_xml_calls, value_form
 from tests.conftest import QWEN_TOOL_TAGS, build_qwen3_coder_tokenizer
-from tests.constrain.conftest import (LONG_FIRST, OPTIONAL_FIRST, allowed_ids,
+from tests.constrain.conftest import (LONG_FIRST, OPTIONAL_FIRST,
+                                      a_further_call_is_begun_after_a_spelled_close_only_where_one_fits, allowed_ids,
                                       assert_the_tag_is_kept_only_where_its_call_fits, compiling, decode,
                                       may_answer_nothing, offered_walk, random_walk, takes_text, valid_calls)
 
@@ -900,3 +901,9 @@ def test_the_budget_completion_writes_a_json_value_s_required_keys_not_the_optio
         toks, done = random_walk(g, vocab, rng, len(shortest), budget=True)
         assert done
         valid_calls(decode(vocab, toks), spec, {"area": params})
+
+
+def test_a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(coder):
+    tok, vocab, compiler = coder
+    a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(
+        compiler, tok, vocab, "qwen3_coder", _call("alpha_long_function", ("p0", "x"), ("p1", "x"), ("p2", "x"), ("p3", "x"), ("p4", "x"), ("p5", "x")))
