@@ -346,7 +346,8 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
 
     def keywords(node: dict):
         """The keywords of the draft `node` is read in (a function's own, in the calls' schema: QA review11 F3)."""
-        return validator_class({"$schema": dialects[id(node)]} if id(node) in dialects else schema).VALIDATORS
+        return validator_class({"$schema": dialects[id(node)]} if id(node) in dialects else schema,
+                               later_keywords=True).VALIDATORS
 
     return LatePlan(out, governed, pointers, _validator(schema, searches), originals,
                     frozenset(id(n) for n in holders),
@@ -990,7 +991,8 @@ def _patterns(root: dict, node: dict) -> set[str] | None:
 
 
 def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
-    """jsonschema's validator for `source` (its draft, with `dependencies` as enforced) whose regex keywords
+    """jsonschema's validator for `source` (its draft, with `dependencies` and the later drafts' keywords it
+    lacks as enforced: `validator_class`'s `later_keywords`, `source` being the rewritten schema) whose regex keywords
     search with the automata in `searches` instead of Python's `re`."""
     from constrain.rewrite import read_in_dialects, validator_class
 
@@ -1034,10 +1036,11 @@ def _validator(source: Any, searches: dict[str, Callable[[str], bool]]):
             # `^(a+)+$` seconds per value on the engine thread, QA review9 F1, F2)
             classes[cls] = read_in_dialects(jsonschema.validators.extend(
                 cls, {"pattern": pattern, "patternProperties": pattern_properties,
-                      "additionalProperties": additional_properties, **exact}, type_checker=types), checked)
+                      "additionalProperties": additional_properties, **exact}, type_checker=types), checked,
+                later_keywords=True)
         return classes[cls]
 
-    root = validator_class(source)
+    root = validator_class(source, later_keywords=True)
     return checked(root)(source, format_checker=_format_checker(root))
 
 

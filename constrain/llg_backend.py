@@ -1370,12 +1370,13 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
     are annotations every validator ignores: ignoring them loses nothing, and they are never named."""
     imprecise = _inexact_keywords(schema, base_pointer, param, strict_under) if kind == "json" else []
+    ignored = _later_keywords_ignored(schema) if kind == "json" else set()
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     unenforced: tuple[str, ...] = tuple(imprecise)
-    if is_error:
-        keys, formats, other = _warnings(msgs)
-        if other or kind == "regex" or not (keys or formats):
+    if is_error or ignored:
+        keys, formats, other = _warnings(msgs) if is_error else (set(), set(), [])
+        if is_error and (other or kind == "regex" or not (keys or formats)):
             code = "schema_too_large" if "schema too large" in msgs else "invalid_constraint"  # (its whole message)
             said = "; ".join(msgs)[:500]
             if _UNDECIDED_REGEX in said:  # (its message is the joined regexes, thousands of characters of them)
@@ -1393,6 +1394,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
             keys, formats, other = _warnings(lenient_msgs)
             if other:  # an approximation we cannot name: never compile weaker than asked without saying so
                 raise _refusal(f"cannot compile schema: {'; '.join(other)[:500]}", other, schema, base_pointer, param)
+        keys |= ignored
         keys.discard("format")
         pointers = sorted(set(pointers_of(schema, keys, base_pointer)))
         if keys and not pointers:
@@ -1413,6 +1415,30 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
 
 
 _UNDECIDED_REGEX = "Unable to determine if regex is empty"
+
+# Keywords llguidance implements in no draft, which it leaves out without a word (no "Unimplemented keys") in a
+# subschema read in a draft that does not define them (the nearest `$schema` above, its own included: a function's
+# draft-04 parameters too). The product enforces them as draft 7 does where they are left (constrain/rewrite.py
+# `as_read_where_unasserted` dropped the others): the late checks, which read them so (`validator_class`'s
+# `later_keywords`), or the unenforced list. Unnamed, draft 4's `contains: {"enum": [2]}` let `[]` through, strict,
+# and named nothing (QA typedrop F6).
+_IGNORED_IN_DRAFT = (("draft-04", frozenset({"contains", "propertyNames", "if", "then", "else"})),
+                     ("draft-06", frozenset({"if", "then", "else"})))
+
+
+def _later_keywords_ignored(schema: Any) -> set[str]:
+    """The keywords of `_IGNORED_IN_DRAFT` `schema` holds where their draft leaves llguidance to ignore them."""
+    found = list(walk(schema))
+    dialects = {ptr[:-len("/$schema")]: node[key] for ptr, key, node in found
+                if key == "$schema" and isinstance(node[key], str)}
+    out: set[str] = set()
+    for ptr, key, _ in found:
+        at = ptr[:ptr.rindex("/")]
+        nearest = max((p for p in dialects if at == p or at.startswith(p + "/")), key=len, default=None)
+        dialect = dialects.get(nearest, "") if nearest is not None else ""
+        if any(draft in dialect and key in keys for draft, keys in _IGNORED_IN_DRAFT):
+            out.add(key)
+    return out
 
 # llguidance's refusals of keywords that meet (a `$ref` beside other keywords, objects an `allOf` joins), which
 # name no keyword: the keyword where they meet (`_refusal`).

@@ -70,13 +70,14 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 Before anything, a keyword the draft a node is read in does not define (draft 4's `const`, ...), and in drafts 4-7
 one beside a `$ref`, is left out where the node does not only assert (under `not`, in a `oneOf` member, an `if`, a
 `contains`): the draft reads it as nothing there (`as_read_where_unasserted`; constrain/spec.py's `_ref_siblings`
-runs it first). Then `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the
-value (those named beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them
-evaluates another name) becomes `additionalProperties` on the node with those names declared there, or is dropped
-where an `additionalProperties` among them evaluates everything already. The rest is skipped entirely for schemas
-still using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it
-means (their meaning depends on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against
-changes nothing).
+runs it first). What it leaves of draft 7's `const`, `contains`, `propertyNames`, `if` the rewrites read as draft 7
+defines them (`validator_class`'s `later_keywords`), as the late checks do. Then `unevaluatedProperties` (2019-09
+and later) whose evaluated properties are known without the value (those named beside it and through `allOf` and
+local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another name) becomes `additionalProperties`
+on the node with those names declared there, or is dropped where an `additionalProperties` among them evaluates
+everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
+`$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends on
+context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def _has_key(node: Any, key: str) -> bool:
     return any(key in n for n in _iter_nodes(node))
 
 
-def validator_class(root: dict) -> type:
+def validator_class(root: dict, later_keywords: bool = False) -> type:
     """The schema's draft (2020-12 when it names none) as the product reads it. With the dependency keywords of every
     draft: a schema that writes `dependencies` means its draft 4-7 sense, whatever draft it declares (2019-09 split
     it into `dependentRequired` and `dependentSchemas` and left the old name without meaning, so a 2020-12 validator
@@ -175,14 +176,28 @@ def validator_class(root: dict) -> type:
     decimal, each number as written (a float as its shortest repr), as JSON Schema defines it and as the grammars
     and the late checks read it (constrain/late_keywords.py): jsonschema divides floats, 0.3 / 0.1 =
     2.9999999999999996. In draft 4, with a numeric `exclusiveMinimum`/`exclusiveMaximum` and a boolean `items` as
-    the later drafts read them (`_bound_beside_flag`)."""
+    the later drafts read them (`_bound_beside_flag`).
+    With `later_keywords`, for a schema `as_read_where_unasserted` has read (the rewrites', the late checks'), also
+    with the keywords of draft 7 its draft does not define at all (`_LATER_KEYWORDS`), as draft 7 defines them:
+    what that left of them stands where a node only asserts, and is enforced (README, Drafts). Read as the draft
+    reads them, as nothing, draft 4's `contains` and `propertyNames` and draft 6's `if` kept every value: the late
+    checks let `{"v": []}` through `contains: {"enum": [2]}`, and an enum kept members they refuse (QA typedrop F6).
+    Never for a client's schema as it is: under a `not` or in a `oneOf` member the draft's reading is meant."""
     cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-    return _as_the_product_reads(cls)
+    return _as_the_product_reads(cls, later_keywords)
+
+
+# Keywords draft 4 or 6 does not define at all, which draft 7 does with a meaning no later draft changed (`contains`
+# as draft 7 reads it: without `minContains`/`maxContains`, which the drafts before 2019-09 do not count either).
+_LATER_KEYWORDS = ("const", "contains", "propertyNames", "if")
 
 
 @functools.cache
-def _as_the_product_reads(cls: type) -> type:
+def _as_the_product_reads(cls: type, later_keywords: bool = False) -> type:
     extra = {}
+    if later_keywords:
+        later = jsonschema.Draft7Validator.VALIDATORS
+        extra.update({key: later[key] for key in _LATER_KEYWORDS if key not in cls.VALIDATORS})
     for draft in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator):
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if key in draft.VALIDATORS and key not in cls.VALIDATORS:
@@ -195,7 +210,7 @@ def _as_the_product_reads(cls: type) -> type:
             extra[bound] = _bound_beside_flag(cls.VALIDATORS[bound], later[bound], flag)
             extra[flag] = _numeric_exclusive(later[flag])
         extra["items"] = later["items"]  # (the same for a list or an object; a boolean, too)
-    return read_in_dialects(jsonschema.validators.extend(cls, extra))
+    return read_in_dialects(jsonschema.validators.extend(cls, extra), later_keywords=later_keywords)
 
 
 # Draft 4 has no boolean subschemas, and its exclusive bounds are flags beside `minimum`/`maximum` (a number there,
@@ -231,17 +246,18 @@ def _exact_multiple_of(validator, divisor, instance, schema):
         yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
 
 
-def read_in_dialects(cls: type, of_draft: Callable[[type], type] = lambda cls: cls) -> type:
+def read_in_dialects(cls: type, of_draft: Callable[[type], type] = lambda cls: cls,
+                     later_keywords: bool = False) -> type:
     """`cls` (a class jsonschema.validators.create or extend made; set in place) whose `evolve` reads a subschema
     that names a `$schema` (the root itself, checked as a node or reached by `$ref: "#"`; a function's draft-04
-    parameters) in `of_draft(validator_class(subschema))`: that draft as the product reads it. jsonschema's own
-    `evolve` (which `descend` and `$ref` go through too) takes the draft's plain class there, which reads no
-    `dependencies` from 2019-09 on (QA typedrop P1: a 2020-12 root's `enum` kept a member its `dependencies`
-    refuses) and drops whatever `cls` adds."""
+    parameters) in `of_draft(validator_class(subschema, later_keywords))`: that draft as the product reads it.
+    jsonschema's own `evolve` (which `descend` and `$ref` go through too) takes the draft's plain class there, which
+    reads no `dependencies` from 2019-09 on (QA typedrop P1: a 2020-12 root's `enum` kept a member its
+    `dependencies` refuses) and drops whatever `cls` adds."""
     def evolve(self, **changes):
         schema = changes.get("schema", self.schema)
         dialect = isinstance(schema, dict) and isinstance(schema.get("$schema"), str)
-        new = of_draft(validator_class(schema)) if dialect else type(self)
+        new = of_draft(validator_class(schema, later_keywords)) if dialect else type(self)
         fields = {f.alias: getattr(self, f.name) for f in attrs.fields(type(self)) if f.init}
         return new(**{**fields, **changes})
 
@@ -252,7 +268,7 @@ def read_in_dialects(cls: type, of_draft: Callable[[type], type] = lambda cls: c
 class _Ctx:
     def __init__(self, root: dict):
         self.root = root
-        self.validator = validator_class(root)(root)
+        self.validator = validator_class(root, later_keywords=True)(root)  # (`root` as_read_where_unasserted read)
         self.root_decidable = self.decidable(root)
         self.changed = False
         self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES)  # shared by all of this schema's patterns
@@ -1079,7 +1095,7 @@ def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
     absent or above 0), `minContains` above `maxContains`, or above `maxItems`. The node keeps its other types, or
     is `false`: compiled, every answer opened an array it could never close and ran to max_tokens, where the
     README promises such a schema a 400 (QA testsuite2 F4)."""
-    if "contains" not in node or "contains" not in ctx.validator.VALIDATORS:  # (draft 4: no keyword)
+    if "contains" not in node:  # (draft 4's too, where it is left: `validator_class`'s `later_keywords`)
         return node
     # (2019-09 on, the drafts with `unevaluatedProperties`; before, the two are unknown keywords, and jsonschema
     # reads them inside its `contains`, not as validators of their own)
@@ -1597,8 +1613,8 @@ def _conditional(node: dict, ctx: _Ctx) -> dict:
     A or C (no negation needed); `then`/`else` without `if`, or `if` alone, assert nothing. `not A` is computed as
     for `not` (among the values the rest of the node allows); when it is out of reach the keywords stay."""
     keys = [k for k in ("if", "then", "else") if k in node]
-    if not keys or "if" not in ctx.validator.VALIDATORS:
-        return node  # (drafts before 7 have no conditionals: there these are unknown keywords)
+    if not keys:  # (drafts 4 and 6 too, where they are left: `validator_class`'s `later_keywords`)
+        return node
     rest = {k: v for k, v in node.items() if k not in keys}
     a, b, c = node.get("if"), node.get("then", True), node.get("else", True)
     if a is None or (b is True and c is True):
@@ -1627,8 +1643,8 @@ def _discriminated_conditionals(node: dict, ctx: _Ctx) -> dict:
     member rewritten alone (`_conditional`) is an `anyOf` of two, whose product llguidance expands (8 members were
     "schema too large"; fewer gave up mid-output). The first such member's place holds it, the others' `{}`."""
     members = node.get("allOf")
-    if not isinstance(members, list) or "if" not in ctx.validator.VALIDATORS:
-        return node  # (drafts before 7 have no conditionals)
+    if not isinstance(members, list):
+        return node
     groups: dict[tuple[str, bool], list[int]] = {}
     for i, member in enumerate(members):
         found = _discriminator(member)

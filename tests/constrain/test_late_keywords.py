@@ -14,7 +14,7 @@ from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.late_keywords import LateGrammar, plan_late_keywords
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_document, allowed_ids, decode, ended_walks_valid
+from tests.constrain.conftest import accepts_document, accepts_value, allowed_ids, decode, ended_walks_valid
 
 # Arrays of integers, or of numbers >= 0: [1] and [] are both (refused), [-1] and [0.5] one each.
 ARRAYS = {"oneOf": [{"type": "array", "items": {"type": "integer"}},
@@ -178,6 +178,52 @@ def test_values_their_schema_refuses_are_refused_token_by_token(schema, good, ba
 
 
 DRAFT_4, DRAFT_7 = "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-07/schema#"
+DRAFT_6 = "http://json-schema.org/draft-06/schema#"
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("dialect, node, good, bad, backend", [
+    (DRAFT_4, {"type": "array", "items": {"type": "integer"}, "contains": {"enum": [2]}}, [[2], [3, 2]], [[], [3]],
+     "llguidance"),
+    (DRAFT_4, {"type": "array", "items": {"type": "integer"}, "contains": {"enum": [2]}}, [[3, 2]], [[], [3]],
+     "outlines"),
+    (DRAFT_4, {"type": "object", "propertyNames": {"not": {"minLength": 2}},
+               "additionalProperties": {"type": "integer"}}, [{}, {"a": 1}], [{"ab": 1}], "llguidance"),
+    (DRAFT_6, {"type": "integer", "if": {"multipleOf": 3}, "then": {"minimum": 10}}, [4, 12], [3], "llguidance"),
+    (DRAFT_6, {"type": "integer", "if": {"multipleOf": 3}, "then": {"minimum": 10}}, [4, 12], [3], "outlines"),
+])
+def test_a_keyword_a_later_draft_defines_is_enforced_where_its_node_only_asserts(dialect, node, good, bad, backend,
+                                                                                 strict, gpt2_compiler, tokenizers,
+                                                                                 vocabs):
+    """README (Drafts): a keyword the draft does not define, left where its node only asserts, is enforced as the
+    later draft defines it. llguidance leaves draft 4's `contains`, `propertyNames`, `if` (draft 6's `if`) out
+    without a word, and the late checks read the draft: `{"v": []}` and `[3]` were written under `contains`, strict,
+    and nothing was named unenforced (QA typedrop F6). Walks end valid as draft 7 reads the schema."""
+    schema = {"$schema": dialect, **_object(node)}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
+                                             backend=backend))
+    assert g.unenforced == ()
+    for value in good:
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+    for value in bad:
+        assert not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+    ended = ended_walks_valid(g, vocabs["gpt2"], {**schema, "$schema": DRAFT_7}, seed=0, walks=12, max_tokens=40)
+    # (under outlines, no walk ends beside a `contains` checked late, in draft 7 either)
+    assert ended > 0 or (backend == "outlines" and "contains" in node)
+
+
+def test_a_functions_draft_4_contains_is_enforced_as_draft_7_defines_it(gpt2_compiler, tokenizers, vocabs):
+    """The calls' schema names no draft; llguidance reads the function's `$schema` there, and left its `contains`
+    out without a word (QA typedrop F6)."""
+    params = {"$schema": DRAFT_4, "type": "object", "additionalProperties": False, "required": ["v"],
+              "properties": {"v": {"type": "array", "items": {"type": "integer"}, "contains": {"enum": [2]}}}}
+    spec = spec_from_request(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}],
+                             tool_choice="required", tool_format="json_array", backend="llguidance")
+    g = gpt2_compiler.compile(spec)
+    assert g.unenforced == ()
+    for v, valid in (([], False), ([3], False), ([2], True), ([3, 2], True)):
+        call = [{"name": "f", "arguments": {"v": v}}]
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], call) == valid, v
 
 
 @pytest.mark.parametrize("dialect, parameters, arguments", [

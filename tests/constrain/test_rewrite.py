@@ -16,7 +16,7 @@ import pytest
 
 from constrain.formats import DURATION, HOSTNAME, NATIVE_FORMAT_PATTERNS
 from constrain.grammar import ConstraintError, ConstraintSpec
-from constrain.rewrite import bounds_on_members, rewrite_schema, validator_class
+from constrain.rewrite import as_read_where_unasserted, bounds_on_members, rewrite_schema, validator_class
 from constrain.spec import normalise_schema, spec_from_request
 from constrain.support import keep_ref_targets
 from constrain.walkbench import decode, random_walk, validator_for
@@ -35,8 +35,10 @@ DOCS = _SCALARS + _OBJECTS + _ARRAYS
 
 
 def _same(original, rewritten, docs=DOCS):
-    cls = validator_class(original)  # the meaning the product enforces (`dependencies` in every draft)
-    a, b = cls(original), cls(rewritten) if isinstance(rewritten, dict) else None
+    # the meaning the product enforces (`dependencies` in every draft; a keyword of a later draft the draft lacks
+    # as the later draft defines it, where `as_read_where_unasserted` leaves it: README, Drafts)
+    cls = validator_class(original, later_keywords=True)
+    a, b = cls(as_read_where_unasserted(original)), cls(rewritten) if isinstance(rewritten, dict) else None
     accepted = refused = 0
     for d in docs:
         va = a.is_valid(d)
@@ -298,8 +300,6 @@ UNTOUCHED = [
     ("uniqueItems", {"type": "array", "uniqueItems": True}),
     ("enum with format", {"allOf": [{"enum": ["a", "x.org", [5]]}, {"format": "hostname"},
                                     {"not": {"const": [5]}}]}),
-    ("if in draft 6", {"$schema": "http://json-schema.org/draft-06/schema#", "if": {"type": "string"},
-                       "then": {"minLength": 2}}),
     ("if negation out of reach", {"if": {"type": "integer", "multipleOf": 2}, "then": {"minimum": 2}}),
     ("too many dependencies", {"$schema": D7, "dependencies": {"a": ["b"], "b": ["c"], "c": ["d"], "d": ["a"],
                                                                "k": ["a"], "v": ["k"]}}),
@@ -358,9 +358,10 @@ def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
         assert rewrite_schema({"type": "array", "contains": {"const": 1}, **some_item_may}) is not False
     draft7 = {"$schema": D7, "type": "array", "contains": {}, "minContains": 3, "maxContains": 2}
     assert rewrite_schema(draft7) is not False
-    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "contains": False}  # (no keyword there)
+    # (no keyword in draft 4, where it is read as draft 7 defines it at a node that only asserts: README, Drafts)
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "contains": False}
     _same(draft4, rewrite_schema(draft4))  # (asserts each document)
-    assert rewrite_schema(draft4)["contains"] is False
+    assert "array" not in rewrite_schema(draft4)["type"]
 
 
 def test_unsatisfiable_finite_node_becomes_false():
@@ -1816,6 +1817,29 @@ def test_keywords_a_draft_lacks_are_nothing_only_where_a_value_may_fail_them():
     # (draft 4's `maximum` reads its boolean `exclusiveMaximum`: no keyword of its own, and kept)
     bounded = {"$schema": D4, "type": "number", "not": {"maximum": 5, "exclusiveMaximum": True}}
     assert rewrite_schema(bounded) == bounded
+
+
+@pytest.mark.parametrize("schema, kept, dropped", [
+    # an enum's members, filtered by what stands beside them (`_finite`)
+    ({"$schema": D4, "enum": [[1], [2], [3, 2]], "contains": {"enum": [2]}}, [[2], [3, 2]], [[1]]),
+    ({"$schema": D4, "enum": [{"a": 1}, {"bb": 1}], "propertyNames": {"maxLength": 1}}, [{"a": 1}], [{"bb": 1}]),
+    ({"$schema": D6, "enum": [3, 4, 12], "if": {"multipleOf": 3}, "then": {"minimum": 10}}, [4, 12], [3]),
+    # `if` as the `anyOf` it means (`_conditional`)
+    ({"$schema": D6, "type": "string", "if": {"minLength": 2}, "then": {"maxLength": 3}}, ["a", "abc"], ["abcd"]),
+    ({"$schema": D4, "type": "integer", "if": {"minimum": 5}, "then": {"multipleOf": 2}}, [3, 8], [7]),
+])
+def test_the_rewrites_read_a_later_drafts_keyword_where_its_node_only_asserts(schema, kept, dropped):
+    """Left where a node only asserts, a keyword the draft lacks is enforced as draft 7 defines it (README,
+    Drafts); the rewrites read it so. Read as the draft reads it, as nothing, an enum kept the members it refuses
+    (and the late checks, reading the enum alone, let them through) and a draft-6 `if` stayed for llguidance,
+    which ignores it there (QA typedrop F6)."""
+    out = rewrite_schema(schema)
+    if "enum" in schema:
+        assert out["enum"] == kept
+    else:
+        assert "if" not in json.dumps(out) and _same(schema, out, DOCS + kept + dropped)
+    later = validator_class(out, later_keywords=True)(out)
+    assert all(later.is_valid(v) for v in kept) and not any(later.is_valid(v) for v in dropped)
 
 
 def test_a_reference_into_a_keyword_its_draft_lacks_names_a_copy():
