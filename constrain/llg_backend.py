@@ -1428,17 +1428,17 @@ _IGNORED_IN_DRAFT = (("draft-04", frozenset({"contains", "propertyNames", "if", 
 
 def _later_keywords_ignored(schema: Any) -> set[str]:
     """The keywords of `_IGNORED_IN_DRAFT` `schema` holds where their draft leaves llguidance to ignore them."""
-    found = list(walk(schema))
-    dialects = {ptr[:-len("/$schema")]: node[key] for ptr, key, node in found
-                if key == "$schema" and isinstance(node[key], str)}
     out: set[str] = set()
-    for ptr, key, _ in found:
-        at = ptr[:ptr.rindex("/")]
-        nearest = max((p for p in dialects if at == p or at.startswith(p + "/")), key=len, default=None)
-        dialect = dialects.get(nearest, "") if nearest is not None else ""
-        if any(draft in dialect and key in keys for draft, keys in _IGNORED_IN_DRAFT):
-            out.add(key)
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, dialect = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+        out.update(key for draft, keys in _IGNORED_IN_DRAFT if draft in dialect for key in keys & node.keys())
+        map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
     return out
+
 
 # llguidance's refusals of keywords that meet (a `$ref` beside other keywords, objects an `allOf` joins), which
 # name no keyword: the keyword where they meet (`_refusal`).

@@ -100,9 +100,9 @@ from constrain.pattern_dialects import portable_pattern, widest_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
                                   search_region, without_lookaheads)
 from constrain.support import (ASSERTIONS, NAMED_SUBSCHEMAS, STANDARD_FORMATS, copy_reads_alike, escape_pointer_part,
-                               gives_another_base, keep_ref_targets, map_subschemas, nested_bases, recursive_targets,
-                               references_followable, resolve_ref, pointer_child, unescape_pointer_part, walk,
-                               walk_with_refs)
+                               gives_another_base, json_type, keep_ref_targets, map_subschemas, nested_bases,
+                               recursive_targets, references_followable, resolve_ref, pointer_child,
+                               unescape_pointer_part, walk, walk_with_refs)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
 _ANNOT = frozenset({"$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
@@ -121,22 +121,6 @@ _REGEX_PATTERN_CHARS = 24_000
 _MAX_DEP_ANYOF = 5  # dependency triggers turned into anyOf (2^n alternatives; at 7, llguidance ran out of parser items)
 _CONTEXT_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "$recursiveAnchor",
                  "$dynamicAnchor")
-
-
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "integer" if v.is_integer() else "fraction"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    return "object"
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -335,7 +319,7 @@ class _Ctx:
             out &= allowed
         vals = self.values(s)
         if vals is not None:
-            out &= {_json_type(v) for v in vals}
+            out &= {json_type(v) for v in vals}
         if "$ref" in s:
             target = self.resolve(s["$ref"])
             if target is not None:
@@ -1511,7 +1495,7 @@ def _keyword_negation(key: str, value: Any, body: dict, ctx: _Ctx, within: froze
         values = [value] if key == "const" else value
         if not isinstance(values, list):
             return None
-        return _other_values([v for v in values if _json_type(v) in within])
+        return _other_values([v for v in values if json_type(v) in within])
     if key == "not":
         return [] if value is False else [value]  # failing `not X` is matching X (`not: false` never fails)
     if key in ("anyOf", "allOf") and isinstance(value, list):
@@ -1562,7 +1546,7 @@ def _number(v: Any) -> bool:
 def _other_values(values: list) -> list | None:
     """Pieces accepting exactly the JSON values not in `values` (None when objects or arrays are among them, or
     their strings defy a complement pattern). Numbers leave the open intervals between them."""
-    kinds = {_json_type(v) for v in values}
+    kinds = {json_type(v) for v in values}
     if kinds - {"string", "boolean", "null", "integer", "fraction"}:
         return None
     numbers = sorted({v for v in values if _number(v)})

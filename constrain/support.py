@@ -232,6 +232,24 @@ def gives_another_base(ptr: str, key: str, node: dict) -> bool:
     return key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) and not node[key].startswith("#")
 
 
+def json_type(value: Any) -> str:
+    """The JSON type of a value, with numbers split in two: `integer` (a float with no fraction too, as drafts 6 on
+    read it) and `fraction`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "fraction"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
 def nested_bases(schema: Any) -> list[str]:
     """The pointers of the subschemas a nested `$id` gives another base (`gives_another_base`), found through
     `$ref`s too."""

@@ -49,8 +49,8 @@ from constrain.formats import FORMAT_PATTERNS, NATIVE_FORMAT_PATTERNS, format_pa
 from constrain.grammar import ConstraintError, ConstraintSpec
 from constrain.pattern_dialects import portable_pattern
 from constrain.regex_sets import disjoint_regions
-from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, keep_ref_targets, nested_resources,
-                               resolve_ref, unescape_pointer_part, walk, walk_with_refs)
+from constrain.support import (ASSERTIONS, STANDARD_FORMATS, escape_pointer_part, json_type, keep_ref_targets,
+                               nested_resources, resolve_ref, unescape_pointer_part, walk, walk_with_refs)
 from constrain.tools import HERMES_CLOSE, HERMES_OPEN
 
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -261,7 +261,8 @@ _UNION_KEYWORDS = {"anyOf", "oneOf", "allOf", "$ref"}
 _MOST_VARIANTS = 64
 
 
-_ALL_TYPES = frozenset({"null", "boolean", "string", "integer", "number", "array", "object"})
+# (numbers in two, as `json_type` tells values: a `number` is either)
+_ALL_TYPES = frozenset({"null", "boolean", "string", "integer", "fraction", "array", "object"})
 
 
 def _never(schemas: tuple[Any, ...]) -> bool:
@@ -269,20 +270,16 @@ def _never(schemas: tuple[Any, ...]) -> bool:
 
 
 def _value_types(schema: Any) -> set[str]:
-    """The JSON types some value `schema` takes may have, told from its `type`, `enum` and `const` (every type
-    where they do not say; `number` with `integer`, which its whole numbers are)."""
+    """The JSON types (`json_type`'s) some value `schema` takes may have, told from its `type`, `enum` and `const`
+    (every type where they do not say)."""
     if not isinstance(schema, dict):
         return set(_ALL_TYPES)
     types = _types(schema)
-    out = set(_ALL_TYPES) if types is None else types | ({"integer"} if "number" in types else set())
+    out = set(_ALL_TYPES) if types is None else \
+        {part for t in types for part in (("integer", "fraction") if t == "number" else (t,))}
     values = schema["enum"] if "enum" in schema else [schema["const"]] if "const" in schema else None
     if isinstance(values, list):
-        told: set[str] = set()
-        for v in values:
-            told |= {"null"} if v is None else {"boolean"} if isinstance(v, bool) else {"string"} \
-                if isinstance(v, str) else {"array"} if isinstance(v, list) else {"object"} if isinstance(v, dict) \
-                else {"number", "integer"} if isinstance(v, int) or float(v).is_integer() else {"number"}
-        out &= told
+        out &= {json_type(v) for v in values}
     return out
 
 

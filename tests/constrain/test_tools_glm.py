@@ -262,4 +262,4 @@ def test_a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(glm):
     """(glm45: a newline between calls; glm47 writes none, its `<` after a call is vetted as the tag's beginning)"""
     tok, vocab, compiler = glm
     a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(
-        compiler, tok, vocab, "glm45", _call("glm45", "alpha_long_function", ("p0", "x"), ("p1", "x"), ("p2", "x"), ("p3", "x"), ("p4", "x"), ("p5", "x")))
+        compiler, tok, vocab, "glm45", _call("glm45", "alpha_long_function", *((f"p{i}", "x") for i in range(6))))

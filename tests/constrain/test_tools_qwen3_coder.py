@@ -906,4 +906,4 @@ def test_the_budget_completion_writes_a_json_value_s_required_keys_not_the_optio
 def test_a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(coder):
     tok, vocab, compiler = coder
     a_further_call_is_begun_after_a_spelled_close_only_where_one_fits(
-        compiler, tok, vocab, "qwen3_coder", _call("alpha_long_function", ("p0", "x"), ("p1", "x"), ("p2", "x"), ("p3", "x"), ("p4", "x"), ("p5", "x")))
+        compiler, tok, vocab, "qwen3_coder", _call("alpha_long_function", *((f"p{i}", "x") for i in range(6))))
