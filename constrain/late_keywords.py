@@ -45,7 +45,7 @@ from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, al
 from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
-from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end, moved_end
+from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end, keywords_ignored_in_draft, moved_end
 from constrain.regex_sets import Work, pattern_examples, pattern_search
 from constrain.support import ANNOTATIONS, map_subschemas, references_followable, resolve_ref, walk, walk_with_refs
 from constrain.vocabulary import Vocabulary
@@ -288,10 +288,13 @@ class TakeOut:
     """What a plan takes out of the backend's schema besides the keywords it never enforces (`late_keys`): every
     `oneOf` (read as `anyOf`), and every min/maxProperties. llguidance counts an object's keys only when every
     property it declares is required, judged on the object its `allOf` members and references make up: a count in
-    one member beside optional properties in another is refused though neither node has both."""
+    one member beside optional properties in another is refused though neither node has both. And, by id() of a
+    node of the backend's schema, the keywords llguidance would ignore there (`keywords_ignored_in_draft`: draft
+    7's `prefixItems`), which the checks read as the later draft does."""
 
     one_of: bool = False
     every_count: bool = False
+    ignored: dict[int, frozenset[str]] = field(default_factory=dict, compare=False)
 
 
 def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True,
@@ -306,7 +309,7 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
         return None
     out = copy.deepcopy(schema)
     originals = _originals(out, schema)
-    take = TakeOut(one_of, every_count)
+    take = TakeOut(one_of, every_count, keywords_ignored_in_draft(out))
     placed, holders = _placements(out, take)
     if not placed:
         return None
@@ -477,6 +480,7 @@ def late_keys(node: dict, take: TakeOut) -> list[str]:
     properties (llguidance counts keys only when all are required), minProperties where keys may repeat, and
     what `take` names."""
     out = [k for k in node if k in DROPPED and (k != "uniqueItems" or node[k] is True)]
+    out += sorted(take.ignored.get(id(node), frozenset()) - DROPPED)
     out += misread_bounds(node)
     if node.get("format") in LATE_FORMATS:
         out.append("format")
@@ -926,17 +930,19 @@ def _may_still_fail(condition: Any) -> tuple:
 def _member_checks(node: dict, root: Any = None, keywords: Any = None) -> MemberChecks | None:
     """What is checked of `node`'s value as each member is finished; with `root` (the client's schema, given where
     the backend holds `node`'s keys to the declared names), the names its `unevaluatedProperties: false` leaves.
-    `keywords`: those of the draft `node` is read in (None: every draft's); `maxContains` only from 2019-09 (in
-    draft 7 the check was `contains` alone on the array so far, and `["a", 1]` was refused at its first item: QA
-    fuzz F4), `propertyNames` from draft 6."""
+    `keywords`: those the draft `node` is read in reads, a later draft's it lacks included (constrain/rewrite.py
+    `later_keyword_validators`; None: every draft's). The array so far is held to `maxContains` only, never to
+    `contains` (`["a", 1]` was refused at its first item: QA fuzz F4)."""
     known = (lambda key: True) if keywords is None else keywords.__contains__
     prefix = {k: node[k] for k in ("propertyNames",) if k in node and known(k)}
     if node.get("uniqueItems") is True:
         prefix["uniqueItems"] = True
-    # (more items holding `contains` than `maxContains`: refused for good)
+    # (more items holding `contains` than `maxContains`: refused for good; as no `maxContains + 1` of them, since a
+    # `minContains: 0` means one at least before 2019-09, where the later keyword is read too: `_contains_in_both`)
     counted = known("unevaluatedProperties")  # (the drafts with maxContains, which jsonschema reads in `contains`)
-    if counted and "contains" in node and isinstance(node.get("maxContains"), int):
-        prefix.update(contains=node["contains"], maxContains=node["maxContains"], minContains=0)
+    most = node.get("maxContains")
+    if counted and "contains" in node and isinstance(most, int) and not isinstance(most, bool):
+        prefix["not"] = {"contains": node["contains"], "minContains": most + 1}
     names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node and known("propertyNames") else None
     counts = _property_counts(node)
     evaluated = _evaluated_names(root, node) if root is not None else None

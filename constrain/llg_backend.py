@@ -1370,7 +1370,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
     are annotations every validator ignores: ignoring them loses nothing, and they are never named."""
     imprecise = _inexact_keywords(schema, base_pointer, param, strict_under) if kind == "json" else []
-    ignored = _later_keywords_ignored(schema) if kind == "json" else set()
+    ignored = set().union(*keywords_ignored_in_draft(schema).values()) if kind == "json" else set()
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
     unenforced: tuple[str, ...] = tuple(imprecise)
@@ -1416,26 +1416,33 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
 
 _UNDECIDED_REGEX = "Unable to determine if regex is empty"
 
-# Keywords llguidance implements in no draft, which it leaves out without a word (no "Unimplemented keys") in a
-# subschema read in a draft that does not define them (the nearest `$schema` above, its own included: a function's
-# draft-04 parameters too). The product enforces them as draft 7 does where they are left (constrain/rewrite.py
-# `as_read_where_unasserted` dropped the others): the late checks, which read them so (`validator_class`'s
-# `later_keywords`), or the unenforced list. Unnamed, draft 4's `contains: {"enum": [2]}` let `[]` through, strict,
-# and named nothing (QA typedrop F6).
-_IGNORED_IN_DRAFT = (("draft-04", frozenset({"contains", "propertyNames", "if", "then", "else"})),
-                     ("draft-06", frozenset({"if", "then", "else"})))
+# Keywords llguidance leaves out without a word (no "Unimplemented keys") in a subschema read in a draft that does
+# not define them (the nearest `$schema` above, its own included: a function's draft-04 parameters too). The product
+# enforces them as the later draft does where they are left (constrain/rewrite.py `as_read_where_unasserted` dropped
+# the others): the late checks, which read them so (`validator_class`'s `later_keywords`), or the unenforced list.
+# Unnamed, draft 4's `contains: {"enum": [2]}` let `[]` through, strict, and named nothing (QA typedrop F6), and
+# draft 7's `prefixItems: [{"type": "integer"}]` took `["a"]`.
+_NOT_BEFORE_2019 = frozenset({"prefixItems", "unevaluatedProperties", "unevaluatedItems"})
+_IGNORED_IN_DRAFT = (("draft-04", _NOT_BEFORE_2019 | {"contains", "minContains", "maxContains", "propertyNames", "if",
+                                                      "then", "else"}),
+                     ("draft-06", _NOT_BEFORE_2019 | {"if", "then", "else"}),
+                     ("draft-07", _NOT_BEFORE_2019),
+                     ("2019-09", frozenset({"prefixItems"})))
 
 
-def _later_keywords_ignored(schema: Any) -> set[str]:
-    """The keywords of `_IGNORED_IN_DRAFT` `schema` holds where their draft leaves llguidance to ignore them."""
-    out: set[str] = set()
+def keywords_ignored_in_draft(schema: Any) -> dict[int, frozenset[str]]:
+    """id() of each subschema of `schema` that holds keywords of `_IGNORED_IN_DRAFT` where its draft leaves
+    llguidance to ignore them -> those keywords."""
+    out: dict[int, frozenset[str]] = {}
     stack: list[tuple[Any, str]] = [(schema, "")]
     while stack:
         node, dialect = stack.pop()
         if not isinstance(node, dict):
             continue
         dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
-        out.update(key for draft, keys in _IGNORED_IN_DRAFT if draft in dialect for key in keys & node.keys())
+        ignored = frozenset(key for draft, keys in _IGNORED_IN_DRAFT if draft in dialect for key in keys & node.keys())
+        if ignored:
+            out[id(node)] = ignored
         map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
     return out
 

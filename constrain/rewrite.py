@@ -70,8 +70,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 Before anything, a keyword the draft a node is read in does not define (draft 4's `const`, ...), and in drafts 4-7
 one beside a `$ref`, is left out where the node does not only assert (under `not`, in a `oneOf` member, an `if`, a
 `contains`): the draft reads it as nothing there (`as_read_where_unasserted`; constrain/spec.py's `_ref_siblings`
-runs it first). What it leaves of draft 7's `const`, `contains`, `propertyNames`, `if` the rewrites read as draft 7
-defines them (`validator_class`'s `later_keywords`), as the late checks do. Then `unevaluatedProperties` (2019-09
+runs it first). What it leaves of a later draft's keywords (draft 7's `const`, ..., 2020-12's `prefixItems`) the
+rewrites read as that draft defines them (`validator_class`'s `later_keywords`), as the late checks do. Then `unevaluatedProperties` (2019-09
 and later) whose evaluated properties are known without the value (those named beside it and through `allOf` and
 local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another name) becomes `additionalProperties`
 on the node with those names declared there, or is dropped where an `additionalProperties` among them evaluates
@@ -162,26 +162,60 @@ def validator_class(root: dict, later_keywords: bool = False) -> type:
     2.9999999999999996. In draft 4, with a numeric `exclusiveMinimum`/`exclusiveMaximum` and a boolean `items` as
     the later drafts read them (`_bound_beside_flag`).
     With `later_keywords`, for a schema `as_read_where_unasserted` has read (the rewrites', the late checks'), also
-    with the keywords of draft 7 its draft does not define at all (`_LATER_KEYWORDS`), as draft 7 defines them:
-    what that left of them stands where a node only asserts, and is enforced (README, Drafts). Read as the draft
-    reads them, as nothing, draft 4's `contains` and `propertyNames` and draft 6's `if` kept every value: the late
-    checks let `{"v": []}` through `contains: {"enum": [2]}`, and an enum kept members they refuse (QA typedrop F6).
+    with the keywords of a later draft its draft does not define at all (`later_keyword_validators`), as the later
+    draft defines them: what that left of them stands where a node only asserts, and is enforced (README, Drafts).
+    Read as the draft reads them, as nothing, draft 4's `contains` and `propertyNames` and draft 6's `if` kept
+    every value: the late checks let `{"v": []}` through `contains: {"enum": [2]}`, and an enum kept members they
+    refuse (QA typedrop F6); draft 7's `prefixItems: [{"type": "integer"}]` took `["a"]`.
     Never for a client's schema as it is: under a `not` or in a `oneOf` member the draft's reading is meant."""
     cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
     return _as_the_product_reads(cls, later_keywords)
 
 
-# Keywords draft 4 or 6 does not define at all, which draft 7 does with a meaning no later draft changed (`contains`
-# as draft 7 reads it: without `minContains`/`maxContains`, which the drafts before 2019-09 do not count either).
-_LATER_KEYWORDS = ("const", "contains", "propertyNames", "if")
+def later_keyword_validators(cls: type) -> dict[str, Callable]:
+    """The validators of the keywords a later draft defines and `cls`'s draft does not define at all, as the
+    draft that brought each one in defines it: draft 7's `const`, `contains`, `propertyNames`, `if` (in draft 4
+    and 6); 2019-09's `unevaluatedProperties` and `unevaluatedItems`, which read `items` lists and
+    `additionalItems` as drafts 4-7 do, and its `minContains`/`maxContains` (drafts 4-7); 2020-12's `prefixItems`
+    (drafts 4 to 2019-09). Such a keyword is enforced where it stands, so an answer is valid under either
+    reading: an old draft's `items` still applies to every item beside a `prefixItems`, and `contains` asks for
+    one item at least whatever `minContains` says (`_contains_in_both`)."""
+    draft7, draft2019, draft2020 = (d.VALIDATORS for d in (jsonschema.Draft7Validator, jsonschema.Draft201909Validator,
+                                                          jsonschema.Draft202012Validator))
+    out = {key: draft7[key] for key in ("const", "contains", "propertyNames", "if") if key not in cls.VALIDATORS}
+    if "unevaluatedItems" not in cls.VALIDATORS:
+        out.update({key: draft2019[key] for key in ("unevaluatedProperties", "unevaluatedItems")},
+                   contains=_contains_in_both(draft2019["contains"]))
+    if "prefixItems" not in cls.VALIDATORS:
+        out["prefixItems"] = draft2020["prefixItems"]
+    return out
+
+
+@functools.cache
+def later_keywords_of(dialect: str) -> frozenset[str]:
+    """The keywords `later_keyword_validators` brings to the draft `dialect` names, those its validators read beside
+    them too (`then`, `else`, `minContains`, `maxContains`)."""
+    root = {"$schema": dialect}
+    return _keywords_read(validator_class(root, later_keywords=True)) - _keywords_read(validator_class(root))
+
+
+def _contains_in_both(counted: Callable) -> Callable:
+    """2019-09's `contains` (`counted`), which counts the items it takes against `minContains`/`maxContains`, in a
+    draft before it, whose `contains` asks for one such item at least: `minContains: 0` allows none only in
+    2019-09 on."""
+    def check(validator, contains, instance, schema):
+        least = schema.get("minContains", 1)
+        floored = {**schema, "minContains": 1} if isinstance(least, int) and not isinstance(least, bool) and \
+            least < 1 else schema
+        yield from counted(validator, contains, instance, floored)
+    return check
 
 
 @functools.cache
 def _as_the_product_reads(cls: type, later_keywords: bool = False) -> type:
     extra = {}
     if later_keywords:
-        later = jsonschema.Draft7Validator.VALIDATORS
-        extra.update({key: later[key] for key in _LATER_KEYWORDS if key not in cls.VALIDATORS})
+        extra.update(later_keyword_validators(cls))
     for draft in (jsonschema.Draft7Validator, jsonschema.Draft202012Validator):
         for key in ("dependencies", "dependentRequired", "dependentSchemas"):
             if key in draft.VALIDATORS and key not in cls.VALIDATORS:
@@ -253,6 +287,8 @@ class _Ctx:
     def __init__(self, root: dict):
         self.root = root
         self.validator = validator_class(root, later_keywords=True)(root)  # (`root` as_read_where_unasserted read)
+        # (the draft's own keywords, without a later draft's it lacks: which of `items`/`prefixItems` writes a tuple)
+        self.draft_keywords = validator_class(root).VALIDATORS
         self.root_decidable = self.decidable(root)
         self.changed = False
         self.regex_work = Work(_REGEX_NFA_STATES, _REGEX_DFA_STATES)  # shared by all of this schema's patterns
@@ -1081,17 +1117,17 @@ def _impossible_contains(node: dict, ctx: _Ctx) -> Any:
     README promises such a schema a 400 (QA testsuite2 F4)."""
     if "contains" not in node:  # (draft 4's too, where it is left: `validator_class`'s `later_keywords`)
         return node
-    # (2019-09 on, the drafts with `unevaluatedProperties`; before, the two are unknown keywords, and jsonschema
-    # reads them inside its `contains`, not as validators of their own)
-    counted = "unevaluatedProperties" in ctx.validator.VALIDATORS
-
+    # (the counts are 2019-09's, read before it too where they are left, as 2019-09 defines them; there `contains`
+    # asks for one item at least whatever `minContains` says: `_contains_in_both`)
     def count(key: str, default: int | None) -> int | None:
-        v = node.get(key, default) if counted else default
+        v = node.get(key, default)
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     least, most, longest = count("minContains", 1), count("maxContains", None), node.get("maxItems")
     if least is None:
         return node
+    if "unevaluatedProperties" not in ctx.draft_keywords:  # (before 2019-09)
+        least = max(least, 1)
     wanted = ctx.types(node["contains"])
     unmet = (least > 0 and not any(ctx.types(item) & wanted for item in _item_schemas(node, ctx))) \
         or (most is not None and least > most) \
@@ -1103,7 +1139,7 @@ def _item_schemas(node: dict, ctx: _Ctx) -> list[Any]:
     """The schemas `node`'s own keywords hold its items to: each place of the prefix (`prefixItems`; `items` as a
     list before 2020-12), and what comes after (`items`, `additionalItems`; absent, `true`). Others (an `allOf`'s)
     only narrow them further."""
-    if "prefixItems" in ctx.validator.VALIDATORS:
+    if "prefixItems" in ctx.draft_keywords:
         prefix, rest = node.get("prefixItems", []), node.get("items", True)
     elif isinstance(node.get("items"), list):
         prefix, rest = node["items"], node.get("additionalItems", True)
@@ -1815,7 +1851,7 @@ def _unique_items(node: dict, ctx: _Ctx) -> dict:
             names = _type_value(types - {"array"})
             return False if not names else {**node, "type": names}
         most = min(mx, size) if isinstance(mx, int) and not isinstance(mx, bool) else size
-        tuple_key = "prefixItems" if "prefixItems" in ctx.validator.VALIDATORS else "items"  # (before 2020-12)
+        tuple_key = "prefixItems" if "prefixItems" in ctx.draft_keywords else "items"  # (before 2020-12)
         orders = _unique_orders(values, least if _number(least) else 0, most, tuple_key)
         if orders is not None:
             ctx.changed = True
@@ -1867,7 +1903,7 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
     written and refused only once finished: QA fuzz2 F7)."""
     most, least = node.get("maxContains"), node.get("minContains")
     if "contains" in node and _count(most) and most == 0 and _count(least) and least == 0 and "$ref" not in node \
-            and "unevaluatedItems" in ctx.validator.VALIDATORS:  # (2019-09 on: the drafts with maxContains)
+            and "unevaluatedItems" in ctx.draft_keywords:  # (2019-09 on: `minContains: 0` allows none only there)
         ctx.changed = True
         out = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
         # (among the types the node's items may take: `not: {type: integer}` is inexpressible alone; this pass
@@ -1878,7 +1914,7 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
         return out
     least = node.get("minContains", 1)
     if "contains" not in node or not (_count(least) and least >= 1) or "maxContains" in node \
-            or "prefixItems" not in ctx.validator.VALIDATORS or "$ref" in node:
+            or "prefixItems" not in ctx.draft_keywords or "$ref" in node:
         return node
     mx, items = node.get("maxItems"), node.get("items", True)
     if not (isinstance(mx, int) and not isinstance(mx, bool) and least <= mx <= _MAX_CONTAINS_ITEMS) \

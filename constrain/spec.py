@@ -23,7 +23,8 @@ from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
 from constrain.regex_sets import longest_literal, python_only_syntax
-from constrain.rewrite import as_read_where_unasserted, bounds_on_members, rewrite_schema, types_of
+from constrain.rewrite import (as_read_where_unasserted, bounds_on_members, later_keywords_of, rewrite_schema,
+                              types_of)
 from constrain.support import (ANNOTATIONS, ASSERTIONS, escape_pointer_part, gives_another_base, map_subschemas,
                                keep_ref_targets, pointer_child, references_followable, resolve_ref, walk,
                                walk_with_refs)
@@ -218,13 +219,17 @@ def _ref_siblings(schema: Any) -> Any:
     dropped, as the spec reads them, where their `type` and the referenced schema's share none (the two together
     would accept nothing), where the reference is recursive (llguidance compiles no siblings beside one) and where
     llguidance cannot read one of their patterns; `id`/`$id` beside a `$ref` below the root always are (they would
-    move the reference's base). What asserts nothing (annotations, the containers of definitions) stays."""
-    if not (isinstance(schema, dict) and any(d in str(schema.get("$schema", "")) for d in _OLD_DRAFTS)):
+    move the reference's base). What asserts nothing (annotations, the containers of definitions) stays. In 2019-09,
+    which applies a `$ref`'s siblings itself, only the first step is taken (for 2020-12's `prefixItems`)."""
+    dialect = str(schema.get("$schema", "")) if isinstance(schema, dict) else ""
+    if not any(d in dialect for d in (*_OLD_DRAFTS, "2019-09")):
         return schema
     try:
         schema = as_read_where_unasserted(_with_known_dialect(schema))
     except Exception:  # noqa: BLE001 - as `normalise_schema` treats the rewrites: the schema as it is
         log.debug("reading $ref siblings as the draft does failed", exc_info=True)
+    if "2019-09" in dialect:
+        return schema
 
     def applicable(siblings: dict, ref: str) -> bool:
         return (_types_meet(_types(siblings), referenced_types(schema, ref)) and not _recursive(schema, ref)
@@ -408,6 +413,9 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise _schema_error(exc, param, base) from None
+    error = _later_keyword_error(schema, param, base)
+    if error is not None:
+        raise error
     dangling = _dangling_reference(schema)
     if dangling is not None:
         ptr, ref = dangling
@@ -429,6 +437,41 @@ def _check_schema(schema: Any, param: str, base: str) -> None:
                               f"{base + endless or '/'} must hold another of its values (through required "
                               f"properties, minItems or contains, and $ref), without end", param=param,
                               pointer=base + endless)
+
+
+def _later_keyword_error(schema: dict, param: str, base: str) -> ConstraintError | None:
+    """A 400 for a keyword of a later draft in a node read in a draft that does not define it (draft 7's
+    `prefixItems`) whose value the later draft's meta-schema refuses, or with a subschema the node's draft's
+    meta-schema refuses. The product enforces such a keyword as the later draft defines it (constrain/rewrite.py
+    `later_keyword_validators`) where the node's draft's meta-schema never looks: draft 7's `prefixItems: 3`
+    compiled to a grammar that refused every array, so that no answer could end."""
+    dialects: dict[int, str] = {}  # id() of each subschema -> the draft it is read in (the nearest `$schema` above)
+    stack: list[tuple[Any, str]] = [(schema, _LATEST)]
+    while stack:
+        node, dialect = stack.pop()
+        if isinstance(node, dict):
+            dialect = dialects[id(node)] = known_dialect(node.get("$schema")) or dialect
+            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    later_meta = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA)
+    for ptr, key, node in walk(schema, base):
+        dialect = dialects[id(node)]
+        if key not in later_keywords_of(dialect):
+            continue
+        value, at = node[key], ptr[: ptr.rindex("/")]
+        shape = map_subschemas({key: value}, lambda sub: {} if isinstance(sub, dict) else sub)
+        found = jsonschema.exceptions.best_match(later_meta.iter_errors(shape))
+        subschemas = [((key,), value)] if isinstance(value, dict) else \
+            [((key, i), sub) for i, sub in enumerate(value) if isinstance(sub, dict)] \
+            if key == "prefixItems" and isinstance(value, list) else []
+        own = jsonschema.validators.validator_for({"$schema": dialect})
+        for part, sub in subschemas if found is None else ():
+            found = jsonschema.exceptions.best_match(own(own.META_SCHEMA).iter_errors(sub))
+            if found is not None:
+                found.path.extendleft(reversed(part))
+                break
+        if found is not None:
+            return _schema_error(jsonschema.SchemaError.create_from(found), param, at)
+    return None
 
 
 def _dangling_reference(root: dict) -> tuple[str, str] | None:
@@ -560,11 +603,12 @@ def _endless(root: dict) -> set[int]:
     `max_tokens` unfinished. Read generously: a subschema counts as having a finite value unless its `$ref`, every
     member of an anyOf/oneOf, one of an allOf, or each type it allows needs a value of one already counted
     endless (an object's required properties, an array's first `minItems` items or its `contains`). So only a
-    recursion is ever found endless, never a schema the other checks refuse for what it asks."""
+    recursion is ever found endless, never a schema the other checks refuse for what it asks. A later draft's
+    `prefixItems`, `contains` and `minContains` count where they stand (`root` as `_ref_siblings` reads it: what
+    it leaves of them is enforced, README, Drafts), `contains` asking for one item at least before 2019-09."""
     draft = str(root.get("$schema", ""))
-    old = any(d in draft for d in _OLD_DRAFTS)  # (list `items` and additionalItems; no prefixItems, minContains)
+    old = any(d in draft for d in _OLD_DRAFTS)  # (list `items` and additionalItems)
     before_2020 = old or "2019-09" in draft
-    has_contains = not any(d in draft for d in ("draft-03", "draft-04"))
 
     def needed(node: dict) -> list[list]:
         """Per type the node allows: the subschemas a value of that type must satisfy, inside it (the keywords of
@@ -585,8 +629,10 @@ def _endless(root: dict) -> set[int]:
             prefix = node.get(listed) if isinstance(node.get(listed), list) else []
             rest = node.get("additionalItems") if isinstance(node.get("items"), list) else node.get("items")
             items = prefix[:least] + ([rest] if least > len(prefix) else [])
+            if before_2020 and isinstance(node.get("prefixItems"), list):
+                items += node["prefixItems"][:least]
             least_contained = 1 if old else node.get("minContains", 1)
-            contains = node.get("contains") if has_contains and least_contained != 0 else None
+            contains = node.get("contains") if least_contained != 0 else None
             out.append(items + [contains])
         return out
 

@@ -13,6 +13,7 @@ import torch
 from constrain import ConstraintSpec, GrammarCompiler, spec_from_request
 from constrain.maskbench import walk_instance
 from constrain.late_keywords import LateGrammar, plan_late_keywords
+from constrain.rewrite import as_read_where_unasserted, validator_class
 from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_document, accepts_value, allowed_ids, decode, ended_walks_valid
 
@@ -212,6 +213,57 @@ def test_a_keyword_a_later_draft_defines_is_enforced_where_its_node_only_asserts
     assert ended > 0 or (backend == "outlines" and "contains" in node)
 
 
+DRAFT_2019, DRAFT_2020 = "https://json-schema.org/draft/2019-09/schema", "https://json-schema.org/draft/2020-12/schema"
+PREFIXED = {"type": "array", "prefixItems": [{"type": "integer"}]}
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("dialect, node, good, bad, reading", [
+    (DRAFT_7, PREFIXED, [[], [1], [1, "a"]], [["a"], ["a", 1]], DRAFT_2020),
+    (DRAFT_4, PREFIXED, [[1, "a"]], [["a"]], DRAFT_2020),
+    (DRAFT_2019, PREFIXED, [[1, "a"]], [["a"]], DRAFT_2020),
+    # (the old draft's `items` still holds every item: valid under either reading)
+    (DRAFT_7, {**PREFIXED, "items": {"type": "number"}}, [[1, 2.5]], [[1, "a"], [2.5]], None),
+    (DRAFT_7, {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "minContains": 2},
+     [[1, 1], [2, 1, 1]], [[1], [2, 1]], DRAFT_2019),
+    # (`contains` asks for one item at least before 2019-09, whatever `minContains` says)
+    (DRAFT_7, {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "minContains": 0,
+               "maxContains": 1}, [[1], [2, 1, 2]], [[], [2], [1, 1]], None),
+    (DRAFT_6, {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False},
+     [{}, {"a": 1}], [{"b": 1}], DRAFT_2019),
+    (DRAFT_7, {"type": "array", "items": [{"type": "integer"}], "unevaluatedItems": False}, [[], [1]], [[1, 2]],
+     DRAFT_2019),
+])
+def test_a_keyword_draft_2019_09_or_2020_12_brings_is_enforced_in_an_earlier_draft(dialect, node, good, bad, reading,
+                                                                                   strict, gpt2_compiler, tokenizers,
+                                                                                   vocabs):
+    """README (Drafts): `prefixItems` before 2020-12, `minContains`/`maxContains` and `unevaluated*` before 2019-09
+    are enforced where their node only asserts, as the draft that brought them defines them. llguidance leaves them
+    out without a word there, and the late checks read the declared draft: draft 7's `prefixItems: [{"type":
+    "integer"}]` took `["a"]`, strict, and nothing was named unenforced. Walks end valid as the later draft reads
+    the schema."""
+    schema = {"$schema": dialect, **_object(node)}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    for value in good:
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+    for value in bad:
+        assert not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+    if reading is not None:
+        assert ended_walks_valid(g, vocabs["gpt2"], {**schema, "$schema": reading}, seed=0, walks=12, max_tokens=40)
+
+
+def test_a_later_drafts_keyword_in_a_one_of_member_is_read_as_the_draft_reads_it(gpt2_compiler, tokenizers, vocabs):
+    """Where a value may fail it, a keyword the draft lacks means nothing, as the draft says: the first member of
+    this `oneOf` takes every array in draft 7, so only arrays the second refuses pass."""
+    schema = {"$schema": DRAFT_7, **_object({"type": "array", "oneOf": [PREFIXED, {"maxItems": 1}]})}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    for value, valid in (([1], False), (["a"], False), (["a", 1], True), ([1, 1], True)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+
+
 def test_a_functions_draft_4_contains_is_enforced_as_draft_7_defines_it(gpt2_compiler, tokenizers, vocabs):
     """The calls' schema names no draft; llguidance reads the function's `$schema` there, and left its `contains`
     out without a word (QA typedrop F6)."""
@@ -237,9 +289,14 @@ def test_a_functions_draft_4_contains_is_enforced_as_draft_7_defines_it(gpt2_com
     (DRAFT_7, {"properties": {"n": {"type": "array", "not": {"items": [{"type": "string"}],
                                                              "additionalItems": False}}}, "required": ["n"]},
      [('{"n": [1]}', True), ('{"n": ["a", 1]}', True), ('{"n": ["a"]}', False)]),
-    # (draft 7 has no `maxContains`: its member check refused `[1, 1]`, QA review11 F3)
+    # (draft 7 has no `maxContains`; where its node only asserts, it is enforced as 2019-09 defines it, README
+    # Drafts, by the member check and the check of the finished value alike: QA review11 F3 had the one without the
+    # other)
     (DRAFT_7, {"properties": {"n": {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1},
                                     "maxContains": 1}}, "required": ["n"]},
+     [('{"n": [1, 1]}', False), ('{"n": [1]}', True), ('{"n": [2, 1, 2]}', True), ('{"n": [2]}', False)]),
+    (DRAFT_7, {"properties": {"n": {"type": "array", "items": {"type": "integer"}, "oneOf": [
+        {"contains": {"const": 1}, "maxContains": 1}]}}, "required": ["n"]},
      [('{"n": [1, 1]}', True), ('{"n": [1]}', True), ('{"n": [2]}', False)]),
 ])
 def test_a_functions_parameters_are_checked_in_the_draft_they_name(dialect, parameters, arguments, gpt2_compiler,
@@ -252,7 +309,7 @@ def test_a_functions_parameters_are_checked_in_the_draft_they_name(dialect, para
                              tool_choice="required", tool_format="json_array", backend="llguidance")
     g = gpt2_compiler.compile(spec)
     assert isinstance(g, LateGrammar) and g.unenforced == ()
-    validator = jsonschema.validators.validator_for(params)(params)
+    validator = validator_class(params, later_keywords=True)(as_read_where_unasserted(params))  # (README, Drafts)
     for text, valid in arguments:
         assert validator.is_valid(json.loads(text)) == valid, text
         call = '[{"name": "f", "arguments": ' + text + '}]'
@@ -1241,15 +1298,17 @@ def test_a_late_check_under_a_copied_declaration_finds_the_clients_subschema(gpt
     assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"b": 1})  # (both branches hold)
 
 
-def test_max_contains_is_counted_only_in_the_drafts_that_have_it(gpt2_compiler, tokenizers, vocabs):
-    """In draft 7 `maxContains` means nothing, and the array so far was checked against `contains` alone: `["a", 1]`
-    was refused at its first item (QA fuzz F4)."""
+def test_max_contains_holds_the_array_so_far_to_its_count_alone(gpt2_compiler, tokenizers, vocabs):
+    """The array so far was checked against `contains` too: `["a", 1]` was refused at its first item (QA fuzz F4).
+    In draft 7 `maxContains` is counted as 2019-09 defines it where its node only asserts (README, Drafts); in a
+    `oneOf` member it means nothing, as in draft 7."""
     tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
     schema = {"type": "array", "contains": {"type": "integer"}, "maxContains": 1}
-    draft7 = _compile(gpt2_compiler, {"$schema": "http://json-schema.org/draft-07/schema#", **schema})
-    assert accepts_document(draft7, tok, vocab, ["a", 1]) and accepts_document(draft7, tok, vocab, [1, 2])
-    current = _compile(gpt2_compiler, {"$schema": D2020, **schema})
-    assert accepts_document(current, tok, vocab, ["a", 1]) and not accepts_document(current, tok, vocab, [1, 2])
+    for dialect in (DRAFT_7, D2020):
+        grammar = _compile(gpt2_compiler, {"$schema": dialect, **schema})
+        assert accepts_document(grammar, tok, vocab, ["a", 1]) and not accepts_document(grammar, tok, vocab, [1, 2])
+    member = _compile(gpt2_compiler, {"$schema": DRAFT_7, "type": "array", "oneOf": [schema]})
+    assert accepts_document(member, tok, vocab, ["a", 1]) and accepts_document(member, tok, vocab, [1, 2])
 
 
 # Numbers as the decimals they spell (QA fuzz4 F1): jsonschema's floats took `0.3` under `not: {multipleOf: 0.1}`

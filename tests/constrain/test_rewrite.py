@@ -347,7 +347,7 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
 ])
 def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
     """Compiled, every answer opened an array it could never close (QA testsuite2 F4); `false` is a 400. Beside
-    other types, the node keeps them; `minContains: 0`, and the counts in draft 7 (unknown there), keep it."""
+    other types, the node keeps them; `minContains: 0` keeps it, from 2019-09 on."""
     assert rewrite_schema(schema) is False
     out = rewrite_schema({**schema, "type": ["array", "string"]})
     assert out["type"] == ["string"] and _same({**schema, "type": ["array", "string"]}, out)
@@ -356,8 +356,12 @@ def test_an_array_no_count_of_items_meets_for_contains_is_false(schema):
                           {"$schema": D7, "items": [{"type": "string"}], "additionalItems": {"type": "number"}},
                           {"items": {"anyOf": [{"type": "string"}, {"const": 1}]}}):
         assert rewrite_schema({"type": "array", "contains": {"const": 1}, **some_item_may}) is not False
-    draft7 = {"$schema": D7, "type": "array", "contains": {}, "minContains": 3, "maxContains": 2}
-    assert rewrite_schema(draft7) is not False
+    # (the counts are 2019-09's, read in draft 7 too where the node only asserts, README Drafts; there `contains`
+    # asks for one item at least whatever `minContains` says; in a `oneOf` member they mean nothing, as in draft 7)
+    counts = {"type": "array", "contains": {}, "minContains": 3, "maxContains": 2}
+    assert rewrite_schema({"$schema": D7, **counts}) is False
+    assert rewrite_schema({"$schema": D7, "type": "array", "contains": False, "minContains": 0}) is False
+    assert rewrite_schema({"$schema": D7, "type": "array", "oneOf": [counts]}) is not False
     # (no keyword in draft 4, where it is read as draft 7 defines it at a node that only asserts: README, Drafts)
     draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "contains": False}
     _same(draft4, rewrite_schema(draft4))  # (asserts each document)
@@ -1824,6 +1828,9 @@ def test_keywords_a_draft_lacks_are_nothing_only_where_a_value_may_fail_them():
     ({"$schema": D4, "enum": [[1], [2], [3, 2]], "contains": {"enum": [2]}}, [[2], [3, 2]], [[1]]),
     ({"$schema": D4, "enum": [{"a": 1}, {"bb": 1}], "propertyNames": {"maxLength": 1}}, [{"a": 1}], [{"bb": 1}]),
     ({"$schema": D6, "enum": [3, 4, 12], "if": {"multipleOf": 3}, "then": {"minimum": 10}}, [4, 12], [3]),
+    ({"$schema": D7, "enum": [[1], ["a"], [1, "a"]], "prefixItems": [{"type": "integer"}]}, [[1], [1, "a"]], [["a"]]),
+    ({"$schema": D7, "enum": [[1], [2, 1], [1, 1]], "contains": {"const": 1}, "maxContains": 1}, [[1], [2, 1]],
+     [[1, 1]]),
     # `if` as the `anyOf` it means (`_conditional`)
     ({"$schema": D6, "type": "string", "if": {"minLength": 2}, "then": {"maxLength": 3}}, ["a", "abc"], ["abcd"]),
     ({"$schema": D4, "type": "integer", "if": {"minimum": 5}, "then": {"multipleOf": 2}}, [3, 8], [7]),

@@ -492,10 +492,12 @@ _D2019 = "https://json-schema.org/draft/2019-09/schema"
 
 
 @pytest.mark.parametrize("schema, instance", [
-    ({"$schema": _D7, "type": "array", "minItems": 1, "prefixItems": [{"$ref": "#"}]}, [1]),
-    ({"$schema": _D2019, "type": "array", "minItems": 1, "prefixItems": [{"$ref": "#"}]}, [1]),
-    ({"$schema": _D2019, "type": "array", "minItems": 1, "items": [{"type": "integer"}], "prefixItems": [
-        {"$ref": "#"}]}, [1]),
+    # (where a value may fail them, a `oneOf` member, `prefixItems` and `contains` are read as the draft reads them,
+    # as nothing; where a node only asserts, as the later draft does: README, Drafts)
+    ({"$schema": _D7, "type": "array", "minItems": 1, "oneOf": [{"prefixItems": [{"$ref": "#"}]}]}, [1]),
+    ({"$schema": _D2019, "type": "array", "minItems": 1, "oneOf": [{"prefixItems": [{"$ref": "#"}]}]}, [1]),
+    ({"$schema": _D2019, "type": "array", "minItems": 1, "items": [{"type": "integer"}], "oneOf": [{"prefixItems": [
+        {"$ref": "#"}]}]}, [1]),
     ({"$schema": _D4, "type": "array", "contains": {"$ref": "#"}}, []),
     ({"$schema": _D7, "definitions": {"tree": {"type": "object", "properties": {
         "kids": {"type": "array", "items": {"$ref": "#/definitions/tree"}}}}},
@@ -509,6 +511,21 @@ def test_a_recursion_only_a_later_drafts_keyword_would_make_endless_is_taken(gpt
     grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": schema},
                                                       backend="llguidance"))
     assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], instance)
+
+
+@pytest.mark.parametrize("schema", [
+    {"$schema": _D7, "type": "array", "minItems": 1, "prefixItems": [{"$ref": "#"}]},
+    {"$schema": _D2019, "type": "array", "minItems": 1, "prefixItems": [{"$ref": "#"}]},
+    {"$schema": _D7, "type": "array", "contains": {"$ref": "#"}, "minContains": 0},
+])
+def test_a_recursion_a_later_drafts_keyword_makes_endless_where_it_is_enforced_is_refused(schema):
+    """Enforced where its node only asserts (README, Drafts), draft 7's `prefixItems: [{"$ref": "#"}]` beside
+    `minItems: 1` asks for an array in an array without end, and the check read it as nothing: the grammar refused
+    `[1]` and every answer ran to max_tokens. `contains` asks for one item at least before 2019-09, whatever
+    `minContains` says."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_object", "schema": schema})
+    assert "no JSON document satisfies the schema" in exc.value.message
 
 
 def test_a_ref_into_an_endless_subschema_leaves_the_schema_as_it_was(gpt2_compiler, tokenizers, vocabs):
@@ -806,6 +823,28 @@ def test_a_draft_03_schema_is_refused_naming_its_dollar_schema(strict):
             "name": "s", "schema": schema, "strict": strict}})
     assert exc.value.pointer.endswith("/$schema") and "draft-03" in exc.value.message
     assert exc.value.code == "unsupported_schema"
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"$schema": DRAFT7, "type": "array", "prefixItems": 3}, "/prefixItems"),
+    ({"$schema": DRAFT7, "type": "array", "prefixItems": [{"type": "integr"}]}, "/prefixItems/0/type"),
+    ({"$schema": DRAFT7, "type": "array", "contains": {}, "minContains": "2"}, "/minContains"),
+    ({"$schema": DRAFT7, "properties": {"a": {"unevaluatedProperties": 3}}}, "/properties/a/unevaluatedProperties"),
+    ({"$schema": DRAFT4, "type": "array", "contains": 5}, "/contains"),
+    # (a draft-4 subschema, checked as draft 4: its boolean `exclusiveMinimum` passes, an integer one does not)
+    ({"$schema": DRAFT4, "contains": {"minimum": 0, "exclusiveMinimum": 1}}, "/contains/exclusiveMinimum"),
+    ({"$schema": "https://json-schema.org/draft/2019-09/schema", "prefixItems": [5]}, "/prefixItems/0"),
+])
+def test_a_later_drafts_keyword_the_draft_lacks_is_checked_against_the_later_meta_schema(schema, pointer):
+    """The product enforces a keyword its draft does not define as the later draft does (README, Drafts), where
+    the draft's meta-schema never looks: draft 7's `prefixItems: 3` compiled to a grammar that refused every array,
+    so that no answer could end. Its value is checked as the later draft's meta-schema checks it, a subschema in it
+    as the node's own draft's does."""
+    with pytest.raises(ConstraintError) as exc:
+        spec_from_request(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert exc.value.pointer == pointer and f"invalid JSON Schema at {pointer}" in exc.value.message
+    fine = {"$schema": DRAFT4, "contains": {"minimum": 0, "exclusiveMinimum": True}, "prefixItems": [{}]}
+    assert spec_from_request(response_format={"type": "json_object", "schema": fine}) is not None
 
 
 @pytest.mark.parametrize("schema, pointer", [({"type": "number", "enum": [1, 2.5e30]}, "/enum"),
