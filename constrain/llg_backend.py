@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import decimal
+import fractions
 import functools
 import json
 import logging
@@ -1061,6 +1062,7 @@ def llguidance_schema(schema):
                 spell = str
             node[key] = {_quote_safe(spell(k)): v for k, v in value.items()}
     _exclusive_ends_as_inclusive(schema, uncompiled)
+    _multiples_beside_values(schema, uncompiled)  # (before the prefixes: a member's enum decided with its step)
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
 
@@ -1229,6 +1231,119 @@ def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
             inner = dict(node)
             node.clear()
             node["anyOf"] = [inner, {"enum": sorted({float(p) for p in prefixes})}]
+
+
+def _multiples_beside_values(schema, uncompiled: set[int]) -> None:
+    """llguidance reads a `const`/`enum` number as the range from it to itself, and decides whether a range holds a
+    multiple in binary floats: 0.3 / 0.1 is 2.9999999999999996, so a `multipleOf: 0.1` that met `const: 0.3`
+    through the members it sits beside (`anyOf: [{const: 0.3}, {const: 0.35}], multipleOf: 0.1`) refused 0.3,
+    and where no member was left the schema ("range [0.4, 0.30000000000000004] does not contain a multiple of
+    0.1"); so it did the numbers a member's bound begins with, added back as an `enum` (`_add_bound_prefixes`).
+    A node's `multipleOf` (its own and its `allOf` members') beside members holding numbers goes into those members
+    (an `allOf` member holding a `const`/`enum`, else the `anyOf`/`oneOf` members, else one `allOf` member), down
+    to the `const`/`enum` that then keep only their multiples, decided in decimal as the product reads them
+    (`rewrite._exact_multiple_of`). The same instances: `m` and `anyOf: [a, b]` is `anyOf: [m and a, m and b]`,
+    and so for `oneOf`; `m` and `allOf: [a, b]` is `allOf: [m and a, b]`. Left alone where a `$ref` names a
+    member (it would take the `multipleOf` too). In place; a member that changes is a copy (the rewrites share
+    subschemas)."""
+    refs = [unquote(node[key]) for _, key, node in walk(schema) if key == "$ref" and isinstance(node[key], str)]
+    for ptr, key, node in list(walk_with_refs(schema)):
+        if key in ("multipleOf", "allOf") and id(node) not in uncompiled:
+            _multiple_into_members(node, ptr.rsplit("/", 1)[0], refs)
+
+
+def _step(value) -> fractions.Fraction | None:
+    """A `multipleOf` as the decimal it spells; None where it is none (llguidance refuses it, or it is left out)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        return None
+    return fractions.Fraction(repr(value))
+
+
+def _holds_numbers(member) -> bool:
+    """`member` names `const`/`enum` numbers, or a bound a shorter decimal begins, itself or through the members of
+    its `anyOf`/`oneOf`/`allOf`."""
+    if not isinstance(member, dict) or "$ref" in member:
+        return False
+    values = [member["const"]] if "const" in member else member["enum"] if isinstance(member.get("enum"), list) \
+        else [member[k] for k in _LOWER_BOUNDS + _UPPER_BOUNDS if k in member]
+    if any(isinstance(v, (int, float)) and not isinstance(v, bool) and ("const" in member or "enum" in member
+                                                                          or _decimal_prefixes(v)) for v in values):
+        return True
+    return any(isinstance(member.get(k), list) and any(_holds_numbers(m) for m in member[k])
+               for k in ("anyOf", "oneOf", "allOf"))
+
+
+def _multiple_into_members(node: dict, ptr: str, refs: list[str]) -> None:
+    """`node`'s `multipleOf`s (its own and its `allOf` members') moved into its members that hold numbers
+    (`_multiples_beside_values`), or its own `const`/`enum` kept to their multiples; in place."""
+    step = _step(node.get("multipleOf"))
+    if "multipleOf" in node and step is None:
+        return
+    if "const" in node or isinstance(node.get("enum"), list):
+        if step is not None:
+            values = [node.pop("const")] if "const" in node else node["enum"]
+            del node["multipleOf"]
+            node["enum"] = [v for v in values if not isinstance(v, (int, float)) or isinstance(v, bool)
+                            or _is_multiple(v, step)]
+        return
+    joined = node["allOf"] if isinstance(node.get("allOf"), list) else []
+    valued = [i for i, m in enumerate(joined) if isinstance(m, dict) and "$ref" not in m and _holds_numbers(
+        {k: m[k] for k in ("const", "enum") if k in m})]
+    lists = [k for k in ("anyOf", "oneOf") if isinstance(node.get(k), list) and any(map(_holds_numbers, node[k]))]
+    holding = valued[:1] or ([] if lists else [i for i, m in enumerate(joined) if _holds_numbers(m)][:1])
+    lists = [] if valued else lists  # (into one place: its values meet the other members without a multipleOf)
+    moved = [i for i, m in enumerate(joined) if isinstance(m, dict) and "$ref" not in m and i not in holding
+             and _step(m.get("multipleOf")) is not None]
+    if not (lists or holding) or (step is None and not moved) \
+            or any(r.startswith(f"#{ptr}/{k}/") for r in refs for k in lists + ["allOf"]):
+        return
+    for i in moved:
+        step = _least_common_multiple(step, _step(joined[i]["multipleOf"]))
+    if step is None or _step_number(step) is None:
+        return
+    node.pop("multipleOf", None)
+    for k in lists:
+        node[k] = [_with_multiple(m, step, f"{ptr}/{k}/{i}", refs) for i, m in enumerate(node[k])]
+    if joined:  # (a member's `multipleOf` moved: the member less it in its place, as its index may be a pointer)
+        node["allOf"] = [_with_multiple(m, step, f"{ptr}/allOf/{i}", refs) if i in holding
+                         else {k: v for k, v in m.items() if k != "multipleOf"} if i in moved else m
+                         for i, m in enumerate(joined)]
+
+
+def _with_multiple(member, step: fractions.Fraction, ptr: str, refs: list[str]):
+    """`member` and `multipleOf: step`: a copy, its own values decided, its members given it."""
+    if not isinstance(member, dict):
+        return {"multipleOf": _step_number(step)} if member is True else member
+    joined = _least_common_multiple(step, _step(member.get("multipleOf")))
+    if "$ref" in member or ("multipleOf" in member and _step(member["multipleOf"]) is None) \
+            or _step_number(joined) is None:
+        return {"allOf": [member, {"multipleOf": _step_number(step)}]}  # (as llguidance read it before)
+    out = {**member, "multipleOf": _step_number(joined)}
+    _multiple_into_members(out, ptr, refs)
+    return out
+
+
+def _is_multiple(value: int | float, step: fractions.Fraction) -> bool:
+    """`value`, as the decimal it spells, is a multiple of `step`."""
+    try:
+        return (fractions.Fraction(repr(value)) / step).denominator == 1
+    except (ValueError, OverflowError):  # (inf: a number past the doubles)
+        return False
+
+
+def _least_common_multiple(a: fractions.Fraction | None, b: fractions.Fraction | None) -> fractions.Fraction | None:
+    """The least positive number that is a multiple of both (either where the other is None)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return fractions.Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
+
+
+def _step_number(step: fractions.Fraction) -> int | float | None:
+    """`step` as the schema number that spells it exactly; None where no double's shortest spelling does."""
+    if step.denominator == 1:
+        return step.numerator if step.numerator <= _EXACT_FLOAT_INT else None
+    number = float(decimal.Decimal(step.numerator) / decimal.Decimal(step.denominator))
+    return number if fractions.Fraction(repr(number)) == step else None
 
 
 def _numeric_types(node: dict) -> set[str]:

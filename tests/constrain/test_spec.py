@@ -947,6 +947,47 @@ def test_numbers_that_begin_a_bounds_digits_are_taken(gpt2_compiler, tokenizers,
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=5, walks=10) >= 5
 
 
+@pytest.mark.parametrize("schema, probes", [
+    ({"anyOf": [{"const": 0.3}, {"const": 0.35}], "multipleOf": 0.1}, [0.3, 0.35]),  # (a 400: no member left)
+    ({"oneOf": [{"const": 0.3}, {"const": 0.35}], "multipleOf": 0.1}, [0.3, 0.35]),
+    ({"anyOf": [{"enum": [0.3, 0.7, 0.35, "a"]}, {"type": "number", "minimum": 1, "maximum": 2}], "multipleOf": 0.1},
+     [0.3, 0.7, 0.35, "a", 1.1, 1.15, 2.5]),
+    ({"anyOf": [{"const": -0.07}, {"const": -0.035}, {"const": 0.03}], "multipleOf": 0.01, "maximum": 0},
+     [-0.07, -0.035, 0.03]),
+    ({"allOf": [{"multipleOf": 0.1}, {"anyOf": [{"const": 0.3}, {"const": 0.35}]}]}, [0.3, 0.35]),
+    ({"anyOf": [{"const": 0.3}, {"const": 0.35}], "allOf": [{"multipleOf": 0.1}, {"minimum": 0}]}, [0.3, 0.35]),
+    ({"oneOf": [{"enum": [0.3, 1.1, 1.15]}, {"type": "number", "minimum": 1, "maximum": 3}], "multipleOf": 0.1},
+     [0.3, 1.1, 1.15, 1.2]),  # (rewritten to an allOf of the enum and the ranges between its values)
+    ({"anyOf": [{"maximum": 0.35}, {"const": 2}], "multipleOf": 0.1}, [0.3, 0.35, 2]),  # (0.3 begins 0.35)
+    ({"$defs": {"m": {"anyOf": [{"const": 0.7}, {"type": "string"}], "multipleOf": 0.1}}, "$ref": "#/$defs/m"},
+     [0.7, "a"]),
+])
+def test_a_multiple_meeting_a_const_or_enum_through_members_is_decided_in_decimal(gpt2_compiler, tokenizers, vocabs,
+                                                                                schema, probes):
+    """llguidance reads a `const`/`enum` number as a range from it to itself and asks, in binary floats, whether
+    a multiple lies in it: `anyOf: [{const: 0.3}, {const: 0.35}], multipleOf: 0.1` was a 400 ("range [0.4,
+    0.30000000000000004] does not contain a multiple of 0.1") though 0.3 is a multiple, and where another member
+    was left, 0.3 was silently refused. Every number such a schema names is taken where it is a multiple in
+    decimal and refused where it is not, strict or not, under llguidance and auto, as the value or a property."""
+    from constrain.walkbench import validator_for
+
+    value_schema = {k: v for k, v in schema.items() if k != "$defs"}
+    document = {"type": "object", "properties": {"v": value_schema}, "required": ["v"], "additionalProperties": False,
+                **{k: v for k, v in schema.items() if k == "$defs"}}
+    check = validator_for(schema)
+    for backend in ("llguidance", "auto"):
+        for strict in (True, False):
+            for root in (schema, document):
+                grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema",
+                    "json_schema": {"name": "x", "schema": root, "strict": strict}}, backend=backend))
+                assert grammar.unenforced == ()
+                for value in probes:
+                    taken = accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"],
+                                             value if root is schema else {"v": value})
+                    assert taken == check.is_valid(value), (backend, strict, value)
+    assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=7, walks=10) >= 5
+
+
 @pytest.mark.parametrize("schema, refused, taken", [
     ({"type": "number", "exclusiveMaximum": 1}, ["0.99999999999999999", "1"], ["0.999999999999999", "0.5", "0"]),
     ({"exclusiveMinimum": 2.5, "maximum": 3}, ["2.50000000000000001", "2.5"], ["2.50000000000001", "3"]),
