@@ -1209,9 +1209,10 @@ def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
     side that caps their magnitude: under `maximum: 0.99` it refuses 0.9, under `maximum: 2.635` 2.6 and 2.63,
     under `minimum: -1.97` -1.9 (characterised on random bounds: those, and forms with trailing zeros or -0,
     which no answer needs, are all it refuses, and it accepts nothing out of range); with a `multipleOf`, the same
-    (0.1 under `maximum: 0.15, multipleOf: 0.1`, which left only numbers up to 0). A node holding only a type,
-    bounds and a `multipleOf` becomes `anyOf: [itself, {enum: those of the prefixes it accepts}]` (decided in
-    decimal), in place."""
+    (0.1 under `maximum: 0.15, multipleOf: 0.1`, which left only numbers up to 0). So are the multiples of a range
+    where llguidance, dividing binary floats, finds none (`_multiples_it_misses`). A node holding only a type,
+    bounds and a `multipleOf` becomes `anyOf: [itself, {enum: those of the prefixes it accepts, and those
+    multiples}]` (decided in decimal), in place."""
     targets = [node for _, key, node in walk(schema) if key == "type" or key in _PLAIN_NUMBER_KEYWORDS]
     done: set[int] = set()
     for node in targets:
@@ -1227,10 +1228,40 @@ def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
             continue
         prefixes = [p for v in bounds.values() for p in _decimal_prefixes(v) if _within(p, bounds)
                     and (step is None or p % decimal.Decimal(repr(step)) == 0)]
+        if step is not None:
+            prefixes += _multiples_it_misses(node, bounds, step)
         if prefixes:
             inner = dict(node)
             node.clear()
             node["anyOf"] = [inner, {"enum": sorted({float(p) for p in prefixes})}]
+
+
+def _multiples_it_misses(node: dict, bounds: dict, step: int | float) -> list[decimal.Decimal]:
+    """The multiples of `step` within `bounds` where llguidance finds the range holds none: it asks in binary
+    floats (0.3 / 0.1 is 2.9999999999999996), and refused the schema `minimum: 0.25, maximum: 0.3, multipleOf: 0.1`
+    ("range [0.30000000000000004, 0.2] does not contain a multiple of 0.1"), or left out the member holding it.
+    Its floats miss a multiple by at most one at each end: only a range of at most two is asked about."""
+    lower = [(decimal.Decimal(repr(v)), k) for k, v in bounds.items() if k in _LOWER_BOUNDS]
+    upper = [(decimal.Decimal(repr(v)), k) for k, v in bounds.items() if k in _UPPER_BOUNDS]
+    if not (lower and upper):
+        return []
+    exact = decimal.Decimal(repr(step))
+    with decimal.localcontext(decimal.Context(prec=60)):
+        first = max(math.ceil(v / exact) + (k == "exclusiveMinimum" and v % exact == 0) for v, k in lower)
+        last = min(math.floor(v / exact) - (k == "exclusiveMaximum" and v % exact == 0) for v, k in upper)
+        multiples = [i * exact for i in range(first, last + 1)] if last - first < 2 else []
+    if not multiples or not _range_refused(json.dumps({**node, "type": "number"}, sort_keys=True)):
+        return []
+    return [m for m in multiples if _within(m, bounds)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _range_refused(node: str) -> bool:
+    """llguidance finds the number schema `node` (JSON) holds no value (with another type beside, it leaves the
+    numbers out silently)."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.loads(node))
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    return bool(is_error) and any("does not contain a multiple" in m for m in messages)
 
 
 def _multiples_beside_values(schema, uncompiled: set[int]) -> None:
@@ -1260,8 +1291,8 @@ def _step(value) -> fractions.Fraction | None:
 
 
 def _holds_numbers(member) -> bool:
-    """`member` names `const`/`enum` numbers, or a bound a shorter decimal begins, itself or through the members of
-    its `anyOf`/`oneOf`/`allOf`."""
+    """`member` names `const`/`enum` numbers, a bound a shorter decimal begins or both ends of a range, itself or
+    through the members of its `anyOf`/`oneOf`/`allOf`."""
     if not isinstance(member, dict) or "$ref" in member:
         return False
     values = [member["const"]] if "const" in member else member["enum"] if isinstance(member.get("enum"), list) \
@@ -1269,6 +1300,8 @@ def _holds_numbers(member) -> bool:
     if any(isinstance(v, (int, float)) and not isinstance(v, bool) and ("const" in member or "enum" in member
                                                                           or _decimal_prefixes(v)) for v in values):
         return True
+    if any(k in member for k in _LOWER_BOUNDS) and any(k in member for k in _UPPER_BOUNDS):
+        return True  # (a range where llguidance may find no multiple: `_multiples_it_misses`)
     return any(isinstance(member.get(k), list) and any(_holds_numbers(m) for m in member[k])
                for k in ("anyOf", "oneOf", "allOf"))
 

@@ -988,6 +988,34 @@ def test_a_multiple_meeting_a_const_or_enum_through_members_is_decided_in_decima
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=7, walks=10) >= 5
 
 
+@pytest.mark.parametrize("schema, probes", [
+    ({"type": "number", "minimum": 0.25, "maximum": 0.3, "multipleOf": 0.1}, [0.3, 0.2, 0.25]),  # (a 400)
+    ({"type": ["number", "null"], "minimum": 0.69, "maximum": 0.7, "multipleOf": 0.1}, [0.7, 0.6, None]),
+    ({"type": "number", "exclusiveMinimum": 0.2, "maximum": 0.3, "multipleOf": 0.1}, [0.3, 0.2]),
+    ({"type": "number", "minimum": -0.3, "maximum": -0.25, "multipleOf": 0.1}, [-0.3, -0.2]),
+    ({"type": "number", "minimum": 0.07, "maximum": 0.07, "multipleOf": 0.01}, [0.07, 0.06]),
+    ({"anyOf": [{"type": "number", "minimum": 0.3, "maximum": 0.3}, {"type": "string"}], "multipleOf": 0.1},
+     [0.3, "a"]),  # (0.3 was refused: the member left out)
+])
+def test_a_range_whose_only_multiples_are_its_ends_takes_them(gpt2_compiler, tokenizers, vocabs, schema, probes):
+    """llguidance asks in binary floats whether a range holds a multiple: `minimum: 0.25, maximum: 0.3,
+    multipleOf: 0.1` was a 400 ("range [0.30000000000000004, 0.2] does not contain a multiple of 0.1") though
+    0.3 is valid. Those multiples are taken, and nothing else, strict or not, under llguidance and auto."""
+    from constrain.walkbench import validator_for
+
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    check = validator_for(schema)
+    for backend in ("llguidance", "auto"):
+        for strict in (True, False):
+            grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema",
+                "json_schema": {"name": "x", "schema": document, "strict": strict}}, backend=backend))
+            assert grammar.unenforced == ()
+            for value in probes:
+                assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], value) == check.is_valid(value), \
+                    (backend, strict, value)
+    assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=9, walks=10) >= 5
+
+
 @pytest.mark.parametrize("schema, refused, taken", [
     ({"type": "number", "exclusiveMaximum": 1}, ["0.99999999999999999", "1"], ["0.999999999999999", "0.5", "0"]),
     ({"exclusiveMinimum": 2.5, "maximum": 3}, ["2.50000000000000001", "2.5"], ["2.50000000000001", "3"]),
