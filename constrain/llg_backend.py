@@ -1339,8 +1339,19 @@ def _multiple_into_members(node: dict, ptr: str, refs: list[str]) -> None:
         node[k] = [_with_multiple(m, step, f"{ptr}/{k}/{i}", refs) for i, m in enumerate(node[k])]
     if joined:  # (a member's `multipleOf` moved: the member less it in its place, as its index may be a pointer)
         node["allOf"] = [_with_multiple(m, step, f"{ptr}/allOf/{i}", refs) if i in holding
-                         else {k: v for k, v in m.items() if k != "multipleOf"} if i in moved else m
+                         else _less_multiple(m, node) if i in moved else m
                          for i, m in enumerate(joined)]
+
+
+def _less_multiple(member: dict, node: dict) -> dict:
+    """An `allOf` member of `node` whose `multipleOf` moved: without it, and `{}` where all it has left are bounds
+    `node` holds alike (`bounds_on_members` copies them into members). Left as bounds, each such member took an
+    enum of the numbers its bounds begin with (`_add_bound_prefixes`), and llguidance, multiplying out the `anyOf`s,
+    found four of them too large a grammar (Handwritten/num4, which compiled before)."""
+    rest = {k: v for k, v in member.items() if k != "multipleOf"}
+    alike = all(k in _LOWER_BOUNDS + _UPPER_BOUNDS and not isinstance(v, bool) and k in node and node[k] == v
+                for k, v in rest.items())
+    return {} if alike else rest
 
 
 def _with_multiple(member, step: fractions.Fraction, ptr: str, refs: list[str]):

@@ -71,13 +71,14 @@ Before anything, a keyword the draft a node is read in does not define (draft 4'
 one beside a `$ref`, is left out where the node does not only assert (under `not`, in a `oneOf` member, an `if`, a
 `contains`): the draft reads it as nothing there (`as_read_where_unasserted`; constrain/spec.py's `_ref_siblings`
 runs it first). What it leaves of a later draft's keywords (draft 7's `const`, ..., 2020-12's `prefixItems`) the
-rewrites read as that draft defines them (`validator_class`'s `later_keywords`), as the late checks do. Then `unevaluatedProperties` (2019-09
-and later) whose evaluated properties are known without the value (those named beside it and through `allOf` and
-local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another name) becomes `additionalProperties`
-on the node with those names declared there, or is dropped where an `additionalProperties` among them evaluates
-everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
-`$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends on
-context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
+rewrites read as that draft defines them (`validator_class`'s `later_keywords`), as the late checks do. Then
+`unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the value (those named
+beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another
+name) becomes `additionalProperties` on the node with those names declared there, or is dropped where an
+`additionalProperties` among them evaluates everything already. The rest is skipped entirely for schemas still
+using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means
+(their meaning depends on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes
+nothing).
 """
 
 from __future__ import annotations

@@ -947,6 +947,21 @@ def test_numbers_that_begin_a_bounds_digits_are_taken(gpt2_compiler, tokenizers,
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=5, walks=10) >= 5
 
 
+def test_members_left_with_the_nodes_bounds_alone_ask_nothing_of_llguidance(gpt2_compiler, tokenizers, vocabs):
+    """JSONSchemaBench's Handwritten/num4: the `allOf` members' `multipleOf`s join into one (lcm 8721), and the
+    members left held only the bounds `bounds_on_members` copied into them; each took an enum of the numbers its
+    bounds begin with, and llguidance found the grammar too large (a 400 for a schema that compiled before)."""
+    schema = {"allOf": [{"multipleOf": 0.75}, {"multipleOf": 3}, {"multipleOf": 1.5}, {"multipleOf": 0.25}],
+              "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 5}, {"multipleOf": 7}]},
+              "exclusiveMinimum": 10, "exclusiveMaximum": 100,
+              "$ref": "#/$defs/n", "$defs": {"n": {"not": {"const": 57}}}}
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema, "strict": True}}))
+    for value, valid in ((33, True), (99, True), (57, False), (12, False), (15, False), (21, False), (34, False),
+                         (9, False)):
+        assert accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+
+
 @pytest.mark.parametrize("schema, probes", [
     ({"anyOf": [{"const": 0.3}, {"const": 0.35}], "multipleOf": 0.1}, [0.3, 0.35]),  # (a 400: no member left)
     ({"oneOf": [{"const": 0.3}, {"const": 0.35}], "multipleOf": 0.1}, [0.3, 0.35]),
