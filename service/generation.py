@@ -199,9 +199,22 @@ def _constraint_error(exc, functions: bool = False) -> APIError:
         message = _TOOLS_ENTRY.sub(r"functions[\1]", message)
     if pointer and pointer not in message:
         message = f"{message} (at {pointer})"
-    return APIError(400, message, param=param, code=getattr(exc, "code", None) or "invalid_constraint")
+    return APIError(400, message, param=_entry_param(param, pointer),
+                    code=getattr(exc, "code", None) or "invalid_constraint")
 
 
+def _entry_param(param: str | None, pointer: str | None) -> str | None:
+    """The field of one `tools` (`functions`) entry an error's pointer leads into, as OpenAI names it:
+    `tools[1].function.parameters` for `/1/function/parameters/properties/a`; `param` itself otherwise. Named
+    `tools`, an error left the client to read which function from the message."""
+    found = _ENTRY_POINTER.match(pointer or "") if param in ("tools", "functions") else None
+    if found is None:
+        return param
+    index, *fields = found.groups()
+    return f"{param}[{index}]" + "".join(f".{field}" for field in fields if field)
+
+
+_ENTRY_POINTER = re.compile(r"^/([0-9]+)(?:/(function))?(?:/(parameters|name|description|strict))?(?=/|$)")
 _TOOL_POINTER = re.compile(r"^/([0-9]+)/function(?=/|$)")
 _TOOLS_ENTRY = re.compile(r"\btools\[([0-9]+)\](?:\.function\b)?")
 

@@ -341,7 +341,7 @@ def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
                                                "tool_choice": "auto"})
     assert r.status_code == 400
     error = r.json()["error"]
-    assert error["param"] == "tools"
+    assert error["param"] == "tools[1].function.parameters"  # (as OpenAI names it: which function, which field)
     assert "/1/function/parameters/properties/tags/not" in error["message"]
 
 
@@ -358,7 +358,7 @@ def test_parameters_a_call_cannot_take_are_a_400_naming_the_tools_entry(http, pa
                                                "tool_choice": {"type": "function", "function": {"name": "tag"}}})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "tools"
+    assert error["param"] == "tools[1].function.parameters"
     if pointer is None:  # (where it is, and what it names: it said neither, QA pydantic F1)
         assert "tools[1].function.parameters must describe an object" in error["message"]
         assert "its $ref at /1/function/parameters/$ref names a schema of type string" in error["message"]
@@ -459,7 +459,7 @@ def test_deprecated_functions_errors_and_unenforced_pointers_name_the_functions_
     assert r.headers["x-structgen-unenforced"] == "/1/parameters/properties/tags/not"
     invalid = [FUNCTIONS[0], {"name": "tag", "parameters": {"type": "object", "properties": {"tags": 5}}}]
     error = http.post("/v1/chat/completions", json={**body, "functions": invalid}).json()["error"]
-    assert error["param"] == "functions" and "at /1/parameters/properties/tags" in error["message"], error
+    assert error["param"] == "functions[1].parameters" and "at /1/parameters/properties/tags" in error["message"]
     twice = http.post("/v1/chat/completions", json={**body, "function_call": "auto",
                                                     "functions": FUNCTIONS + FUNCTIONS[:1]}).json()["error"]
     assert twice["param"] == "functions" and "functions[2]: duplicate function name" in twice["message"], twice

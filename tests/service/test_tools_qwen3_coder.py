@@ -139,7 +139,7 @@ def test_a_strict_function_the_format_cannot_write_is_refused_with_its_pointer(c
         client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
                                        max_tokens=20)
     error = exc.value.body  # (dependentSchemas is rewritten into branches: named as written, QA toolfmt2 F4)
-    assert error["param"] == "tools" and error["code"] == "unsupported_schema"
+    assert error["param"] == "tools[1].function.parameters" and error["code"] == "unsupported_schema"
     assert "at /1/function/parameters/dependentSchemas in the qwen3_coder tool-call format" in error["message"]
 
 
