@@ -71,14 +71,14 @@ Before anything, a keyword the draft a node is read in does not define (draft 4'
 one beside a `$ref`, is left out where the node does not only assert (under `not`, in a `oneOf` member, an `if`, a
 `contains`): the draft reads it as nothing there (`as_read_where_unasserted`; constrain/spec.py's `_ref_siblings`
 runs it first). What it leaves of a later draft's keywords (draft 7's `const`, ..., 2020-12's `prefixItems`) the
-rewrites read as that draft defines them (`validator_class`'s `later_keywords`), as the late checks do. Then
-`unevaluatedProperties` (2019-09 and later) whose evaluated properties are known without the value (those named
-beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another
-name) becomes `additionalProperties` on the node with those names declared there, or is dropped where an
-`additionalProperties` among them evaluates everything already. The rest is skipped entirely for schemas still
-using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means
-(their meaning depends on context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes
-nothing).
+rewrites read as that draft defines them (`validator_class`'s `later_keywords`), as the late checks do; its
+`prefixItems` becomes the draft's own `items` list (`_prefix_items_as_items`). Then `unevaluatedProperties`
+(2019-09 and later) whose evaluated properties are known without the value (those named beside it and through
+`allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another name) becomes
+`additionalProperties` on the node with those names declared there, or is dropped where an `additionalProperties`
+among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
+`$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends on
+context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
 """
 
 from __future__ import annotations
@@ -446,7 +446,8 @@ def rewrite_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     schema = as_read_where_unasserted(schema)
-    plain = _unevaluated_items_as_items(_unevaluated_as_additional(_unevaluated_saying_nothing(schema)))
+    plain = _unevaluated_items_as_items(_unevaluated_as_additional(_unevaluated_saying_nothing(
+        _prefix_items_as_items(schema))))
     if plain is not schema:
         return rewrite_schema(plain)
     for n in _iter_nodes(schema):
@@ -734,6 +735,69 @@ def _unevaluated_as_additional(schema: dict) -> dict:
             node["patternProperties"] = pp
         node["additionalProperties"] = extra
     return root if changed else schema
+
+
+def _prefix_items_as_items(schema: dict) -> dict:
+    """2020-12's `prefixItems` in a node read in a draft before it (draft 7's, which `as_read_where_unasserted` left
+    where the node only asserts) as that draft's own tuple, an `items` list, which the backends enforce: llguidance
+    ignores it there, and the late checks refused the array only once it closed, so an answer that wrote `[1.5`
+    under `prefixItems: [{"type": "integer"}]` had no way to end. Each place holds its `prefixItems` schema and what
+    the draft holds it to (an `items` schema, which then also holds the items past the list as `additionalItems`;
+    the `items` list's place or its `additionalItems`), so the rewrite means what both readings do together. Not
+    where a `$ref` points into the keywords it changes, nor in a schema with `unevaluatedItems` (2019-09's, which
+    counts an `items` list's places as evaluated and `prefixItems`' not), nor where a place would meet a recursive
+    `$ref` in an `allOf` (llguidance refuses it: "circular references with sibling keys"). A copy where one
+    changes."""
+    found = [(ptr, node) for ptr, key, node in walk(schema) if key == "prefixItems"]
+    if not found or any(key == "unevaluatedItems" for _, key, _ in walk(schema)):
+        return schema
+    root = copy.deepcopy(schema)
+    dialects: dict[int, Any] = {}  # id() of each subschema -> the `$schema` it is read in (the nearest above)
+    stack: list[tuple[Any, Any]] = [(root, root.get("$schema"))]
+    while stack:
+        node, dialect = stack.pop()
+        if isinstance(node, dict):
+            dialect = dialects[id(node)] = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    refs, recursive = refs_in(root), recursive_targets(root)
+    changed = False
+    for ptr, key, node in [(p, k, n) for p, k, n in walk(root) if k == "prefixItems"]:
+        dialect = dialects.get(id(node))
+        cls = validator_class({"$schema": dialect} if isinstance(dialect, str) else root)
+        at = ptr[: -len("/prefixItems")]
+        if "prefixItems" in cls.VALIDATORS or not isinstance(node["prefixItems"], list) \
+                or any(targeted(f"{at}/{k}", refs) for k in ("prefixItems", "items", "additionalItems")):
+            continue
+        prefix, items = node["prefixItems"], node.get("items")
+        if isinstance(items, list):
+            rest = node.get("additionalItems")
+            places = [items[i] if i < len(items) else rest for i in range(max(len(prefix), len(items)))]
+        else:
+            places = [items] * len(prefix)
+        written = [_both(p, other) for p, other in itertools.zip_longest(prefix, places)]
+        if any(isinstance(w, dict) and "allOf" in w and w not in prefix and w not in places
+               and any(isinstance(n.get("$ref"), str) and unquote(n["$ref"])[1:] in recursive
+                       for n in _iter_nodes(w)) for w in written):
+            continue  # (llguidance compiles no `allOf` of a recursive `$ref` and a sibling: left to the late checks)
+        changed = True
+        del node["prefixItems"]
+        if not prefix:
+            continue
+        if not isinstance(items, list):
+            node.pop("additionalItems", None)  # (beside no `items` list it means nothing; below it would)
+            if items is not None:
+                node["additionalItems"] = items
+        node["items"] = written
+    return root if changed else schema
+
+
+def _both(first: Any, second: Any) -> Any:
+    """A schema for what both `first` and `second` accept (None: absent, which asserts nothing)."""
+    if second is None or (first is not None and (second is True or second == {})):
+        return first
+    if first is None or first is True or first == {}:
+        return second
+    return {"allOf": [first, second]}
 
 
 # Beside `unevaluatedItems`, these evaluate items too (or may, depending on the value).

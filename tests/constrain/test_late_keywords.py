@@ -254,6 +254,38 @@ def test_a_keyword_draft_2019_09_or_2020_12_brings_is_enforced_in_an_earlier_dra
         assert ended_walks_valid(g, vocabs["gpt2"], {**schema, "$schema": reading}, seed=0, walks=12, max_tokens=40)
 
 
+@pytest.mark.parametrize("dialect, node", [
+    (DRAFT_7, {**PREFIXED, "items": {"type": "number"}, "maxItems": 3}),
+    (DRAFT_7, {**PREFIXED, "additionalItems": False, "maxItems": 3}),
+    (DRAFT_7, {"type": "array", "prefixItems": [{"type": "integer"}] * 2, "items": [{"type": "number"}],
+               "additionalItems": {"type": "number"}, "maxItems": 3}),
+    (DRAFT_4, {**PREFIXED, "items": {"type": "number"}, "maxItems": 3}),
+    (DRAFT_2019, {**PREFIXED, "items": {"type": "number"}, "maxItems": 3}),
+])
+def test_a_later_drafts_prefix_items_leaves_every_answer_a_way_to_end(dialect, node, gpt2_compiler, vocabs):
+    """llguidance ignores `prefixItems` before 2020-12, and the late checks refused the array only once it closed:
+    `[1.5` under draft 7's `prefixItems: [{"type": "integer"}]` beside `items: {"type": "number"}` was written,
+    and nothing could follow it (the matcher gave up). Written as the draft's own `items` list, the grammar holds
+    each item as it is written. Every walk ends valid under either reading (2020-12's, where it reads `items`)."""
+    schema = {"$schema": dialect, **node}
+    g = _compile(gpt2_compiler, schema)
+    for reading in [schema] + ([{**schema, "$schema": DRAFT_2020}] if isinstance(node.get("items"), dict) else []):
+        assert ended_walks_valid(g, vocabs["gpt2"], reading, seed=0, walks=25, max_tokens=60) > 0
+
+
+def test_a_later_drafts_prefix_items_holding_a_recursive_reference_still_compiles(gpt2_compiler, tokenizers,
+                                                                                 vocabs):
+    """Written as an `items` list, the recursive `$ref` met the `items` schema in an `allOf`, which llguidance
+    refuses ("circular references with sibling keys are not supported"): a 400 for a schema `{"kids": [{}]}`
+    satisfies. Such a `prefixItems` is left to the late checks."""
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "prefixItems": [{"$ref": "#/definitions/t"}],
+                                                      "items": {"type": "object"}, "maxItems": 2}},
+            "additionalProperties": False}
+    g = _compile(gpt2_compiler, {"$schema": DRAFT_7, "$ref": "#/definitions/t", "definitions": {"t": tree}})
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert accepts_document(g, tok, vocab, {"kids": [{}]}) and not accepts_document(g, tok, vocab, {"kids": [1]})
+
+
 def test_a_later_drafts_keyword_in_a_one_of_member_is_read_as_the_draft_reads_it(gpt2_compiler, tokenizers, vocabs):
     """Where a value may fail it, a keyword the draft lacks means nothing, as the draft says: the first member of
     this `oneOf` takes every array in draft 7, so only arrays the second refuses pass."""

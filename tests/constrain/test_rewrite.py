@@ -1797,6 +1797,34 @@ def test_a_not_of_keywords_its_draft_lacks_is_a_schema_nothing_satisfies(schema,
             "name": "n", "schema": schema, "strict": True}}, backend="llguidance"))
 
 
+@pytest.mark.parametrize("schema, items, additional", [
+    ({"$schema": D7, "type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "number"}},
+     [{"allOf": [{"type": "integer"}, {"type": "number"}]}], {"type": "number"}),
+    # (`additionalItems` beside no `items` list means nothing in draft 7; it would below the list)
+    ({"$schema": D7, "type": "array", "prefixItems": [{"type": "integer"}], "additionalItems": False},
+     [{"type": "integer"}], None),
+    ({"$schema": D7, "type": "array", "prefixItems": [{"type": "integer"}], "items": [{}, {"type": "string"}],
+      "additionalItems": False}, [{"type": "integer"}, {"type": "string"}], False),
+    ({"$schema": D7, "type": "array", "prefixItems": [{"type": "integer"}] * 2, "items": [{"type": "number"}],
+      "additionalItems": {"type": "string"}},
+     [{"allOf": [{"type": "integer"}, {"type": "number"}]}, {"allOf": [{"type": "integer"}, {"type": "string"}]}],
+     {"type": "string"}),
+])
+def test_a_later_drafts_prefix_items_is_the_drafts_own_items_list(schema, items, additional):
+    """llguidance ignores `prefixItems` before 2020-12, and the late checks refused the array only once it closed:
+    an answer that wrote `[1.5` beside `items: {"type": "number"}` had no way to end. Each place holds what both
+    readings hold it to."""
+    out = rewrite_schema(schema)
+    assert "prefixItems" not in out and out["items"] == items and out.get("additionalItems") == additional
+    arrays = [[], [1], [1.5], ["a"], [1, 2], [1, "a"], [1, 2.5], [1, 2, "a"], [1, "a", "b"], [1, 2, 3]]
+    assert _same(schema, out, arrays)
+    for kept in ({**schema, "$schema": "https://json-schema.org/draft/2020-12/schema"},  # (its own keyword)
+                 {"$schema": D7, "type": "array", "not": {"$ref": "#/prefixItems/0"}, **schema},  # (the target)
+                 # (llguidance compiles no recursive `$ref` in an `allOf` with a sibling)
+                 {"$schema": D7, "type": "array", "prefixItems": [{"$ref": "#"}], "items": {"type": "integer"}}):
+        assert "prefixItems" in json.dumps(rewrite_schema(kept))
+
+
 def test_keywords_a_draft_lacks_are_nothing_only_where_a_value_may_fail_them():
     """Where a node only asserts, a later draft's keyword stays (an answer meets it too, valid under either
     reading); under `not`, in a `oneOf` member, in an `if`, it is left out. A subschema naming its own draft is read
