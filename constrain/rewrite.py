@@ -702,9 +702,11 @@ def _unevaluated_as_additional(schema: dict) -> dict:
     `$ref` points at or into the keyword, nor where the node or one that applies with it lies below a nested `$id`
     (the `$ref`s there are read against another base, where `resolve_ref` reads the root: a definition of the same
     name there declared more names, QA review F2; a `$ref` it cannot follow, an `$anchor`'s, leaves its holder as it
-    is). A copy where one changes; `schema` itself otherwise."""
-    if "unevaluatedProperties" not in validator_class(schema).VALIDATORS:
-        return schema  # (drafts 4-7: an unknown keyword, which asserts nothing; left as it is)
+    is). A copy where one changes; `schema` itself otherwise. Drafts 4-7 enforce what `as_read_where_unasserted`
+    left of it as 2019-09 does (README, Drafts): left to the late checks there, an answer that wrote `{"b": 1` under
+    `enum: [{"a": 1}, {"b": 1}]` beside `properties: {"a": {}}` had no way to end."""
+    if "unevaluatedProperties" not in validator_class(schema, later_keywords=True).VALIDATORS:
+        return schema  # (never: drafts 4-7 read what `as_read_where_unasserted` left of it as 2019-09 does)
     if not any(key == "unevaluatedProperties" for _, key, _ in walk(schema)):
         return schema
     root = copy.deepcopy(schema)
@@ -833,8 +835,8 @@ def _unevaluated_items_as_items(schema: dict) -> dict:
     `additionalItems` (every item is evaluated), else `items: U` (QA fuzz2 F7: 11 walks in 20 ended). Beside
     `items` (2020-12), which evaluates every item past the prefix, it says nothing and goes."""
     known = validator_class(schema).VALIDATORS
-    if "prefixItems" not in known:
-        return _unevaluated_items_as_additional(schema) if "unevaluatedItems" in known else schema
+    if "prefixItems" not in known:  # (drafts 4-7 read what `as_read_where_unasserted` left of it as 2019-09 does)
+        return _unevaluated_items_as_additional(schema)
     refs = refs_in(schema)  # (no target is renamed)
     found = {ptr for ptr, key, n in walk(schema)
              if key == "unevaluatedItems" and not targeted(ptr, refs)

@@ -286,6 +286,22 @@ def test_a_later_drafts_prefix_items_holding_a_recursive_reference_still_compile
     assert accepts_document(g, tok, vocab, {"kids": [{}]}) and not accepts_document(g, tok, vocab, {"kids": [1]})
 
 
+@pytest.mark.parametrize("schema", [
+    {"$schema": DRAFT_7, "enum": [{"a": 1}, {"b": 1}], "properties": {"a": {}}, "unevaluatedProperties": False},
+    {"$schema": DRAFT_6, "type": "object", "properties": {"a": {"type": "integer"}},
+     "allOf": [{"properties": {"b": {"type": "string"}}}], "unevaluatedProperties": False},
+    {"$schema": DRAFT_4, "type": "array", "items": [{"type": "integer"}], "unevaluatedItems": {"type": "string"},
+     "maxItems": 3},
+])
+def test_a_later_drafts_unevaluated_keyword_leaves_every_answer_a_way_to_end(schema, gpt2_compiler, vocabs):
+    """Enforced before 2019-09 (README, Drafts) but left to the late checks, the value was refused only once
+    finished: an answer that wrote `{"b": 1` under the enum had no way to end (the matcher gave up). Every walk ends
+    valid under either reading."""
+    g = _compile(gpt2_compiler, schema)
+    for reading in (schema, {**schema, "$schema": DRAFT_2019}):
+        assert ended_walks_valid(g, vocabs["gpt2"], reading, seed=0, walks=25, max_tokens=60) > 0
+
+
 def test_a_later_drafts_keyword_in_a_one_of_member_is_read_as_the_draft_reads_it(gpt2_compiler, tokenizers, vocabs):
     """Where a value may fail it, a keyword the draft lacks means nothing, as the draft says: the first member of
     this `oneOf` takes every array in draft 7, so only arrays the second refuses pass."""
