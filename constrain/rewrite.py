@@ -1962,8 +1962,10 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
     """`contains: C` (at least one item valid against C) on an array of at most N items, N <= 8: the item at some
     position k < N is, so an `anyOf` over k of `prefixItems: [true]*k + [C]` with `minItems: k + 1` (the node's
     `items` still applies to every item). Checked late, the array's end was refused only once the last place was
-    written, a dead end. 2020-12 only (its `prefixItems`), with no `maxContains` beside; with `minContains: m`,
-    over the sets of m positions.
+    written, a dead end. With no `maxContains` beside; with `minContains: m`, over the sets of m positions. Before
+    2020-12 the positions are an `items` list (draft 7's `contains: {"type": "string"}` beside `maxItems: 2` let
+    `[1, 2` be written, which nothing could close), beside the node's own `items` list too, and `minContains: 0`
+    asks for one item there as well (`_contains_in_both`).
     The node's own `prefixItems` apply beside each position's (with only a later slot able to hold C, the late
     check let the walk fill the earlier ones and the budget found no end: QA fuzz F2). `maxContains: 0` (with
     `minContains: 0`) says no item holds C: `items: {not: C}` in an `allOf` (checked late, an item C took was
@@ -1980,18 +1982,21 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
         _add_all_of(out, {"items": {"not": node["contains"]} if negation is None else negation})
         return out
     least = node.get("minContains", 1)
-    if "contains" not in node or not (_count(least) and least >= 1) or "maxContains" in node \
-            or "prefixItems" not in ctx.draft_keywords or "$ref" in node:
+    if _count(least) and "unevaluatedProperties" not in ctx.draft_keywords:  # (before 2019-09: one at least)
+        least = max(least, 1)
+    if "contains" not in node or not (_count(least) and least >= 1) or "maxContains" in node or "$ref" in node:
         return node
     mx, items = node.get("maxItems"), node.get("items", True)
     if not (isinstance(mx, int) and not isinstance(mx, bool) and least <= mx <= _MAX_CONTAINS_ITEMS) \
-            or not isinstance(items, (dict, bool)) or math.comb(mx, least) > _MAX_CONTAINS_PLACES:
+            or not isinstance(items, (dict, bool, list)) or math.comb(mx, least) > _MAX_CONTAINS_PLACES:
         return node
     ctx.changed = True
     out = {k: v for k, v in node.items() if k not in ("contains", "minContains")}
     # (`minContains: m`: some m places hold C; checked late, an item that left too few places for the rest was
     # written, and the array could not close: QA fuzz2 F5)
-    places = [{"prefixItems": [node["contains"] if i in chosen else True for i in range(chosen[-1] + 1)],
+    # (before 2020-12 the places are the draft's own `items` list, `{}` for any item: draft 4 has no `true`)
+    tuple_key, anything = ("prefixItems", True) if "prefixItems" in ctx.draft_keywords else ("items", {})
+    places = [{tuple_key: [node["contains"] if i in chosen else anything for i in range(chosen[-1] + 1)],
                "minItems": chosen[-1] + 1} for chosen in itertools.combinations(range(mx), least)]
     _add_all_of(out, {"anyOf": places})
     return out

@@ -1069,6 +1069,26 @@ def test_walks_end_where_contains_beside_prefix_items_became_positions(schema, g
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], document) == validator.is_valid(document)
 
 
+@pytest.mark.parametrize("schema", [
+    {"$schema": D7, "type": "array", "items": {"type": "integer"}, "contains": {"const": 7}, "maxItems": 4},
+    {"$schema": D4, "type": "array", "items": [{"type": "string"}, {"type": "integer"}],
+     "additionalItems": {"type": "boolean"}, "contains": {"type": "integer", "minimum": 5}, "maxItems": 4},
+    # (`minContains: 0` means one at least before 2019-09, where it is enforced: README, Drafts)
+    {"$schema": "http://json-schema.org/draft-06/schema#", "type": "array", "items": {"enum": [1, 2]},
+     "contains": {"const": 2}, "minContains": 0, "maxItems": 3},
+])
+def test_walks_end_where_contains_before_2020_12_became_positions(schema, gpt2_compiler, vocabs, tokenizers):
+    """The positions were written only as 2020-12's `prefixItems`, so a draft 4-7 `contains` stayed late: `[1, 1,
+    1` was written under `maxItems: 4` and nothing could close it (the matcher gave up). As the draft's own
+    `items` list, the grammar leaves room for the item."""
+    out = rewrite_schema(schema)
+    assert "contains" not in json.dumps(out) and _same(schema, out, [[], [7], [1, 7], [1, 1], ["a", 5], ["a", 4],
+                                                                       ["a", 7, True], [2], [1, 1, 1, 2]])[0] > 0
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=4, walks=12, max_tokens=60, prefer_end=0.05) == 12
+
+
 _BIT_OBJECT = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 1}},
                "required": ["a"], "additionalProperties": False}
 SMALL_DOMAINS = [
