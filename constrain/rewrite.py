@@ -72,13 +72,14 @@ one beside a `$ref`, is left out where the node does not only assert (under `not
 `contains`): the draft reads it as nothing there (`as_read_where_unasserted`; constrain/spec.py's `_ref_siblings`
 runs it first). What it leaves of a later draft's keywords (draft 7's `const`, ..., 2020-12's `prefixItems`) the
 rewrites read as that draft defines them (`validator_class`'s `later_keywords`), as the late checks do; its
-`prefixItems` becomes the draft's own `items` list (`_prefix_items_as_items`). Then `unevaluatedProperties`
-(2019-09 and later) whose evaluated properties are known without the value (those named beside it and through
-`allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`... among them evaluates another name) becomes
-`additionalProperties` on the node with those names declared there, or is dropped where an `additionalProperties`
-among them evaluates everything already. The rest is skipped entirely for schemas still using `unevaluated*`,
-`$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref` inside it means (their meaning depends on
-context a local rewrite cannot see; a nested `$id` no `$ref` resolves against changes nothing).
+`prefixItems` becomes the draft's own `items` list (`_prefix_items_as_items`), draft 4's `const` the `enum` of its
+value (`_const_as_enum`). Then `unevaluatedProperties` (2019-09 and later) whose evaluated properties are known
+without the value (those named beside it and through `allOf` and local `$ref`s, where no `anyOf`, `oneOf`, `if`...
+among them evaluates another name) becomes `additionalProperties` on the node with those names declared there, or
+is dropped where an `additionalProperties` among them evaluates everything already. The rest is skipped entirely
+for schemas still using `unevaluated*`, `$dynamicRef`/`$recursiveRef`, or a nested `$id` that moves what a `$ref`
+inside it means (their meaning depends on context a local rewrite cannot see; a nested `$id` no `$ref` resolves
+against changes nothing).
 """
 
 from __future__ import annotations
@@ -447,7 +448,7 @@ def rewrite_schema(schema: Any) -> Any:
         return schema
     schema = as_read_where_unasserted(schema)
     plain = _unevaluated_items_as_items(_unevaluated_as_additional(_unevaluated_saying_nothing(
-        _prefix_items_as_items(schema))))
+        _prefix_items_as_items(_const_as_enum(schema)))))
     if plain is not schema:
         return rewrite_schema(plain)
     for n in _iter_nodes(schema):
@@ -754,20 +755,12 @@ def _prefix_items_as_items(schema: dict) -> dict:
     if not found or any(key == "unevaluatedItems" for _, key, _ in walk(schema)):
         return schema
     root = copy.deepcopy(schema)
-    dialects: dict[int, Any] = {}  # id() of each subschema -> the `$schema` it is read in (the nearest above)
-    stack: list[tuple[Any, Any]] = [(root, root.get("$schema"))]
-    while stack:
-        node, dialect = stack.pop()
-        if isinstance(node, dict):
-            dialect = dialects[id(node)] = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
-            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    reading = _node_readings(root)
     refs, recursive = refs_in(root), recursive_targets(root)
     changed = False
     for ptr, key, node in [(p, k, n) for p, k, n in walk(root) if k == "prefixItems"]:
-        dialect = dialects.get(id(node))
-        cls = validator_class({"$schema": dialect} if isinstance(dialect, str) else root)
         at = ptr[: -len("/prefixItems")]
-        if "prefixItems" in cls.VALIDATORS or not isinstance(node["prefixItems"], list) \
+        if "prefixItems" in reading(node).VALIDATORS or not isinstance(node["prefixItems"], list) \
                 or any(targeted(f"{at}/{k}", refs) for k in ("prefixItems", "items", "additionalItems")):
             continue
         prefix, items = node["prefixItems"], node.get("items")
@@ -790,6 +783,45 @@ def _prefix_items_as_items(schema: dict) -> dict:
             if items is not None:
                 node["additionalItems"] = items
         node["items"] = written
+    return root if changed else schema
+
+
+def _node_readings(root: dict) -> Callable[[dict], type]:
+    """The validator class each subschema of `root` is read in (the nearest `$schema` above it, its own included;
+    the root's otherwise), by the subschema."""
+    dialects: dict[int, Any] = {}  # id() of each subschema -> the `$schema` it is read in
+    stack: list[tuple[Any, Any]] = [(root, root.get("$schema"))]
+    while stack:
+        node, dialect = stack.pop()
+        if isinstance(node, dict):
+            dialect = dialects[id(node)] = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+
+    def reading(node: dict) -> type:
+        dialect = dialects.get(id(node))
+        return validator_class({"$schema": dialect} if isinstance(dialect, str) else root)
+    return reading
+
+
+def _const_as_enum(schema: dict) -> dict:
+    """Draft 4's `const` (draft 6's keyword, which `as_read_where_unasserted` left where its node only asserts) as
+    the `enum` of its one value, which draft 4 has: llguidance ignores `const` there without a word, and nothing
+    checked it late, so draft 4's `properties: {"a": {"const": 1}}` took `{"a": 2}`, strict. Beside an `enum`, in
+    an `allOf`. A copy where one changes."""
+    if not any(key == "const" for _, key, _ in walk(schema)):
+        return schema
+    root = copy.deepcopy(schema)
+    reading = _node_readings(root)
+    changed = False
+    for _, _, node in [(p, k, n) for p, k, n in walk(root) if k == "const"]:
+        if "const" in reading(node).VALIDATORS or not isinstance(node.get("allOf", []), list):
+            continue
+        changed = True
+        value = node.pop("const")
+        if "enum" in node:
+            _add_all_of(node, {"enum": [value]})
+        else:
+            node["enum"] = [value]
     return root if changed else schema
 
 

@@ -302,6 +302,28 @@ def test_a_later_drafts_unevaluated_keyword_leaves_every_answer_a_way_to_end(sch
         assert ended_walks_valid(g, vocabs["gpt2"], reading, seed=0, walks=25, max_tokens=60) > 0
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+@pytest.mark.parametrize("node, good, bad", [
+    ({"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]}, [{"a": 1}], [{"a": 2}, {"a": "x"}]),
+    ({"type": "array", "items": [{"const": "x"}], "uniqueItems": True, "maxItems": 3}, [["x"], ["x", 1]],
+     [["y"], ["x", "x"]]),
+    ({"type": "array", "items": {"const": [1]}, "enum": [[[1]], [[2]], []]}, [[[1]], []], [[[2]]]),
+])
+def test_draft_4s_const_is_enforced_where_its_node_only_asserts(node, good, bad, backend, gpt2_compiler, tokenizers,
+                                                                  vocabs):
+    """README (Drafts): draft 4's `const` is enforced as draft 6 defines it where its node only asserts.
+    llguidance ignores it in draft 4 without a word and nothing checked it late: `properties: {"a": {"const":
+    1}}` took `{"a": 2}`, strict, named nothing unenforced, and random walks wrote any value there."""
+    schema = {"$schema": DRAFT_4, "type": "object", "properties": {"v": node}, "required": ["v"]}
+    g = _compile(gpt2_compiler, schema, backend)
+    assert g.unenforced == ()
+    for value in good:
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+    for value in bad:
+        assert not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value), value
+    assert ended_walks_valid(g, vocabs["gpt2"], {**schema, "$schema": DRAFT_6}, seed=0, walks=12, max_tokens=40)
+
+
 def test_a_later_drafts_keyword_in_a_one_of_member_is_read_as_the_draft_reads_it(gpt2_compiler, tokenizers, vocabs):
     """Where a value may fail it, a keyword the draft lacks means nothing, as the draft says: the first member of
     this `oneOf` takes every array in draft 7, so only arrays the second refuses pass."""

@@ -1866,12 +1866,25 @@ def test_a_later_drafts_prefix_items_is_the_drafts_own_items_list(schema, items,
         assert "prefixItems" in json.dumps(rewrite_schema(kept))
 
 
+def test_draft_4s_const_is_the_enum_of_its_value():
+    """llguidance ignores `const` in draft 4 without a word: draft 4's `properties: {"a": {"const": 1}}` took
+    `{"a": 2}`. Draft 4's own `enum` says the same; beside an `enum`, in an `allOf`; a draft-6 node keeps it."""
+    schema = {"$schema": D4, "properties": {"a": {"const": 1}, "b": {"enum": [1, 2], "const": 2}}}
+    out = rewrite_schema(schema)
+    assert "const" not in json.dumps(out) and out["properties"]["a"] == {"enum": [1]}
+    assert _same(schema, out, [{"a": 1}, {"a": 2}, {"a": 1.0}, {"b": 2}, {"b": 1}, {"a": True}]) == (3, 3)
+    later = {"$schema": D4, "properties": {"a": {"$schema": "http://json-schema.org/draft-06/schema#",
+                                                  "const": 1}}}
+    assert rewrite_schema(later)["properties"]["a"]["const"] == 1
+
+
 def test_keywords_a_draft_lacks_are_nothing_only_where_a_value_may_fail_them():
     """Where a node only asserts, a later draft's keyword stays (an answer meets it too, valid under either
     reading); under `not`, in a `oneOf` member, in an `if`, it is left out. A subschema naming its own draft is read
     in it; the dependency keywords are read in every draft (`validator_class`), negated too."""
     positive = {"$schema": D4, "anyOf": [{"type": "number", "const": 1}, {"type": "string"}]}
-    assert rewrite_schema(positive) == positive
+    out = rewrite_schema(positive)  # (its `const` as draft 4's own `enum`: `_const_as_enum`)
+    assert out["anyOf"][0] == {"type": "number", "enum": [1]} and _same(positive, out)
     latest = {"type": "number", "not": {"const": 1}}  # (2020-12: a keyword, negated)
     out = rewrite_schema(latest)
     assert out is not False and _same(latest, out)[0] == 6  # (the numbers but 1 and 1.0)
