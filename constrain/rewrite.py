@@ -1642,6 +1642,10 @@ def _keyword_negation(key: str, value: Any, body: dict, ctx: _Ctx, within: froze
         return [] if any(p is False for p in parts) else [{"allOf": parts}]  # not (A or B) = not A and not B
     if key in ("items", "additionalProperties", "additionalItems") and (value is True or value == {}):
         return []
+    if key == "contains" and not {"minContains", "maxContains"} & body.keys():
+        # failing `contains: C` is an array no item of which holds C. Left to the late checks, `not: {contains:
+        # C}` let `[1, 1, 2` be written under `items: {enum: [1, 2]}`, `maxItems: 3`, which nothing could close.
+        return [{"type": "array", "items": {"not": value}}] if "array" in within else []
     if key == "additionalProperties" and value is False and "patternProperties" not in body:
         # "Has a key outside `properties`" needs an existential over keys, except where the context is closed
         # too: then that key is one of the context's own names.

@@ -231,6 +231,8 @@ CASES = [
      "contains"),
     ("contains on any value", {"contains": {"type": "string"}, "maxItems": 3, "items": {"type": ["string", "integer"]}},
      "contains"),
+    ("not contains", {"type": ["array", "string"], "not": {"contains": {"type": "integer"}}}, "contains"),
+    ("not contains in draft 7", {"$schema": D7, "not": {"contains": {"const": 1}}}, "contains"),
     ("not of a target holding not false", {"definitions": {"d": {"type": "string", "not": False}},
                                            "not": {"$ref": "#/definitions/d"}}, "not"),
     # nested $ids (as jsonschema.net writes them) that no $ref resolves against: rewritten as without them
@@ -329,6 +331,19 @@ def test_rewrite_never_modifies_its_input_and_normalise_is_cached():
     out = normalise_schema(schema)
     assert repr(schema) == before and "oneOf" not in out
     assert normalise_schema(schema) is out
+
+
+@pytest.mark.parametrize("dialect", [D7, "https://json-schema.org/draft/2020-12/schema"])
+def test_walks_end_under_a_not_of_contains(dialect, gpt2_compiler, vocabs):
+    """Failing `contains: C` is an array no item of which holds C: written so, each item is held to `not: C`.
+    Checked late, `not: {contains: {const: 1}}` let `[1, 1, 2` be written under `items: {enum: [1, 2]}`,
+    `maxItems: 3`, which nothing could close (QA drafts finding 1)."""
+    schema = {"$schema": dialect, "type": "array", "items": {"enum": [1, 2]}, "not": {"contains": {"const": 1}},
+              "maxItems": 3}
+    assert "contains" not in json.dumps(rewrite_schema(schema))
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=1, walks=16, max_tokens=30, prefer_end=0.1) == 16
 
 
 @pytest.mark.parametrize("schema", [
