@@ -47,7 +47,7 @@ from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
 from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end, keywords_ignored_in_draft, moved_end
 from constrain.regex_sets import Work, pattern_examples, pattern_search
-from constrain.support import ANNOTATIONS, map_subschemas, references_followable, resolve_ref, walk, walk_with_refs
+from constrain.support import ANNOTATIONS, node_dialects, references_followable, resolve_ref, walk, walk_with_refs
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
@@ -361,17 +361,8 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
 
 def _dialects(schema: dict) -> dict[int, str]:
     """id() of each subschema below a `$schema` other than the root's -> that `$schema` (`LatePlan.dialects`)."""
-    out: dict[int, str] = {}
-    stack: list[tuple[Any, Any]] = [(schema, schema.get("$schema"))]
-    while stack:
-        node, dialect = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
-        if dialect != schema.get("$schema") and isinstance(dialect, str):
-            out[id(node)] = dialect
-        map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
-    return out
+    return {node: dialect for node, dialect in node_dialects(schema).items()
+            if isinstance(dialect, str) and dialect != schema.get("$schema")}
 
 
 def _keep_targets(root: dict, refs: list[tuple[dict, str, Any]]) -> None:

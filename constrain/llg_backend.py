@@ -44,7 +44,8 @@ from constrain.json_follower import MAX_EXPONENT_DIGITS, Frame, JsonFollower, de
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
-                               llguidance_escape_gap, map_subschemas, pointer_child, pointers_of, walk, walk_with_refs)
+                               llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of, walk,
+                               walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -1592,17 +1593,13 @@ _IGNORED_IN_DRAFT = (("draft-04", _NOT_BEFORE_2019 | {"contains", "minContains",
 def keywords_ignored_in_draft(schema: Any) -> dict[int, frozenset[str]]:
     """id() of each subschema of `schema` that holds keywords of `_IGNORED_IN_DRAFT` where its draft leaves
     llguidance to ignore them -> those keywords."""
+    dialects = node_dialects(schema)
     out: dict[int, frozenset[str]] = {}
-    stack: list[tuple[Any, str]] = [(schema, "")]
-    while stack:
-        node, dialect = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        dialect = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+    for node in {id(n): n for _, _, n in walk(schema)}.values():
+        dialect = dialects[id(node)] or ""
         ignored = frozenset(key for draft, keys in _IGNORED_IN_DRAFT if draft in dialect for key in keys & node.keys())
         if ignored:
             out[id(node)] = ignored
-        map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
     return out
 
 

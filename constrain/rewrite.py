@@ -103,7 +103,7 @@ from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, fi
                                   search_region, without_lookaheads)
 from constrain.support import (ASSERTIONS, NAMED_SUBSCHEMAS, STANDARD_FORMATS, copy_reads_alike, escape_pointer_part,
                                gives_another_base, json_type, keep_ref_targets, map_subschemas, nested_bases,
-                               recursive_targets, references_followable, resolve_ref, pointer_child,
+                               node_dialects, recursive_targets, references_followable, resolve_ref, pointer_child,
                                unescape_pointer_part, walk, walk_with_refs)
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "string", "integer", "fraction"})
@@ -789,13 +789,7 @@ def _prefix_items_as_items(schema: dict) -> dict:
 def _node_readings(root: dict) -> Callable[[dict], type]:
     """The validator class each subschema of `root` is read in (the nearest `$schema` above it, its own included;
     the root's otherwise), by the subschema."""
-    dialects: dict[int, Any] = {}  # id() of each subschema -> the `$schema` it is read in
-    stack: list[tuple[Any, Any]] = [(root, root.get("$schema"))]
-    while stack:
-        node, dialect = stack.pop()
-        if isinstance(node, dict):
-            dialect = dialects[id(node)] = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
-            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    dialects = node_dialects(root)
 
     def reading(node: dict) -> type:
         dialect = dialects.get(id(node))

@@ -26,7 +26,7 @@ from constrain.regex_sets import longest_literal, python_only_syntax
 from constrain.rewrite import (as_read_where_unasserted, bounds_on_members, later_keywords_of, rewrite_schema,
                               types_of)
 from constrain.support import (ANNOTATIONS, ASSERTIONS, escape_pointer_part, gives_another_base, map_subschemas,
-                               keep_ref_targets, pointer_child, references_followable, resolve_ref, walk,
+                               keep_ref_targets, node_dialects, pointer_child, references_followable, resolve_ref, walk,
                                walk_with_refs)
 
 log = logging.getLogger(__name__)
@@ -445,13 +445,7 @@ def _later_keyword_error(schema: dict, param: str, base: str) -> ConstraintError
     meta-schema refuses. The product enforces such a keyword as the later draft defines it (constrain/rewrite.py
     `later_keyword_validators`) where the node's draft's meta-schema never looks: draft 7's `prefixItems: 3`
     compiled to a grammar that refused every array, so that no answer could end."""
-    dialects: dict[int, str] = {}  # id() of each subschema -> the draft it is read in (the nearest `$schema` above)
-    stack: list[tuple[Any, str]] = [(schema, _LATEST)]
-    while stack:
-        node, dialect = stack.pop()
-        if isinstance(node, dict):
-            dialect = dialects[id(node)] = known_dialect(node.get("$schema")) or dialect
-            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    dialects = {node: known_dialect(dialect) or _LATEST for node, dialect in node_dialects(schema).items()}
     later_meta = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA)
     for ptr, key, node in walk(schema, base):
         dialect = dialects[id(node)]

@@ -232,6 +232,19 @@ def gives_another_base(ptr: str, key: str, node: dict) -> bool:
     return key in ("$id", "id") and ptr.count("/") > 1 and isinstance(node[key], str) and not node[key].startswith("#")
 
 
+def node_dialects(schema: Any) -> dict[int, str | None]:
+    """id() of each subschema of `schema` -> the `$schema` it is read in: the nearest one above it, its own
+    included (a function's draft-04 parameters in the calls' schema); None where there is none."""
+    out: dict[int, str | None] = {}
+    stack: list[tuple[Any, str | None]] = [(schema, None)]
+    while stack:
+        node, dialect = stack.pop()
+        if isinstance(node, dict):
+            dialect = out[id(node)] = node["$schema"] if isinstance(node.get("$schema"), str) else dialect
+            map_subschemas(node, lambda sub, d=dialect: stack.append((sub, d)) or sub)
+    return out
+
+
 def json_type(value: Any) -> str:
     """The JSON type of a value, with numbers split in two: `integer` (a float with no fraction too, as drafts 6 on
     read it) and `fraction`."""
