@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import jsonschema
 import numpy as np
+import torch
 
 from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, allowed_ids, backend_matcher,
                                clear_ids, per_vocabulary)

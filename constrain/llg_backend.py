@@ -659,11 +659,20 @@ def _quote_refused(walk: "llguidance.LLMatcher", keys: KeySets | None, tables: _
 # `step_max_items` (50,000).
 _ROW_ITEMS = 50_000
 
+# The lexer's work per token (llguidance's `step_lexer_fuel`), raised a level for a grammar each time an output
+# runs out of it on a lexer of its own (`LlgGrammar.raise_fuel`). llguidance's 200,000 gave up on the first mask
+# of `multipleOf: 4096, minimum: 4096, maximum: 1073741824` and after the `-` of `multipleOf: 8721,
+# exclusiveMinimum: -100000, exclusiveMaximum: -10000` (a 200, then constraint_too_complex mid-output): 2,000,000
+# takes both (~30 ms for that mask, once: the states it builds are kept). A step that needs more than the last
+# level still gives up: 10,000,000 took some more, but spent ~650 ms of the engine's step on each output that
+# gives up there.
+_STEP_FUEL = (200_000, 2_000_000)
 
-def _new_parse(lltok, text: str) -> "llguidance.LLMatcher":
+
+def _new_parse(lltok, text: str, step_fuel: int = _STEP_FUEL[0]) -> "llguidance.LLMatcher":
     """A matcher of grammar `text` from its start (a parse that copies are made of)."""
-    return llguidance.LLMatcher(lltok, text, log_level=0,
-                                limits=llguidance.LLParserLimits(max_items_in_row=_ROW_ITEMS))
+    return llguidance.LLMatcher(lltok, text, log_level=0, limits=llguidance.LLParserLimits(
+        max_items_in_row=_ROW_ITEMS, step_lexer_fuel=step_fuel))
 
 
 class _WalkGaveUp(Exception):
@@ -1063,6 +1072,7 @@ def llguidance_schema(schema):
                 spell = str
             node[key] = {_quote_safe(spell(k)): v for k, v in value.items()}
     _exclusive_ends_as_inclusive(schema, uncompiled)
+    _few_multiples_as_enum(schema, uncompiled)
     _multiples_beside_values(schema, uncompiled)  # (before the prefixes: a member's enum decided with its step)
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
@@ -1203,6 +1213,35 @@ def _bounds(node: dict, keys: tuple[str, ...]) -> list:
 
 
 _PLAIN_NUMBER_KEYWORDS = frozenset({"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+# The most multiples an integer range may hold to be written as their enum (`_few_multiples_as_enum`).
+_FEW_MULTIPLES = 100
+
+
+def _few_multiples_as_enum(schema, uncompiled: set[int]) -> None:
+    """An integer node holding a whole `multipleOf` and bounds on both sides, and nothing else, whose range holds
+    at most _FEW_MULTIPLES multiples, becomes `enum` of them, in place. llguidance's lexer crosses the divisor's
+    remainders with the range's digits, and ran out of work per token on large divisors: `multipleOf: 123457`
+    between 10000 and 1000000 (8 multiples) needed 25 times its default on the first mask, past `_STEP_FUEL`'s
+    last level; their enum costs ~0.1 ms."""
+    for _, key, node in list(walk(schema)):
+        if key != "multipleOf" or id(node) in uncompiled or node.get("type") not in ("integer", ["integer"]) \
+                or set(node) - _PLAIN_NUMBER_KEYWORDS - {"multipleOf"} - ANNOTATIONS:
+            continue
+        step = _step(node["multipleOf"])
+        bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
+        if step is None or step.denominator != 1 or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                                        or not math.isfinite(v) for v in bounds.values()):
+            continue
+        ends = {k: fractions.Fraction(repr(v)) / step for k, v in bounds.items()}
+        firsts = [math.ceil(e) if k == "minimum" else math.floor(e) + 1 for k, e in ends.items() if k in _LOWER_BOUNDS]
+        lasts = [math.floor(e) if k == "maximum" else math.ceil(e) - 1 for k, e in ends.items() if k in _UPPER_BOUNDS]
+        if firsts and lasts and 0 < min(lasts) - max(firsts) + 1 <= _FEW_MULTIPLES:
+            multiples = [int(i * step) for i in range(max(firsts), min(lasts) + 1)]
+            for k in (*bounds, "multipleOf"):
+                del node[k]
+            node["enum"] = multiples
 
 
 def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
@@ -2178,6 +2217,7 @@ class LlgGrammar(Grammar):
         # and share its lexer: its states built once, its limits counted once, and its lock held by each mask, so
         # the rows of one lane are filled one at a time (Grammar.matcher). Lane 0 is parsed here (a grammar
         # llguidance cannot start fails its compile), the others in the background from their first matcher on.
+        self.step_fuel = _STEP_FUEL[0]  # the lexer's work per token in parses from now on (`raise_fuel`)
         self._lanes: dict[int, tuple[llguidance.LLMatcher, int]] = {0: (self._parse(), 0)}
         self._parsing: set[int] = set()
 
@@ -2187,7 +2227,7 @@ class LlgGrammar(Grammar):
         return self._parse_bytes * len(self._lanes)
 
     def _parse(self) -> "llguidance.LLMatcher":
-        proto = _new_parse(self.lltok, self.text)
+        proto = _new_parse(self.lltok, self.text, self.step_fuel)
         if proto.is_error():  # (its lexer's limits at the start: `multipleOf: 1000000007` ran out of fuel)
             raise ConstraintError(f"llguidance cannot start this constraint: {proto.get_error()[:300]}",
                                   code="constraint_too_complex")
@@ -2208,16 +2248,28 @@ class LlgGrammar(Grammar):
             proto, generation = self._lanes[lane]
             return proto.deep_copy(), lane, generation, self.forcing
 
-    def private_parse(self) -> tuple["llguidance.LLMatcher", bool]:
-        """A parse of this grammar for one output alone (its lexer shared with no other), and whether it forces
-        bytes (`stop_forcing`)."""
+    def private_parse(self) -> tuple["llguidance.LLMatcher", bool, int]:
+        """A parse of this grammar for one output alone (its lexer shared with no other), whether it forces
+        bytes (`stop_forcing`), and its lexer's work per token."""
         with self._proto_lock:
-            text, forcing = self.text, self.forcing
-        proto = _new_parse(self.lltok, text)
+            text, forcing, fuel = self.text, self.forcing, self.step_fuel
+        proto = _new_parse(self.lltok, text, fuel)
         if proto.is_error():
             raise ConstraintError(f"llguidance cannot start this constraint: {proto.get_error()[:300]}",
                                   code="constraint_too_complex")
-        return proto, forcing
+        return proto, forcing, fuel
+
+    def raise_fuel(self, spent: int) -> bool:
+        """An output ran out of the lexer's work per token `spent` on a lexer of its own: the parses from now on
+        (the lanes' as their lexers are next spent, and private ones) get the next level of `_STEP_FUEL`, once
+        for all the outputs that ran out of it. False when there is no more to give."""
+        with self._proto_lock:
+            if self.step_fuel <= spent:
+                higher = [fuel for fuel in _STEP_FUEL if fuel > spent]
+                if not higher:
+                    return False
+                self.step_fuel = higher[0]
+            return True
 
     def parsed(self, lane: int) -> bool:
         """Whether `lane` has a parse of its own (its first matchers copied lane 0's until it came)."""
@@ -2225,7 +2277,7 @@ class LlgGrammar(Grammar):
 
     def _parse_lane(self, lane: int, text: str) -> None:
         try:
-            proto = _new_parse(self.lltok, text)
+            proto = _new_parse(self.lltok, text, self.step_fuel)
         except BaseException:  # noqa: BLE001 - the lane's matchers go on copying lane 0's parse
             log.exception("parsing a further lane of an llguidance grammar failed")
             proto = None
@@ -2273,6 +2325,7 @@ class LlgMatcher(Matcher):
         self._lane = lane
         self._m, self._parsed_lane, self._lexer_generation, self._forcing = grammar.fresh_copy(lane)
         self._private = False  # `_m` is a parse of its own (`_on_fresh_lexer`), not a copy of its lane's
+        self._fuel = _STEP_FUEL[0]  # the lexer's work per token in that parse of its own
         self._consumed: list[int] = []  # the output's tokens, to replay on a fresh lexer (`_on_fresh_lexer`)
         self._closing: list[int] | None = None  # a completion from the current state, when known this step
         # `_closing` was carried over from an earlier state (`_still_completes`), not walked from this one: a valid
@@ -2393,8 +2446,7 @@ class LlgMatcher(Matcher):
                     self._closing_kept = False
                 self._closing_len = len(self._closing) if self._closing is not None else None
         self._write_mask(self._m, v)
-        if _lexer_limit(self._m):  # once more on a fresh lexer: if this output itself needs more, it gives up
-            self._on_fresh_lexer()
+        while _lexer_limit(self._m) and self._retried_on_fresh_lexer():
             self._write_mask(self._m, v)
         if self._forcing and self._forced_a_refused_token(out):  # (this copy's parse forces; the grammar's may not)
             self._g.stop_forcing()
@@ -2427,11 +2479,21 @@ class LlgMatcher(Matcher):
         parse, the output that spent the first lexer spent the second too, and the others under way gave up with
         it: 8 requests of 12 that succeed alone were 400s beside such outputs.)"""
         self._g.lexer_spent(self._parsed_lane, self._lexer_generation)
-        self._m, self._forcing = self._g.private_parse()
+        self._m, self._forcing, self._fuel = self._g.private_parse()
         self._lexer_generation, self._private = -1, True  # (-1: `lexer_spent` leaves the lane's parse be)
         if self._consumed:
             self._m.consume_tokens(self._consumed)
             self._raise_if_gave_up()
+
+    def _retried_on_fresh_lexer(self) -> bool:
+        """The lexer ran into its limit as this output asked it for a mask or a token: the output goes on with a
+        fresh one where that can help, a parse of its own where the lexer was its lane's (which other outputs
+        spend too), else one with more work per token (`LlgGrammar.raise_fuel`). False where neither is left:
+        this output itself needs more than the last level, and gives up."""
+        if self._private and not self._g.raise_fuel(self._fuel):
+            return False
+        self._on_fresh_lexer()
+        return True
 
     @property
     def parse_lane(self) -> int:
@@ -2703,24 +2765,29 @@ class LlgMatcher(Matcher):
         """The mask row (uint32 words, EOS included where the output may end) after `tokens`, on a copy of the
         matcher: a check's lookahead. None when the grammar refuses the tokens or gives up after them; a
         ConstraintError when it gives up for the lexer's limits (`_lexer_spent_by`)."""
-        probe = self._m.deep_copy()
         row = torch.zeros(len(self._g._allowed), dtype=torch.int32)
-        if probe.consume_tokens(tokens):
-            self._write_mask(probe, row)
-        limit = _lexer_limit(probe)
-        if limit:
-            self._on_fresh_lexer()
-            raise ConstraintError(f"llguidance: {limit}", code="constraint_too_complex")
-        return None if probe.is_error() else row.numpy().view(np.uint32)
+        while True:
+            probe = self._m.deep_copy()
+            if probe.consume_tokens(tokens):
+                self._write_mask(probe, row)
+            limit = _lexer_limit(probe)
+            if not limit:
+                return None if probe.is_error() else row.numpy().view(np.uint32)
+            if not self._retried_on_fresh_lexer():
+                self._on_fresh_lexer()  # (this matcher's own lexer, spent by the probe: a fresh one for its output)
+                raise ConstraintError(f"llguidance: {limit}", code="constraint_too_complex")
 
     def _lexer_spent_by(self, token_id: int) -> bool:
         """Whether `token_id` is refused for the lexer's limits, not by the grammar (on a copy). The copy shares
-        this matcher's lexer and has spent it too: this matcher goes on with a fresh one (`_on_fresh_lexer`)."""
+        this matcher's lexer and has spent it too: this matcher goes on with a fresh one
+        (`_retried_on_fresh_lexer`), or gives up where none is left."""
         probe = self._m.deep_copy()
         probe.consume_token(token_id)
         if _lexer_limit(probe) is None:
             return False
-        self._on_fresh_lexer()
+        if not self._retried_on_fresh_lexer():  # (its own lexer at the last level: the output gives up on it)
+            self._m = probe
+            self._raise_if_gave_up()
         return True
 
     def accept(self, token_id: int) -> bool:
@@ -2728,12 +2795,9 @@ class LlgMatcher(Matcher):
         vetted, self._vetted = self._vetted, None
         if not (0 <= token_id < len(tb)) or tb[token_id] is None or self._m.is_error():
             return False
-        if self._m.validate_tokens([token_id]) != 1:
+        while self._m.validate_tokens([token_id]) != 1:
             if not self._lexer_spent_by(token_id):
                 return False  # refused by the grammar
-            if self._m.validate_tokens([token_id]) != 1:  # the fresh lexer's limit too: this output gives up
-                self._m.consume_token(token_id)
-                self._raise_if_gave_up()
         carried = vetted is not None and vetted[0] == token_id
         mode = self._keys.mode if self._keys is not None and not self._unfed else None
         self._before_last = (self._closing, tb[token_id], mode) if self._closing and not carried else None
@@ -2742,7 +2806,7 @@ class LlgMatcher(Matcher):
             self._closing_len = len(self._closing)
         if self._keys is not None:
             self._unfed += tb[token_id]
-        if not self._m.consume_token(token_id) and not (_lexer_limit(self._m) and not self._private
+        if not self._m.consume_token(token_id) and not (_lexer_limit(self._m)
                                                         and self._consumed_on_fresh_lexer(token_id)):
             # (a token the check passed that the lexer cannot take: its limit, e.g. `a{1000000}`, gives up here)
             self._raise_if_gave_up()
@@ -2752,9 +2816,13 @@ class LlgMatcher(Matcher):
 
     def _consumed_on_fresh_lexer(self, token_id: int) -> bool:
         """The lexer this matcher shares met its limit as it took `token_id` (validated on the lexer's states so
-        far): the token again on a parse of its own (`_on_fresh_lexer`). Whether it took it there."""
-        self._on_fresh_lexer()
-        return self._m.consume_token(token_id)
+        far): the token again on a fresh parse (`_retried_on_fresh_lexer`). Whether one took it."""
+        while self._retried_on_fresh_lexer():
+            if self._m.consume_token(token_id):
+                return True
+            if not _lexer_limit(self._m):
+                return False
+        return False
 
     def is_terminated(self) -> bool:
         return self._m.is_stopped()

@@ -258,8 +258,25 @@ def test_choices_sharing_subschemas_cost_the_checks_on_finished_values_bounded_w
 
 # A number llguidance follows only by building its lexer's states as the digits come: past `-`, one mask builds
 # more expressions than its lexer may hold ("too many expressions constructed").
-LEXER_PUZZLE = {"type": "number", "exclusiveMinimum": -100000, "exclusiveMaximum": -10000,
+LEXER_PUZZLE = {"type": "number", "exclusiveMinimum": -100000000, "exclusiveMaximum": -10000,
                 "allOf": [{"multipleOf": 6.75}, {"multipleOf": 19}, {"multipleOf": 9.5}, {"multipleOf": 2.125}]}
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "multipleOf": 4096, "minimum": 4096, "maximum": 1073741824},
+    {"type": "integer", "multipleOf": 8721, "exclusiveMinimum": -100000, "exclusiveMaximum": -10000},
+    {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 1000}])
+def test_a_mask_past_llguidance_default_lexer_work_is_built_with_more(gpt2_compiler, vocabs, schema):
+    """llguidance's default lexer work per token (200,000) ran out on the first mask of such numbers, or after
+    their `-`, and on this pattern of up to 100 words: the request compiled, then every answer failed as
+    constraint_too_complex. An output that runs out of it on a lexer of its own now goes on with more (up to
+    `_STEP_FUEL`'s last level), and the grammar keeps the level for the outputs after it."""
+    from constrain.llg_backend import _STEP_FUEL
+
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=schema, backend="llguidance"))
+    assert g.step_fuel == _STEP_FUEL[0]
+    assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=3, walks=6, max_tokens=16) == 6
+    assert g.step_fuel > _STEP_FUEL[0]
 
 
 def test_lexer_limit_fails_only_the_output_that_ran_into_it(gpt2_compiler, vocabs):
@@ -464,7 +481,8 @@ def test_a_constraint_llguidance_cannot_start_is_refused_naming_its_field(gpt2_c
 
     from constrain import ConstraintError, llg_backend, spec_from_request
 
-    monkeypatch.setattr(llg_backend, "_new_parse", lambda lltok, text: llguidance.LLMatcher(lltok, "%%", log_level=0))
+    monkeypatch.setattr(llg_backend, "_new_parse",
+                        lambda lltok, text, fuel: llguidance.LLMatcher(lltok, "%%", log_level=0))
     with pytest.raises(ConstraintError) as refused:
         gpt2_compiler.compile(spec_from_request(response_format={"type": "json_object", "schema": {
             "type": "integer", "minimum": 271828}}))

@@ -17,7 +17,7 @@ from constrain.checked import wrapped
 from constrain.maskbench import walk_instance
 from constrain.plain_keys import PlainKeysGrammar, keys_need_plain_spelling, open_object_at, writes_key_escape
 from constrain.walkbench import ESCAPED_KEY
-from tests.constrain.conftest import allowed_ids, decode
+from tests.constrain.conftest import allowed_ids
 
 OPEN = {"type": "object", "properties": {"a": {"type": "integer"}}}
 PATTERNED = {"type": "object", "patternProperties": {"^x": {"type": "integer"}}}

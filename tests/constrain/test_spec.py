@@ -1031,6 +1031,31 @@ def test_a_range_whose_only_multiples_are_its_ends_takes_them(gpt2_compiler, tok
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=9, walks=10) >= 5
 
 
+@pytest.mark.parametrize("schema, probes", [
+    ({"type": "integer", "multipleOf": 123457, "minimum": 10000, "maximum": 1000000},
+     [123457, 987656, 0, 1111113, 123456, 246913]),
+    ({"type": "integer", "multipleOf": 8721, "exclusiveMinimum": -100000, "exclusiveMaximum": -10000},
+     [-95931, -17442, -26163, -8721, -104652, -26164]),
+    ({"type": "integer", "multipleOf": 3, "minimum": 0.5, "exclusiveMaximum": 9.0}, [3, 6, 0, 9, 4]),
+])
+def test_a_range_of_few_multiples_of_a_large_divisor_takes_them(gpt2_compiler, tokenizers, vocabs, schema, probes):
+    """llguidance's lexer crosses a divisor's remainders with the range's digits: `multipleOf: 123457` between
+    10000 and 1000000 ran out of its work per token on the first mask, at every level we give it (the request
+    compiled, then every answer failed as constraint_too_complex). Few multiples are their enum: each is taken,
+    nothing else is, and answers end valid."""
+    from constrain.llg_backend import llguidance_schema
+    from constrain.walkbench import validator_for
+
+    assert "enum" in llguidance_schema(schema)
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    check = validator_for(schema)
+    grammar = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema",
+        "json_schema": {"name": "x", "schema": document, "strict": True}}, backend="llguidance"))
+    for value in probes:
+        assert accepts_value(grammar, tokenizers["gpt2"], vocabs["gpt2"], value) == check.is_valid(value), value
+    assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=5, walks=10) == 10
+
+
 @pytest.mark.parametrize("schema, refused, taken", [
     ({"type": "number", "exclusiveMaximum": 1}, ["0.99999999999999999", "1"], ["0.999999999999999", "0.5", "0"]),
     ({"exclusiveMinimum": 2.5, "maximum": 3}, ["2.50000000000000001", "2.5"], ["2.50000000000001", "3"]),

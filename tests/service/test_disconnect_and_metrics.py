@@ -64,7 +64,7 @@ def test_a_failed_choice_cancels_its_siblings_of_a_whole_answer(http):
     string llguidance gives up on once it has begun (a 400 mid-output), key `b` a long array: the choices that
     write `b` now leave the batch when the first `a` fails."""
     schema = {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": {
-        "a": {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 1000},
+        "a": {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 10000},
         "b": {"type": "array", "items": {"type": "integer"}, "minItems": 100}}}
     failed = 0
     for seed in range(5):
