@@ -1040,6 +1040,10 @@ def llguidance_schema(schema):
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
+    for _, key, node in list(walk(schema)):
+        if key == "pattern" and id(node) not in uncompiled:
+            for length in undecided_lengths(node):  # (named by `_inexact_keywords`, or refused under strict)
+                del node[length]
     for ptr, key, node in list(walk(schema)):
         value = node.get(key)
         if ptr in narrowed:
@@ -1479,6 +1483,31 @@ def unreadable_pattern(pattern: str) -> str | None:
     return " ".join(messages[-1].split()) if is_error and messages else None
 
 
+def undecided_lengths(node: dict) -> list[str]:
+    """The length bounds of string node `node` that llguidance cannot meet with its `pattern`: it proves that a
+    pattern and a length bound have some string in common within a fixed budget (10,000 states), which an RFC 1123
+    name `^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$` beside `maxLength: 253`
+    runs past ("Unable to determine if regex is empty": a 400, strict or not, where the pattern alone compiles).
+    They are left out of what it compiles (`llguidance_schema`): named unenforced, or under strict a 400 naming
+    them (`_inexact_keywords`)."""
+    pattern, lengths = node.get("pattern"), {k: node[k] for k in ("minLength", "maxLength") if k in node}
+    if not isinstance(pattern, str) or not lengths or unreadable_pattern(pattern) \
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in lengths.values()):
+        return []
+    alone = {"type": "string", "pattern": _quote_safe(portable_pattern(pattern))}
+    if _undecided(json.dumps({**alone, **lengths})) and not _undecided(json.dumps(alone)):
+        return list(lengths)
+    return []
+
+
+@functools.lru_cache(maxsize=4096)
+def _undecided(schema: str) -> bool:
+    """llguidance cannot decide whether some string meets the string schema `schema` (JSON text)."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    return is_error and any(_UNDECIDED_REGEX in m for m in messages)
+
+
 # A `multipleOf` whose digits (less the point and trailing zeros) make more than this is one llguidance cannot read:
 # it builds a state for each remainder of the divisor scaled to an integer, in seconds that grow faster than it and
 # cannot be interrupted (1e5: 0.2 s, 1000003: 5.6 s on Qwen2's vocabulary, 2000006: 23 s, 12345678: 149 s, a request
@@ -1819,6 +1848,14 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
                                       pointer=ptr, code="unsupported_schema")
             found.append(ptr)
+        elif key == "pattern" and id(node) not in uncompiled:
+            for length in undecided_lengths(node):  # (left out of what llguidance compiles: `llguidance_schema`)
+                at = f"{ptr.rsplit('/', 1)[0]}/{length}"
+                if strict:
+                    raise ConstraintError(f"the {length} at {at} cannot be enforced beside the pattern at {ptr}: "
+                                          "llguidance cannot decide within its budget whether some string "
+                                          "meets both", param=param, pointer=at, code="unsupported_schema")
+                found.append(at)
         multiple = _unreadable_multiple_at(node, key) if id(node) not in uncompiled else None
         if multiple is not None:  # (left out of what llguidance compiles: `llguidance_schema`)
             if strict:

@@ -181,3 +181,45 @@ def test_a_pattern_llguidance_cannot_read_is_named_unenforced_or_refused_with_it
         gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend=backend))
     assert refused.value.pointer == "/properties/v/pattern" and refused.value.code == "unsupported_schema"
+
+
+# An RFC 1123 name (Kubernetes' subdomains): llguidance 1.9.1 cannot prove within its budget that it meets a
+# `maxLength: 253` (it does where the last label is written as the others are).
+RFC1123 = r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$"
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_a_length_llguidance_cannot_meet_with_its_pattern_is_named_unenforced_or_refused_with_its_pointer(
+        gpt2_compiler, tokenizers, vocabs, backend):
+    """Such a schema was a 400 whatever `strict` said ("Unable to determine if regex is empty", pointing at no
+    keyword), though the pattern alone and the length alone compile. Without strict the pattern is enforced and the
+    length bound named in `unenforced`, as for a pattern llguidance cannot read; with strict, a 400 naming it."""
+    from tests.constrain.conftest import ended_walks_valid
+
+    schema = _object({"type": "string", "pattern": RFC1123, "maxLength": 253})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend=backend))
+    assert g.unenforced == ("/properties/v/maxLength",)
+    for value, valid in (("api.example.com", True), ("a-b.c9", True), ("api..example.com", False),
+                         ("-api.example.com", False), ("localhost", False), ("API.example.com", False)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    as_enforced = _object({"type": "string", "pattern": RFC1123})
+    assert ended_walks_valid(g, vocabs["gpt2"], as_enforced, seed=4, walks=8, max_tokens=24) == 8
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend=backend))
+    assert refused.value.pointer == "/properties/v/maxLength" and refused.value.code == "unsupported_schema"
+    assert "/properties/v/pattern" in refused.value.message
+
+
+def test_a_length_llguidance_meets_with_its_pattern_stays_enforced(gpt2_compiler, tokenizers, vocabs):
+    """Only the lengths llguidance cannot meet are left out: the same name written label by label keeps its
+    `maxLength` (a 254-character name is refused)."""
+    label = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+    schema = _object({"type": "string", "pattern": rf"^{label}(?:\.{label})+$", "maxLength": 253})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert g.unenforced == ()
+    name = ".".join(["a" * 60] * 4)  # (243 characters)
+    assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], name)
+    assert not accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], name + ".abcdefghij")  # (254)

@@ -345,6 +345,29 @@ def test_tool_parameters_pointers_name_the_tools_entry_over_http(http):
     assert "/1/function/parameters/properties/tags/not" in error["message"]
 
 
+def test_a_hostname_parameter_whose_length_llguidance_cannot_meet_is_called_and_the_length_named(http):
+    """An RFC 1123 name beside `maxLength: 253` (as MCP servers' tools declare domains) was a 400 for the whole
+    request, strict or not: llguidance cannot decide within its budget whether a name meets both. Without strict
+    the call is made, its name matching the pattern, and the length is named; with strict, a 400 naming it."""
+    import re
+
+    name = r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$"
+    params = {"type": "object", "required": ["domain"], "additionalProperties": False,
+              "properties": {"domain": {"type": "string", "pattern": name, "maxLength": 253}}}
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "crawl", "parameters": params}}]
+    body = {"model": MODEL, "messages": ASK, "tools": tools, "max_tokens": 60,
+            "tool_choice": {"type": "function", "function": {"name": "crawl"}}}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-structgen-unenforced"] == "/1/function/parameters/properties/domain/maxLength"
+    [call] = r.json()["choices"][0]["message"]["tool_calls"]
+    assert re.fullmatch(name[1:-1], json.loads(call["function"]["arguments"])["domain"])
+    tools[1]["function"]["strict"] = True
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters"
+    assert "/1/function/parameters/properties/domain/maxLength" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("parameters, pointer", [
     ({"$ref": "#/$defs/a", "$defs": {"a": {"type": "string"}}}, None),
     ({"type": "object", "properties": {"q": {"$ref": "#/$defs/missing"}}}, "/1/function/parameters/properties/q/$ref"),
