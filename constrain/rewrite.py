@@ -2014,6 +2014,8 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
     least = node.get("minContains", 1)
     if _count(least) and "unevaluatedProperties" not in ctx.draft_keywords:  # (before 2019-09: one at least)
         least = max(least, 1)
+    if "contains" in node and "maxContains" in node and _count(least) and "$ref" not in node:
+        return _contains_counted(node, ctx, least)
     if "contains" not in node or not (_count(least) and least >= 1) or "maxContains" in node or "$ref" in node:
         return node
     mx, items = node.get("maxItems"), node.get("items", True)
@@ -2028,6 +2030,33 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
     tuple_key, anything = ("prefixItems", True) if "prefixItems" in ctx.draft_keywords else ("items", {})
     places = [{tuple_key: [node["contains"] if i in chosen else anything for i in range(chosen[-1] + 1)],
                "minItems": chosen[-1] + 1} for chosen in itertools.combinations(range(mx), least)]
+    _add_all_of(out, {"anyOf": places})
+    return out
+
+
+def _contains_counted(node: dict, ctx: _Ctx, least: int) -> dict:
+    """`contains: C` beside `maxContains: M` on an array of at most N items, N <= 8: the items C takes are some
+    set of between `least` (`minContains`, read as `_contains` reads it) and M places, and every other item is
+    not C: an `anyOf` over those sets, each a `prefixItems` of C at its places and not-C between them, not-C after
+    them. Checked late, an item C took past the M-th was refused only once finished, a dead end (`prefixItems:
+    [{type: integer}], contains: {type: string}, maxContains: 1, maxItems: 3` wrote `[1, "a", "b` and could not
+    close). Only where not-C is written without `not` (`_negation`; a `not` is checked late as well), for up to
+    _MAX_CONTAINS_PLACES sets."""
+    most, mx, contains = node["maxContains"], node.get("maxItems"), node["contains"]
+    if not (_count(most) and isinstance(mx, int) and not isinstance(mx, bool) and least <= most
+            and mx <= _MAX_CONTAINS_ITEMS) or isinstance(contains, bool):
+        return node
+    sets = [chosen for k in range(least, min(most, mx) + 1) for chosen in itertools.combinations(range(mx), k)]
+    within = frozenset().union(*(ctx.types(s) for s in _item_schemas(node, ctx)))
+    negation = _negation(contains, ctx, within) if 0 < len(sets) <= _MAX_CONTAINS_PLACES else None
+    if negation is None or isinstance(negation, bool):
+        return node
+    ctx.changed = True
+    out = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
+    tuple_key, rest_key = ("prefixItems", "items") if "prefixItems" in ctx.draft_keywords \
+        else ("items", "additionalItems")
+    places = [{tuple_key: [contains if i in chosen else negation for i in range(chosen[-1] + 1)],
+               "minItems": chosen[-1] + 1, rest_key: negation} if chosen else {"items": negation} for chosen in sets]
     _add_all_of(out, {"anyOf": places})
     return out
 
