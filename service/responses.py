@@ -217,12 +217,19 @@ def tool_calls_json(calls) -> list[dict]:
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def finish_for(choice: ChoiceState, calls, uses_functions: bool = False) -> str:
+def finish_for(choice: ChoiceState, calls, uses_functions: bool = False, named: bool = False) -> str:
     """`calls`: the choice's `ParsedCalls`, or None. (Calls the budget rule closed as `max_tokens` ran out are
-    whole calls: the engine says `length` for tools' output, since text there would be cut.)"""
+    whole calls: the engine says `length` for tools' output, since text there would be cut.) `named`: the request
+    named the function to call (`tool_choice: {"type": "function", ...}`, `function_call: {"name": ...}`), whose
+    call ends as `stop` in OpenAI's API, where `required` and `auto` calls end as `tool_calls`."""
     if calls and calls.complete and choice.finish_reason in ("stop", "length"):
-        return "function_call" if uses_functions else "tool_calls"
+        return "stop" if named else "function_call" if uses_functions else "tool_calls"
     return choice.finish_reason or "stop"
+
+
+def names_its_call(spec) -> bool:
+    """The request named the one function its answer calls (`finish_for`)."""
+    return spec is not None and spec.tool_choice == "named"
 
 
 def function_call_delta(delta: dict) -> dict:
@@ -237,7 +244,7 @@ def function_call_delta(delta: dict) -> dict:
 def chat_body(*, request_id: str, model: str, constraint_backend: str | None, created: int,
               choices: list[ChoiceState], parsed_calls: dict,
               prompt_tokens: int, logprobs: bool, as_ids: bool, uses_functions: bool = False,
-              reasoning: bool = False) -> dict:
+              reasoning: bool = False, named: bool = False) -> dict:
     """`parsed_calls`: index -> `ParsedCalls` of the choices that made tool calls. `uses_functions`: the request
     sent the deprecated `functions`, so a call is the message's `function_call`. `reasoning`: the answer could
     follow a reasoning block, so the message has `reasoning_content` and `reasoning` (null when the model wrote
@@ -259,7 +266,7 @@ def chat_body(*, request_id: str, model: str, constraint_backend: str | None, cr
             message["tool_calls"] = tool_calls_json(calls.calls)
         out.append({"index": c.index, "message": message,
                     "logprobs": chat_logprobs(c.logprobs, as_ids) if logprobs else None,
-                    "finish_reason": finish_for(c, calls, uses_functions)})
+                    "finish_reason": finish_for(c, calls, uses_functions, named)})
     completion = sum(c.completion_tokens for c in choices)
     reasoning_tokens = sum(c.reasoning_tokens for c in choices) if reasoning else None
     return {"id": request_id, "object": "chat.completion", "created": created, "model": model,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from service.errors import APIError, invalid_body, unreadable_body
 from service.generation import ClientGone, Generation, Plan, engine_error, until_done_or_gone
 from service.protocol import ChatCompletionRequest, CompletionRequest, read_body
-from service.responses import ChoiceState, chat_body, completion_body
+from service.responses import ChoiceState, chat_body, completion_body, names_its_call
 from service.sse import chat_stream, completion_stream
 from service.tool_stream import answer_calls
 
@@ -145,7 +145,8 @@ async def chat_completions(request: Request):
         whole = chat_body(request_id=plan.request_id, model=model, constraint_backend=plan.constraint_backend,
                           created=plan.created, choices=states, parsed_calls={k: v for k, v in calls.items() if v},
                           prompt_tokens=plan.prompt_tokens, logprobs=bool(body.logprobs), as_ids=as_ids,
-                          uses_functions=body.uses_functions, reasoning=plan.thinks)
+                          uses_functions=body.uses_functions, reasoning=plan.thinks,
+                          named=names_its_call(plan.spec))
         return ChoicewiseJSONResponse(whole, headers=plan.headers)
 
     return await asyncio.to_thread(answer)  # (see `_states`: off the event loop)

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from service.errors import APIError, error_body
 from service.fingerprint import system_fingerprint
 from service.generation import Generation, Plan, engine_error
-from service.responses import (ChoiceState, TextOffsets, chat_logprobs, echoed_offsets, finish_for,
+from service.responses import (ChoiceState, TextOffsets, chat_logprobs, echoed_offsets, finish_for, names_its_call,
                                function_call_delta, legacy_logprobs, reasoning_fields, token_pairs, usage_dict)
 from service.tool_stream import answer_calls, tool_stream_for
 
@@ -136,7 +136,8 @@ async def chat_stream(gen: Generation, plan: Plan, *, model: str, created: int, 
                 if index in unsaid:  # nothing sent: an empty answer, or a call max_tokens cut before its name
                     cut = answer_calls(calls, state.text, plan.spec, state.finish_reason)
                     last = {"content": (cut.content if cut else state.text) or ""}  # (as chat_body: never null)
-                for chunk in chunk_of(index, last, lp, finish_for(state, calls, uses_functions)):
+                finish = finish_for(state, calls, uses_functions, names_its_call(plan.spec))
+                for chunk in chunk_of(index, last, lp, finish):
                     yield chunk
     except APIError as exc:
         yield _error_chunk(exc)

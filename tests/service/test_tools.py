@@ -146,7 +146,7 @@ def test_named_tool_choice_calls_exactly_that_function(client):
     calls = r.choices[0].message.tool_calls
     _check_calls(calls)
     assert [c.function.name for c in calls] == ["get_time"]
-    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].finish_reason == "stop"  # (OpenAI's API ends a named function's call so; vLLM's too)
 
 
 def test_auto_tool_choice_answers_with_text_or_valid_calls(client):
@@ -163,7 +163,8 @@ def test_auto_tool_choice_answers_with_text_or_valid_calls(client):
 
 def test_text_under_auto_that_max_tokens_cuts_ends_length_and_whole_calls_end_tool_calls(http):
     """The grammar could end anywhere in free text, but text that max_tokens cut was cut: `length`, as with no
-    tools (it said `stop`). Calls the budget rule closes at max_tokens are whole: `tool_calls`."""
+    tools (it said `stop`). Calls the budget rule closes at max_tokens are whole: `tool_calls` (under a named
+    function `stop`, as OpenAI's whole named calls end), never `length`."""
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 12, "ignore_eos": True}
     for seed in (1, 2):
         text = http.post("/v1/chat/completions", json={**body, "seed": seed, "tool_choice": "auto",
@@ -172,12 +173,12 @@ def test_text_under_auto_that_max_tokens_cuts_ends_length_and_whole_calls_end_to
         assert not text["choices"][0]["message"].get("tool_calls")
         assert assert_stream_matches_whole_answer(http, {**body, "seed": seed, "tool_choice": "auto",
                                                          "logit_bias": {OPEN_ARRAY: -100}})["content"]
-    for seed in (1, 2, 3):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for seed, choice, finish in ((1, "required", "tool_calls"), (2, "required", "tool_calls"), (3, named, "stop")):
         calls = http.post("/v1/chat/completions", json={**body, "max_tokens": 40, "seed": seed,
-                                                        "tool_choice": {"type": "function",
-                                                                        "function": {"name": "get_time"}}}).json()
-        choice = calls["choices"][0]
-        assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"], choice
+                                                        "tool_choice": choice}).json()
+        answer = calls["choices"][0]
+        assert answer["finish_reason"] == finish and answer["message"]["tool_calls"], answer
 
 
 def test_calls_max_tokens_cuts_short_come_back_as_their_stream_said(http):
@@ -408,7 +409,7 @@ def test_deprecated_functions_answer_with_one_function_call(http, function_call)
     assert set(call) == {"name", "arguments"} and message["content"] is None
     assert call["name"] == "get_time" or function_call == "auto"
     jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
-    assert choice["finish_reason"] == "function_call"
+    assert choice["finish_reason"] == ("function_call" if function_call == "auto" else "stop")  # (named: `stop`)
 
 
 def test_deprecated_functions_through_the_openai_sdk(client):
@@ -417,7 +418,7 @@ def test_deprecated_functions_through_the_openai_sdk(client):
     message = r.choices[0].message
     assert message.tool_calls is None and message.function_call.name == "get_time"
     jsonschema.validate(json.loads(message.function_call.arguments), TIME)
-    assert r.choices[0].finish_reason == "function_call"
+    assert r.choices[0].finish_reason == "stop"  # (a named function's call, as under tool_choice)
 
 
 def test_deprecated_function_call_streams_as_function_call_deltas(http):
@@ -431,7 +432,7 @@ def test_deprecated_function_call_streams_as_function_call_deltas(http):
     parts = [d["function_call"] for d in deltas if "function_call" in d]
     assert parts[0]["name"] == "get_weather" and all("name" not in p for p in parts[1:])
     jsonschema.validate(json.loads("".join(p.get("arguments", "") for p in parts)), WEATHER)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "function_call"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"  # (named)
 
 
 def test_deprecated_history_and_function_call_none(http):
