@@ -212,6 +212,22 @@ def test_a_length_llguidance_cannot_meet_with_its_pattern_is_named_unenforced_or
     assert "/properties/v/pattern" in refused.value.message
 
 
+def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
+    """`minLength: 1` beside the RFC 1123 name's `maxLength: 253`: llguidance decides the pattern with the
+    minLength alone, and only the maxLength is left out. Both were: the minLength named unenforced, and under
+    strict the 400 pointed at it rather than at the maxLength."""
+    schema = _object({"type": "string", "pattern": RFC1123, "minLength": 5, "maxLength": 253})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == ("/properties/v/maxLength",)
+    for value, valid in (("a.bc", False), ("a.bcd", True), ("api.example.com", True)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == "/properties/v/maxLength"
+
+
 def test_a_length_llguidance_meets_with_its_pattern_stays_enforced(gpt2_compiler, tokenizers, vocabs):
     """Only the lengths llguidance cannot meet are left out: the same name written label by label keeps its
     `maxLength` (a 254-character name is refused)."""
