@@ -2049,7 +2049,9 @@ def _contains_counted(node: dict, ctx: _Ctx, least: int) -> dict:
     sets = [chosen for k in range(least, min(most, mx) + 1) for chosen in itertools.combinations(range(mx), k)]
     within = frozenset().union(*(ctx.types(s) for s in _item_schemas(node, ctx)))
     negation = _negation(contains, ctx, within) if 0 < len(sets) <= _MAX_CONTAINS_PLACES else None
-    if negation is None or isinstance(negation, bool):
+    # (`false`: every item the node allows is C, so the places are those of the first items, where the draft has
+    # boolean subschemas: `items: {enum: ["a", "b"]}, contains: {type: string}, maxContains: 1` wrote `["a", "b`)
+    if negation is None or negation is True or (negation is False and "const" not in ctx.draft_keywords):
         return node
     ctx.changed = True
     out = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}

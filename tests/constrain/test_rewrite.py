@@ -1630,6 +1630,10 @@ def test_items_keywords_checked_late_become_what_the_grammar_holds(schema, valid
       "maxContains": 1, "maxItems": 3}, [[1, "a"], [1, "a", True]], [[1, "a", "b"]]),
     ({"$schema": D2019, "type": "array", "contains": {"enum": ["a", "b"]}, "minContains": 0, "maxContains": 1,
       "maxItems": 4}, [[], [1, "a"], ["c"]], [["a", "b"], ["a", 1, "a"]]),
+    ({"type": "array", "items": {"enum": ["a", "b"]}, "contains": {"type": "string"}, "maxContains": 1,
+      "maxItems": 3}, [["a"], ["b"]], [[], ["a", "b"], ["b", "b", "a"]]),
+    ({"$schema": D7, "type": "array", "items": {"type": "string"}, "contains": {"type": "string"},
+      "minContains": 2, "maxContains": 2, "maxItems": 4}, [["a", "b"]], [[], ["a"], ["a", "b", "c"]]),
 ])
 def test_max_contains_on_a_short_array_is_what_the_grammar_holds(schema, valid, invalid, gpt2_compiler, tokenizers,
                                                                  vocabs):
