@@ -669,10 +669,23 @@ _ROW_ITEMS = 50_000
 _STEP_FUEL = (200_000, 2_000_000)
 
 
+# The lexer's work on a grammar's initial configuration (llguidance's `initial_lexer_fuel`, 1,000,000): a real-world
+# address schema (JSONSchemaBench Github_easy o35866: a `oneOf` of four countries' states, one `not` of their
+# names) needs 2,000,000 ("initial lexer configuration (grammar) too big", a 400 strict or not). It also bounds the
+# expressions a lexer builds on a step: `a{1000000}` gives up after 0.85 s at this level (0.37 s at the default),
+# and at 5,000,000 it went on at ~0.5 s a token.
+_INITIAL_FUEL = 2_000_000
+
+
+def _limits(step_fuel: int = _STEP_FUEL[0]) -> "llguidance.LLParserLimits":
+    """llguidance's limits for our grammars: the same where they are checked and where they are parsed."""
+    return llguidance.LLParserLimits(max_items_in_row=_ROW_ITEMS, step_lexer_fuel=step_fuel,
+                                     initial_lexer_fuel=_INITIAL_FUEL)
+
+
 def _new_parse(lltok, text: str, step_fuel: int = _STEP_FUEL[0]) -> "llguidance.LLMatcher":
     """A matcher of grammar `text` from its start (a parse that copies are made of)."""
-    return llguidance.LLMatcher(lltok, text, log_level=0, limits=llguidance.LLParserLimits(
-        max_items_in_row=_ROW_ITEMS, step_lexer_fuel=step_fuel))
+    return llguidance.LLMatcher(lltok, text, log_level=0, limits=_limits(step_fuel))
 
 
 class _WalkGaveUp(Exception):
@@ -1605,7 +1618,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     imprecise = _inexact_keywords(schema, base_pointer, param, strict_under) if kind == "json" else []
     ignored = set().union(*keywords_ignored_in_draft(schema).values()) if kind == "json" else set()
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
-    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
     unenforced: tuple[str, ...] = tuple(imprecise)
     if is_error or ignored:
         keys, formats, other = _warnings(msgs) if is_error else (set(), set(), [])
@@ -1622,7 +1635,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
                          "flatten its combinations)")
             raise _refusal(f"cannot compile constraint: {said}", msgs, schema, base_pointer, param, code)
         text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
-        lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+        lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
         if not lenient_error:
             keys, formats, other = _warnings(lenient_msgs)
             if other:  # an approximation we cannot name: never compile weaker than asked without saying so
@@ -1930,7 +1943,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
             "text: TEXT\n"
             f"TEXT: /[ \\t\\r\\n]+|[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/{leading}\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
-    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
     return LlgGrammar(lltok, text, vocab, unenforced, string_hints(schema), json_output=True,
@@ -1964,7 +1977,7 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
             f"item: %json {json.dumps({**item, 'x-guidance': options})}\n"
             f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
-    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
     variants = schema["items"].get("anyOf", [schema["items"]])
@@ -2138,7 +2151,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
         f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{HERMES_OPEN}[\\s\\S]*/",
     ]) + "\n"
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
-    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, lltok)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, lltok, limits=_limits())
     if is_error:
         raise ConstraintError(f"cannot compile tools: {'; '.join(msgs)[:500]}", param="tools")
 
