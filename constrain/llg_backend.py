@@ -1248,17 +1248,28 @@ def _few_multiples_as_enum(schema, uncompiled: set[int]) -> None:
             continue
         step = _step(node["multipleOf"])
         bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
-        if step is None or step.denominator != 1 or any(isinstance(v, bool) or not isinstance(v, (int, float))
-                                                        or not math.isfinite(v) for v in bounds.values()):
+        if step is None or step.denominator != 1 \
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bounds.values()):
             continue
-        ends = {k: fractions.Fraction(repr(v)) / step for k, v in bounds.items()}
-        firsts = [math.ceil(e) if k == "minimum" else math.floor(e) + 1 for k, e in ends.items() if k in _LOWER_BOUNDS]
-        lasts = [math.floor(e) if k == "maximum" else math.ceil(e) - 1 for k, e in ends.items() if k in _UPPER_BOUNDS]
-        if firsts and lasts and 0 < min(lasts) - max(firsts) + 1 <= _FEW_MULTIPLES:
-            multiples = [int(i * step) for i in range(max(firsts), min(lasts) + 1)]
+        indices = _multiple_indices(bounds, node["multipleOf"])
+        if indices is not None and 0 < indices[1] - indices[0] + 1 <= _FEW_MULTIPLES:
+            multiples = [int(i * step) for i in range(indices[0], indices[1] + 1)]
             for k in (*bounds, "multipleOf"):
                 del node[k]
             node["enum"] = multiples
+
+
+def _multiple_indices(bounds: dict, step: int | float) -> tuple[int, int] | None:
+    """(first, last): the multiples of `step` within `bounds` (finite numbers) are i * step for i from first to
+    last, decided in decimal (as the schema spells them, not in binary floats); None without a bound on each
+    side, or with one that is not finite."""
+    if not all(math.isfinite(v) for v in bounds.values()):
+        return None
+    exact = fractions.Fraction(repr(step))
+    ends = {k: fractions.Fraction(repr(v)) / exact for k, v in bounds.items()}
+    firsts = [math.ceil(e) if k == "minimum" else math.floor(e) + 1 for k, e in ends.items() if k in _LOWER_BOUNDS]
+    lasts = [math.floor(e) if k == "maximum" else math.ceil(e) - 1 for k, e in ends.items() if k in _UPPER_BOUNDS]
+    return (max(firsts), min(lasts)) if firsts and lasts else None
 
 
 def _add_bound_prefixes(schema, uncompiled: set[int]) -> None:
@@ -1298,14 +1309,12 @@ def _multiples_it_misses(node: dict, bounds: dict, step: int | float) -> list[de
     floats (0.3 / 0.1 is 2.9999999999999996), and refused the schema `minimum: 0.25, maximum: 0.3, multipleOf: 0.1`
     ("range [0.30000000000000004, 0.2] does not contain a multiple of 0.1"), or left out the member holding it.
     Its floats miss a multiple by at most one at each end: only a range of at most two is asked about."""
-    lower = [(decimal.Decimal(repr(v)), k) for k, v in bounds.items() if k in _LOWER_BOUNDS]
-    upper = [(decimal.Decimal(repr(v)), k) for k, v in bounds.items() if k in _UPPER_BOUNDS]
-    if not (lower and upper):
+    indices = _multiple_indices(bounds, step)
+    if indices is None:
         return []
+    first, last = indices
     exact = decimal.Decimal(repr(step))
     with decimal.localcontext(decimal.Context(prec=60)):
-        first = max(math.ceil(v / exact) + (k == "exclusiveMinimum" and v % exact == 0) for v, k in lower)
-        last = min(math.floor(v / exact) - (k == "exclusiveMaximum" and v % exact == 0) for v, k in upper)
         multiples = [i * exact for i in range(first, last + 1)] if last - first < 2 else []
     if not multiples or not _range_refused(json.dumps({**node, "type": "number"}, sort_keys=True)):
         return []
@@ -1504,10 +1513,11 @@ def undecided_lengths(node: dict) -> list[str]:
     They are left out of what it compiles (`llguidance_schema`): named unenforced, or under strict a 400 naming
     them (`_inexact_keywords`)."""
     pattern, lengths = node.get("pattern"), {k: node[k] for k in ("minLength", "maxLength") if k in node}
-    if not isinstance(pattern, str) or not lengths or unreadable_pattern(pattern) \
+    if not isinstance(pattern, str) or not lengths \
             or any(isinstance(v, bool) or not isinstance(v, int) for v in lengths.values()):
         return []
-    alone = {"type": "string", "pattern": _quote_safe(portable_pattern(pattern))}
+    alone = {"type": "string", "pattern": _quote_safe(portable_pattern(pattern))}  # (one it cannot read: no such
+    # refusal, and the pattern is left out, `unreadable_pattern`)
     if not _undecided(json.dumps({**alone, **lengths})) or _undecided(json.dumps(alone)):
         return []
     # (only the bounds that cost it: `minLength: 1` beside that name's `maxLength: 253` is decided, and was left

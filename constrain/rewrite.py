@@ -2016,7 +2016,7 @@ def _contains(node: dict, ctx: _Ctx) -> dict:
         least = max(least, 1)
     if "contains" in node and "maxContains" in node and _count(least) and "$ref" not in node:
         return _contains_counted(node, ctx, least)
-    if "contains" not in node or not (_count(least) and least >= 1) or "maxContains" in node or "$ref" in node:
+    if "contains" not in node or not (_count(least) and least >= 1) or "$ref" in node:
         return node
     mx, items = node.get("maxItems"), node.get("items", True)
     if not (isinstance(mx, int) and not isinstance(mx, bool) and least <= mx <= _MAX_CONTAINS_ITEMS) \
