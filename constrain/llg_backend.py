@@ -1241,22 +1241,33 @@ def _few_multiples_as_enum(schema, uncompiled: set[int]) -> None:
     at most _FEW_MULTIPLES multiples, becomes `enum` of them, in place. llguidance's lexer crosses the divisor's
     remainders with the range's digits, and ran out of work per token on large divisors: `multipleOf: 123457`
     between 10000 and 1000000 (8 multiples) needed 25 times its default on the first mask, past `_STEP_FUEL`'s
-    last level; their enum costs ~0.1 ms."""
+    last level; their enum costs ~0.1 ms. A divisor llguidance cannot read at all is written so too, where it
+    would otherwise be left out (`_unreadable_multiple_at`)."""
     for _, key, node in list(walk(schema)):
-        if key != "multipleOf" or id(node) in uncompiled or node.get("type") not in ("integer", ["integer"]) \
-                or set(node) - _PLAIN_NUMBER_KEYWORDS - {"multipleOf"} - ANNOTATIONS:
+        if key != "multipleOf" or id(node) in uncompiled:
             continue
-        step = _step(node["multipleOf"])
-        bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
-        if step is None or step.denominator != 1 \
-                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bounds.values()):
-            continue
-        indices = _multiple_indices(bounds, node["multipleOf"])
-        if indices is not None and 0 < indices[1] - indices[0] + 1 <= _FEW_MULTIPLES:
-            multiples = [int(i * step) for i in range(indices[0], indices[1] + 1)]
-            for k in (*bounds, "multipleOf"):
+        multiples = _few_multiples(node)
+        if multiples is not None:
+            for k in set(node) & (_PLAIN_NUMBER_KEYWORDS - {"type"} | {"multipleOf"}):
                 del node[k]
             node["enum"] = multiples
+
+
+def _few_multiples(node: dict) -> list[int] | None:
+    """The multiples an integer node of a whole `multipleOf`, bounds on both sides and nothing else takes, where
+    they are at most _FEW_MULTIPLES (`_few_multiples_as_enum`); else None."""
+    if node.get("type") not in ("integer", ["integer"]) or set(node) - _PLAIN_NUMBER_KEYWORDS - {"multipleOf"} \
+            - ANNOTATIONS:
+        return None
+    step = _step(node["multipleOf"])
+    bounds = {k: node[k] for k in _PLAIN_NUMBER_KEYWORDS - {"type"} if k in node}
+    if step is None or step.denominator != 1 \
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bounds.values()):
+        return None
+    indices = _multiple_indices(bounds, node["multipleOf"])
+    if indices is None or not 0 < indices[1] - indices[0] + 1 <= _FEW_MULTIPLES:
+        return None
+    return [int(i * step) for i in range(indices[0], indices[1] + 1)]
 
 
 def _multiple_indices(bounds: dict, step: int | float) -> tuple[int, int] | None:
@@ -1563,10 +1574,13 @@ def unreadable_multiple(divisor: float) -> str | None:
 
 
 def _unreadable_multiple_at(node: dict, key: str) -> str | None:
+    """Why llguidance cannot enforce the node's `multipleOf`; None where it reads it, or where the node's few
+    multiples are written as their enum instead (`_few_multiples_as_enum`)."""
     value = node.get(key)
     if key != "multipleOf" or isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         return None
-    return unreadable_multiple(value)
+    reason = unreadable_multiple(value)
+    return None if reason is None or _few_multiples(node) is not None else reason
 
 
 def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:

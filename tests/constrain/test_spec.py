@@ -1037,6 +1037,9 @@ def test_a_range_whose_only_multiples_are_its_ends_takes_them(gpt2_compiler, tok
     ({"type": "integer", "multipleOf": 8721, "exclusiveMinimum": -100000, "exclusiveMaximum": -10000},
      [-95931, -17442, -26163, -8721, -104652, -26164]),
     ({"type": "integer", "multipleOf": 3, "minimum": 0.5, "exclusiveMaximum": 9.0}, [3, 6, 0, 9, 4]),
+    # (a divisor llguidance cannot read at all, 12,345,678 remainders: left out, a 400 under strict; QA review F4)
+    ({"type": "integer", "multipleOf": 12345678, "minimum": 0, "maximum": 10 ** 9},
+     [0, 12345678, 987654240, 12345679, 1000000000, -12345678]),
 ])
 def test_a_range_of_few_multiples_of_a_large_divisor_takes_them(gpt2_compiler, tokenizers, vocabs, schema, probes):
     """llguidance's lexer crosses a divisor's remainders with the range's digits: `multipleOf: 123457` between
