@@ -1053,8 +1053,10 @@ def llguidance_schema(schema):
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
+    probed: set[int] = set()
     for _, key, node in list(walk(schema)):
-        if key == "pattern" and id(node) not in uncompiled:
+        if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
+            probed.add(id(node))
             for length in undecided_lengths(node):  # (named by `_inexact_keywords`, or refused under strict)
                 del node[length]
     for ptr, key, node in list(walk(schema)):
@@ -1517,18 +1519,20 @@ def unreadable_pattern(pattern: str) -> str | None:
 
 
 def undecided_lengths(node: dict) -> list[str]:
-    """The length bounds of string node `node` that llguidance cannot meet with its `pattern`: it proves that a
-    pattern and a length bound have some string in common within a fixed budget (10,000 states), which an RFC 1123
-    name `^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$` beside `maxLength: 253`
-    runs past ("Unable to determine if regex is empty": a 400, strict or not, where the pattern alone compiles).
-    They are left out of what it compiles (`llguidance_schema`): named unenforced, or under strict a 400 naming
-    them (`_inexact_keywords`)."""
-    pattern, lengths = node.get("pattern"), {k: node[k] for k in ("minLength", "maxLength") if k in node}
-    if not isinstance(pattern, str) or not lengths \
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in lengths.values()):
+    """The length bounds of string node `node` that llguidance cannot meet with the patterns that meet there
+    (`_meeting_patterns`): it proves that patterns and a length bound have some string in common within a fixed
+    budget (10,000 states), which an RFC 1123 name
+    `^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$` beside `maxLength: 253` runs
+    past ("Unable to determine if regex is empty": a 400, strict or not, where the pattern alone compiles), and so
+    did `pattern: "@example\\.com$"` beside `format: email` (an `allOf` member's pattern by then) and `maxLength:
+    100`. They are left out of what it compiles (`llguidance_schema`): named unenforced, or under strict a 400
+    naming them (`_inexact_keywords`)."""
+    lengths = {k: node[k] for k in _LENGTHS if k in node}
+    meeting = [one for _, one in _meeting_patterns(node)]
+    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) for v in lengths.values()) \
+            or not any("pattern" in one for one in meeting):
         return []
-    alone = {"type": "string", "pattern": _quote_safe(portable_pattern(pattern))}  # (one it cannot read: no such
-    # refusal, and the pattern is left out, `unreadable_pattern`)
+    alone = {"type": "string", "allOf": meeting}
     if not _undecided(json.dumps({**alone, **lengths})) or _undecided(json.dumps(alone)):
         return []
     # (only the bounds that cost it: `minLength: 1` beside that name's `maxLength: 253` is decided, and was left
@@ -1537,6 +1541,24 @@ def undecided_lengths(node: dict) -> list[str]:
     if len(kept) > 1 and _undecided(json.dumps({**alone, **kept})):
         kept = {}
     return [k for k in lengths if k not in kept]
+
+
+_LENGTHS = ("minLength", "maxLength")
+
+
+def _meeting_patterns(node: dict) -> list[tuple[str, dict]]:
+    """(pointer below `node`, a one-keyword schema) for each `pattern` and `format` that a string of `node` meets:
+    its own and those of its `allOf` members (where the rewrites put a `format` they spell as a pattern). A
+    pattern is written as llguidance is given it (one it cannot read gives no "undecided" refusal, and is left
+    out: `unreadable_pattern`)."""
+    members = node.get("allOf") if isinstance(node.get("allOf"), list) else []
+    out = []
+    for at, holder in [("", node), *((f"/allOf/{i}", m) for i, m in enumerate(members) if isinstance(m, dict))]:
+        if isinstance(holder.get("pattern"), str):
+            out.append((f"{at}/pattern", {"pattern": _quote_safe(portable_pattern(holder["pattern"]))}))
+        if isinstance(holder.get("format"), str):
+            out.append((f"{at}/format", {"format": holder["format"]}))
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1874,6 +1896,7 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
     found = []
     uncompiled = _uncompiled_nodes(schema)
     narrowed = _narrowed_bounds(schema, base_pointer)
+    probed: set[int] = set()  # (string nodes whose lengths were asked about)
     for ptr, key, node in walk(schema, base_pointer):
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
         reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) \
@@ -1890,14 +1913,17 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
                                       pointer=ptr, code="unsupported_schema")
             found.append(ptr)
-        elif key == "pattern" and id(node) not in uncompiled:
+        if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
+            probed.add(id(node))
+            here = ptr.rsplit("/", 1)[0]
             for length in undecided_lengths(node):  # (left out of what llguidance compiles: `llguidance_schema`)
-                at = f"{ptr.rsplit('/', 1)[0]}/{length}"
                 if strict:
-                    raise ConstraintError(f"the {length} at {at} cannot be enforced beside the pattern at {ptr}: "
-                                          "llguidance cannot decide within its budget whether some string "
-                                          "meets both", param=param, pointer=at, code="unsupported_schema")
-                found.append(at)
+                    beside = f"the pattern at {here}/pattern" if "pattern" in node else f"the patterns of {here}/allOf"
+                    raise ConstraintError(f"the {length} at {here}/{length} cannot be enforced beside {beside} (and "
+                                          "the other patterns and formats its strings must match): llguidance "
+                                          "cannot decide within its budget whether some string meets them all",
+                                          param=param, pointer=f"{here}/{length}", code="unsupported_schema")
+                found.append(f"{here}/{length}")
         multiple = _unreadable_multiple_at(node, key) if id(node) not in uncompiled else None
         if multiple is not None:  # (left out of what llguidance compiles: `llguidance_schema`)
             if strict:

@@ -212,6 +212,40 @@ def test_a_length_llguidance_cannot_meet_with_its_pattern_is_named_unenforced_or
     assert "/properties/v/pattern" in refused.value.message
 
 
+def test_a_length_llguidance_cannot_meet_with_a_pattern_and_a_format_is_named_unenforced_or_refused(
+        gpt2_compiler, tokenizers, vocabs):
+    """Addresses of one domain (`format: email`, `pattern: "@example\\.com$"`) beside `maxLength: 100`: the pattern
+    and the format meet, and llguidance cannot prove within its budget that the length meets both. It was a 400
+    strict or not, as the probe asked about the pattern alone, which decides it."""
+    schema = _object({"type": "string", "format": "email", "pattern": r"@example\.com$", "maxLength": 100})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == ("/properties/v/maxLength",)
+    for value, valid in (("ann@example.com", True), ("ann@example.org", False), ("ann example.com", False),
+                         ("a b@example.com", False)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == "/properties/v/maxLength" and refused.value.code == "unsupported_schema"
+
+
+def test_a_length_llguidance_cannot_meet_with_an_all_of_members_pattern_is_named_unenforced_or_refused(
+        gpt2_compiler, tokenizers, vocabs):
+    """The RFC 1123 name in an `allOf` member, `maxLength: 253` beside the `allOf`: only a node's own pattern was
+    asked about, and the schema was a 400 strict or not."""
+    schema = _object({"type": "string", "maxLength": 253, "allOf": [{"pattern": RFC1123}]})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == ("/properties/v/maxLength",)
+    for value, valid in (("api.example.com", True), ("api..example.com", False), ("localhost", False)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == "/properties/v/maxLength" and "/properties/v/allOf" in refused.value.message
+
+
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
     """`minLength: 1` beside the RFC 1123 name's `maxLength: 253`: llguidance decides the pattern with the
     minLength alone, and only the maxLength is left out. Both were: the minLength named unenforced, and under
