@@ -39,6 +39,7 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
   that are `if`/`then` on one property's `const` become one `anyOf` together (`_discriminated_conditionals`);
 - an integer node between bounds of at most 1,024 integers that still holds a `not` or `if` (none of the forms
   above) becomes the `enum` of the integers it accepts (constrain/finite_values.py);
+- a `patternProperties` pattern whose schema asserts nothing, where other names may hold anything too, is dropped;
 - a `$ref` whose target accepts nothing becomes `false` (`_references_to_nothing`);
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
   `maxItems: 1` when every item must equal one constant; over items of at most 64 values (constrain/finite_values.py)
@@ -2454,9 +2455,20 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
     llguidance unrolls until it gives up mid-output) becomes the anchored pattern of the same names
     (`regex_sets.search_region`). Overlapping ones (llguidance wants them disjoint): one pattern per region of
     names matched by exactly a set R of the patterns, with the schemas of R together (an `allOf`). A name matched
-    by several patterns must pass each of their schemas: so it does in its region."""
+    by several patterns must pass each of their schemas: so it does in its region. A pattern whose schema
+    asserts nothing, where other names may hold anything too, says nothing and goes (`"^$[a-zA-Z0-9$_]*$":
+    {"description": "reserved"}`, a `$` llguidance refused mid-pattern, made a real-world schema a 400)."""
     pp = node.get("patternProperties")
-    if not isinstance(pp, dict) or not pp or len(pp) > _MAX_PATTERN_PROPERTIES:
+    if not isinstance(pp, dict) or not pp:
+        return node
+    if node.get("additionalProperties", True) in (True, {}) and not _has_key(ctx.root, "unevaluatedProperties") \
+            and any(_says_nothing(schema) for schema in pp.values()):
+        ctx.changed = True
+        pp = {p: schema for p, schema in pp.items() if not _says_nothing(schema)}
+        node = {k: pp if k == "patternProperties" else v for k, v in node.items() if k != "patternProperties" or pp}
+        if not pp:
+            return node
+    if len(pp) > _MAX_PATTERN_PROPERTIES:
         return node
     regions = {p: search_region(p, ctx.regex_work) for p in pp}
     if any(regions.values()) and len({regions[p] or p for p in pp}) == len(pp):
@@ -2474,6 +2486,11 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
         schemas = [pp[patterns[i]] for i in sorted(members)]
         out[region] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
     return {**node, "patternProperties": out}
+
+
+def _says_nothing(schema: Any) -> bool:
+    """`schema` accepts every value: `true`, or nothing but annotations."""
+    return schema is True or (isinstance(schema, dict) and set(schema) <= _ANNOT - {"$defs", "definitions"})
 
 
 def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:

@@ -618,6 +618,29 @@ def test_a_one_of_of_few_arrays_or_objects_becomes_the_enum_of_the_values_it_tak
     assert rewrite_schema(named)["properties"]["v"] == none  # (a `$ref` names a branch: it stays)
 
 
+RESERVED = {"type": "object", "properties": {"id": {"type": "string"}},
+            "patternProperties": {"^$[a-zA-Z0-9$_]*$": {"description": "reserved, temporary properties"},
+                                  "^_[a-z]*$": {"type": "integer"}}}
+
+
+def test_a_pattern_property_that_asserts_nothing_beside_open_other_names_goes(gpt2_compiler):
+    """A real-world schema's `"^$[a-zA-Z0-9$_]*$": {"description": ...}` (JSONSchemaBench Github_medium o12562): a
+    `$` mid-pattern, which llguidance refused, made the request a 400, though the pattern says nothing where other
+    names may hold anything too."""
+    out = rewrite_schema(RESERVED)
+    assert out == {**RESERVED, "patternProperties": {"^_[a-z]*$": {"type": "integer"}}}
+    _same(RESERVED, out, DOCS + [{"$a": [1]}, {"_a": "x"}, {"_a": 1, "b": None}])
+    gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(RESERVED), strict=True,
+                                         backend="llguidance"))
+    closed = {**RESERVED, "additionalProperties": False}  # (there the pattern lets its names in)
+    assert rewrite_schema(closed) == closed
+    # (there it evaluates its names)
+    counted = {"anyOf": [RESERVED, {"required": ["q"]}], "unevaluatedProperties": False}
+    assert rewrite_schema(counted)["anyOf"][0]["patternProperties"] == RESERVED["patternProperties"]
+    counted = {"allOf": [RESERVED], "unevaluatedProperties": False}
+    _same(counted, rewrite_schema(counted), DOCS + [{"$a": [1]}, {"_a": 1, "b": None}, {"$": 1}])
+
+
 ODD_THIRTEENS = {"type": "integer", "minimum": 100, "maximum": 999, "multipleOf": 13, "not": {"multipleOf": 2}}
 
 
