@@ -312,9 +312,20 @@ class _Ctx:
         # the root's, too, and those in subschemas only a `$ref` reaches (QA review8 F2)
         self.ref_sources = _ref_sources(root)
         self.here = ""  # the pointer of the node the rewrite steps are given (`_rewrite`)
+        self.one_ofs_apart: dict[str, bool] = {}  # (`one_of_apart`, by pointer)
 
     def resolve(self, ref: Any) -> Any:
         return resolve_ref(self.root, ref)
+
+    def one_of_apart(self, ptr: str) -> bool:
+        """The node at `ptr` holds a `oneOf` whose branches take values of pairwise disjoint types (`_asserted`)."""
+        if ptr not in self.one_ofs_apart:
+            node = self.resolve("#" + ptr)
+            branches = node.get("oneOf") if isinstance(node, dict) else None
+            kinds = [self.types(b) for b in branches] if isinstance(branches, list) else None
+            self.one_ofs_apart[ptr] = kinds is not None and all(
+                not (a & b) for i, a in enumerate(kinds) for b in kinds[i + 1:])
+        return self.one_ofs_apart[ptr]
 
     def is_valid(self, schema: Any, value: Any) -> bool:
         return self.validator.evolve(schema=schema).is_valid(value)
@@ -1436,18 +1447,24 @@ _UNASSERTED = frozenset({"not", "if", "oneOf", "contains"})
 
 
 def _asserted(ptr: str, ctx: _Ctx) -> bool:
-    return _asserted_among(ptr, ctx.ref_sources)
+    return _asserted_among(ptr, ctx.ref_sources, ctx.one_of_apart)
 
 
-def _asserted_among(ptr: str, ref_sources: list[tuple[str, str]]) -> bool:
+def _asserted_among(ptr: str, ref_sources: list[tuple[str, str]],
+                    one_of_apart: Callable[[str], bool] | None = None) -> bool:
     """Whether the node at `ptr` only asserts what it holds: no `not`, `if`, `oneOf` or `contains` on its way from
     the root, nor on the way to any `$ref` to it or to a node it is in, and so on back. Any node's: a `$ref` to
     `#/properties/a`, or `#`, from under a `not` negates it too (QA review8 F2). A definition no `$ref` reaches is
-    not asserted; a `$ref` reached again (a recursive schema) adds no way in that the others do not hold."""
+    not asserted; a `$ref` reached again (a recursive schema) adds no way in that the others do not hold. A
+    `oneOf` whose branches `one_of_apart` finds of disjoint types asserts them as an `anyOf` would: no value meets
+    two, so one held to more is still valid."""
     seen, work = {ptr}, [ptr]
     while work:
         parts = (at := work.pop()).split("/")[1:]
-        if _UNASSERTED.intersection(parts):  # (a property so named counts too: left to the checks, never wrong)
+        # (a property so named counts too: left to the checks, never wrong)
+        if any(part in _UNASSERTED and not (part == "oneOf" and one_of_apart is not None
+                                            and one_of_apart("".join(f"/{p}" for p in parts[:i])))
+               for i, part in enumerate(parts)):
             return False
         sources = [source for source, target in ref_sources if at == target or at.startswith(target + "/")]
         if not sources and parts[:1] in (["$defs"], ["definitions"]):

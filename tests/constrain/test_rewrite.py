@@ -880,6 +880,26 @@ def test_lookaheads_are_never_spelled_to_take_what_a_dialect_refuses(schema, ref
         assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], refused) or not strict and g.unenforced
 
 
+def test_a_one_of_whose_branches_take_disjoint_types_asserts_them(gpt2_compiler, tokenizers, vocabs):
+    """No value meets two such branches, so one held to more is still valid, as in an `anyOf`: a lookahead pattern
+    in `oneOf: [string, integer]` was left as written, named unenforced (a 400 under strict), and a lookahead name
+    in `oneOf: [object, array]` was a 400 strict or not (JsonSchemaStore's web-types, through its `oneOf`s)."""
+    for schema, valid, invalid in (
+            (_value({"oneOf": [{"type": "string", "pattern": "^(?!x-)\\w+$"}, {"type": "integer"}]}),
+             [{"v": "ab"}, {"v": 5}], [{"v": "x-a"}, {"v": 5.5}]),
+            (_value({"oneOf": [{"type": "object", "patternProperties": {"^(?!x-).*$": {"type": "integer"}}},
+                               {"type": "array"}]}),
+             [{"v": {"a": 1}}, {"v": {"x-a": "s"}}, {"v": []}], [{"v": {"a": "s"}}, {"v": 1}])):
+        g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                                 backend="llguidance"))
+        assert g.unenforced == ()
+        assert [d for d in valid if not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+        assert [d for d in invalid if accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], d)] == []
+        assert ended_walks_valid(g, vocabs["gpt2"], schema, seed=2, walks=8, max_tokens=30) > 0
+    overlapping = _value({"oneOf": [{"type": "string", "pattern": "^(?!x-)\\w+$"}, {"type": "string", "maxLength": 2}]})
+    assert rewrite_schema(overlapping)["properties"]["v"]["oneOf"][0]["pattern"] == "^(?!x-)\\w+$"
+
+
 def test_a_lookahead_pattern_every_way_to_which_asserts_it_is_still_rewritten():
     """`_asserted` follows every `$ref`, `#` included (QA review8 F2): a recursive schema's `$ref` back to a node
     it is in adds no negation, and its patterns are still folded; one from under a `not` leaves them as written."""
