@@ -362,6 +362,16 @@ class SamplingFields(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _one_output_limit(self):
+        """Both limits sent must agree: one was silently dropped (`max_completion_tokens` won), where OpenAI refuses
+        the pair. The same value twice, as vLLM-style clients send it, asks one thing and is taken."""
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise ParamError("max_tokens", f"`max_tokens` ({self.max_tokens}) and `max_completion_tokens` "
+                             f"({self.max_completion_tokens}) set different limits: send one of them",
+                             code="invalid_parameter_combination")
+        return self
+
+    @model_validator(mode="after")
     def _stream_options_with_stream(self):
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "`stream_options` is only allowed when `stream` is true")
@@ -375,7 +385,8 @@ class SamplingFields(BaseModel):
 
     @property
     def tokens_field(self) -> str:
-        """The field that sets the output's limit: `max_completion_tokens` where sent (it wins), else `max_tokens`."""
+        """The field that sets the output's limit: `max_completion_tokens` where sent, else `max_tokens` (both sent hold
+        one value: `_one_output_limit`)."""
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     @property

@@ -126,6 +126,20 @@ def test_checks_across_fields_name_their_parameter(http, body, param):
     assert not error["message"].startswith("invalid value for"), error  # the check's own sentence
 
 
+@pytest.mark.parametrize("route, body", [("/v1/chat/completions", {"messages": HELLO}),
+                                         ("/v1/completions", {"prompt": "x"})])
+def test_max_tokens_and_max_completion_tokens_that_differ_are_a_400_and_one_value_twice_is_served(http, route, body):
+    """Two different limits were served as `max_completion_tokens`, `max_tokens` dropped without a word (OpenAI
+    refuses the pair, as `invalid_parameter_combination`); the same value in both, as the vLLM-style completions
+    page's example sends it, is one limit."""
+    error = _assert_error(http.post(route, json={"model": MODEL, **body, "max_tokens": 5,
+                                                 "max_completion_tokens": 2}), 400, "max_tokens")
+    assert error["code"] == "invalid_parameter_combination"
+    r = http.post(route, json={"model": MODEL, **body, "max_tokens": 2, "max_completion_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 2
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0].function.name"),
