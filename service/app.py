@@ -1,7 +1,7 @@
 """The FastAPI application: routes over typed models. No tensors and no grammar logic here.
 
 Wires the engine and the grammar compiler in a lifespan (engine start/shutdown, named schemas precompiled at
-start-up), the OpenAI error shape, bearer auth, the body limit and /metrics.
+start-up), the OpenAI error shape, bearer auth, the body limit, CORS where asked and /metrics.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from urllib.parse import unquote, urlsplit
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
 import constrain
@@ -28,6 +29,10 @@ from service.metrics import CONTENT_TYPE, Metrics
 from service.routes import router
 
 log = logging.getLogger(__name__)
+
+# The headers of an answer a browser page's script may read (`--allowed-origins`): the SDKs read the request id
+EXPOSED_HEADERS = ["x-request-id", "x-structgen-constraint-backend", "x-structgen-ignored-fields",
+                   "x-structgen-unenforced"]
 
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}
 
@@ -186,6 +191,12 @@ def create_app(config: ServerConfig, loaded: LoadedModel) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes,
                        max_body_seconds=config.max_body_seconds)
     app.add_middleware(BearerAuth, api_key=config.api_key)
+    if config.allowed_origins:
+        # (outside auth: a browser's preflight carries no key; inside the ids and counts. A 401 or an error names
+        # its origin too, so the page's script can read why)
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins.split(","),
+                           allow_methods=["GET", "HEAD", "POST"], allow_headers=["*"],
+                           expose_headers=EXPOSED_HEADERS, max_age=600)
     app.add_middleware(_CountRequests, metrics=metrics)
     app.add_middleware(_RequestIds)
     app.add_middleware(_OriginForm)

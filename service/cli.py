@@ -16,6 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import fields  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -62,6 +63,17 @@ def _api_key(text: str) -> str:
     return text
 
 
+def _origins(text: str) -> str:
+    """`--allowed-origins`: `*`, or origins as a browser sends them (`https://app.example`, `http://localhost:3000`),
+    comma-separated; written back as one comma-separated list."""
+    origins = [o.strip() for o in text.split(",")]
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise argparse.ArgumentTypeError(f"not an origin: {origin!r} (write scheme://host[:port], no path, "
+                                             "or '*')")
+    return ",".join(origins)
+
+
 def _port(text: str) -> int:
     value = _positive_int(text)
     if value > 65535:
@@ -102,6 +114,9 @@ def _add_serve(subparsers) -> None:
     p.add_argument("--api-key", type=_api_key, default=_default("api_key"),
                    help="require 'Authorization: Bearer KEY' (default: "
                         + ("the key in STRUCTGEN_API_KEY)" if key_set else "none, every request is served)"))
+    p.add_argument("--allowed-origins", type=_origins, default=_default("allowed_origins"),
+                   help="answer browsers' CORS requests from these origins (comma-separated, or '*' for any), so a "
+                        "web page's script may call the API as it calls OpenAI's (default: none, browsers refused)")
     p.add_argument("--device", default=_default("device"),
                    help="auto, cpu, cuda, cuda:N, mps (where torch has it); auto takes cuda where there is "
                         "one (default: %(default)s)")

@@ -16,6 +16,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    allowed_origins: str | None = None  # CORS: comma-separated origins (or "*") whose pages may call the API
     device: str = "auto"
     dtype: str = "auto"
     max_batch_size: int = 16

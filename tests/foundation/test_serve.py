@@ -76,7 +76,8 @@ def test_directory_without_a_model_exits_nonzero_with_one_line_reason(tmp_path):
                                   ["--cache-max-mb", "0"], ["--grammar-cache-mb", "0"],
                                   ["--no-such-option"], ["--json-whitespace", "[ ]*"],
                                   ["--json-whitespace", "[ x]?"], ["--api-key", ""], ["--api-key", " "],
-                                  ["--api-key", "secret "]])
+                                  ["--api-key", "secret "], ["--allowed-origins", "app.example"],
+                                  ["--allowed-origins", "https://app.example/chat"]])
 def test_bad_option_exits_nonzero_naming_it(args):
     result = _serve(*args)
     assert result.returncode == 2
@@ -372,7 +373,8 @@ def test_serve_without_options_runs_with_the_configs_defaults_and_each_option_re
     given = {"port": "8123", "max_batch_size": "3", "max_prefill_tokens": "64", "mask_threads": "2",
              "max_model_len": "512", "cache_max_mb": "7", "grammar_cache_mb": "9", "max_body_bytes": "1000",
              "max_body_seconds": "5", "shutdown_timeout": "4", "json_whitespace": "", "host": "0.0.0.0",
-             "api_key": "k", "device": "cpu", "dtype": "float32", "served_model_name": "m",
+             "api_key": "k", "allowed_origins": "https://app.example,http://localhost:3000", "device": "cpu",
+             "dtype": "float32", "served_model_name": "m",
              "constraint_backend": "llguidance", "tool_call_format": "hermes", "reasoning": "none",
              "log_level": "debug", "model": "some/model", "cache_dir": "/tmp/x", "schemas_dir": "schemas"}
     assert set(given) == {f.name for f in fields(ServerConfig)}

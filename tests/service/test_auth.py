@@ -197,3 +197,45 @@ def test_a_request_head_trickled_a_byte_at_a_time_is_cut_off(auth_server_small):
             if closed:
                 break
     assert closed
+
+
+PAGE = "http://localhost:5173"  # a web app's dev server, whose page calls the API from the browser
+
+
+@pytest.fixture(scope="module")
+def cors_server(grammar_cache):
+    from tests.serverproc import ServerProcess
+
+    with ServerProcess("--cache-dir", str(grammar_cache), "--allowed-origins", f"https://app.example,{PAGE}",
+                       env={"STRUCTGEN_API_KEY": API_KEY}) as proc:
+        yield proc
+
+
+def test_allowed_origins_let_a_browser_page_call_the_api_as_it_calls_openais(cors_server):
+    """A browser page (the Node SDK's `dangerouslyAllowBrowser`, a web UI) first asks with a preflight that carries
+    no key: every one was a 405 (or a 401 with a key set), so no page could call the server at all."""
+    preflight = httpx.options(cors_server.base_url + "/v1/chat/completions", headers={
+        "origin": PAGE, "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type, x-stainless-os"})
+    assert preflight.status_code == 200, preflight.text
+    assert preflight.headers["access-control-allow-origin"] == PAGE
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = httpx.post(cors_server.base_url + "/v1/chat/completions", json=body,
+                   headers={"origin": PAGE, "authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == PAGE
+    assert "x-request-id" in r.headers["access-control-expose-headers"].lower()  # (the SDKs read it)
+    # the key is still needed, and the page can read why it was refused
+    refused = httpx.post(cors_server.base_url + "/v1/chat/completions", json=body, headers={"origin": PAGE})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == PAGE
+    # an origin not listed gets no grant: its page cannot read the answer
+    other = httpx.options(cors_server.base_url + "/v1/chat/completions", headers={
+        "origin": "https://elsewhere.example", "access-control-request-method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_without_allowed_origins_no_browser_page_is_answered(http):
+    """The default serves no page: a local server is not reachable by any web site the user happens to visit."""
+    r = http.post("/v1/chat/completions", headers={"origin": PAGE},
+                  json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
