@@ -1135,8 +1135,8 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
             node[key] = _rewrite(value, kp, ctx, refs)
     ctx.here = ptr
     for step in (_keywords_of_other_types, _impossible_keys, _impossible_contains, _lookaheads, _search_counts,
-                 _format, _not, _one_of, _conditional, _late_integers_as_enum, _unique_items, _contains, _property_names,
-                 _patterns_as_properties, _dependencies, _properties_count, _pattern_properties,
+                 _format, _not, _one_of, _conditional, _late_integers_as_enum, _unique_items, _contains,
+                 _property_names, _patterns_as_properties, _dependencies, _properties_count, _pattern_properties,
                  _declared_out_of_patterns, _all_of_patterns):
         before = node
         node = step(node, ctx)
@@ -2478,8 +2478,8 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
     pp = node.get("patternProperties")
     if not isinstance(pp, dict) or not pp:
         return node
-    if node.get("additionalProperties", True) in (True, {}) and not _has_key(ctx.root, "unevaluatedProperties") \
-            and any(_says_nothing(schema) for schema in pp.values()):
+    if any(_says_nothing(schema) for schema in pp.values()) and node.get("additionalProperties", True) in (True, {}) \
+            and not _has_key(ctx.root, "unevaluatedProperties"):
         ctx.changed = True
         pp = {p: schema for p, schema in pp.items() if not _says_nothing(schema)}
         node = {k: pp if k == "patternProperties" else v for k, v in node.items() if k != "patternProperties" or pp}
