@@ -94,7 +94,7 @@ import itertools
 import json
 import math
 from typing import Any, Callable
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import attrs
 import jsonschema
@@ -318,9 +318,11 @@ class _Ctx:
         return resolve_ref(self.root, ref)
 
     def one_of_apart(self, ptr: str) -> bool:
-        """The node at `ptr` holds a `oneOf` whose branches take values of pairwise disjoint types (`_asserted`)."""
+        """The node at `ptr` holds a `oneOf` whose branches take values of pairwise disjoint types (`_asserted`).
+        `ptr` is a plain JSON Pointer, percent-encoded to resolve: `#/properties/a%20b` names `a b`, and a property
+        `a%20b` beside a `oneOf` of disjoint types in `a b` had its own `oneOf` of overlapping branches narrowed."""
         if ptr not in self.one_ofs_apart:
-            node = self.resolve("#" + ptr)
+            node = self.resolve("#" + quote(ptr))
             branches = node.get("oneOf") if isinstance(node, dict) else None
             kinds = [self.types(b) for b in branches] if isinstance(branches, list) else None
             self.one_ofs_apart[ptr] = kinds is not None and all(

@@ -900,6 +900,20 @@ def test_a_one_of_whose_branches_take_disjoint_types_asserts_them(gpt2_compiler,
     assert rewrite_schema(overlapping)["properties"]["v"]["oneOf"][0]["pattern"] == "^(?!x-)\\w+$"
 
 
+def test_a_one_of_is_judged_apart_by_its_own_branches_where_a_name_holds_a_percent(gpt2_compiler, tokenizers, vocabs):
+    """`one_of_apart` read its plain pointer as a URI fragment: `/properties/a%20b` named the property `a b`, whose
+    `oneOf` of a string and an integer let the overlapping branches of `a%20b` be narrowed. `"é"`, a `\\w` to
+    Python, meets both there, which the `oneOf` refuses; narrowed, it met the second alone, and was taken unnamed."""
+    overlapping = {"oneOf": [{"type": "string", "pattern": "^(?!x-)\\w+$"}, {"type": "string", "maxLength": 2}]}
+    schema = {"type": "object", "properties": {"a%20b": overlapping,
+                                               "a b": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
+              "required": ["a%20b"], "additionalProperties": False}
+    assert rewrite_schema(schema)["properties"]["a%20b"] == overlapping
+    assert not validator_class(schema)(schema).is_valid({"a%20b": "\u00e9"})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), backend="llguidance"))
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"a%20b": "\u00e9"}) or g.unenforced
+
+
 def test_a_lookahead_pattern_every_way_to_which_asserts_it_is_still_rewritten():
     """`_asserted` follows every `$ref`, `#` included (QA review8 F2): a recursive schema's `$ref` back to a node
     it is in adds no negation, and its patterns are still folded; one from under a `not` leaves them as written."""
