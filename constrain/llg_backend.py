@@ -1597,12 +1597,15 @@ def unreadable_multiple(divisor: float) -> str | None:
 
 def _unreadable_multiple_at(node: dict, key: str) -> str | None:
     """Why llguidance cannot enforce the node's `multipleOf`; None where it reads it, or where the node's few
-    multiples are written as their enum instead (`_few_multiples_as_enum`)."""
+    multiples are written as their enum instead (`_few_multiples_as_enum`), its bounds within ±2**53: past them,
+    `_narrowed_bounds` may leave the range none (`multipleOf: 2**53 - 11` from `2**53 - 10` to `1e17`), the enum
+    is not written, and the divisor reached llguidance (a 400 without a pointer, strict or not)."""
     value = node.get(key)
     if key != "multipleOf" or isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         return None
     reason = unreadable_multiple(value)
-    return None if reason is None or _few_multiples(node) is not None else reason
+    within = all(abs(v) <= _NARROW_TO for v in _bounds(node, _LOWER_BOUNDS + _UPPER_BOUNDS))
+    return None if reason is None or within and _few_multiples(node) is not None else reason
 
 
 def _warnings(messages: list[str]) -> tuple[set[str], set[str], list[str]]:

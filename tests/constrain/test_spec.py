@@ -1059,6 +1059,26 @@ def test_a_range_of_few_multiples_of_a_large_divisor_takes_them(gpt2_compiler, t
     assert ended_walks_valid(grammar, vocabs["gpt2"], document, seed=5, walks=10) == 10
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "multipleOf": 2 ** 53 - 11, "minimum": 2 ** 53 - 10, "maximum": 1e17},
+    {"type": "integer", "maximum": 1e20, "minimum": 1, "multipleOf": 10 ** 18 + 7},
+])
+def test_an_unreadable_divisor_whose_range_is_narrowed_is_left_out(gpt2_compiler, schema):
+    """Its few multiples were to be their enum, so the divisor was kept; but the bound past 2**53 is narrowed to it
+    first, which leaves the range no multiple (or none listed), the enum was not written, and llguidance refused the
+    divisor: a 400 without a pointer, strict or not. It is left out, as any divisor llguidance cannot read."""
+    document = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+
+    def compiled(strict: bool):
+        return gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": document, "strict": strict}}, backend="llguidance"))
+
+    assert compiled(False).unenforced == ("/properties/v/multipleOf",)
+    with pytest.raises(ConstraintError) as refused:
+        compiled(True)
+    assert refused.value.pointer == "/properties/v/multipleOf"
+
+
 @pytest.mark.parametrize("schema, refused, taken", [
     ({"type": "number", "exclusiveMaximum": 1}, ["0.99999999999999999", "1"], ["0.999999999999999", "0.5", "0"]),
     ({"exclusiveMinimum": 2.5, "maximum": 3}, ["2.50000000000000001", "2.5"], ["2.50000000000001", "3"]),
