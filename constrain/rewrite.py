@@ -552,7 +552,7 @@ def as_read_where_unasserted(schema: dict) -> dict:
             return schema
         out = copy.deepcopy(schema)
         for ptr, key in drops:
-            node = resolve_ref(out, "#" + ptr)
+            node = resolve_ref(out, "#" + quote(ptr))  # (a plain pointer: `a%20b` names `a%20b`)
             if isinstance(node, dict):
                 node.pop(key, None)
         gone = [f"{ptr}/{escape_pointer_part(key)}" for ptr, key in drops]

@@ -2186,6 +2186,21 @@ def test_keywords_beside_a_ref_stay_where_the_node_only_asserts_and_in_a_later_d
     assert out["properties"]["a"] is False and out["properties"]["b"] is not False
 
 
+def test_keywords_beside_a_ref_are_left_out_where_a_name_holds_a_percent(gpt2_compiler, tokenizers, vocabs):
+    """The node whose siblings go was found by its plain pointer read as a URI fragment: `.../a%20b` named `a b`,
+    so draft 7's ignored `type: integer` beside the `$ref` stayed in the `oneOf` branch, and `{"a%20b": "s"}`, which
+    meets both branches as draft 7 reads them (the `oneOf` refuses it), met only the second and was taken."""
+    schema = {"$schema": D7, "type": "object", "required": ["x"], "additionalProperties": False,
+              "definitions": _DEFINITIONS, "properties": {"x": {"oneOf": [
+                  {"type": "object", "properties": {"a%20b": {"$ref": "#/definitions/n", "type": "integer"}}},
+                  {"type": "object", "required": ["a%20b"]}]}}}
+    assert as_read_where_unasserted(schema)["properties"]["x"]["oneOf"][0]["properties"]["a%20b"] == {
+        "$ref": "#/definitions/n"}
+    assert not jsonschema.Draft7Validator(schema).is_valid({"x": {"a%20b": 1.5}})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), backend="llguidance"))
+    assert not accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"x": {"a%20b": 1.5}})
+
+
 def test_a_reference_into_keywords_beside_a_ref_names_a_copy():
     """A `$ref` may name a subschema among the siblings left out (`#/not/properties/x`): it names a copy under
     `$defs`, read where the `$ref` is."""
