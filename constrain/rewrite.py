@@ -119,6 +119,9 @@ _MAX_ONEOF_NEGATION_PIECES = 64  # negation pieces one such branch multiplies
 _MAX_ONEOF_VALUES = 64  # a oneOf of at most this many values, none negated, as their enum
 _MAX_LATE_INTEGERS = 1024  # a bounded integer node left to a late check: integers in range listed as its enum
 _MAX_LATE_INTEGERS_LISTED = 4096  # those one schema may list (each checked by jsonschema: ~60 us; ~0.25 s in all)
+# ... and the subschemas those checks may read in all (an integer's check reads each its node holds or reaches): a
+# node whose `not` held an `anyOf` of 100 multiples took 1.4 s to list, four of 1,000 82 s
+_MAX_LATE_INTEGER_READS = 32_768
 _MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _MAX_UNIQUE_DOMAIN = 64  # uniqueItems: items with at most this many values bound maxItems (outlines unrolls it)
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
@@ -307,6 +310,7 @@ class _Ctx:
         self.inlining: set[str] = set()  # the `$ref`s `_inlined_patterns` is copying the targets of
         self.pattern_copies = _MAX_PATTERN_COPIES  # schema objects `_inlined_patterns` may still copy
         self.integers_to_list = _MAX_LATE_INTEGERS_LISTED  # integers `_late_integers_as_enum` may still check
+        self.integer_reads = _MAX_LATE_INTEGER_READS  # subschemas its checks may still read
         self.refs = refs_in(root)
         # (pointer of a node holding a `$ref`, the pointer the `$ref` names), for local `$ref`s (`_asserted`): `#`,
         # the root's, too, and those in subschemas only a `$ref` reaches (QA review8 F2)
@@ -1906,7 +1910,8 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     it accepts. Left to the late check, the number's digits were free: `{multipleOf: 13, not: {multipleOf: 2},
     minimum: 100, maximum: 999}` let `13` be written, which no digit completes to an odd multiple, and 7 random
     walks in 20 gave up. Keywords that assert nothing (`$defs`, annotations) stay. At most 4,096 integers are
-    checked in one schema (fifty such nodes took 3 s)."""
+    checked in one schema (fifty such nodes took 3 s), and their checks read at most 32,768 subschemas in all
+    (`_subschemas_reached` per integer: four nodes whose `not` held an `anyOf` of 1,000 multiples took 82 s)."""
     if not ({"not", "if"} & set(node)) or ctx.types(node) != {"integer"}:
         return node
     low = [x for x in (node.get("minimum"), node.get("exclusiveMinimum")) if _number(x)]
@@ -1916,7 +1921,11 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     count = math.floor(min(high)) - math.ceil(max(low)) + 1
     if count > min(_MAX_LATE_INTEGERS, ctx.integers_to_list):
         return node
+    reads = max(count, 0) * _subschemas_reached(node, ctx, ctx.integer_reads // max(count, 1) + 1)
+    if reads > ctx.integer_reads:
+        return node
     ctx.integers_to_list -= max(count, 0)
+    ctx.integer_reads -= reads
     values = finite_values(node, ctx.root, _MAX_LATE_INTEGERS, ctx.validator)
     if values is None:
         return node
@@ -1924,6 +1933,24 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     if not values:
         return False
     return {**{k: v for k, v in node.items() if k not in ASSERTIONS}, "enum": values}
+
+
+def _subschemas_reached(node: Any, ctx: _Ctx, most: int) -> int:
+    """The objects and list members `node` holds and its local `$ref`s reach (each once): what one check of it may
+    read. Counted up to `most` (past it, `most` + 1)."""
+    seen, stack, count = set(), [node], 0
+    while stack and count <= most:
+        item = stack.pop()
+        if isinstance(item, list):
+            count += len(item)
+            stack.extend(item)
+        elif isinstance(item, dict) and id(item) not in seen:
+            seen.add(id(item))
+            count += 1
+            stack.extend(item.values())
+            if isinstance(item.get("$ref"), str):
+                stack.append(ctx.resolve(item["$ref"]))
+    return min(count, most + 1)
 
 
 def _exactly_one_by_negation(branches: list, ctx: _Ctx) -> list | None:
