@@ -2502,12 +2502,13 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
     (`regex_sets.search_region`). Overlapping ones (llguidance wants them disjoint): one pattern per region of
     names matched by exactly a set R of the patterns, with the schemas of R together (an `allOf`). A name matched
     by several patterns must pass each of their schemas: so it does in its region. A pattern whose schema
-    asserts nothing, where other names may hold anything too, says nothing and goes (`"^$[a-zA-Z0-9$_]*$":
+    asserts nothing, where other names may hold anything too (`additionalProperties` absent, or annotations
+    alone), says nothing and goes (`"^$[a-zA-Z0-9$_]*$":
     {"description": "reserved"}`, a `$` llguidance refused mid-pattern, made a real-world schema a 400)."""
     pp = node.get("patternProperties")
     if not isinstance(pp, dict) or not pp:
         return node
-    if any(_says_nothing(schema) for schema in pp.values()) and node.get("additionalProperties", True) in (True, {}) \
+    if any(_says_nothing(schema) for schema in pp.values()) and _says_nothing(node.get("additionalProperties", True)) \
             and not _has_key(ctx.root, "unevaluatedProperties"):
         ctx.changed = True
         pp = {p: schema for p, schema in pp.items() if not _says_nothing(schema)}

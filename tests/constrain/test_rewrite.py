@@ -632,6 +632,10 @@ def test_a_pattern_property_that_asserts_nothing_beside_open_other_names_goes(gp
     _same(RESERVED, out, DOCS + [{"$a": [1]}, {"_a": "x"}, {"_a": 1, "b": None}])
     gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(RESERVED), strict=True,
                                          backend="llguidance"))
+    described = {**RESERVED, "additionalProperties": {"description": "anything else"}}  # (as open as `true`)
+    assert rewrite_schema(described) == {**described, "patternProperties": {"^_[a-z]*$": {"type": "integer"}}}
+    gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(described), strict=True,
+                                         backend="llguidance"))
     closed = {**RESERVED, "additionalProperties": False}  # (there the pattern lets its names in)
     assert rewrite_schema(closed) == closed
     # (there it evaluates its names)
