@@ -37,8 +37,8 @@ Rewrites (each unit-tested with jsonschema on accepted and refused documents, te
 - `if A then B else C` becomes `anyOf: [A and B, (not A) and C]` (without `then`: A or C; without `else`: B or
   not A), when `not A` has a `not`-free form as above; `then`/`else` without `if` are dropped; `allOf` members
   that are `if`/`then` on one property's `const` become one `anyOf` together (`_discriminated_conditionals`);
-- an integer node between bounds of at most 1,024 integers that still holds a `not` or `if` (none of the forms
-  above) becomes the `enum` of the integers it accepts (constrain/finite_values.py);
+- an integer node (`null` and `boolean` besides, or not) between bounds of at most 1,024 integers that still holds
+  a `not` or `if` (none of the forms above) becomes the `enum` of the values it accepts (constrain/finite_values.py);
 - a `patternProperties` pattern whose schema asserts nothing, where other names may hold anything too, is dropped;
 - a `$ref` whose target accepts nothing becomes `false` (`_references_to_nothing`);
 - `uniqueItems: false` dropped; `uniqueItems: true` dropped when at most one item is allowed, and turned into
@@ -1904,15 +1904,20 @@ def _one_of_values(node: dict, ctx: _Ctx) -> Any:
     return {**{k: v for k, v in node.items() if k not in ASSERTIONS}, "enum": values}
 
 
+_FEW_VALUED_TYPES = frozenset({"integer", "null", "boolean"})  # (`_late_integers_as_enum`: finite_values lists them)
+
+
 def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     """An integer node between bounds of at most 1,024 integers that still holds a `not` or `if` (the steps
     before found no keyword form: `not: {multipleOf: 2}` beside `multipleOf: 13`) as the `enum` of the integers
     it accepts. Left to the late check, the number's digits were free: `{multipleOf: 13, not: {multipleOf: 2},
     minimum: 100, maximum: 999}` let `13` be written, which no digit completes to an odd multiple, and 7 random
-    walks in 20 gave up. Keywords that assert nothing (`$defs`, annotations) stay. At most 4,096 integers are
-    checked in one schema (fifty such nodes took 3 s), and their checks read at most 32,768 subschemas in all
-    (`_subschemas_reached` per integer: four nodes whose `not` held an `anyOf` of 1,000 multiples took 82 s)."""
-    if not ({"not", "if"} & set(node)) or ctx.types(node) != {"integer"}:
+    walks in 20 gave up. So too beside `null` and `boolean` (`type: ["integer", "null"]`, an optional number
+    as generated schemas write it, gave up too). Keywords that assert nothing (`$defs`, annotations) stay. At most
+    4,096 integers are checked in one schema (fifty such nodes took 3 s), and their checks read at most 32,768
+    subschemas in all (`_subschemas_reached` per integer: four nodes whose `not` held an `anyOf` of 1,000
+    multiples took 82 s)."""
+    if not ({"not", "if"} & set(node)) or not {"integer"} <= ctx.types(node) <= _FEW_VALUED_TYPES:
         return node
     low = [x for x in (node.get("minimum"), node.get("exclusiveMinimum")) if _number(x)]
     high = [x for x in (node.get("maximum"), node.get("exclusiveMaximum")) if _number(x)]
