@@ -122,6 +122,7 @@ _MAX_LATE_INTEGERS_LISTED = 4096  # those one schema may list (each checked by j
 # ... and the subschemas those checks may read in all (an integer's check reads each its node holds or reaches): a
 # node whose `not` held an `anyOf` of 100 multiples took 1.4 s to list, four of 1,000 82 s
 _MAX_LATE_INTEGER_READS = 32_768
+_EXACT_INTEGERS = 2 ** 53  # integers a 64-bit float holds exactly: llguidance reads an enum's numbers so
 _MAX_COUNT_ANYOF = 16  # min/maxProperties: alternatives of which declared properties are present
 _MAX_UNIQUE_DOMAIN = 64  # uniqueItems: items with at most this many values bound maxItems (outlines unrolls it)
 _REGEX_NFA_STATES, _REGEX_DFA_STATES = 20_000, 1_000  # regex work one schema may cause (regex_sets.Work): ~1.5 s
@@ -1916,15 +1917,17 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     as generated schemas write it, gave up too). Keywords that assert nothing (`$defs`, annotations) stay. At most
     4,096 integers are checked in one schema (fifty such nodes took 3 s), and their checks read at most 32,768
     subschemas in all (`_subschemas_reached` per integer: four nodes whose `not` held an `anyOf` of 1,000
-    multiples took 82 s)."""
+    multiples took 82 s). Not past ±2**53, where llguidance writes an enum's integers as the doubles it reads
+    them as: `100000000000000032` (a multiple of 3) for `not: {multipleOf: 3}` from 1e17 to 1e17 + 40."""
     if not ({"not", "if"} & set(node)) or not {"integer"} <= ctx.types(node) <= _FEW_VALUED_TYPES:
         return node
     low = [x for x in (node.get("minimum"), node.get("exclusiveMinimum")) if _number(x)]
     high = [x for x in (node.get("maximum"), node.get("exclusiveMaximum")) if _number(x)]
     if not low or not high:
         return node
-    count = math.floor(min(high)) - math.ceil(max(low)) + 1
-    if count > min(_MAX_LATE_INTEGERS, ctx.integers_to_list):
+    first, last = math.ceil(max(low)), math.floor(min(high))
+    count = last - first + 1
+    if count > min(_MAX_LATE_INTEGERS, ctx.integers_to_list) or max(abs(first), abs(last)) > _EXACT_INTEGERS:
         return node
     reads = max(count, 0) * _subschemas_reached(node, ctx, ctx.integer_reads // max(count, 1) + 1)
     if reads > ctx.integer_reads:

@@ -673,6 +673,9 @@ def test_a_bounded_integer_left_to_a_late_check_becomes_the_enum_of_the_integers
     {"type": "integer", "minimum": 0, "maximum": 1024, "not": {"multipleOf": 3}},  # (1,025 integers)
     {"type": "number", "minimum": 0, "maximum": 10, "not": {"multipleOf": 0.5}},  # (not only integers)
     {"type": ["integer", "string"], "minimum": 0, "maximum": 10, "not": {"multipleOf": 3}},  # (nor few values)
+    # (integers past 2**53: llguidance would write them as the doubles it reads, 9007199254740996 a multiple of 3)
+    {"type": "integer", "minimum": 2 ** 53 - 20, "maximum": 2 ** 53 + 20, "not": {"multipleOf": 3}},
+    {"type": "integer", "minimum": 10 ** 17, "maximum": 10 ** 17 + 40, "not": {"multipleOf": 3}},
     {"type": "integer", "minimum": 0, "maximum": 10, "multipleOf": 3},  # (nothing left to a late check)
     # (a `$ref` into a document that holds a client's regex, which jsonschema must never run)
     {"type": "integer", "minimum": 0, "maximum": 10, "not": {"multipleOf": 3}, "allOf": [{"$ref": "#/$defs/s"}],
