@@ -1895,8 +1895,13 @@ def _one_of_values(node: dict, ctx: _Ctx) -> Any:
     """A `oneOf` node that takes few values (constrain/finite_values.py) as the `enum` of them, where its
     branches have no negation to write (arrays, objects): `oneOf: [{enum: [[3, 4]]}, {enum: [[1, 2]]}, {enum:
     [[3, 4]]}]` was checked as each value finished, and after `[3` only `,4]` could follow, which it refused
-    (QA realworld F2). Keywords that assert nothing (`$defs`, annotations) stay."""
-    values = finite_values(node, ctx.root, _MAX_ONEOF_VALUES, ctx.validator)
+    (QA realworld F2)."""
+    return _as_enum(node, finite_values(node, ctx.root, _MAX_ONEOF_VALUES, ctx.validator), ctx)
+
+
+def _as_enum(node: dict, values: list | None, ctx: _Ctx) -> Any:
+    """`node` as the `enum` of `values`, the values it takes (None: not known, `node` as it is; none: `false`).
+    Keywords that assert nothing (`$defs`, annotations) stay."""
     if values is None:
         return node
     ctx.changed = True
@@ -1913,12 +1918,12 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     before found no keyword form: `not: {multipleOf: 2}` beside `multipleOf: 13`) as the `enum` of the integers
     it accepts. Left to the late check, the number's digits were free: `{multipleOf: 13, not: {multipleOf: 2},
     minimum: 100, maximum: 999}` let `13` be written, which no digit completes to an odd multiple, and 7 random
-    walks in 20 gave up. So too beside `null` and `boolean` (`type: ["integer", "null"]`, an optional number
-    as generated schemas write it, gave up too). Keywords that assert nothing (`$defs`, annotations) stay. At most
-    4,096 integers are checked in one schema (fifty such nodes took 3 s), and their checks read at most 32,768
-    subschemas in all (`_subschemas_reached` per integer: four nodes whose `not` held an `anyOf` of 1,000
-    multiples took 82 s). Not past ±2**53, where llguidance writes an enum's integers as the doubles it reads
-    them as: `100000000000000032` (a multiple of 3) for `not: {multipleOf: 3}` from 1e17 to 1e17 + 40."""
+    walks in 20 gave up. So too beside `null` and `boolean` (`type: ["integer", "null"]`, an optional number as
+    generated schemas write it). At most 4,096 integers are checked in one schema (fifty such nodes took 3 s),
+    their checks reading at most 32,768 subschemas in all (`_subschemas_reached` per integer: four nodes whose
+    `not` held an `anyOf` of 1,000 multiples took 82 s). Not past ±2**53, where llguidance writes an enum's
+    integers as the doubles it reads them as (`100000000000000032`, a multiple of 3, under `not: {multipleOf:
+    3}` from 1e17 to 1e17 + 40)."""
     if not ({"not", "if"} & set(node)) or not {"integer"} <= ctx.types(node) <= _FEW_VALUED_TYPES:
         return node
     low = [x for x in (node.get("minimum"), node.get("exclusiveMinimum")) if _number(x)]
@@ -1934,13 +1939,7 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
         return node
     ctx.integers_to_list -= max(count, 0)
     ctx.integer_reads -= reads
-    values = finite_values(node, ctx.root, _MAX_LATE_INTEGERS, ctx.validator)
-    if values is None:
-        return node
-    ctx.changed = True
-    if not values:
-        return False
-    return {**{k: v for k, v in node.items() if k not in ASSERTIONS}, "enum": values}
+    return _as_enum(node, finite_values(node, ctx.root, _MAX_LATE_INTEGERS, ctx.validator), ctx)
 
 
 def _subschemas_reached(node: Any, ctx: _Ctx, most: int) -> int:
@@ -2511,8 +2510,8 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
     names matched by exactly a set R of the patterns, with the schemas of R together (an `allOf`). A name matched
     by several patterns must pass each of their schemas: so it does in its region. A pattern whose schema
     asserts nothing, where other names may hold anything too (`additionalProperties` absent, or annotations
-    alone), says nothing and goes (`"^$[a-zA-Z0-9$_]*$":
-    {"description": "reserved"}`, a `$` llguidance refused mid-pattern, made a real-world schema a 400)."""
+    alone), says nothing and goes (`"^$[a-zA-Z0-9$_]*$": {"description": "reserved"}`, a `$` llguidance refused
+    mid-pattern, made a real-world schema a 400)."""
     pp = node.get("patternProperties")
     if not isinstance(pp, dict) or not pp:
         return node
