@@ -44,8 +44,8 @@ from constrain.json_follower import MAX_EXPONENT_DIGITS, Frame, JsonFollower, de
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
-                               llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of, walk,
-                               walk_with_refs)
+                               llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of,
+                               resolve_ref, walk, walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -1057,7 +1057,7 @@ def llguidance_schema(schema):
     for _, key, node in list(walk(schema)):
         if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
             probed.add(id(node))
-            for length in undecided_lengths(node):  # (named by `_inexact_keywords`, or refused under strict)
+            for length in undecided_lengths(node, schema):  # (named by `_inexact_keywords`, or refused under strict)
                 del node[length]
     for ptr, key, node in list(walk(schema)):
         value = node.get(key)
@@ -1518,17 +1518,17 @@ def unreadable_pattern(pattern: str) -> str | None:
     return " ".join(messages[-1].split()) if is_error and messages else None
 
 
-def undecided_lengths(node: dict) -> list[str]:
-    """The length bounds of string node `node` that llguidance cannot meet with the patterns that meet there
-    (`_meeting_patterns`): it proves that patterns and a length bound have some string in common within a fixed
-    budget (10,000 states), which an RFC 1123 name
+def undecided_lengths(node: dict, root: dict) -> list[str]:
+    """The length bounds of string node `node` (in `root`) that llguidance cannot meet with the patterns that meet
+    there (`_meeting_patterns`): it proves that patterns and a length bound have some string in common within a
+    fixed budget (10,000 states), which an RFC 1123 name
     `^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$` beside `maxLength: 253` runs
     past ("Unable to determine if regex is empty": a 400, strict or not, where the pattern alone compiles), and so
     did `pattern: "@example\\.com$"` beside `format: email` (an `allOf` member's pattern by then) and `maxLength:
     100`. They are left out of what it compiles (`llguidance_schema`): named unenforced, or under strict a 400
     naming them (`_inexact_keywords`)."""
     lengths = {k: node[k] for k in _LENGTHS if k in node}
-    meeting = [one for _, one in _meeting_patterns(node)]
+    meeting = _meeting_patterns(node, root)
     if not lengths or any(isinstance(v, bool) or not isinstance(v, int) for v in lengths.values()) \
             or not any("pattern" in one for one in meeting):
         return []
@@ -1544,20 +1544,29 @@ def undecided_lengths(node: dict) -> list[str]:
 
 
 _LENGTHS = ("minLength", "maxLength")
+_MEETING_HOLDERS = 32  # subschemas `_meeting_patterns` reads for one node
 
 
-def _meeting_patterns(node: dict) -> list[tuple[str, dict]]:
-    """(pointer below `node`, a one-keyword schema) for each `pattern` and `format` that a string of `node` meets:
-    its own and those of its `allOf` members (where the rewrites put a `format` they spell as a pattern). A
-    pattern is written as llguidance is given it (one it cannot read gives no "undecided" refusal, and is left
-    out: `unreadable_pattern`)."""
-    members = node.get("allOf") if isinstance(node.get("allOf"), list) else []
-    out = []
-    for at, holder in [("", node), *((f"/allOf/{i}", m) for i, m in enumerate(members) if isinstance(m, dict))]:
+def _meeting_patterns(node: dict, root: dict) -> list[dict]:
+    """A one-keyword schema for each `pattern` and `format` that a string of `node` meets: its own, its `allOf`
+    members' and what its local `$ref`s name (theirs too, so far as `_MEETING_HOLDERS` subschemas; a `$ref` to
+    an RFC 1123 name beside `maxLength: 253`, as a definition's users write it, was a 400 too). `root`: the
+    schema its references resolve in. A pattern is written as llguidance is given it (one it cannot read gives
+    no "undecided" refusal, and is left out: `unreadable_pattern`)."""
+    out, seen, work = [], set(), [node]
+    while work and len(seen) < _MEETING_HOLDERS:
+        holder = work.pop(0)
+        if not isinstance(holder, dict) or id(holder) in seen:
+            continue
+        seen.add(id(holder))
         if isinstance(holder.get("pattern"), str):
-            out.append((f"{at}/pattern", {"pattern": _quote_safe(portable_pattern(holder["pattern"]))}))
+            out.append({"pattern": _quote_safe(portable_pattern(holder["pattern"]))})
         if isinstance(holder.get("format"), str):
-            out.append((f"{at}/format", {"format": holder["format"]}))
+            out.append({"format": holder["format"]})
+        if isinstance(holder.get("allOf"), list):
+            work += holder["allOf"]
+        if isinstance(holder.get("$ref"), str) and holder["$ref"].startswith("#"):
+            work.append(resolve_ref(root, holder["$ref"]))
     return out
 
 
@@ -1919,13 +1928,13 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
         if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
             probed.add(id(node))
             here = ptr.rsplit("/", 1)[0]
-            for length in undecided_lengths(node):  # (left out of what llguidance compiles: `llguidance_schema`)
-                if strict:
-                    beside = f"the pattern at {here}/pattern" if "pattern" in node else f"the patterns of {here}/allOf"
-                    raise ConstraintError(f"the {length} at {here}/{length} cannot be enforced beside {beside} (and "
-                                          "the other patterns and formats its strings must match): llguidance "
-                                          "cannot decide within its budget whether some string meets them all",
-                                          param=param, pointer=f"{here}/{length}", code="unsupported_schema")
+            for length in undecided_lengths(node, schema):  # (left out of what llguidance compiles: `llguidance_schema`)
+                if strict:  # (one pointer in the message: the client's terms replace it, for tools too)
+                    raise ConstraintError(f"the {length} at {here}/{length} cannot be enforced beside the patterns "
+                                          "and formats its strings must match there (its own, its allOf members', "
+                                          "what its $ref names): llguidance cannot decide within its budget "
+                                          "whether some string meets them all", param=param,
+                                          pointer=f"{here}/{length}", code="unsupported_schema")
                 found.append(f"{here}/{length}")
         multiple = _unreadable_multiple_at(node, key) if id(node) not in uncompiled else None
         if multiple is not None:  # (left out of what llguidance compiles: `llguidance_schema`)

@@ -451,6 +451,28 @@ def test_pointers_name_the_entry_of_the_tools_array(tool_choice, gpt2_compiler):
     assert unenforced_in_client_terms(spec, g) == ("/1/function/parameters/properties/tags/not",)
 
 
+@pytest.mark.parametrize("tool_format", ["json_array", "hermes", "qwen3_coder"])
+def test_a_length_no_pattern_it_meets_can_be_decided_beside_is_named_in_the_functions_terms(tool_format,
+                                                                                              gpt2_compiler):
+    """An RFC 1123 name as a definition, referenced beside `maxLength: 253` in a function's parameters: the length
+    is named where the function wrote it (unenforced, or a strict 400 pointing at it, whose message names no place
+    in the call schema the parameters are compiled inside)."""
+    from constrain.compiler import unenforced_in_client_terms
+
+    name = r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$"
+    params = {"type": "object", "properties": {"host": {"$ref": "#/$defs/name", "maxLength": 253}},
+              "required": ["host"], "$defs": {"name": {"type": "string", "pattern": name}}}
+    spec = spec_from_request(tools=_tools(params, False), tool_choice="required", tool_format=tool_format)
+    g = gpt2_compiler.compile(spec)
+    assert unenforced_in_client_terms(spec, g) == ("/1/function/parameters/properties/host/maxLength",)
+    with pytest.raises(ConstraintError) as exc:
+        gpt2_compiler.compile(spec_from_request(tools=_tools(params, True), tool_choice="required",
+                                                tool_format=tool_format))
+    assert exc.value.pointer == "/1/function/parameters/properties/host/maxLength"
+    assert "$defs/tool" not in exc.value.message and "at /1/function/parameters/properties/host/maxLength" \
+        in exc.value.message
+
+
 @pytest.mark.parametrize("tool_choice", ["required", "auto"])
 def test_strict_is_per_function(tool_choice, gpt2_compiler):
     """A strict function next to a non-strict one: only a keyword in the strict function's parameters is refused;
