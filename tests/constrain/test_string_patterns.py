@@ -230,32 +230,17 @@ def test_a_length_llguidance_cannot_meet_with_a_pattern_and_a_format_is_named_un
     assert refused.value.pointer == "/properties/v/maxLength" and refused.value.code == "unsupported_schema"
 
 
-def test_a_length_llguidance_cannot_meet_with_an_all_of_members_pattern_is_named_unenforced_or_refused(
-        gpt2_compiler, tokenizers, vocabs):
-    """The RFC 1123 name in an `allOf` member, `maxLength: 253` beside the `allOf`: only a node's own pattern was
-    asked about, and the schema was a 400 strict or not."""
-    schema = _object({"type": "string", "maxLength": 253, "allOf": [{"pattern": RFC1123}]})
-    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
-                                             backend="llguidance"))
-    assert g.unenforced == ("/properties/v/maxLength",)
-    for value, valid in (("api.example.com", True), ("api..example.com", False), ("localhost", False)):
-        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
-    with pytest.raises(ConstraintError) as refused:
-        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
-                                             backend="llguidance"))
-    assert refused.value.pointer == "/properties/v/maxLength" and "allOf members'" in refused.value.message
-
-
 @pytest.mark.parametrize("node", [
+    {"type": "string", "maxLength": 253, "allOf": [{"pattern": RFC1123}]},
     {"type": "string", "allOf": [{"$ref": "#/$defs/name"}], "maxLength": 253},
     {"type": "string", "$ref": "#/$defs/name", "maxLength": 253},
     {"type": "string", "allOf": [{"allOf": [{"pattern": RFC1123}]}], "maxLength": 253},
 ])
-def test_a_length_llguidance_cannot_meet_with_a_referenced_pattern_is_named_unenforced_or_refused(
+def test_a_length_llguidance_cannot_meet_with_a_members_or_a_referenced_pattern_is_named_unenforced_or_refused(
         gpt2_compiler, tokenizers, vocabs, node):
-    """The RFC 1123 name as a definition its users reference beside `maxLength: 253` (or in a nested `allOf`): only
-    a node's own and its members' patterns were asked about, and the schema was a 400 strict or not, some without
-    a pointer."""
+    """The RFC 1123 name in an `allOf` member (or a nested one), or as a definition its users reference, beside
+    `maxLength: 253`: only a node's own pattern was asked about, and the schema was a 400 strict or not, some
+    without a pointer."""
     schema = {**_object(node), "$defs": {"name": {"pattern": RFC1123}}}
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
                                              backend="llguidance"))
