@@ -34,7 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from constrain.args_calls import ArgsCallsGrammar
 from constrain.call_token import CallTokenGrammar
@@ -453,7 +453,8 @@ class GrammarCompiler:
                 found = self._planned(spec, backend, one_of="oneOf" in exc.message,
                                       every_count=COUNT_REFUSAL in exc.message)
             except ConstraintError as later:  # (named by the keyword that still stands, where the client has it)
-                named = later.pointer and resolve_ref(spec.schema, "#" + later.pointer) is not None
+                # (a plain pointer: `a%20b` names `a%20b`, never `a b`)
+                named = later.pointer and resolve_ref(spec.schema, "#" + quote(later.pointer)) is not None
                 raise (later if named else exc) from None
             if found is None:
                 raise

@@ -1479,3 +1479,19 @@ def test_a_number_past_the_doubles_or_past_a_decimals_exponent_is_read_as_no_num
 
     with pytest.raises(_NotFinite):
         _readings(text)
+
+
+@pytest.mark.parametrize("name", ["a b", "a%20b"])
+def test_a_strict_refusal_the_late_checks_cannot_answer_names_the_keyword_that_still_stands(name, gpt2_compiler):
+    """Where a late plan still leaves a keyword nothing enforces (`format: regex`), the 400 names it, not the one
+    the late checks enforce (`contains`). A name holding a percent was read as a URI fragment (`a%20b` as `a b`),
+    its keyword found nowhere, and the 400 named `contains` (QA review D)."""
+    from constrain.grammar import ConstraintError
+
+    schema = {"type": "object", "required": [name], "properties": {
+        name: {"type": "string", "format": "regex", "not": {"const": "x"}},
+        "q": {"type": "array", "contains": {"const": 1}, "not": {"maxItems": 2}}}}
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": schema, "strict": True}}))
+    assert refused.value.pointer == f"/properties/{name}/format"
