@@ -118,12 +118,8 @@ def _typed(s: dict, t: Any, root: Any, depth: int, visits: list[int]) -> list | 
     if t == "boolean":
         return [True, False]
     if t == "integer":
-        low = [x for x in (s.get("minimum"), s.get("exclusiveMinimum")) if _finite_number(x)]
-        high = [x for x in (s.get("maximum"), s.get("exclusiveMaximum")) if _finite_number(x)]
-        if not low or not high:
-            return None
-        first, last = math.ceil(max(low)), math.floor(min(high))
-        return list(range(first, last + 1)) if last - first < MAX_CANDIDATES else None
+        ends = integer_range(s)
+        return list(range(ends[0], ends[1] + 1)) if ends is not None and ends[1] - ends[0] < MAX_CANDIDATES else None
     if t == "object":
         props = s.get("properties", {})
         if s.get("additionalProperties") is not False or not isinstance(props, dict):
@@ -144,6 +140,14 @@ def _typed(s: dict, t: Any, root: Any, depth: int, visits: list[int]) -> list | 
                 return None
         return [dict(pair for pair in combo if pair is not None) for combo in itertools.product(*choices)]
     return None
+
+
+def integer_range(s: dict) -> tuple[int, int] | None:
+    """(first, last): the integers between `s`'s own bounds, an exclusive end read as inclusive (so a range that
+    holds every integer `s` takes, and maybe its ends); None without a finite bound on each side."""
+    low = [x for x in (s.get("minimum"), s.get("exclusiveMinimum")) if _finite_number(x)]
+    high = [x for x in (s.get("maximum"), s.get("exclusiveMaximum")) if _finite_number(x)]
+    return (math.ceil(max(low)), math.floor(min(high))) if low and high else None
 
 
 def _finite_number(x: Any) -> bool:

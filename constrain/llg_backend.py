@@ -1928,7 +1928,8 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
         if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
             probed.add(id(node))
             here = ptr.rsplit("/", 1)[0]
-            for length in undecided_lengths(node, schema):  # (left out of what llguidance compiles: `llguidance_schema`)
+            # (left out of what llguidance compiles: `llguidance_schema`)
+            for length in undecided_lengths(node, schema):
                 if strict:  # (one pointer in the message: the client's terms replace it, for tools too)
                     raise ConstraintError(f"the {length} at {here}/{length} cannot be enforced beside the patterns "
                                           "and formats its strings must match there (its own, its allOf members', "

@@ -99,7 +99,7 @@ from urllib.parse import quote, unquote
 import attrs
 import jsonschema
 
-from constrain.finite_values import finite_values
+from constrain.finite_values import finite_values, integer_range
 from constrain.formats import LIBRARY_FORMATS, NATIVE_FORMAT_PATTERNS, format_pattern
 from constrain.pattern_dialects import portable_pattern, widest_pattern
 from constrain.regex_sets import (Work, complement_pattern, disjoint_regions, finite_language, regex_char,
@@ -1495,7 +1495,7 @@ def _not(node: dict, ctx: _Ctx) -> dict:
         del node["not"]
         ctx.changed = True
         return node
-    if n is True or (isinstance(n, dict) and not (set(n) - _ANNOT)):
+    if _says_nothing(n):
         ctx.changed = True
         return False  # `not` of the schema accepting everything: this node accepts nothing
     rest = {k: v for k, v in node.items() if k != "not"}
@@ -1926,11 +1926,10 @@ def _late_integers_as_enum(node: dict, ctx: _Ctx) -> Any:
     3}` from 1e17 to 1e17 + 40)."""
     if not ({"not", "if"} & set(node)) or not {"integer"} <= ctx.types(node) <= _FEW_VALUED_TYPES:
         return node
-    low = [x for x in (node.get("minimum"), node.get("exclusiveMinimum")) if _number(x)]
-    high = [x for x in (node.get("maximum"), node.get("exclusiveMaximum")) if _number(x)]
-    if not low or not high:
+    ends = integer_range(node)
+    if ends is None:
         return node
-    first, last = math.ceil(max(low)), math.floor(min(high))
+    first, last = ends
     count = last - first + 1
     if count > min(_MAX_LATE_INTEGERS, ctx.integers_to_list) or max(abs(first), abs(last)) > _EXACT_INTEGERS:
         return node
@@ -2543,8 +2542,9 @@ def _pattern_properties(node: dict, ctx: _Ctx) -> dict:
 
 
 def _says_nothing(schema: Any) -> bool:
-    """`schema` accepts every value: `true`, or nothing but annotations."""
-    return schema is True or (isinstance(schema, dict) and set(schema) <= _ANNOT - {"$defs", "definitions"})
+    """`schema` accepts every value: `true`, or nothing but annotations (and definitions: a step that would move
+    one a `$ref` names is undone, `_rewrite`)."""
+    return schema is True or (isinstance(schema, dict) and not (set(schema) - _ANNOT))
 
 
 def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:

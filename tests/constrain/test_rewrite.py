@@ -636,6 +636,11 @@ def test_a_pattern_property_that_asserts_nothing_beside_open_other_names_goes(gp
     assert rewrite_schema(described) == {**described, "patternProperties": {"^_[a-z]*$": {"type": "integer"}}}
     gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(described), strict=True,
                                          backend="llguidance"))
+    # (definitions are no assertion, and go with it; not where a `$ref` names one)
+    defining = {"patternProperties": {"^x": {"$defs": {"d": {"type": "integer"}}}}}
+    assert rewrite_schema(defining) == {}
+    named = {**defining, "properties": {"n": {"$ref": "#/patternProperties/^x/$defs/d"}}}
+    assert rewrite_schema(named)["patternProperties"] == defining["patternProperties"]
     closed = {**RESERVED, "additionalProperties": False}  # (there the pattern lets its names in)
     assert rewrite_schema(closed) == closed
     # (there it evaluates its names)
