@@ -1053,17 +1053,16 @@ def llguidance_schema(schema):
         return schema
     schema = copy.deepcopy(schema)
     uncompiled = _uncompiled_nodes(schema)
-    probed: set[int] = set()
-    for _, key, node in list(walk(schema)):
-        if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
-            probed.add(id(node))
-            for length in undecided_lengths(node, schema):  # (named by `_inexact_keywords`, or refused under strict)
-                del node[length]
+    undecided = undecided_lengths(schema, uncompiled)  # (named by `_inexact_keywords`, or refused under strict)
+    for _, key, node in list(walk_with_refs(schema)):
+        if key in _LENGTHS and (id(node), key) in undecided:
+            del node[key]
     for ptr, key, node in list(walk(schema)):
         value = node.get(key)
         if ptr in narrowed:
             node[key] = narrowed[ptr]
-        elif key == "format" and value == "hostname" and id(node) not in uncompiled:
+        elif key == "format" and value == "hostname" and id(node) not in uncompiled \
+                and (id(node), "maxLength") not in undecided:
             # llguidance's hostname holds labels of at most 63 characters but no limit on the whole: RFC 1034's
             # 253 (a 300-character name passed).
             most = node.get("maxLength")
@@ -1518,55 +1517,112 @@ def unreadable_pattern(pattern: str) -> str | None:
     return " ".join(messages[-1].split()) if is_error and messages else None
 
 
-def undecided_lengths(node: dict, root: dict) -> list[str]:
-    """The length bounds of string node `node` (in `root`) that llguidance cannot meet with the patterns that meet
-    there (`_meeting_patterns`): it proves that patterns and a length bound have some string in common within a
-    fixed budget (10,000 states), which an RFC 1123 name
+def undecided_lengths(root: dict, uncompiled: set[int]) -> set[tuple[int, str]]:
+    """(id() of the subschema, keyword) of each length bound in `root` that llguidance cannot meet with the patterns
+    and formats a string meets beside it (`_meeting`): it proves that patterns and a length bound have some string
+    in common within a fixed budget (10,000 states), which an RFC 1123 name
     `^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\\.)+[a-z0-9][a-z0-9-]{0,61}[a-z0-9]$` beside `maxLength: 253` runs
     past ("Unable to determine if regex is empty": a 400, strict or not, where the pattern alone compiles), and so
-    did `pattern: "@example\\.com$"` beside `format: email` (an `allOf` member's pattern by then) and `maxLength:
-    100`. They are left out of what it compiles (`llguidance_schema`): named unenforced, or under strict a 400
-    naming them (`_inexact_keywords`)."""
-    lengths = {k: node[k] for k in _LENGTHS if k in node}
-    meeting = _meeting_patterns(node, root)
-    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) for v in lengths.values()) \
-            or not any("pattern" in one for one in meeting):
-        return []
-    alone = {"type": "string", "allOf": meeting}
-    if not _undecided(json.dumps({**alone, **lengths})) or _undecided(json.dumps(alone)):
-        return []
-    # (only the bounds that cost it: `minLength: 1` beside that name's `maxLength: 253` is decided, and was left
-    # out with it, named unenforced, or under strict the 400 named it rather than the maxLength)
-    kept = {k: v for k, v in lengths.items() if not _undecided(json.dumps({**alone, k: v}))}
-    if len(kept) > 1 and _undecided(json.dumps({**alone, **kept})):
-        kept = {}
-    return [k for k in lengths if k not in kept]
+    did `pattern: "@example\\.com$"` beside `format: email` and `maxLength: 100`. `format: hostname` holds at most
+    253 characters (its `maxLength` as `llguidance_schema` writes it). They are left out of what it compiles
+    (`llguidance_schema`): named unenforced, or under strict a 400 naming them (`_inexact_keywords`). Keyed by
+    object, not pointer, so that both callers read the same answer whatever root and pointers each walks."""
+    text = json.dumps(root)
+    if "Length" not in text and '"hostname"' not in text:
+        return set()
+    undecided: set[tuple[int, str]] = set()
+    reads = [0]  # (subschemas read for all sites together: `_MEETING_READS`)
+    for _, _, node in walk_with_refs(root):
+        if id(node) not in uncompiled and not _MEETING_KEYS.isdisjoint(node):
+            for holders in _meeting(node, root, reads):
+                undecided |= _undecided_among(holders, uncompiled)
+    return undecided
 
 
 _LENGTHS = ("minLength", "maxLength")
-_MEETING_HOLDERS = 32  # subschemas `_meeting_patterns` reads for one node
+_MEETING_KEYS = frozenset(_LENGTHS + ("pattern", "format", "allOf", "anyOf", "oneOf", "$ref"))
+_MEETING_HOLDERS = 32  # subschemas one string meets that `_meeting` reads
+_MEETING_CHOICES = 16  # sets of them for one subschema (one for each way through its anyOf/oneOf branches)
+_MEETING_READS = 20_000  # subschemas read for one schema (past it, a length is compiled as it is)
 
 
-def _meeting_patterns(node: dict, root: dict) -> list[dict]:
-    """A one-keyword schema for each `pattern` and `format` that a string of `node` meets: its own, its `allOf`
-    members' and what its local `$ref`s name (theirs too, so far as `_MEETING_HOLDERS` subschemas; a `$ref` to
-    an RFC 1123 name beside `maxLength: 253`, as a definition's users write it, was a 400 too). `root`: the
-    schema its references resolve in. A pattern is written as llguidance is given it (one it cannot read gives
-    no "undecided" refusal, and is left out: `unreadable_pattern`)."""
-    out, seen, work = [], set(), [node]
-    while work and len(seen) < _MEETING_HOLDERS:
-        holder = work.pop(0)
-        if not isinstance(holder, dict) or id(holder) in seen:
+def _meeting(node: dict, root: dict, reads: list[int]):
+    """Each set of subschemas whose keywords one string of `node` meets at once: `node`, its `allOf` members, what
+    its local `$ref`s name (theirs too), and of each `anyOf`/`oneOf` among them one branch (llguidance meets a
+    node's length with each branch's pattern: `{anyOf: [{pattern: P}], maxLength: 253}` was a 400 without a
+    pointer). `root`: the schema its references resolve in. So far as `_MEETING_HOLDERS` subschemas a set,
+    `_MEETING_CHOICES` sets a node, and `_MEETING_READS` (`reads`, counted) a schema."""
+    work: list[tuple[list, list, list]] = [([node], [], [])]  # (to read, read, anyOf/oneOf lists not yet taken)
+    made = 0
+    while work and made < _MEETING_CHOICES and reads[0] < _MEETING_READS:
+        queue, met, choices = work.pop()
+        queue, met, choices = list(queue), list(met), list(choices)
+        while queue and len(met) < _MEETING_HOLDERS:
+            holder = queue.pop(0)
+            if not isinstance(holder, dict) or any(holder is m for m in met):
+                continue
+            reads[0] += 1
+            met.append(holder)
+            queue += holder["allOf"] if isinstance(holder.get("allOf"), list) else []
+            if isinstance(holder.get("$ref"), str) and holder["$ref"].startswith("#"):
+                queue.append(resolve_ref(root, holder["$ref"]))
+            choices += [holder[k] for k in ("anyOf", "oneOf") if isinstance(holder.get(k), list) and holder[k]]
+        if choices:
+            work += [([branch], met, choices[1:]) for branch in reversed(choices[0])]
             continue
-        seen.add(id(holder))
-        if isinstance(holder.get("pattern"), str):
-            out.append({"pattern": _quote_safe(portable_pattern(holder["pattern"]))})
+        made += 1
+        yield met
+
+
+def _undecided_among(holders: list[dict], uncompiled: set[int]) -> set[tuple[int, str]]:
+    """The length bounds among `holders` (subschemas one string meets at once) that llguidance cannot meet with
+    their patterns and formats, where it meets those alone (a pattern it cannot decide by itself is left as it
+    is). A pattern is written as llguidance is given it; one it cannot read is left out (`unreadable_pattern`)."""
+    meeting, lengths = [], {}
+    for holder in holders:
+        pattern = holder.get("pattern")
+        if isinstance(pattern, str) and (id(holder) in uncompiled or unreadable_pattern(pattern) is None):
+            meeting.append({"pattern": _quote_safe(portable_pattern(pattern))})
         if isinstance(holder.get("format"), str):
-            out.append({"format": holder["format"]})
-        if isinstance(holder.get("allOf"), list):
-            work += holder["allOf"]
-        if isinstance(holder.get("$ref"), str) and holder["$ref"].startswith("#"):
-            work.append(resolve_ref(root, holder["$ref"]))
+            meeting.append({"format": holder["format"]})
+        for key in _LENGTHS:
+            if isinstance(holder.get(key), int) and not isinstance(holder[key], bool):
+                lengths[id(holder), key] = holder[key]
+        if holder.get("format") == "hostname" and id(holder) not in uncompiled:
+            most = lengths.get((id(holder), "maxLength"), _HOSTNAME_MOST)
+            lengths[id(holder), "maxLength"] = min(most, _HOSTNAME_MOST)
+    if not lengths or not any("pattern" in one for one in meeting):
+        return set()
+
+    def probe(bounds) -> bool:
+        least = [v for (_, key), v in bounds if key == "minLength"]
+        most = [v for (_, key), v in bounds if key == "maxLength"]
+        together = {"minLength": max(least)} if least else {}
+        together |= {"maxLength": min(most)} if most else {}
+        return _undecided(json.dumps({"type": "string", "allOf": meeting, **together}))
+
+    if not probe(lengths.items()) or probe([]):
+        return set()
+    # (only the bounds that cost it: `minLength: 1` beside that name's `maxLength: 253` is decided, and was left
+    # out with it, named unenforced, or under strict the 400 named it rather than the maxLength)
+    kept = [item for item in lengths.items() if not probe([item])]
+    if len(kept) > 1 and probe(kept):
+        kept = []
+    return set(lengths) - {bound for bound, _ in kept}
+
+
+def _undecided_length_pointers(schema: dict, base_pointer: str, uncompiled: set[int]) -> list[str]:
+    """The pointers of the length bounds `undecided_lengths` leaves out of `schema`: each `minLength`/`maxLength`,
+    and a `format: hostname` whose 253 characters are left out where the client's `maxLength` does not say as
+    much. Every pointer a subschema is reached at, through `$ref`s too (the bound is left out at each)."""
+    undecided = undecided_lengths(schema, uncompiled)
+    out: list[str] = []
+    for ptr, key, node in walk_with_refs(schema, base_pointer) if undecided else ():
+        most = node.get("maxLength")
+        said = isinstance(most, int) and not isinstance(most, bool) and most <= _HOSTNAME_MOST
+        if (key in _LENGTHS and (id(node), key) in undecided) or (
+                key == "format" and node[key] == "hostname" and (id(node), "maxLength") in undecided and not said):
+            out += [ptr] if ptr not in out else []
     return out
 
 
@@ -1908,7 +1964,16 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
     found = []
     uncompiled = _uncompiled_nodes(schema)
     narrowed = _narrowed_bounds(schema, base_pointer)
-    probed: set[int] = set()  # (string nodes whose lengths were asked about)
+    for ptr in _undecided_length_pointers(schema, base_pointer, uncompiled):  # (`llguidance_schema` leaves them out)
+        if any(ptr == s or ptr.startswith(s + "/") for s in strict_under):  # (one pointer in the message: the
+            # client's terms replace it, for tools too)
+            bound = "the hostname format's 253 characters" if ptr.endswith("/format") \
+                else f"the {ptr.rsplit('/', 1)[1]}"
+            raise ConstraintError(f"{bound} at {ptr} cannot be enforced beside the patterns and formats its strings "
+                                  "must match there (its own, its allOf members', what its $ref names, an "
+                                  "anyOf/oneOf branch's): llguidance cannot decide within its budget whether some "
+                                  "string meets them all", param=param, pointer=ptr, code="unsupported_schema")
+        found.append(ptr)
     for ptr, key, node in walk(schema, base_pointer):
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)
         reason = unreadable_pattern(node[key]) if key == "pattern" and isinstance(node[key], str) \
@@ -1925,18 +1990,6 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced: {reason}", param=param,
                                       pointer=ptr, code="unsupported_schema")
             found.append(ptr)
-        if key in _LENGTHS and id(node) not in uncompiled and id(node) not in probed:
-            probed.add(id(node))
-            here = ptr.rsplit("/", 1)[0]
-            # (left out of what llguidance compiles: `llguidance_schema`)
-            for length in undecided_lengths(node, schema):
-                if strict:  # (one pointer in the message: the client's terms replace it, for tools too)
-                    raise ConstraintError(f"the {length} at {here}/{length} cannot be enforced beside the patterns "
-                                          "and formats its strings must match there (its own, its allOf members', "
-                                          "what its $ref names): llguidance cannot decide within its budget "
-                                          "whether some string meets them all", param=param,
-                                          pointer=f"{here}/{length}", code="unsupported_schema")
-                found.append(f"{here}/{length}")
         multiple = _unreadable_multiple_at(node, key) if id(node) not in uncompiled else None
         if multiple is not None:  # (left out of what llguidance compiles: `llguidance_schema`)
             if strict:

@@ -4,6 +4,8 @@ strings; outlines only gets patterns and property names that cannot hold a chara
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
@@ -235,22 +237,64 @@ def test_a_length_llguidance_cannot_meet_with_a_pattern_and_a_format_is_named_un
     {"type": "string", "allOf": [{"$ref": "#/$defs/name"}], "maxLength": 253},
     {"type": "string", "$ref": "#/$defs/name", "maxLength": 253},
     {"type": "string", "allOf": [{"allOf": [{"pattern": RFC1123}]}], "maxLength": 253},
+    {"type": "string", "anyOf": [{"pattern": RFC1123}], "maxLength": 253},
+    {"type": "string", "anyOf": [{"$ref": "#/$defs/name"}, {"enum": ["localhost"]}], "maxLength": 253},
+    {"anyOf": [{"type": "string", "allOf": [{"pattern": RFC1123}]}, {"type": "integer"}], "maxLength": 253},
 ])
 def test_a_length_llguidance_cannot_meet_with_a_members_or_a_referenced_pattern_is_named_unenforced_or_refused(
         gpt2_compiler, tokenizers, vocabs, node):
-    """The RFC 1123 name in an `allOf` member (or a nested one), or as a definition its users reference, beside
-    `maxLength: 253`: only a node's own pattern was asked about, and the schema was a 400 strict or not, some
-    without a pointer."""
+    """The RFC 1123 name in an `allOf` member (or a nested one), as a definition its users reference, or in an
+    `anyOf` branch (llguidance meets the node's length with each branch), beside `maxLength: 253`: only a node's
+    own pattern was asked about, and the schema was a 400 strict or not, some without a pointer."""
     schema = {**_object(node), "$defs": {"name": {"pattern": RFC1123}}}
     g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
                                              backend="llguidance"))
     assert g.unenforced == ("/properties/v/maxLength",)
-    for value, valid in (("api.example.com", True), ("api..example.com", False), ("localhost", False)):
+    localhost = "localhost" in json.dumps(node)
+    for value, valid in (("api.example.com", True), ("api..example.com", False), ("localhost", localhost)):
         assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
     with pytest.raises(ConstraintError) as refused:
         gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                              backend="llguidance"))
     assert refused.value.pointer == "/properties/v/maxLength" and "patterns" in refused.value.message
+
+
+def test_a_length_in_an_allof_member_beside_the_nodes_pattern_is_named_unenforced_or_refused(
+        gpt2_compiler, tokenizers, vocabs):
+    """The length in an `allOf` member, the RFC 1123 name on the node: the probe asked only the member, which holds
+    no pattern, and the schema was a 400 strict or not."""
+    schema = _object({"type": "string", "pattern": RFC1123, "allOf": [{"maxLength": 253}]})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == ("/properties/v/allOf/0/maxLength",)
+    for value, valid in (("api.example.com", True), ("api..example.com", False), ("localhost", False)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == "/properties/v/allOf/0/maxLength"
+
+
+@pytest.mark.parametrize("most, named", [(None, ("/properties/v/format",)), (100, ("/properties/v/maxLength",)),
+                                         (300, ("/properties/v/format", "/properties/v/maxLength"))])
+def test_a_hostnames_own_length_beside_a_pattern_is_named_by_its_format(gpt2_compiler, tokenizers, vocabs, most,
+                                                                       named):
+    """`format: hostname` beside the RFC 1123 name: the product holds a hostname to 253 characters (RFC 1034), a
+    bound written after the probe, and the schema was a 400 without a pointer, strict or not. That bound is left
+    out, and named by the format where the client's `maxLength` does not say as much (and by that `maxLength`,
+    left out with it)."""
+    node = {"type": "string", "format": "hostname", "pattern": RFC1123}
+    schema = _object(node if most is None else {**node, "maxLength": most})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert tuple(sorted(g.unenforced)) == named
+    for value, valid in (("api.example.com", True), ("api..example.com", False), ("API.example.com", False)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer in named and "253" in refused.value.message if most is None \
+        else refused.value.pointer in named
 
 
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
