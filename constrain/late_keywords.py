@@ -114,7 +114,12 @@ class LatePlan:
                                 isinstance(holder["enum"], list) else [])]
             values += [v for key, holder in found if key == "contains" for v in self._contains_examples(holder)]
             texts = (json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode() for v in values)
-            self._memo["walk_values"] = tuple(dict.fromkeys(texts))[:32]
+            # (last: a `oneOf` of open objects whose keys so far both branches take needs a member one refuses,
+            # and under `patternProperties` of scalars that is a container: the greedy walk wrote scalars only,
+            # and the answer ran to max_tokens)
+            containers = (b"[]", b"{}") if any(key == "oneOf" for key, _ in found) else ()
+            self._memo["walk_values"] = tuple(dict.fromkeys([*tuple(dict.fromkeys(texts))[:32 - len(containers)],
+                                                             *containers]))
         return self._memo["walk_values"]
 
     def _contains_examples(self, holder: dict) -> list:
