@@ -1528,15 +1528,39 @@ def undecided_lengths(root: dict, uncompiled: set[int]) -> set[tuple[int, str]]:
     (`llguidance_schema`): named unenforced, or under strict a 400 naming them (`_inexact_keywords`). Keyed by
     object, not pointer, so that both callers read the same answer whatever root and pointers each walks."""
     text = json.dumps(root)
-    if "Length" not in text and '"hostname"' not in text:
+    if '"pattern"' not in text or ("Length" not in text and '"hostname"' not in text):
+        return set()
+    nodes = list(walk_with_refs(root))
+    if not any(key == "pattern" and isinstance(node[key], str) for _, key, node in nodes) or not any(
+            (key in _LENGTHS and isinstance(node[key], int)) or (key == "format" and node[key] == "hostname")
+            for _, key, node in nodes):
         return set()
     undecided: set[tuple[int, str]] = set()
     reads = [0]  # (subschemas read for all sites together: `_MEETING_READS`)
-    for _, _, node in walk_with_refs(root):
-        if id(node) not in uncompiled and not _MEETING_KEYS.isdisjoint(node):
-            for holders in _meeting(node, root, reads):
-                undecided |= _undecided_among(holders, uncompiled)
+    sites = [(node, 0) for _, _, node in nodes if id(node) not in uncompiled and not _MEETING_KEYS.isdisjoint(node)]
+    merged_seen: set[tuple[int, ...]] = set()
+    while sites:
+        node, depth = sites.pop()
+        for holders in _meeting(node, root, reads):
+            undecided |= _undecided_among(holders, uncompiled)
+            for merged in _merged_properties(holders) if depth < _MERGES_DEEP else ():
+                members = tuple(id(m) for m in merged["allOf"])
+                if members not in merged_seen:
+                    merged_seen.add(members)
+                    sites.append((merged, depth + 1))
     return undecided
+
+
+def _merged_properties(holders: list[dict]) -> list[dict]:
+    """For each property name that two or more of `holders` (subschemas one object meets) declare, an `allOf` of
+    its schemas there: llguidance merges the objects and meets them (`allOf: [{properties: {h: {pattern: P}}},
+    {properties: {h: {maxLength: 253}}}]`, a base model and a constraint added to it, was a 400)."""
+    by_name: dict[str, list] = {}
+    for holder in holders:
+        if isinstance(holder.get("properties"), dict):
+            for name, sub in holder["properties"].items():
+                by_name.setdefault(name, []).append(sub)
+    return [{"allOf": subs} for subs in by_name.values() if len(subs) > 1]
 
 
 _LENGTHS = ("minLength", "maxLength")
@@ -1544,6 +1568,7 @@ _MEETING_KEYS = frozenset(_LENGTHS + ("pattern", "format", "allOf", "anyOf", "on
 _MEETING_HOLDERS = 32  # subschemas one string meets that `_meeting` reads
 _MEETING_CHOICES = 16  # sets of them for one subschema (one for each way through its anyOf/oneOf branches)
 _MEETING_READS = 20_000  # subschemas read for one schema (past it, a length is compiled as it is)
+_MERGES_DEEP = 4  # objects merged within merged objects that `undecided_lengths` follows
 
 
 def _meeting(node: dict, root: dict, reads: list[int]):
@@ -1578,20 +1603,25 @@ def _undecided_among(holders: list[dict], uncompiled: set[int]) -> set[tuple[int
     """The length bounds among `holders` (subschemas one string meets at once) that llguidance cannot meet with
     their patterns and formats, where it meets those alone (a pattern it cannot decide by itself is left as it
     is). A pattern is written as llguidance is given it; one it cannot read is left out (`unreadable_pattern`)."""
-    meeting, lengths = [], {}
+    lengths = {}
     for holder in holders:
-        pattern = holder.get("pattern")
-        if isinstance(pattern, str) and (id(holder) in uncompiled or unreadable_pattern(pattern) is None):
-            meeting.append({"pattern": _quote_safe(portable_pattern(pattern))})
-        if isinstance(holder.get("format"), str):
-            meeting.append({"format": holder["format"]})
         for key in _LENGTHS:
             if isinstance(holder.get(key), int) and not isinstance(holder[key], bool):
                 lengths[id(holder), key] = holder[key]
         if holder.get("format") == "hostname" and id(holder) not in uncompiled:
             most = lengths.get((id(holder), "maxLength"), _HOSTNAME_MOST)
             lengths[id(holder), "maxLength"] = min(most, _HOSTNAME_MOST)
-    if not lengths or not any("pattern" in one for one in meeting):
+    if not lengths or not any(isinstance(holder.get("pattern"), str) for holder in holders) \
+            or any("enum" in holder or "const" in holder for holder in holders):
+        return set()  # (llguidance meets a finite set of strings with the rest member by member: decided)
+    meeting = []
+    for holder in holders:
+        pattern = holder.get("pattern")
+        if isinstance(pattern, str) and (id(holder) in uncompiled or unreadable_pattern(pattern) is None):
+            meeting.append({"pattern": _spelled_for_llguidance(pattern)})
+        if isinstance(holder.get("format"), str):
+            meeting.append({"format": holder["format"]})
+    if not any("pattern" in one for one in meeting):
         return set()
 
     def probe(bounds) -> bool:
@@ -1624,6 +1654,12 @@ def _undecided_length_pointers(schema: dict, base_pointer: str, uncompiled: set[
                 key == "format" and node[key] == "hostname" and (id(node), "maxLength") in undecided and not said):
             out += [ptr] if ptr not in out else []
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _spelled_for_llguidance(pattern: str) -> str:
+    """`pattern` as `llguidance_schema` gives it to llguidance (asked again for each set of subschemas it meets)."""
+    return _quote_safe(portable_pattern(pattern))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1971,8 +2007,9 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
                 else f"the {ptr.rsplit('/', 1)[1]}"
             raise ConstraintError(f"{bound} at {ptr} cannot be enforced beside the patterns and formats its strings "
                                   "must match there (its own, its allOf members', what its $ref names, an "
-                                  "anyOf/oneOf branch's): llguidance cannot decide within its budget whether some "
-                                  "string meets them all", param=param, pointer=ptr, code="unsupported_schema")
+                                  "anyOf/oneOf branch's, the same property's where allOf merges objects): "
+                                  "llguidance cannot decide within its budget whether some string meets them all",
+                                  param=param, pointer=ptr, code="unsupported_schema")
         found.append(ptr)
     for ptr, key, node in walk(schema, base_pointer):
         strict = any(ptr == s or ptr.startswith(s + "/") for s in strict_under)

@@ -275,6 +275,30 @@ def test_a_length_in_an_allof_member_beside_the_nodes_pattern_is_named_unenforce
     assert refused.value.pointer == "/properties/v/allOf/0/maxLength"
 
 
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "object", "allOf": [{"properties": {"v": {"type": "string", "pattern": RFC1123}}},
+                                  {"properties": {"v": {"maxLength": 253}}}], "required": ["v"]},
+     "/allOf/1/properties/v/maxLength"),
+    ({"type": "object", "properties": {"v": {"type": "string", "pattern": RFC1123}},
+      "allOf": [{"$ref": "#/$defs/short"}], "required": ["v"], "$defs": {"short": {"properties": {"v": {
+          "maxLength": 253}}}}}, "/$defs/short/properties/v/maxLength"),
+])
+def test_a_length_and_a_pattern_of_one_property_in_merged_objects_are_named_unenforced_or_refused(
+        gpt2_compiler, tokenizers, vocabs, schema, named):
+    """A base object and a length added to one of its properties by another `allOf` member (or a referenced
+    model): llguidance merges the objects and meets the two schemas of the property, and the schema was a 400
+    strict or not ("Unable to determine if regex is empty")."""
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == (named,)
+    for value, valid in (("api.example.com", True), ("api..example.com", False), ("localhost", False)):
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == named
+
+
 @pytest.mark.parametrize("most, named", [(None, ("/properties/v/format",)), (100, ("/properties/v/maxLength",)),
                                          (300, ("/properties/v/format", "/properties/v/maxLength"))])
 def test_a_hostnames_own_length_beside_a_pattern_is_named_by_its_format(gpt2_compiler, tokenizers, vocabs, most,
