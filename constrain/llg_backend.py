@@ -1056,7 +1056,7 @@ def llguidance_schema(schema):
     undecided = undecided_lengths(schema, uncompiled)  # (named by `_inexact_keywords`, or refused under strict)
     for _, key, node in list(walk_with_refs(schema)):
         if key in _LENGTHS and (id(node), key) in undecided:
-            del node[key]
+            node.pop(key, None)  # (a subschema the rewrites share, a recursive definition's copy, is met twice)
     for ptr, key, node in list(walk(schema)):
         value = node.get(key)
         if ptr in narrowed:

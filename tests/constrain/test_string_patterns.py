@@ -11,7 +11,7 @@ import pytest
 from constrain import ConstraintError, ConstraintSpec, GrammarCompiler
 from constrain.spec import normalise_schema
 from constrain.support import json_safe_pattern, outlines_unsupported
-from tests.constrain.conftest import accepts_value, takes_text
+from tests.constrain.conftest import accepts_document, accepts_value, takes_text
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +305,22 @@ def test_a_hostnames_own_length_beside_a_pattern_is_named_by_its_format(gpt2_com
                                              backend="llguidance"))
     assert refused.value.pointer in named and "253" in refused.value.message if most is None \
         else refused.value.pointer in named
+
+
+def test_a_length_left_out_of_a_subschema_the_rewrites_share_is_named(gpt2_compiler, tokenizers, vocabs):
+    """A recursive definition two `allOf`s name is copied once and shared (rewrite.py
+    `_inline_recursive_meetings`): its name's `maxLength` was left out twice over, a KeyError, and the request a
+    500 without strict."""
+    node = {"type": "object", "properties": {"host": {"type": "string", "pattern": RFC1123, "maxLength": 253},
+                                             "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}
+    schema = {"type": "object", "properties": {"a": {"allOf": [{"$ref": "#/$defs/node"}]},
+                                               "b": {"allOf": [{"$ref": "#/$defs/node"}]}},
+              "required": ["a"], "additionalProperties": False, "$defs": {"node": node}}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert "/$defs/node/properties/host/maxLength" in g.unenforced
+    for host, valid in (("api.example.com", True), ("api..example.com", False)):
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"a": {"host": host}}) == valid, host
 
 
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
