@@ -1537,11 +1537,21 @@ def undecided_lengths(root: dict, uncompiled: set[int]) -> set[tuple[int, str]]:
         return set()
     undecided: set[tuple[int, str]] = set()
     reads = [0]  # (subschemas read for all sites together: `_MEETING_READS`)
-    sites = [(node, 0) for _, _, node in nodes if id(node) not in uncompiled and not _MEETING_KEYS.isdisjoint(node)]
+    sites, asked = [], set()  # (once a subschema: `walk_with_refs` yields it for each keyword, and where shared)
+    for _, _, node in nodes:
+        if id(node) not in asked and id(node) not in uncompiled and not _MEETING_KEYS.isdisjoint(node):
+            asked.add(id(node))
+            sites.append((node, 0))
     merged_seen: set[tuple[int, ...]] = set()
     while sites:
         node, depth = sites.pop()
-        for holders in _meeting(node, root, reads):
+        # (past the budget, a length or hostname of the node's own is still met with its allOf members' and its
+        # references' patterns, as before branches were: 300 properties naming a union spent the budget first,
+        # and the RFC 1123 name beside its own maxLength was a 400 pointing at one of them)
+        sets = _meeting(node, root, reads) if reads[0] < _MEETING_READS else \
+            _meeting(node, root, [0], branches=False) if node.get("format") == "hostname" \
+            or not _LENGTHS_KEYS.isdisjoint(node) else ()
+        for holders in sets:
             undecided |= _undecided_among(holders, uncompiled)
             for merged in _merged_properties(holders) if depth < _MERGES_DEEP else ():
                 members = tuple(id(m) for m in merged["allOf"])
@@ -1564,19 +1574,21 @@ def _merged_properties(holders: list[dict]) -> list[dict]:
 
 
 _LENGTHS = ("minLength", "maxLength")
+_LENGTHS_KEYS = frozenset(_LENGTHS)
 _MEETING_KEYS = frozenset(_LENGTHS + ("pattern", "format", "allOf", "anyOf", "oneOf", "$ref"))
 _MEETING_HOLDERS = 32  # subschemas one string meets that `_meeting` reads
 _MEETING_CHOICES = 16  # sets of them for one subschema (one for each way through its anyOf/oneOf branches)
-_MEETING_READS = 20_000  # subschemas read for one schema (past it, a length is compiled as it is)
+_MEETING_READS = 20_000  # subschemas read for one schema (past it, a node's own lengths are met without branches)
 _MERGES_DEEP = 4  # objects merged within merged objects that `undecided_lengths` follows
 
 
-def _meeting(node: dict, root: dict, reads: list[int]):
+def _meeting(node: dict, root: dict, reads: list[int], branches: bool = True):
     """Each set of subschemas whose keywords one string of `node` meets at once: `node`, its `allOf` members, what
     its local `$ref`s name (theirs too), and of each `anyOf`/`oneOf` among them one branch (llguidance meets a
     node's length with each branch's pattern: `{anyOf: [{pattern: P}], maxLength: 253}` was a 400 without a
     pointer). `root`: the schema its references resolve in. So far as `_MEETING_HOLDERS` subschemas a set,
-    `_MEETING_CHOICES` sets a node, and `_MEETING_READS` (`reads`, counted) a schema."""
+    `_MEETING_CHOICES` sets a node, and `_MEETING_READS` (`reads`, counted) a schema. Without `branches`, one set
+    that takes no `anyOf`/`oneOf` branch."""
     work: list[tuple[list, list, list]] = [([node], [], [])]  # (to read, read, anyOf/oneOf lists not yet taken)
     made = 0
     while work and made < _MEETING_CHOICES and reads[0] < _MEETING_READS:
@@ -1591,7 +1603,8 @@ def _meeting(node: dict, root: dict, reads: list[int]):
             queue += holder["allOf"] if isinstance(holder.get("allOf"), list) else []
             if isinstance(holder.get("$ref"), str) and holder["$ref"].startswith("#"):
                 queue.append(resolve_ref(root, holder["$ref"]))
-            choices += [holder[k] for k in ("anyOf", "oneOf") if isinstance(holder.get(k), list) and holder[k]]
+            choices += [holder[k] for k in ("anyOf", "oneOf") if branches and isinstance(holder.get(k), list)
+                        and holder[k]]
         if choices:
             work += [([branch], met, choices[1:]) for branch in reversed(choices[0])]
             continue

@@ -323,6 +323,24 @@ def test_a_length_left_out_of_a_subschema_the_rewrites_share_is_named(gpt2_compi
         assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"a": {"host": host}}) == valid, host
 
 
+def test_a_length_beside_its_own_pattern_is_named_however_many_unions_the_schema_holds(gpt2_compiler):
+    """Properties that name a union of 16 branches of 32 subschemas each spent the probe's budget for the whole
+    schema (`_MEETING_READS`, counted a keyword at a time) before it reached the RFC 1123 name beside its own
+    `maxLength`, which was then compiled: a 400 pointing at one of the unions' `allOf`s, strict or not."""
+    union = {"anyOf": [{"allOf": [{"minLength": i} for i in range(32)]} for _ in range(16)]}
+    properties = {"host": {"type": "string", "pattern": RFC1123, "maxLength": 253}}
+    properties |= {f"p{i}": {"type": "string", "allOf": [{"$ref": "#/$defs/union"}], "description": str(i)}
+                   for i in range(60)}
+    schema = {"type": "object", "properties": properties, "$defs": {"union": union}}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert "/properties/host/maxLength" in g.unenforced
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == "/properties/host/maxLength"
+
+
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
     """`minLength: 1` beside the RFC 1123 name's `maxLength: 253`: llguidance decides the pattern with the
     minLength alone, and only the maxLength is left out. Both were: the minLength named unenforced, and under
