@@ -1535,6 +1535,7 @@ def undecided_lengths(root: dict, uncompiled: set[int]) -> set[tuple[int, str]]:
             (key in _LENGTHS and isinstance(node[key], int)) or (key == "format" and node[key] == "hostname")
             for _, key, node in nodes):
         return set()
+    target = _ref_targets(root)
     undecided: set[tuple[int, str]] = set()
     reads = [0]  # (subschemas read for all sites together: `_MEETING_READS`)
     sites, asked = [], set()  # (once a subschema: `walk_with_refs` yields it for each keyword, and where shared)
@@ -1548,8 +1549,8 @@ def undecided_lengths(root: dict, uncompiled: set[int]) -> set[tuple[int, str]]:
         # (past the budget, a length or hostname of the node's own is still met with its allOf members' and its
         # references' patterns, as before branches were: 300 properties naming a union spent the budget first,
         # and the RFC 1123 name beside its own maxLength was a 400 pointing at one of them)
-        sets = _meeting(node, root, reads) if reads[0] < _MEETING_READS else \
-            _meeting(node, root, [0], branches=False) if node.get("format") == "hostname" \
+        sets = _meeting(node, target, reads) if reads[0] < _MEETING_READS else \
+            _meeting(node, target, [0], branches=False) if node.get("format") == "hostname" \
             or not _LENGTHS_KEYS.isdisjoint(node) else ()
         for holders in sets:
             undecided |= _undecided_among(holders, uncompiled)
@@ -1582,11 +1583,40 @@ _MEETING_READS = 20_000  # subschemas read for one schema (past it, a node's own
 _MERGES_DEEP = 4  # objects merged within merged objects that `undecided_lengths` follows
 
 
-def _meeting(node: dict, root: dict, reads: list[int], branches: bool = True):
+def _ref_targets(root: dict) -> Callable[[str], Any]:
+    """What a `$ref` of `root` names: a local pointer, or where a `$ref` below a nested `$id` was written as the URI
+    it resolves to (`_refs_resolved_in_resources`), the subschema of that resource it names (None: not there)."""
+    resources: dict[str, dict] = {}
+    id_key = id_keyword(root.get("$schema"))
+
+    def visit(node, base: str | None, top: bool = False):
+        if isinstance(node, dict):
+            value = node.get(id_key)
+            if not top and isinstance(value, str) and not value.startswith("#"):  # (as `_resolved_below` reads it)
+                base = urldefrag(urljoin(base or "", value)).url
+                resources.setdefault(base, node)
+            map_subschemas(node, lambda sub: visit(sub, base))
+        return node
+
+    visit(root, None, top=True)
+    # (those URIs are relative where the root's `$id` is not written in: they read against it, and it names the root)
+    own = root.get(id_key) if isinstance(root.get(id_key), str) else ""
+    resources = {urljoin(own, uri): node for uri, node in resources.items()}
+    resources.setdefault(urldefrag(own).url, root)
+
+    def target(ref: str) -> Any:
+        if ref.startswith("#"):
+            return resolve_ref(root, ref)
+        url, fragment = urldefrag(urljoin(own, ref))
+        return resolve_ref(resources[url], "#" + fragment) if url in resources else None
+    return target
+
+
+def _meeting(node: dict, target: Callable[[str], Any], reads: list[int], branches: bool = True):
     """Each set of subschemas whose keywords one string of `node` meets at once: `node`, its `allOf` members, what
     its local `$ref`s name (theirs too), and of each `anyOf`/`oneOf` among them one branch (llguidance meets a
     node's length with each branch's pattern: `{anyOf: [{pattern: P}], maxLength: 253}` was a 400 without a
-    pointer). `root`: the schema its references resolve in. So far as `_MEETING_HOLDERS` subschemas a set,
+    pointer). `target`: what a `$ref` names (`_ref_targets`). So far as `_MEETING_HOLDERS` subschemas a set,
     `_MEETING_CHOICES` sets a node, and `_MEETING_READS` (`reads`, counted) a schema. Without `branches`, one set
     that takes no `anyOf`/`oneOf` branch."""
     work: list[tuple[list, list, list]] = [([node], [], [])]  # (to read, read, anyOf/oneOf lists not yet taken)
@@ -1601,8 +1631,8 @@ def _meeting(node: dict, root: dict, reads: list[int], branches: bool = True):
             reads[0] += 1
             met.append(holder)
             queue += holder["allOf"] if isinstance(holder.get("allOf"), list) else []
-            if isinstance(holder.get("$ref"), str) and holder["$ref"].startswith("#"):
-                queue.append(resolve_ref(root, holder["$ref"]))
+            if isinstance(holder.get("$ref"), str):
+                queue.append(target(holder["$ref"]))
             choices += [holder[k] for k in ("anyOf", "oneOf") if branches and isinstance(holder.get(k), list)
                         and holder[k]]
         if choices:
@@ -1657,7 +1687,12 @@ def _undecided_among(holders: list[dict], uncompiled: set[int]) -> set[tuple[int
 def _undecided_length_pointers(schema: dict, base_pointer: str, uncompiled: set[int]) -> list[str]:
     """The pointers of the length bounds `undecided_lengths` leaves out of `schema`: each `minLength`/`maxLength`,
     and a `format: hostname` whose 253 characters are left out where the client's `maxLength` does not say as
-    much. Every pointer a subschema is reached at, through `$ref`s too (the bound is left out at each)."""
+    much. Every pointer a subschema is reached at, through `$ref`s too (the bound is left out at each). Read as
+    `llguidance_schema` reads it: a `$ref` below a nested `$id` as the URI it resolves to (against the root, a
+    pattern its `$defs` held beside a length was never met, and the schema was a 400 without a pointer)."""
+    resolved = _refs_resolved_in_resources(schema)
+    if resolved is not schema:  # (the same places, other objects)
+        schema, uncompiled = resolved, _uncompiled_nodes(resolved)
     undecided = undecided_lengths(schema, uncompiled)
     out: list[str] = []
     for ptr, key, node in walk_with_refs(schema, base_pointer) if undecided else ():

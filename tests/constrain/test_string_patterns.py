@@ -341,6 +341,32 @@ def test_a_length_beside_its_own_pattern_is_named_however_many_unions_the_schema
     assert refused.value.pointer == "/properties/host/maxLength"
 
 
+@pytest.mark.parametrize("resource, ref", [
+    ({"$id": "http://x/z.json", "$defs": {"name": {"pattern": RFC1123}}}, "#/$defs/name"),
+    ({"$id": "z.json", "$defs": {"name": {"pattern": RFC1123}}}, "#/$defs/name"),
+    ({"$id": "z.json"}, "root.json#/$defs/name"),
+])
+def test_a_length_beside_a_pattern_a_reference_below_a_nested_id_names_is_named_unenforced_or_refused(
+        gpt2_compiler, tokenizers, vocabs, resource, ref):
+    """A `$ref` below a nested `$id` names a place in that resource: the probe read it against the root (where
+    `#/$defs/name` names another subschema, or nothing) or not at all (as llguidance is given it, the URI it
+    resolves to), never met the pattern with the length, and the schema was a 400 without a pointer, strict or
+    not."""
+    inner = {"type": "object", "properties": {"a": {"type": "string", "$ref": ref, "maxLength": 253}},
+             "required": ["a"], **resource}
+    schema = {"$id": "http://x/root.json", "type": "object", "properties": {"z": inner}, "required": ["z"],
+              "$defs": {"name": {"pattern": RFC1123} if "root.json" in ref else {"type": "string"}}}
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == ("/properties/z/properties/a/maxLength",)
+    for value, valid in (("api.example.com", True), ("api..example.com", False)):
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], {"z": {"a": value}}) == valid, value
+    with pytest.raises(ConstraintError) as refused:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+    assert refused.value.pointer == "/properties/z/properties/a/maxLength"
+
+
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
     """`minLength: 1` beside the RFC 1123 name's `maxLength: 253`: llguidance decides the pattern with the
     minLength alone, and only the maxLength is left out. Both were: the minLength named unenforced, and under
