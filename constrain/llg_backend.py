@@ -511,9 +511,10 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
     written, cycle_at = 0, _STUCK_CYCLE  # bytes since a closer or a hint; likewise
     avoid: set[int] = set()  # bytes the walk got stuck writing: others first, until it writes a closer
     asked, refusals = [0], [0]  # questions put to `refuses`, and how many it said yes to
+    closes_refused = [False]  # it refused a `]` or `}` (or the end): members may change its verdict
     verdicts: dict[tuple[int, bytes, bool], bool] = {}  # its answers, by where and what was asked
     hinted = False  # the hints were tried in the string being written (where its quote did not fit yet)
-    value_tokens = [ids for ids in (_forced_ids(v, byte_tokens) for v in values) if ids]
+    value_tokens = [(ids, v in _CONTAINER_VALUES) for v in values if (ids := _forced_ids(v, byte_tokens))]
 
     def refused(data: bytes, ends: bool = False) -> bool:
         """Whether `refuses` refuses the text written followed by `data` (and then the end, with `ends`)."""
@@ -526,6 +527,7 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
                 raise _WalkGaveUp
             verdicts[key] = refuses(bytes(text) + data, ends)
             refusals[0] += verdicts[key]
+            closes_refused[0] |= verdicts[key] and (ends or not _CLOSERS.isdisjoint(data))
         return verdicts[key]
 
     def wrote(ids: list[int]) -> None:
@@ -619,7 +621,8 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
                     run, last = 0, None
                     continue
             if refusals[0] and value_tokens and keys is not None and keys.mode == "value" and any(
-                    walk.validate_tokens(ids) == len(ids) and take(ids) for ids in value_tokens):
+                    walk.validate_tokens(ids) == len(ids) and take(ids) for ids, container in value_tokens
+                    if closes_refused[0] or not container):
                 run, last = 0, None
                 continue
             in_string = keys is not None and keys.mode in ("string", "key") and not keys.escaped
@@ -695,6 +698,10 @@ class _WalkGaveUp(Exception):
 # Bytes after which a check may find a value finished (a string's quote, a number's or a literal's delimiter or
 # last letter, a container's bracket, a key's colon, a member's comma): only text ending in one is put to it.
 _MAY_FINISH = frozenset(b'"}],: \t\n\rel')
+_CLOSERS = frozenset(b"]}")
+# Values a walk writes only once its checks refused a close (or the end): where they refused a finished scalar, the
+# greedy value is as good and shorter (`"p0":""`, not `"p0":[]`: 30 tokens where `[]` made 37)
+_CONTAINER_VALUES = (b"[]", b"{}")
 
 
 def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_keys: bool, tables: _WalkBytes,
