@@ -1600,7 +1600,10 @@ def _ref_targets(root: dict) -> Callable[[str], Any]:
         if isinstance(node, dict):
             value = node.get(id_key)
             if not top and isinstance(value, str) and not value.startswith("#"):  # (as `_resolved_below` reads it)
-                base = urldefrag(urljoin(base or "", value)).url
+                try:
+                    base = urldefrag(urljoin(base or "", value)).url
+                except ValueError:  # (`http://[::1/z`: no resource; llguidance refuses the URI, a 400)
+                    return node
                 resources.setdefault(base, node)
             map_subschemas(node, lambda sub: visit(sub, base))
         return node
@@ -1608,13 +1611,19 @@ def _ref_targets(root: dict) -> Callable[[str], Any]:
     visit(root, None, top=True)
     # (those URIs are relative where the root's `$id` is not written in: they read against it, and it names the root)
     own = root.get(id_key) if isinstance(root.get(id_key), str) else ""
-    resources = {urljoin(own, uri): node for uri, node in resources.items()}
-    resources.setdefault(urldefrag(own).url, root)
+    try:
+        resources = {urljoin(own, uri): node for uri, node in resources.items()}
+        resources.setdefault(urldefrag(own).url, root)
+    except ValueError:  # (a root `$id` no URI parser reads: only local pointers are followed)
+        resources = {}
 
     def target(ref: str) -> Any:
         if ref.startswith("#"):
             return resolve_ref(root, ref)
-        url, fragment = urldefrag(urljoin(own, ref))
+        try:
+            url, fragment = urldefrag(urljoin(own, ref))
+        except ValueError:  # (an `$id` of `http://[::1/z` written into its references: a ValueError was a 500)
+            return None
         return resolve_ref(resources[url], "#" + fragment) if url in resources else None
     return target
 

@@ -367,6 +367,22 @@ def test_a_length_beside_a_pattern_a_reference_below_a_nested_id_names_is_named_
     assert refused.value.pointer == "/properties/z/properties/a/maxLength"
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"v": {"$id": "http://[::1/z", "type": "string", "pattern": "^a",
+                                            "maxLength": 3, "$ref": "#/$defs/n", "$defs": {"n": {"pattern": "b$"}}}}},
+    {"$id": "http://[::1/y#", "type": "object", "properties": {"v": {
+        "$id": "z.json", "type": "string", "pattern": "^a", "maxLength": 3, "$ref": "#/$defs/n",
+        "$defs": {"n": {"pattern": "b$"}}}}},
+])
+def test_an_id_no_uri_parser_reads_beside_lengths_and_patterns_is_a_400(gpt2_compiler, schema):
+    """A nested `$id` of `http://[::1/z` is written into the references below it; the lengths probe, following
+    them, raised Python's ValueError ("Invalid IPv6 URL", uncaught) where the compile refuses the URI (a 400)."""
+    for strict in (False, True):
+        with pytest.raises(ConstraintError, match="URI"):
+            gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=strict,
+                                                 backend="llguidance"))
+
+
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
     """`minLength: 1` beside the RFC 1123 name's `maxLength: 253`: llguidance decides the pattern with the
     minLength alone, and only the maxLength is left out. Both were: the minLength named unenforced, and under
