@@ -514,7 +514,7 @@ def _walk_once(matcher: "llguidance.LLMatcher", vocab: Vocabulary, keys: KeySets
     closes_refused = [False]  # it refused a `]` or `}` (or the end): members may change its verdict
     verdicts: dict[tuple[int, bytes, bool], bool] = {}  # its answers, by where and what was asked
     hinted = False  # the hints were tried in the string being written (where its quote did not fit yet)
-    value_tokens = [(ids, v in _CONTAINER_VALUES) for v in values if (ids := _forced_ids(v, byte_tokens))]
+    value_tokens = [(ids, v in CONTAINER_VALUES) for v in values if (ids := _forced_ids(v, byte_tokens))]
 
     def refused(data: bytes, ends: bool = False) -> bool:
         """Whether `refuses` refuses the text written followed by `data` (and then the end, with `ends`)."""
@@ -701,7 +701,7 @@ _MAY_FINISH = frozenset(b'"}],: \t\n\rel')
 _CLOSERS = frozenset(b"]}")
 # Values a walk writes only once its checks refused a close (or the end): where they refused a finished scalar, the
 # greedy value is as good and shorter (`"p0":""`, not `"p0":[]`: 30 tokens where `[]` made 37)
-_CONTAINER_VALUES = (b"[]", b"{}")
+CONTAINER_VALUES = (b"[]", b"{}")
 
 
 def _closing_pick(walk: "llguidance.LLMatcher", keys: KeySets | None, distinct_keys: bool, tables: _WalkBytes,
@@ -1558,7 +1558,7 @@ def undecided_lengths(root: dict, uncompiled: set[int]) -> set[tuple[int, str]]:
         # and the RFC 1123 name beside its own maxLength was a 400 pointing at one of them)
         sets = _meeting(node, target, reads) if reads[0] < _MEETING_READS else \
             _meeting(node, target, [0], branches=False) if node.get("format") == "hostname" \
-            or not _LENGTHS_KEYS.isdisjoint(node) else ()
+            or any(key in node for key in _LENGTHS) else ()
         for holders in sets:
             undecided |= _undecided_among(holders, uncompiled)
             for merged in _merged_properties(holders) if depth < _MERGES_DEEP else ():
@@ -1582,7 +1582,6 @@ def _merged_properties(holders: list[dict]) -> list[dict]:
 
 
 _LENGTHS = ("minLength", "maxLength")
-_LENGTHS_KEYS = frozenset(_LENGTHS)
 _MEETING_KEYS = frozenset(_LENGTHS + ("pattern", "format", "allOf", "anyOf", "oneOf", "$ref"))
 _MEETING_HOLDERS = 32  # subschemas one string meets that `_meeting` reads
 _MEETING_CHOICES = 16  # sets of them for one subschema (one for each way through its anyOf/oneOf branches)
@@ -1660,8 +1659,9 @@ def _meeting(node: dict, target: Callable[[str], Any], reads: list[int], branche
 
 def _undecided_among(holders: list[dict], uncompiled: set[int]) -> set[tuple[int, str]]:
     """The length bounds among `holders` (subschemas one string meets at once) that llguidance cannot meet with
-    their patterns and formats, where it meets those alone (a pattern it cannot decide by itself is left as it
-    is). A pattern is written as llguidance is given it; one it cannot read is left out (`unreadable_pattern`)."""
+    their patterns, formats and `enum`/`const` strings, where it meets those alone (a pattern it cannot decide by
+    itself is left as it is). A pattern is written as llguidance is given it; one it cannot read is left out
+    (`unreadable_pattern`)."""
     lengths = {}
     for holder in holders:
         for key in _LENGTHS:
@@ -1670,9 +1670,8 @@ def _undecided_among(holders: list[dict], uncompiled: set[int]) -> set[tuple[int
         if holder.get("format") == "hostname" and id(holder) not in uncompiled:
             most = lengths.get((id(holder), "maxLength"), _HOSTNAME_MOST)
             lengths[id(holder), "maxLength"] = min(most, _HOSTNAME_MOST)
-    if not lengths or not any(isinstance(holder.get("pattern"), str) for holder in holders) \
-            or any("enum" in holder or "const" in holder for holder in holders):
-        return set()  # (llguidance meets a finite set of strings with the rest member by member: decided)
+    if not lengths or not any(isinstance(holder.get("pattern"), str) for holder in holders):
+        return set()
     meeting = []
     for holder in holders:
         pattern = holder.get("pattern")
@@ -1680,6 +1679,9 @@ def _undecided_among(holders: list[dict], uncompiled: set[int]) -> set[tuple[int
             meeting.append({"pattern": _spelled_for_llguidance(pattern)})
         if isinstance(holder.get("format"), str):
             meeting.append({"format": holder["format"]})
+        # (the strings an `enum`/`const` allows: llguidance decides some meetings member by member that it cannot
+        # without them, and the probe, asking about the patterns alone, left out a length it enforces there)
+        meeting += [{key: holder[key]} for key in ("enum", "const") if key in holder]
     if not any("pattern" in one for one in meeting):
         return set()
 

@@ -383,6 +383,33 @@ def test_an_id_no_uri_parser_reads_beside_lengths_and_patterns_is_a_400(gpt2_com
                                                  backend="llguidance"))
 
 
+@pytest.mark.parametrize("names, named", [
+    (["api.example.com", "a.bc", "x"], ()),
+    (["a.bc", ".".join(["a" * 63] * 4), "API.io"], ("/properties/v/maxLength",)),  # (255 characters)
+])
+def test_a_length_beside_a_pattern_and_an_enum_is_asked_about_with_the_enum(gpt2_compiler, tokenizers, vocabs,
+                                                                           names, named):
+    """llguidance meets an `enum` with the patterns and lengths beside it, and decides some such meetings that it
+    cannot without the enum: the probe must ask the same question. Asked without the enum, a length llguidance
+    enforces there was left out and named (a 400 under strict); not asked at all, one it cannot decide (255
+    characters of labels the RFC 1123 name takes) was a 400 without a pointer, strict or not."""
+    schema = _object({"type": "string", "pattern": RFC1123, "maxLength": 253, "enum": names})
+    g = gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=False,
+                                             backend="llguidance"))
+    assert g.unenforced == named
+    for value in names:
+        valid = value in ("a.bc", "api.example.com") or (bool(named) and len(value) > 253)  # (left out: taken)
+        assert accepts_value(g, tokenizers["gpt2"], vocabs["gpt2"], value) == valid, value
+    if named:
+        with pytest.raises(ConstraintError) as refused:
+            gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                                 backend="llguidance"))
+        assert refused.value.pointer == named[0]
+    else:
+        gpt2_compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                             backend="llguidance"))
+
+
 def test_a_length_llguidance_meets_beside_one_it_cannot_stays_enforced(gpt2_compiler, tokenizers, vocabs):
     """`minLength: 1` beside the RFC 1123 name's `maxLength: 253`: llguidance decides the pattern with the
     minLength alone, and only the maxLength is left out. Both were: the minLength named unenforced, and under
