@@ -46,7 +46,8 @@ from constrain.checked import (CheckedGrammar, CheckedMatcher, allowed_among, al
 from constrain.formats import DURATION, HOSTNAME
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
-from constrain.llg_backend import LlgMatcher, end_as_inclusive, inward_end, keywords_ignored_in_draft, moved_end
+from constrain.llg_backend import (CONTAINER_VALUES, LlgMatcher, end_as_inclusive, inward_end,
+                                   keywords_ignored_in_draft, moved_end)
 from constrain.regex_sets import Work, pattern_examples, pattern_search
 from constrain.support import ANNOTATIONS, node_dialects, references_followable, resolve_ref, walk, walk_with_refs
 from constrain.vocabulary import Vocabulary
@@ -117,7 +118,7 @@ class LatePlan:
             # (last: a `oneOf` of open objects whose keys so far both branches take needs a member one refuses,
             # and under `patternProperties` of scalars that is a container: the greedy walk wrote scalars only,
             # and the answer ran to max_tokens)
-            containers = (b"[]", b"{}") if any(key == "oneOf" for key, _ in found) else ()
+            containers = CONTAINER_VALUES if any(key == "oneOf" for key, _ in found) else ()
             self._memo["walk_values"] = tuple(dict.fromkeys([*tuple(dict.fromkeys(texts))[:32 - len(containers)],
                                                              *containers]))
         return self._memo["walk_values"]
