@@ -42,6 +42,7 @@ import torch
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import MAX_EXPONENT_DIGITS, Frame, JsonFollower, decode_key, exponent_digits
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
+from constrain.recursive_meets import intersected_recursive_meetings
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
                                llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of,
@@ -1009,7 +1010,7 @@ def grammar_text(kind: str, *, schema=None, regex: str | None = None, whitespace
     # (as JSON text: handed Python objects, llguidance took no integer past 64 bits anywhere, a `default` or an
     # `x-` keyword that asserts nothing included: "Value is not JSON serializable", a 400 without a pointer)
     return llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(llguidance_schema(schema) if schema is not None else {"type": "object"}),
+        json.dumps(llguidance_json(schema) if schema is not None else {"type": "object"}),
         overrides=_json_options(whitespace_pattern, lenient))
 
 
@@ -1042,6 +1043,26 @@ def _quote_safe(pattern: str) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
+
+def llguidance_json(schema):
+    """The schema handed to llguidance: `llguidance_schema`'s, and where llguidance refuses that because a recursive
+    definition meets other keywords ("circular references with sibling keys"), each such place written out
+    (constrain/recursive_meets.py). Only then: a schema llguidance compiles is handed on as it always was."""
+    schema = llguidance_schema(schema)
+    met = intersected_recursive_meetings(schema, spell=_quote_safe)  # (the same object where it finds nothing)
+    if met is schema:
+        return schema
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(
+        llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options("[ ]?", True)),
+        None)
+    return met if is_error and any(m.startswith(_RECURSIVE_MEETINGS) for m in msgs) else schema
+
+
+# What llguidance says of a recursive definition meeting other keywords: it is still compiling it, or (a copy the
+# rewrites made meeting the definition again) its intersection recursed until its stack limit
+_RECURSIVE_MEETINGS = ("circular references with sibling keys are not supported",
+                       "Schema intersection stack level exceeded")
 
 
 def llguidance_schema(schema):
@@ -2158,7 +2179,7 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     lark = ('start: calls | text | ""\n'  # (or nothing: see tools.ANY_TEXT)
             "calls: LEAD? json\n"
             "LEAD: /[ \\t\\r\\n]{1,4}/\n"
-            f"json: %json {json.dumps({**llguidance_schema(schema), 'x-guidance': options})}\n"
+            f"json: %json {json.dumps({**llguidance_json(schema), 'x-guidance': options})}\n"
             "text: TEXT\n"
             f"TEXT: /[ \\t\\r\\n]+|[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/{leading}\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
@@ -2182,7 +2203,7 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
                                          whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
-    item = llguidance_schema(call_item_schema(schema))
+    item = llguidance_json(call_item_schema(schema))
     open_token = _tag_token(lltok, HERMES_OPEN)
     calls = "call" if schema.get("maxItems") == 1 else 'call ("\\n" call)*'
     starts = ["calls"]
@@ -2328,7 +2349,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 unenforced += bad
                 options = _json_options(whitespace_pattern, lenient=bool(bad))
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"
-                             f"v{i}_{j}: %json {json.dumps({**llguidance_schema(value), 'x-guidance': options})}")
+                             f"v{i}_{j}: %json {json.dumps({**llguidance_json(value), 'x-guidance': options})}")
                 hints += string_hints(value)
                 json_keys.extend(required_names(value))
             return f"p{i}_{j}"

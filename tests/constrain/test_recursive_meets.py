@@ -1,0 +1,124 @@
+"""A recursive definition meeting other keywords (constrain/recursive_meets.py): llguidance refused every such
+schema ("circular references with sibling keys are not supported"), a 400. Written out before it compiles, each
+compiles, and takes exactly what the schema takes."""
+
+from __future__ import annotations
+
+import pytest
+
+from constrain import ConstraintSpec
+from constrain.recursive_meets import intersected_recursive_meetings
+from constrain.spec import normalise_schema
+from tests.constrain.conftest import accepts_document, ended_walks_valid
+
+# CWL's layout (Github_ultra o69206): an array type whose `items` a derived record narrows to a type that holds
+# the array type again, through `allOf` inheritance.
+CWL = {
+    "type": "object", "properties": {"t": {"$ref": "#/definitions/InputType"}}, "required": ["t"],
+    "additionalProperties": False,
+    "definitions": {
+        "Primitive": {"type": "string", "enum": ["int", "string"]},
+        "InputType": {"anyOf": [{"$ref": "#/definitions/Primitive"}, {"$ref": "#/definitions/InputArray"},
+                                {"$ref": "#/definitions/InputRecord"}]},
+        "ArrayBase": {"type": "object", "properties": {"type": {"const": "array"},
+                                                       "items": {"$ref": "#/definitions/Primitive"}},
+                      "required": ["type", "items"], "additionalProperties": False},
+        "InputArray": {"allOf": [{"$ref": "#/definitions/ArrayBase"},
+                                 {"properties": {"items": {"$ref": "#/definitions/InputType"}}}]},
+        "InputRecord": {"type": "object", "properties": {"type": {"const": "record"},
+                                                         "fields": {"type": "array", "maxItems": 2,
+                                                                    "items": {"$ref": "#/definitions/InputType"}}},
+                        "required": ["type", "fields"], "additionalProperties": False},
+    },
+}
+
+# Two recursive definitions of one tree, each asking its own of every node (llguidance's own "problem child").
+TWO_TREES = {
+    "allOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+    "$defs": {
+        "a": {"type": "object", "properties": {"a": {"type": "integer"}, "kid": {"$ref": "#/$defs/a"}},
+              "required": ["a"]},
+        "b": {"type": "object", "properties": {"b": {"type": "boolean"}, "kid": {"$ref": "#/$defs/b"}},
+              "required": ["b"]},
+    },
+}
+
+# A `type` beside an `anyOf` of references to the root (WashingtonPost wp_4), and a discriminated branch
+# whose other alternatives the `const` rules out.
+PROMO = {
+    "type": "object",
+    "properties": {"kind": {"enum": ["story", "ref"]}, "basic": {"type": "object", "anyOf": [
+        {"$ref": "#"}, {"$ref": "#/definitions/ref"}]}},
+    "required": ["kind"], "additionalProperties": False,
+    "definitions": {"ref": {"type": "object", "properties": {"kind": {"const": "ref"}, "id": {"type": "string"}},
+                            "required": ["kind", "id"], "additionalProperties": False}},
+}
+
+# Names a regex takes in one place, declared in another that takes no other name, at every depth.
+NAMED = {
+    "$ref": "#/$defs/both",
+    "$defs": {
+        "both": {"allOf": [{"$ref": "#/$defs/node"}, {"$ref": "#/$defs/xs"}]},
+        "node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}, "x1": {"type": "number"}},
+                 "additionalProperties": False},
+        "xs": {"type": "object", "properties": {"next": {"$ref": "#/$defs/xs"}},
+               "patternProperties": {"^x": {"type": "integer"}}},
+    },
+}
+
+
+def _compile(compiler, schema: dict, backend: str):
+    return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
+                                           backend=backend))
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+@pytest.mark.parametrize("schema, good, bad", [
+    (CWL, [{"t": "int"}, {"t": {"type": "array", "items": "string"}},
+           {"t": {"type": "record", "fields": [{"type": "array", "items": "int"}, "string"]}}],
+     # the derived array's items meet the base's: only a primitive (an array of records or of arrays is refused)
+     [{"t": {"type": "array", "items": {"type": "record", "fields": []}}},
+      {"t": {"type": "array", "items": {"type": "array", "items": "int"}}},
+      {"t": {"type": "record", "fields": [{"type": "array", "items": {"type": "record", "fields": []}}]}},
+      {"t": "float"}]),
+    (TWO_TREES, [{"a": 1, "b": True}, {"a": 1, "kid": {"a": 2, "kid": {"a": 3, "b": True}, "b": True}, "b": False}],
+     [{"a": 1, "b": True, "kid": {"a": 2}}, {"a": 1, "b": True, "kid": {"a": 2, "b": True, "kid": {"b": True}}},
+      {"a": 1, "b": True, "kid": 1}, {"a": 1, "b": True, "kid": {"a": 2, "b": True, "kid": {"a": 3, "b": 1}}}]),
+    (PROMO, [{"kind": "story"}, {"kind": "story", "basic": {"kind": "ref", "id": "x"}},
+             {"kind": "ref", "basic": {"kind": "story", "basic": {"kind": "ref"}}}],
+     [{"kind": "story", "basic": {"kind": "other"}}, {"kind": "story", "basic": {"id": "x"}},
+      {"kind": "story", "basic": {"kind": "story", "basic": {"kind": "ref", "x": 1}}}]),
+    # (`x1` is declared in one and found by the other's regex: a number and an integer, at every depth)
+    (NAMED, [{"next": {"next": {}, "x1": -3}, "x1": 2}, {}],
+     [{"x1": 1.5}, {"next": {"x1": 1.5}}, {"x2": 1}, {"next": {"x2": 1}}, {"x1": "a"}]),
+])
+def test_a_recursive_definition_meeting_other_keywords_compiles_and_takes_what_the_schema_takes(
+        schema, good, bad, backend, gpt2_compiler, tokenizers, vocabs):
+    g = _compile(gpt2_compiler, schema, backend)
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    for document in good:
+        assert accepts_document(g, tok, vocab, document), document
+    for document in bad:
+        assert not accepts_document(g, tok, vocab, document), document
+    assert ended_walks_valid(g, vocab, schema, seed=0, walks=20, max_tokens=60) > 0
+
+
+def test_only_the_meetings_of_recursive_definitions_are_written_out():
+    """A schema without recursion, or whose recursive definitions meet nothing, is handed on as it is."""
+    plain = {"allOf": [{"$ref": "#/$defs/a"}, {"properties": {"x": {"type": "integer"}}}],
+             "$defs": {"a": {"type": "object", "properties": {"x": {"minimum": 0}}}}}
+    tree = {"$ref": "#/$defs/t", "$defs": {"t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/t"}}}}}
+    for schema in (plain, tree):
+        assert intersected_recursive_meetings(schema) is schema
+    met = intersected_recursive_meetings(TWO_TREES)
+    assert met is not TWO_TREES and "allOf" not in met  # (the trees merged into one definition)
+
+
+def test_a_reference_into_a_place_that_would_be_written_anew_leaves_the_schema_as_it_is():
+    """The place `#/$defs/d/allOf/1/properties/v` names is gone once `d` is written out as one object: such a
+    schema is handed on unchanged (llguidance's refusal stands) rather than with a reference to nothing."""
+    schema = {"type": "object", "properties": {"d": {"$ref": "#/$defs/d"},
+                                               "v": {"$ref": "#/$defs/d/allOf/1/properties/v"}},
+              "$defs": {"d": {"allOf": [{"$ref": "#/$defs/t"}, {"properties": {"v": {"type": "string"}}}]},
+                        "t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/d"}}}}}
+    assert intersected_recursive_meetings(schema) is schema
