@@ -42,7 +42,7 @@ import torch
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import MAX_EXPONENT_DIGITS, Frame, JsonFollower, decode_key, exponent_digits
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
-from constrain.recursive_meets import intersected_recursive_meetings
+from constrain.recursive_meets import intersected_recursive_meetings, recursive_meetings
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
                                llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of,
@@ -1050,13 +1050,14 @@ def llguidance_json(schema):
     definition meets other keywords ("circular references with sibling keys"), each such place written out
     (constrain/recursive_meets.py). Only then: a schema llguidance compiles is handed on as it always was."""
     schema = llguidance_schema(schema)
-    met = intersected_recursive_meetings(schema, spell=_quote_safe)  # (the same object where it finds nothing)
-    if met is schema:
+    if not recursive_meetings(schema):
         return schema
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(
         llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options("[ ]?", True)),
         None)
-    return met if is_error and any(m.startswith(_RECURSIVE_MEETINGS) for m in msgs) else schema
+    if not (is_error and any(m.startswith(_RECURSIVE_MEETINGS) for m in msgs)):
+        return schema
+    return intersected_recursive_meetings(schema, spell=_quote_safe)
 
 
 # What llguidance says of a recursive definition meeting other keywords: it is still compiling it, or (a copy the

@@ -41,24 +41,41 @@ class _GiveUp(Exception):
     """The schema is left as it is (llguidance's own refusal stands)."""
 
 
+def recursive_meetings(root: Any) -> bool:
+    """Somewhere in `root` a recursive definition meets other keywords, and this module could write it out."""
+    meetings = _meetings_of(root, str)
+    if meetings is None:
+        return False
+    try:
+        return any(len(parts := meetings.parts(n)) > 1 and any(meetings.reaches(p) for p in parts)
+                   for n in {id(n): n for _, _, n in walk(root)}.values())
+    except (_GiveUp, RecursionError):
+        return False
+
+
 def intersected_recursive_meetings(root: Any, spell: Callable[[str], str] = str) -> Any:
     """`root` (as llguidance compiles it) with every place where a recursive definition meets other keywords
     written out (module docstring); `root` itself where there is none, or where that cannot be done exactly.
     `spell`: how a name's regex written here is spelled for llguidance."""
-    if not isinstance(root, dict):
+    meetings = _meetings_of(root, spell)
+    if meetings is None:
         return root
+    try:
+        return meetings.rewritten()
+    except (_GiveUp, RecursionError):
+        return root
+
+
+def _meetings_of(root: Any, spell: Callable[[str], str]) -> "_Meetings | None":
+    if not isinstance(root, dict):
+        return None
     refs = [node["$ref"] for _, key, node in walk(root) if key == "$ref"]
     if not refs or any(resolve_ref(root, r) is None for r in refs) \
             or any(key in _REFUSED_KEYS or (key == "$schema" and node[key] != root.get("$schema"))
                    for _, key, node in walk(root)):
-        return root
+        return None
     recursive = recursive_targets(root)
-    if not recursive:
-        return root
-    try:
-        return _Meetings(root, recursive, spell).rewritten()
-    except (_GiveUp, RecursionError):
-        return root
+    return _Meetings(root, recursive, spell) if recursive else None
 
 
 class _Meetings:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from constrain import ConstraintSpec
-from constrain.recursive_meets import intersected_recursive_meetings
+from constrain.llg_backend import llguidance_json, llguidance_schema
+from constrain.recursive_meets import intersected_recursive_meetings, recursive_meetings
 from constrain.spec import normalise_schema
 from tests.constrain.conftest import accepts_document, ended_walks_valid
 
@@ -109,9 +110,19 @@ def test_only_the_meetings_of_recursive_definitions_are_written_out():
              "$defs": {"a": {"type": "object", "properties": {"x": {"minimum": 0}}}}}
     tree = {"$ref": "#/$defs/t", "$defs": {"t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/t"}}}}}
     for schema in (plain, tree):
-        assert intersected_recursive_meetings(schema) is schema
+        assert not recursive_meetings(schema) and intersected_recursive_meetings(schema) is schema
+    assert recursive_meetings(TWO_TREES)
     met = intersected_recursive_meetings(TWO_TREES)
     assert met is not TWO_TREES and "allOf" not in met  # (the trees merged into one definition)
+
+
+def test_a_meeting_llguidance_compiles_itself_is_handed_on_unchanged():
+    """Met outside its own cycle, the tree is compiled by llguidance before the meeting needs it: that schema
+    (and the grammar every answer to it was written by) stays as it was."""
+    schema = {"type": "object", "properties": {"v": {"type": "object", "anyOf": [{"$ref": "#/$defs/t"}]}},
+              "$defs": {"t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/t"}}}}}
+    assert recursive_meetings(schema)
+    assert llguidance_json(schema) == llguidance_schema(schema)
 
 
 def test_a_reference_into_a_place_that_would_be_written_anew_leaves_the_schema_as_it_is():
