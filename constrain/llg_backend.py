@@ -42,7 +42,7 @@ import torch
 from constrain.grammar import ConstraintError, Grammar, Matcher
 from constrain.json_follower import MAX_EXPONENT_DIGITS, Frame, JsonFollower, decode_key, exponent_digits
 from constrain.pattern_dialects import portable_pattern, widest_pattern, without_edge_anchors
-from constrain.recursive_meets import intersected_recursive_meetings, recursive_meetings
+from constrain.recursive_meets import intersected_recursive_meetings
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
                                llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of,
@@ -1004,13 +1004,13 @@ def _json_options(whitespace_pattern: str, lenient: bool) -> dict:
 
 
 def grammar_text(kind: str, *, schema=None, regex: str | None = None, whitespace_pattern: str = "[ ]?",
-                 lenient: bool = False) -> str:
+                 lenient: bool = False, write_out_meetings: bool = False) -> str:
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(regex)
     # (as JSON text: handed Python objects, llguidance took no integer past 64 bits anywhere, a `default` or an
     # `x-` keyword that asserts nothing included: "Value is not JSON serializable", a 400 without a pointer)
     return llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(llguidance_json(schema) if schema is not None else {"type": "object"}),
+        json.dumps(llguidance_json(schema, write_out_meetings) if schema is not None else {"type": "object"}),
         overrides=_json_options(whitespace_pattern, lenient))
 
 
@@ -1045,19 +1045,12 @@ def _quote_safe(pattern: str) -> str:
     return "".join(out)
 
 
-def llguidance_json(schema):
-    """The schema handed to llguidance: `llguidance_schema`'s, and where llguidance refuses that because a recursive
-    definition meets other keywords ("circular references with sibling keys"), each such place written out
-    (constrain/recursive_meets.py). Only then: a schema llguidance compiles is handed on as it always was."""
+def llguidance_json(schema, write_out_meetings: bool = False):
+    """The schema handed to llguidance: `llguidance_schema`'s, and with `write_out_meetings` (where llguidance
+    refused that because a recursive definition meets other keywords: `checked_grammar_text`), each such place
+    written out (constrain/recursive_meets.py). Only then: a schema llguidance compiles is handed on as it was."""
     schema = llguidance_schema(schema)
-    if not recursive_meetings(schema):
-        return schema
-    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(
-        llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=_json_options("[ ]?", True)),
-        None)
-    if not (is_error and any(m.startswith(_RECURSIVE_MEETINGS) for m in msgs)):
-        return schema
-    return intersected_recursive_meetings(schema, spell=_quote_safe)
+    return intersected_recursive_meetings(schema, spell=_quote_safe) if write_out_meetings else schema
 
 
 # What llguidance says of a recursive definition meeting other keywords: it is still compiling it, or (a copy the
@@ -1829,9 +1822,9 @@ def compile_llg(lltok, vocab: Vocabulary, kind: str, *, schema=None, regex: str 
                 base_pointer: str = "", call_names: tuple[bytes, ...] = ()) -> "LlgGrammar":
     """Validate and build (see `checked_grammar_text`). `call_names`: tool calls' function names as the output
     spells them (`json_call_names`), for closing walks."""
-    text, unenforced = checked_grammar_text(lltok, kind, schema=schema, regex=regex, strict_under=strict_under,
-                                            whitespace_pattern=whitespace_pattern, param=param,
-                                            base_pointer=base_pointer)
+    text, unenforced, _ = checked_grammar_text(lltok, kind, schema=schema, regex=regex, strict_under=strict_under,
+                                               whitespace_pattern=whitespace_pattern, param=param,
+                                               base_pointer=base_pointer)
     hints = string_hints(schema) if kind == "json" else regex_hints(regex) if kind == "regex" else ()
     return LlgGrammar(lltok, text, vocab, unenforced, hints, json_output=kind == "json",
                       key_names=required_names(schema) if kind == "json" else (),
@@ -1846,9 +1839,11 @@ def json_call_names(names: tuple[str, ...]) -> tuple[bytes, ...]:
 
 def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = None, strict_under: tuple[str, ...] = (),
                          whitespace_pattern: str = "[ ]?", param: str = "response_format",
-                         base_pointer: str = "") -> tuple[str, tuple[str, ...]]:
-    """The grammar text and the unenforced pointers; an unimplemented keyword inside a strict subschema
-    (`ConstraintSpec.strict_under`) fails with the keyword's pointer, the others are accepted and named.
+                         base_pointer: str = "") -> tuple[str, tuple[str, ...], bool]:
+    """The grammar text, the unenforced pointers, and whether the places where a recursive definition meets other
+    keywords are written out (where llguidance refused the schema for one: `llguidance_json`); an unimplemented
+    keyword inside a strict subschema (`ConstraintSpec.strict_under`) fails with the keyword's pointer, the others
+    are accepted and named.
 
     llguidance stops at the first unimplemented keyword; its lenient mode lists them all (and ignores them, and
     enforces a oneOf as anyOf), so that list names the unenforced pointers. Formats JSON Schema does not define
@@ -1857,6 +1852,12 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     ignored = set().union(*keywords_ignored_in_draft(schema).values()) if kind == "json" else set()
     text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
     is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
+    written_out = False
+    if is_error and kind == "json" and any(said in m for m in msgs for said in _RECURSIVE_MEETINGS):
+        met = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, write_out_meetings=True)
+        if met != text:
+            written_out, text = True, met
+            is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
     unenforced: tuple[str, ...] = tuple(imprecise)
     if is_error or ignored:
         keys, formats, other = _warnings(msgs) if is_error else (set(), set(), [])
@@ -1872,7 +1873,8 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
                          "the `anyOf`/`oneOf` alternatives it multiplies out, make too many; split the schema or "
                          "flatten its combinations)")
             raise _refusal(f"cannot compile constraint: {said}", msgs, schema, base_pointer, param, code)
-        text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True)
+        text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True,
+                            write_out_meetings=written_out)
         lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
         if not lenient_error:
             keys, formats, other = _warnings(lenient_msgs)
@@ -1895,7 +1897,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
             raise _refusal(f"cannot compile schema: {'; '.join(lenient_msgs)[:500]}", lenient_msgs, schema,
                            base_pointer, param)
         unenforced = tuple(sorted(set(pointers) | set(imprecise)))
-    return text, unenforced
+    return text, unenforced, written_out
 
 
 _UNDECIDED_REGEX = "Unable to determine if regex is empty"
@@ -2172,15 +2174,15 @@ def compile_calls_or_text(lltok, vocab: Vocabulary, schema, *, strict_under: tup
     calls with "▁[" was pushed into text (the parsers read calls after whitespace). The calls alone get the support
     check of `checked_grammar_text` (a strict refusal with the keyword's pointer, else the unenforced pointers),
     then join the text alternative in one grammar with the same JSON options."""
-    _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
-                                         whitespace_pattern=whitespace_pattern, param="tools")
+    _, unenforced, written_out = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
+                                                      whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
     first = "".join("\\" + c for c in not_first)
     leading = f" & ~/[ \\t\\r\\n]*{re.escape(not_leading)}[\\s\\S]*/" if not_leading else ""
     lark = ('start: calls | text | ""\n'  # (or nothing: see tools.ANY_TEXT)
             "calls: LEAD? json\n"
             "LEAD: /[ \\t\\r\\n]{1,4}/\n"
-            f"json: %json {json.dumps({**llguidance_json(schema), 'x-guidance': options})}\n"
+            f"json: %json {json.dumps({**llguidance_json(schema, written_out), 'x-guidance': options})}\n"
             "text: TEXT\n"
             f"TEXT: /[ \\t\\r\\n]+|[ \\t\\r\\n]*[^{first} \\t\\r\\n][\\s\\S]*/{leading}\n")
     text = llguidance.LLMatcher.grammar_from_lark(lark)
@@ -2201,10 +2203,10 @@ def compile_hermes_calls(lltok, vocab: Vocabulary, schema, *, strict_under: tupl
     spelled out. The support check is `compile_calls_or_text`'s, on the call schema."""
     from constrain.tools import HERMES_CLOSE, HERMES_OPEN, call_item_schema
 
-    _, unenforced = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
-                                         whitespace_pattern=whitespace_pattern, param="tools")
+    _, unenforced, written_out = checked_grammar_text(lltok, "json", schema=schema, strict_under=strict_under,
+                                                      whitespace_pattern=whitespace_pattern, param="tools")
     options = _json_options(whitespace_pattern, lenient=bool(unenforced))
-    item = llguidance_json(call_item_schema(schema))
+    item = llguidance_json(call_item_schema(schema), written_out)
     open_token = _tag_token(lltok, HERMES_OPEN)
     calls = "call" if schema.get("maxItems") == 1 else 'call ("\\n" call)*'
     starts = ["calls"]
@@ -2332,9 +2334,10 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                     unenforced += (pointer,)
                     return error
                 try:
-                    _, bad = checked_grammar_text(lltok, "json", schema=value, strict_under=spec.strict_under,
-                                                  whitespace_pattern=whitespace_pattern, param="tools",
-                                                  base_pointer=pointer)
+                    _, bad, written_out = checked_grammar_text(lltok, "json", schema=value,
+                                                               strict_under=spec.strict_under,
+                                                               whitespace_pattern=whitespace_pattern, param="tools",
+                                                               base_pointer=pointer)
                 except ConstraintError as exc:
                     raise _in_call_schema(exc, i, params, pointers) from None
                 bad = tuple(_in_call_schema(p, i, params, pointers) for p in bad)
@@ -2350,7 +2353,7 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                 unenforced += bad
                 options = _json_options(whitespace_pattern, lenient=bool(bad))
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"
-                             f"v{i}_{j}: %json {json.dumps({**llguidance_json(value), 'x-guidance': options})}")
+                             f"v{i}_{j}: %json {json.dumps({**llguidance_json(value, written_out), 'x-guidance': options})}")
                 hints += string_hints(value)
                 json_keys.extend(required_names(value))
             return f"p{i}_{j}"

@@ -14,7 +14,7 @@ kept as `allOf` members that hold no subschema; a name's regexes are asked of th
 one would not be (two places' array layouts, `unevaluated*`, a `$ref` into a place rewritten here, a nested
 `$schema` of another draft, regexes past the automata's limits), or past the budgets, nothing is rewritten and
 llguidance's refusal stands. llguidance_json hands the result on only where llguidance refuses the schema as it
-is, so a schema it compiles is never changed.
+is (checked_grammar_text), so a schema it compiles is never changed.
 """
 
 from __future__ import annotations
@@ -39,18 +39,6 @@ _MOST_DEFINITIONS = 2_000  # meetings of a recursive definition named
 
 class _GiveUp(Exception):
     """The schema is left as it is (llguidance's own refusal stands)."""
-
-
-def recursive_meetings(root: Any) -> bool:
-    """Somewhere in `root` a recursive definition meets other keywords, and this module could write it out."""
-    meetings = _meetings_of(root, str)
-    if meetings is None:
-        return False
-    try:
-        return any(len(parts := meetings.parts(n)) > 1 and any(meetings.reaches(p) for p in parts)
-                   for n in {id(n): n for _, _, n in walk(root)}.values())
-    except (_GiveUp, RecursionError):
-        return False
 
 
 def intersected_recursive_meetings(root: Any, spell: Callable[[str], str] = str) -> Any:

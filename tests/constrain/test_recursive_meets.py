@@ -4,13 +4,16 @@ compiles, and takes exactly what the schema takes."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from constrain import ConstraintSpec
-from constrain.llg_backend import llguidance_json, llguidance_schema
-from constrain.recursive_meets import intersected_recursive_meetings, recursive_meetings
+from constrain import ConstraintSpec, parse_tool_calls, spec_from_request
+from constrain.llg_backend import checked_grammar_text, grammar_text
+from constrain.recursive_meets import intersected_recursive_meetings
 from constrain.spec import normalise_schema
-from tests.constrain.conftest import accepts_document, ended_walks_valid
+from tests.constrain.conftest import (accepts_document, compiling, decode, ended_walks_valid, random_walk,
+                                      valid_calls)
 
 # CWL's layout (Github_ultra o69206): an array type whose `items` a derived record narrows to a type that holds
 # the array type again, through `allOf` inheritance.
@@ -110,19 +113,44 @@ def test_only_the_meetings_of_recursive_definitions_are_written_out():
              "$defs": {"a": {"type": "object", "properties": {"x": {"minimum": 0}}}}}
     tree = {"$ref": "#/$defs/t", "$defs": {"t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/t"}}}}}
     for schema in (plain, tree):
-        assert not recursive_meetings(schema) and intersected_recursive_meetings(schema) is schema
-    assert recursive_meetings(TWO_TREES)
+        assert intersected_recursive_meetings(schema) is schema
     met = intersected_recursive_meetings(TWO_TREES)
     assert met is not TWO_TREES and "allOf" not in met  # (the trees merged into one definition)
 
 
-def test_a_meeting_llguidance_compiles_itself_is_handed_on_unchanged():
-    """Met outside its own cycle, the tree is compiled by llguidance before the meeting needs it: that schema
-    (and the grammar every answer to it was written by) stays as it was."""
+def test_a_meeting_llguidance_compiles_itself_is_handed_on_unchanged(gpt2_compiler):
+    """Met outside its own cycle, the tree is compiled by llguidance before the meeting needs it: that schema (and
+    the grammar every answer to it was written by) stays as it was; only a refusal has the meetings written out."""
     schema = {"type": "object", "properties": {"v": {"type": "object", "anyOf": [{"$ref": "#/$defs/t"}]}},
               "$defs": {"t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/t"}}}}}
-    assert recursive_meetings(schema)
-    assert llguidance_json(schema) == llguidance_schema(schema)
+    assert intersected_recursive_meetings(schema) is not schema  # (it has a meeting to write out)
+    text, _, written_out = checked_grammar_text(gpt2_compiler.lltokenizer(), "json", schema=schema)
+    assert not written_out and text == grammar_text("json", schema=schema)
+    _, _, written_out = checked_grammar_text(gpt2_compiler.lltokenizer(), "json", schema=PROMO)
+    assert written_out
+
+
+@pytest.mark.parametrize("tool_format", ["json_array", "hermes", "qwen3_coder"])
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_a_function_whose_parameters_meet_a_recursive_definition_can_be_called(tool_format, tool_choice,
+                                                                              tmp_path_factory):
+    """The tool-call grammars (the calls' schema, hermes' call items, XML formats' parameter values) hand
+    llguidance the meetings written out too: such a function was a 400 whatever the format."""
+    from tests.conftest import build_qwen3_coder_tokenizer, build_qwen_tools_tokenizer
+
+    tokenizer = (build_qwen_tools_tokenizer if tool_format == "hermes" else build_qwen3_coder_tokenizer)(
+        tmp_path_factory.mktemp(tool_format))
+    tools = [{"type": "function", "function": {"name": "promo", "parameters": PROMO}}]
+    spec = spec_from_request(tools=tools, tool_choice=tool_choice, tool_format=tool_format, backend="llguidance")
+    with compiling(tokenizer, "qwen2") as (_, vocab, compiler):
+        g = compiler.compile(spec)
+        rng = random.Random(0)
+        called = 0
+        for _ in range(12):
+            toks, done = random_walk(g, vocab, rng, 120, budget=True, prefer_end=0.5)
+            if done and (tool_choice == "required" or parse_tool_calls(decode(vocab, toks), spec) is not None):
+                called += len(valid_calls(decode(vocab, toks), spec, {"promo": PROMO}))
+        assert called or tool_choice == "auto"  # (under "auto" a walk may answer in text alone)
 
 
 def test_a_reference_into_a_place_that_would_be_written_anew_leaves_the_schema_as_it_is():
