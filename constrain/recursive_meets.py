@@ -284,8 +284,8 @@ class _Meetings:
             if keys[i] in keys[:i]:
                 continue
             if p[0] == "chunk" and (
-                    any(_implies(self.top_keywords(q), p[1]) for q in out)
-                    or any(_implies(self.top_keywords(q), p[1]) and not (q[0] == "chunk" and _implies(p[1], q[1]))
+                    any(_implies(self.top_chunks(q), p[1]) for q in out)
+                    or any(_implies(self.top_chunks(q), p[1]) and not (q[0] == "chunk" and _implies([p[1]], q[1]))
                            for q in parts[i + 1:])):
                 continue
             if p[0] == "alt" and p[1] == "anyOf" and any(
@@ -296,7 +296,7 @@ class _Meetings:
 
     def evidently_empty(self, parts: list) -> bool:
         """No value meets the `type`s and the `enum`/`const` values the parts declare at their tops."""
-        held = [self.top_keywords(p) for p in parts]
+        held = [h for p in parts for h in self.top_chunks(p)]
         types = [_types(h["type"]) for h in held if isinstance(h.get("type"), (str, list))]
         common = set.intersection(*types) if types else None
         if common is not None and not common:
@@ -306,19 +306,16 @@ class _Meetings:
         return bool(values) and not any(all(any(_equal(v, w) for w in other) for other in values[1:])
                                         and (common is None or _value_types(v) & common) for v in values[0])
 
-    def top_keywords(self, part: tuple) -> dict:
-        """Keywords that hold wherever the part does (a definition's own, for a `$ref`)."""
+    def top_chunks(self, part: tuple) -> list[dict]:
+        """Keywords that hold wherever the part does (a definition's own, for a `$ref`), chunk by chunk: a keyword
+        is read beside the others of its own chunk only (`additionalProperties` beside that chunk's `properties`)."""
         if part[0] == "chunk":
-            return part[1]
+            return [part[1]]
         if part[0] == "ref":
             target = resolve_ref(self.root, part[1])
             if isinstance(target, dict):
-                held: dict = {}
-                for q in self.parts(target):
-                    if q[0] == "chunk":
-                        held.update(q[1])
-                return held
-        return {}
+                return [q[1] for q in self.parts(target) if q[0] == "chunk"]
+        return []
 
     def merged(self, chunks: list[dict]) -> Any:
         """The keywords of `chunks` as one schema object: `type`s intersected, `required` joined, objects merged
@@ -485,18 +482,24 @@ def _value_types(value: Any) -> set[str]:
     return {"string" if isinstance(value, str) else "array" if isinstance(value, list) else "object"}
 
 
-def _implies(held: dict, chunk: dict) -> bool:
-    """Every keyword of `chunk` holds where `held`'s do: the same value (and the same keywords it reads beside it:
-    `additionalProperties: false` beside other `properties` is another assertion), or a `type` among fewer."""
-    return bool(held) and all(
-        (k == "type" and "type" in held and _types(held["type"]) <= _types(v))
-        or (k in held and _same(held[k], v)
-            and all(_same(held.get(r, _ABSENT), chunk.get(r, _ABSENT)) for r in _READ_BESIDE.get(k, ())))
-        for k, v in chunk.items())
+def _implies(held: list[dict], chunk: dict) -> bool:
+    """Every keyword of `chunk` holds where `held`'s chunks do: one of them has the same value (and the same
+    keywords it reads beside it: `additionalProperties: false` beside other `properties` is another assertion, as
+    is draft 4's `maximum` beside another `exclusiveMaximum`), or a `type` among fewer."""
+    return bool(held) and all(any(_holds(h, k, v, chunk) for h in held) for k, v in chunk.items())
+
+
+def _holds(held: dict, key: str, value: Any, chunk: dict) -> bool:
+    if key == "type":
+        return "type" in held and _types(held["type"]) <= _types(value)
+    beside = next((g - {key} for g in _TOGETHER if key in g), _READ_BESIDE.get(key, ()))
+    return key in held and _same(held[key], value) \
+        and all(_same(held.get(r, _ABSENT), chunk.get(r, _ABSENT)) for r in beside)
 
 
 _ABSENT = object()
-_READ_BESIDE = {"additionalProperties": ("properties", "patternProperties"), "additionalItems": ("items",),
+_READ_BESIDE = {"additionalProperties": ("properties", "patternProperties"), "patternProperties": ("properties",),
+                "additionalItems": ("items",),
                 "items": ("prefixItems",)}
 
 

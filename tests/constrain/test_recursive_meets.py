@@ -71,6 +71,20 @@ NAMED = {
 }
 
 
+# A definition read chunk by chunk: its `additionalProperties: false` beside its first chunk's `properties`, its
+# second chunk declaring `b`. Where it meets a chunk holding that second chunk's `properties` with
+# `additionalProperties: false` of its own, that chunk forbids `a`: it is not implied by the definition.
+INHERITED = {
+    "$ref": "#/$defs/t",
+    "$defs": {"t": {"type": "object", "additionalProperties": False,
+                    "properties": {"a": {"type": "integer"}, "w": {"allOf": [
+                        {"properties": {"kid": {"$ref": "#/$defs/t"}}},
+                        {"properties": {"kid": {"properties": {"b": {"type": "integer"}},
+                                                "additionalProperties": False}}}]}},
+                    "allOf": [{"properties": {"b": {"type": "integer"}}}]}},
+}
+
+
 def _compile(compiler, schema: dict, backend: str):
     return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                            backend=backend))
@@ -95,6 +109,9 @@ def _compile(compiler, schema: dict, backend: str):
     # (`x1` is declared in one and found by the other's regex: a number and an integer, at every depth)
     (NAMED, [{"next": {"next": {}, "x1": -3}, "x1": 2}, {}],
      [{"x1": 1.5}, {"next": {"x1": 1.5}}, {"x2": 1}, {"next": {"x2": 1}}, {"x1": "a"}]),
+    # (`t`'s second chunk declares `b`, its first forbids every name but `a` and `w`: `kid` takes `{}` alone)
+    (INHERITED, [{}, {"a": 1}, {"w": {"kid": {}}}, {"a": 1, "w": {}}],
+     [{"w": {"kid": {"a": 1}}}, {"w": {"kid": {"b": 1}}}, {"w": {"kid": {"w": {}}}}, {"b": 1}]),
 ])
 def test_a_recursive_definition_meeting_other_keywords_compiles_and_takes_what_the_schema_takes(
         schema, good, bad, backend, gpt2_compiler, tokenizers, vocabs):
@@ -161,3 +178,18 @@ def test_a_reference_into_a_place_that_would_be_written_anew_leaves_the_schema_a
               "$defs": {"d": {"allOf": [{"$ref": "#/$defs/t"}, {"properties": {"v": {"type": "string"}}}]},
                         "t": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/d"}}}}}
     assert intersected_recursive_meetings(schema) is schema
+
+
+def test_a_pattern_beside_a_definitions_own_properties_is_not_read_as_implied_by_it():
+    """`t`'s `^x` takes no name `t` declares (as llguidance reads it): `xa` is a string there. The same regex in a
+    chunk that declares nothing takes `xa` too, so that chunk still holds where it meets `t`: `xa` is refused."""
+    pattern = {"^x": {"type": "integer"}}
+    schema = {"type": "object",
+              "properties": {"w": {"allOf": [{"properties": {"kid": {"$ref": "#/$defs/t"}}},
+                                             {"properties": {"kid": {"patternProperties": pattern}}}]}},
+              "$defs": {"t": {"type": "object", "properties": {"xa": {"type": "string"}, "kid": {"$ref": "#/$defs/t"}},
+                              "patternProperties": pattern}}}
+    met = intersected_recursive_meetings(schema)
+    kid = met["properties"]["w"]["properties"]["kid"]
+    assert kid != {"$ref": "#/$defs/t"}  # (the chunk was dropped: `{"xa": "s"}` taken)
+    assert met["$defs"][kid["$ref"].rsplit("/", 1)[1]]["properties"]["xa"] is False
