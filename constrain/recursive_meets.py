@@ -456,7 +456,14 @@ def _falsified(node: dict) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
+    """The same JSON at every depth (Python's `==` calls `{"const": 1}` and `{"const": true}` equal)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(v, w) for v, w in zip(a, b))
+    return a == b
 
 
 def _equal(a: Any, b: Any) -> bool:

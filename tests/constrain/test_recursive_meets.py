@@ -85,6 +85,14 @@ INHERITED = {
 }
 
 
+# A chunk that looks like the definition's own but for a `const` of `true` where the definition's is `1` (equal
+# to Python): it still holds, and the top `v` can be written in neither (`k` is `t` alone).
+CONST_TRUE = {
+    "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"k": {"$ref": "#/$defs/t"}, "v": {"const": True}}}],
+    "$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}, "v": {"const": 1}}}},
+}
+
+
 def _compile(compiler, schema: dict, backend: str):
     return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                            backend=backend))
@@ -112,6 +120,7 @@ def _compile(compiler, schema: dict, backend: str):
     # (`t`'s second chunk declares `b`, its first forbids every name but `a` and `w`: `kid` takes `{}` alone)
     (INHERITED, [{}, {"a": 1}, {"w": {"kid": {}}}, {"a": 1, "w": {}}],
      [{"w": {"kid": {"a": 1}}}, {"w": {"kid": {"b": 1}}}, {"w": {"kid": {"w": {}}}}, {"b": 1}]),
+    (CONST_TRUE, [{}, {"k": {"v": 1}}], [{"v": 1}, {"v": True}, {"k": {"v": True}}]),
 ])
 def test_a_recursive_definition_meeting_other_keywords_compiles_and_takes_what_the_schema_takes(
         schema, good, bad, backend, gpt2_compiler, tokenizers, vocabs):
