@@ -107,6 +107,8 @@ class _Meetings:
             if key == "$ref" and self.into_a_site(node["$ref"]):
                 raise _GiveUp  # (a reference into a place written anew)
         out = self.without_false_definitions(out)
+        if not isinstance(out, dict):
+            raise _GiveUp  # (the root itself refuses every value: llguidance's refusal says so)
         return {**out, self.defs_key: {**(out.get(self.defs_key) or {}), **self.bodies}}
 
     def without_false_definitions(self, out: dict) -> Any:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from constrain import ConstraintSpec, parse_tool_calls, spec_from_request
+from constrain import ConstraintError, ConstraintSpec, parse_tool_calls, spec_from_request
 from constrain.llg_backend import checked_grammar_text, grammar_text
 from constrain.recursive_meets import intersected_recursive_meetings
 from constrain.spec import normalise_schema
@@ -202,3 +202,15 @@ def test_a_pattern_beside_a_definitions_own_properties_is_not_read_as_implied_by
     kid = met["properties"]["w"]["properties"]["kid"]
     assert kid != {"$ref": "#/$defs/t"}  # (the chunk was dropped: `{"xa": "s"}` taken)
     assert met["$defs"][kid["$ref"].rsplit("/", 1)[1]]["properties"]["xa"] is False
+
+
+def test_a_root_whose_meetings_refuse_every_value_is_left_as_it_is(gpt2_compiler):
+    """The property the root requires meets an object tree and an array tree: its definition comes out `false`,
+    and so does the root. That was a TypeError out of the rewrite (a 500); it is llguidance's 400, as before."""
+    schema = {"type": "object", "required": ["p"],
+              "allOf": [{"properties": {"p": {"$ref": "#/$defs/t"}}}, {"properties": {"p": {"$ref": "#/$defs/u"}}}],
+              "$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}}},
+                        "u": {"type": "array", "items": {"$ref": "#/$defs/u"}}}}
+    assert intersected_recursive_meetings(schema) is schema
+    with pytest.raises(ConstraintError):
+        _compile(gpt2_compiler, schema, "llguidance")
