@@ -444,13 +444,11 @@ class _Meetings:
 
 
 def _falsified(node: dict) -> Any:
-    """`node` less its `false` alternatives; `false` where none is left, or where it requires an object with a
-    name whose value it refuses."""
+    """`false` where each of `node`'s alternatives is, or where it requires an object with a name whose value it
+    refuses; else `node` as it is (a `false` alternative stays in its place: a `$ref` may name the ones after it)."""
     for key in ("anyOf", "oneOf"):
-        if isinstance(node.get(key), list):
-            node[key] = [b for b in node[key] if b is not False]
-            if not node[key]:
-                return False
+        if isinstance(node.get(key), list) and all(b is False for b in node[key]):
+            return False
     if node.get("type") == "object" and isinstance(node.get("required"), list) and any(
             (node.get("properties") or {}).get(n) is False for n in node["required"]):
         return False

@@ -93,6 +93,21 @@ CONST_TRUE = {
 }
 
 
+# An alternative that comes out `false` (the property it requires meets an object tree and an array tree), before
+# one a `$ref` names by its place; TWO_TREES beside, which llguidance refuses as it is.
+SHIFTED = {
+    "type": "object",
+    "properties": {"s": {"$ref": "#/$defs/x/anyOf/1"}, "x": {"$ref": "#/$defs/x"},
+                   "c": {"allOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}},
+    "$defs": {"x": {"anyOf": [{"type": "object", "required": ["p"],
+                               "allOf": [{"properties": {"p": {"$ref": "#/$defs/t"}}},
+                                         {"properties": {"p": {"$ref": "#/$defs/u"}}}]},
+                              {"type": "string"}, {"type": "integer"}]},
+              "t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}}},
+              "u": {"type": "array", "items": {"$ref": "#/$defs/u"}}, **TWO_TREES["$defs"]},
+}
+
+
 def _compile(compiler, schema: dict, backend: str):
     return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                            backend=backend))
@@ -121,6 +136,9 @@ def _compile(compiler, schema: dict, backend: str):
     (INHERITED, [{}, {"a": 1}, {"w": {"kid": {}}}, {"a": 1, "w": {}}],
      [{"w": {"kid": {"a": 1}}}, {"w": {"kid": {"b": 1}}}, {"w": {"kid": {"w": {}}}}, {"b": 1}]),
     (CONST_TRUE, [{}, {"k": {"v": 1}}], [{"v": 1}, {"v": True}, {"k": {"v": True}}]),
+    # (`s` is `x`'s string, wherever the `false` alternative before it went)
+    (SHIFTED, [{"s": "a"}, {"x": 5}, {"x": "a"}, {"c": {"a": 1, "b": True}}],
+     [{"s": 5}, {"x": {"p": {}}}, {"c": {"a": 1}}]),
 ])
 def test_a_recursive_definition_meeting_other_keywords_compiles_and_takes_what_the_schema_takes(
         schema, good, bad, backend, gpt2_compiler, tokenizers, vocabs):
