@@ -85,6 +85,7 @@ class _Meetings:
         self.kept: list = []
         self.reach_parts: dict[int, bool] = {}
         self.meets = 0
+        self.texts: dict[int, str] = {}
         self.searches: dict[str, Any] = {}
         self.work = Work.for_search()
 
@@ -212,9 +213,12 @@ class _Meetings:
                 self.ref_reaches(n["$ref"]) for _, key, n in walk(target) if key == "$ref")
         return self.reach_cache[ref]
 
-    @staticmethod
-    def key(part: tuple) -> tuple:
-        return (part[0], part[1]) if part[0] == "ref" else (part[0], id(part[-1]))
+    def key(self, part: tuple) -> tuple:
+        if part[0] == "ref":
+            return part
+        if id(part[-1]) not in self.texts:
+            self.texts[id(part[-1])] = json.dumps(part[-1], sort_keys=True, default=str)
+        return (part[0], self.texts[id(part[-1])])
 
     # -- the intersection ----------------------------------------------------------------------------------------
 
@@ -400,19 +404,9 @@ class _Meetings:
                 props[name] = schemas[0] if len(schemas) == 1 else \
                     self.meet([p for s in schemas for p in self.parts(s)])
             out["properties"] = props
-        # a name no place declares that one regex finds meets, in the places without that regex, their
-        # `additionalProperties` (llguidance holds the regexes of one object disjoint)
         patterns = list(dict.fromkeys(k for c in chunks for k in (c.get("patternProperties") or {})))
         if patterns:
-            out["patternProperties"] = {}
-            for pattern in patterns:
-                schemas = [c["patternProperties"][pattern] if pattern in (c.get("patternProperties") or {})
-                           else c["additionalProperties"] for c in chunks
-                           if pattern in (c.get("patternProperties") or {}) or "additionalProperties" in c]
-                out["patternProperties"][pattern] = schemas[0] if len(schemas) == 1 else \
-                    self.meet([p for s in schemas for p in self.parts(s)])
-        if names and patterns:
-            out["patternProperties"] = self.without_declared(out["patternProperties"], names)
+            out["patternProperties"] = self.merged_patterns(chunks, patterns, names)
             if not out["patternProperties"]:
                 del out["patternProperties"]
         rest = [c["additionalProperties"] for c in chunks if "additionalProperties" in c]
@@ -421,18 +415,29 @@ class _Meetings:
                 self.meet([p for s in rest for p in self.parts(s)])
         return out
 
-    def without_declared(self, patterns: dict, names: list[str]) -> dict:
-        """`patterns` cut down to the names none of `names` is (they met those patterns' schemas above):
-        llguidance writes no key that both a declared property and a pattern take."""
-        if not any(self.finds(p, n) for p in patterns for n in names):
-            return patterns
-        keys = list(patterns)
-        literals = ["^" + "".join(regex_char(c) for c in name) + "$" for name in names]
-        regions = disjoint_regions(keys + literals, self.work)
-        if regions is None or any(len([i for i in sig if i < len(keys)]) > 1 for _, sig in regions):
-            raise _GiveUp  # (out of the automata's reach; regexes that overlap are llguidance's to refuse)
-        return {self.spell(region): patterns[keys[next(iter(sig))]] for region, sig in regions
-                if not any(i >= len(keys) for i in sig)}
+    def merged_patterns(self, chunks: list[dict], patterns: list[str], names: list[str]) -> dict:
+        """The `patternProperties` of the merged object. A name no place declares meets the schemas of the regexes
+        that find it, and, in each place none of whose regexes does, that place's `additionalProperties`. Where
+        one regex finds no declared name, it stays as written; else the names are cut into regions found by
+        exactly one set of the regexes (`regex_sets.disjoint_regions`, on automata), the declared names left out:
+        llguidance wants an object's regexes disjoint, and writes no key a declared property and a regex share."""
+        if len(patterns) == 1 and not any(self.finds(patterns[0], n) for n in names):
+            regions = [(patterns[0], frozenset({0}))]
+        else:
+            literals = ["^" + "".join(regex_char(c) for c in name) + "$" for name in names]
+            found = disjoint_regions(patterns + literals, self.work)
+            if found is None:
+                raise _GiveUp  # (out of the automata's reach)
+            regions = [(self.spell(region), sig) for region, sig in found if max(sig) < len(patterns)]
+        out = {}
+        for region, sig in regions:
+            held = {patterns[i] for i in sig}
+            schemas = []
+            for c in chunks:
+                own = [v for k, v in (c.get("patternProperties") or {}).items() if k in held]
+                schemas += own if own else [c["additionalProperties"]] if "additionalProperties" in c else []
+            out[region] = schemas[0] if len(schemas) == 1 else self.meet([p for s in schemas for p in self.parts(s)])
+        return out
 
     def finds(self, pattern: str, name: str) -> bool:
         if pattern not in self.searches:

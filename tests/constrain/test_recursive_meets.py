@@ -108,6 +108,16 @@ SHIFTED = {
 }
 
 
+# Two recursive objects whose regexes overlap, merged at every depth (llguidance wants one object's disjoint).
+OVERLAP = {
+    "allOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+    "$defs": {"a": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/a"}},
+                    "patternProperties": {"^x": {"type": "integer"}}},
+              "b": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/b"}},
+                    "patternProperties": {"^xy": {"minimum": 5}}}},
+}
+
+
 def _compile(compiler, schema: dict, backend: str):
     return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                            backend=backend))
@@ -132,6 +142,8 @@ def _compile(compiler, schema: dict, backend: str):
     # (`x1` is declared in one and found by the other's regex: a number and an integer, at every depth)
     (NAMED, [{"next": {"next": {}, "x1": -3}, "x1": 2}, {}],
      [{"x1": 1.5}, {"next": {"x1": 1.5}}, {"x2": 1}, {"next": {"x2": 1}}, {"x1": "a"}]),
+    (OVERLAP, [{"kid": {"kid": {}, "xy": 5}, "x1": -1, "xy": 7, "k": "s"}],
+     [{"xy": 3}, {"kid": {"xy": 3}}, {"x1": 1.5}, {"kid": {"kid": {"x": "s"}}}]),
     # (`t`'s second chunk declares `b`, its first forbids every name but `a` and `w`: `kid` takes `{}` alone)
     (INHERITED, [{}, {"a": 1}, {"w": {"kid": {}}}, {"a": 1, "w": {}}],
      [{"w": {"kid": {"a": 1}}}, {"w": {"kid": {"b": 1}}}, {"w": {"kid": {"w": {}}}}, {"b": 1}]),
