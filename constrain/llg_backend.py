@@ -1850,14 +1850,7 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
     are annotations every validator ignores: ignoring them loses nothing, and they are never named."""
     imprecise = _inexact_keywords(schema, base_pointer, param, strict_under) if kind == "json" else []
     ignored = set().union(*keywords_ignored_in_draft(schema).values()) if kind == "json" else set()
-    text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern)
-    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
-    written_out = False
-    if is_error and kind == "json" and any(said in m for m in msgs for said in _RECURSIVE_MEETINGS):
-        met = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, write_out_meetings=True)
-        if met != text:
-            written_out, text = True, met
-            is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
+    text, is_error, msgs, written_out = _validated_text(lltok, kind, schema, regex, whitespace_pattern, False, False)
     unenforced: tuple[str, ...] = tuple(imprecise)
     if is_error or ignored:
         keys, formats, other = _warnings(msgs) if is_error else (set(), set(), [])
@@ -1873,9 +1866,8 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
                          "the `anyOf`/`oneOf` alternatives it multiplies out, make too many; split the schema or "
                          "flatten its combinations)")
             raise _refusal(f"cannot compile constraint: {said}", msgs, schema, base_pointer, param, code)
-        text = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=True,
-                            write_out_meetings=written_out)
-        lenient_error, lenient_msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
+        text, lenient_error, lenient_msgs, written_out = _validated_text(lltok, kind, schema, regex,
+                                                                         whitespace_pattern, True, written_out)
         if not lenient_error:
             keys, formats, other = _warnings(lenient_msgs)
             if other:  # an approximation we cannot name: never compile weaker than asked without saying so
@@ -1898,6 +1890,24 @@ def checked_grammar_text(lltok, kind: str, *, schema=None, regex: str | None = N
                            base_pointer, param)
         unenforced = tuple(sorted(set(pointers) | set(imprecise)))
     return text, unenforced, written_out
+
+
+def _validated_text(lltok, kind: str, schema, regex: str | None, whitespace_pattern: str, lenient: bool,
+                    written_out: bool) -> tuple[str, bool, list[str], bool]:
+    """(grammar text, is_error, llguidance's messages, written_out): where llguidance refuses the schema for a
+    recursive definition meeting other keywords (before it names an unimplemented keyword, or in lenient mode
+    after), it is asked again with those places written out (`llguidance_json`); `written_out` says so."""
+    text = grammar_text(kind, schema=schema, regex=regex, whitespace_pattern=whitespace_pattern, lenient=lenient,
+                        write_out_meetings=written_out)
+    is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text, lltok, limits=_limits())
+    if is_error and kind == "json" and not written_out \
+            and any(said in m for m in msgs for said in _RECURSIVE_MEETINGS):
+        met = grammar_text(kind, schema=schema, whitespace_pattern=whitespace_pattern, lenient=lenient,
+                           write_out_meetings=True)
+        if met != text:
+            is_error, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(met, lltok, limits=_limits())
+            return met, is_error, msgs, True
+    return text, is_error, msgs, written_out
 
 
 _UNDECIDED_REGEX = "Unable to determine if regex is empty"

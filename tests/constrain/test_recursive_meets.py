@@ -186,6 +186,21 @@ def test_a_meeting_llguidance_compiles_itself_is_handed_on_unchanged(gpt2_compil
     assert written_out
 
 
+def test_meetings_are_written_out_where_llguidance_reads_the_schema_leniently(gpt2_compiler, tokenizers, vocabs):
+    """Beside a keyword llguidance leaves to the checks on finished values (`uniqueItems` over objects), the schema
+    is read in llguidance's lenient mode, whose refusal of the meeting was a 400 without `strict`."""
+    tags = {"type": "array", "items": {"type": "object"}, "uniqueItems": True}
+    schema = {**PROMO, "properties": {"kind": PROMO["properties"]["kind"], "tags": tags,
+                                      "basic": PROMO["properties"]["basic"]}}
+    g = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "promo", "schema": schema, "strict": False}}))
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert accepts_document(g, tok, vocab, {"kind": "story", "tags": [{"a": 1}], "basic": {"kind": "ref", "id": "x"}})
+    assert not accepts_document(g, tok, vocab, {"kind": "story", "tags": [{}, {}]})
+    assert not accepts_document(g, tok, vocab, {"kind": "story", "basic": {"kind": "ref", "id": 1}})
+    assert ended_walks_valid(g, vocab, schema, seed=0, walks=12, max_tokens=60) > 0
+
+
 @pytest.mark.parametrize("tool_format", ["json_array", "hermes", "qwen3_coder"])
 @pytest.mark.parametrize("tool_choice", ["required", "auto"])
 def test_a_function_whose_parameters_meet_a_recursive_definition_can_be_called(tool_format, tool_choice,
