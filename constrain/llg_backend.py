@@ -2362,8 +2362,9 @@ def compile_xml_calls(lltok, vocab: Vocabulary, spec, *, whitespace_pattern: str
                     bad += (place,)
                 unenforced += bad
                 options = _json_options(whitespace_pattern, lenient=bool(bad))
+                value_json = json.dumps({**llguidance_json(value, written_out), 'x-guidance': options})
                 rules.append(f"p{i}_{j}: {opening} v{i}_{j} {text(shape.after_value)}\n"
-                             f"v{i}_{j}: %json {json.dumps({**llguidance_json(value, written_out), 'x-guidance': options})}")
+                             f"v{i}_{j}: %json {value_json}")
                 hints += string_hints(value)
                 json_keys.extend(required_names(value))
             return f"p{i}_{j}"

@@ -124,7 +124,8 @@ class _Meetings:
                 if not isinstance(node, dict):
                     return node
                 if id(node) not in fixed:
-                    out = False if len(node) == 1 and node.get("$ref") in false else _falsified(map_subschemas(node, fix))
+                    out = False if len(node) == 1 and node.get("$ref") in false \
+                        else _falsified(map_subschemas(node, fix))
                     fixed[id(node)] = (node, out)
                 return fixed[id(node)][1]
 
@@ -396,7 +397,8 @@ class _Meetings:
                     if name in declared:
                         schemas.append(declared[name])
                         continue
-                    found = [v for pattern, v in (c.get("patternProperties") or {}).items() if self.finds(pattern, name)]
+                    found = [v for pattern, v in (c.get("patternProperties") or {}).items()
+                             if self.finds(pattern, name)]
                     if found:
                         schemas.extend(found)
                     elif "additionalProperties" in c:
