@@ -20,6 +20,7 @@ is (checked_grammar_text), so a schema it compiles is never changed.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Callable
 from urllib.parse import unquote
 
@@ -36,6 +37,8 @@ _REFUSED_KEYS = ("unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$r
 _MOST_MEETS = 20_000  # intersections written per schema
 _MOST_DEFINITIONS = 2_000  # meetings of a recursive definition named
 
+log = logging.getLogger(__name__)
+
 
 class _GiveUp(Exception):
     """The schema is left as it is (llguidance's own refusal stands)."""
@@ -51,6 +54,9 @@ def intersected_recursive_meetings(root: Any, spell: Callable[[str], str] = str)
     try:
         return meetings.rewritten()
     except (_GiveUp, RecursionError):
+        return root
+    except Exception:  # noqa: BLE001 - a fault here leaves llguidance's own refusal (a 400), logged, never a 500
+        log.exception("writing out recursive meetings failed; the schema is handed on as it is")
         return root
 
 

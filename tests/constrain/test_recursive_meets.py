@@ -266,3 +266,18 @@ def test_a_root_whose_meetings_refuse_every_value_is_left_as_it_is(gpt2_compiler
     assert intersected_recursive_meetings(schema) is schema
     with pytest.raises(ConstraintError):
         _compile(gpt2_compiler, schema, "llguidance")
+
+
+def test_a_fault_while_writing_meetings_out_leaves_llguidances_refusal(monkeypatch, caplog, gpt2_compiler):
+    """Only schemas llguidance refused come here: a fault in the rewrite is logged and the refusal (a 400) stands,
+    never a 500."""
+    import constrain.recursive_meets as recursive_meets
+
+    def broken(self):
+        raise KeyError("a fault")
+
+    monkeypatch.setattr(recursive_meets._Meetings, "rewritten", broken)
+    assert intersected_recursive_meetings(PROMO) is PROMO
+    assert "writing out recursive meetings failed" in caplog.text
+    with pytest.raises(ConstraintError, match="circular references with sibling keys"):
+        _compile(gpt2_compiler, {**PROMO, "title": "a schema no other test compiles"}, "llguidance")
