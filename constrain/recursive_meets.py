@@ -428,12 +428,13 @@ class _Meetings:
         that find it, and, in each place none of whose regexes does, that place's `additionalProperties`. Where
         one regex finds no declared name, it stays as written; else the names are cut into regions found by
         exactly one set of the regexes (`regex_sets.disjoint_regions`, on automata), the declared names left out:
-        llguidance wants an object's regexes disjoint, and writes no key a declared property and a regex share."""
+        llguidance wants an object's regexes disjoint, and writes no key a declared property and a regex share.
+        A region's classes are written as their characters: llguidance reads `\\d`, `\\w` and `\\s` as ASCII."""
         if len(patterns) == 1 and not any(self.finds(patterns[0], n) for n in names):
             regions = [(patterns[0], frozenset({0}))]
         else:
             literals = ["^" + "".join(regex_char(c) for c in name) + "$" for name in names]
-            found = disjoint_regions(patterns + literals, self.work)
+            found = disjoint_regions(patterns + literals, self.work, explicit=True)
             if found is None:
                 raise _GiveUp  # (out of the automata's reach)
             regions = [(self.spell(region), sig) for region, sig in found if max(sig) < len(patterns)]

@@ -98,18 +98,19 @@ def complement_pattern(pattern: str, work: Work | None = None) -> str | None:
     return _region(dfa, frozenset())  # (None when P matches every string: an empty complement needs no pattern)
 
 
-def disjoint_regions(patterns: list[str], work: Work | None = None) -> list[tuple[str, frozenset[int]]] | None:
+def disjoint_regions(patterns: list[str], work: Work | None = None,
+                     explicit: bool = False) -> list[tuple[str, frozenset[int]]] | None:
     """The strings some of `patterns` find a match in, cut by which ones do: for each non-empty set R of indices
     whose region is not empty, an anchored pattern matching exactly the strings matched by the patterns in R and
     by no other. The regions are pairwise disjoint and their union is the union of the patterns (None: out of
-    reach)."""
+    reach). `explicit`: classes written as their characters (`_write`), for a reader of no other spelling."""
     dfa = _search_dfa(patterns, work or Work())
     if dfa is None:
         return None
     out = []
     for sig in dict.fromkeys(dfa.sigs):
         if sig:
-            region = _region(dfa, sig)
+            region = _region(dfa, sig, explicit)
             if region is None:
                 return None
             out.append((region, sig))

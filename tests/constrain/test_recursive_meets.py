@@ -118,6 +118,18 @@ OVERLAP = {
 }
 
 
+# Two recursive objects closed by `additionalProperties: false`, whose regexes overlap: `x٣` (an Arabic-Indic digit)
+# is found by `^x` but not by `^x\D` (Python's `\D`, as the schema is read, is no digit of any script), so `b`
+# takes no such name. The regions cut from the two are read by llguidance, whose `\d` is ASCII.
+DIGITS = {
+    "allOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+    "$defs": {"a": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/a"}},
+                    "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False},
+              "b": {"type": "object", "properties": {"kid": {"$ref": "#/$defs/b"}},
+                    "patternProperties": {"^x\\D": {"type": "integer"}}, "additionalProperties": False}},
+}
+
+
 def _compile(compiler, schema: dict, backend: str):
     return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                            backend=backend))
@@ -155,6 +167,8 @@ def _compile(compiler, schema: dict, backend: str):
     (INHERITED, [{}, {"a": 1}, {"w": {"kid": {}}}, {"a": 1, "w": {}}],
      [{"w": {"kid": {"a": 1}}}, {"w": {"kid": {"b": 1}}}, {"w": {"kid": {"w": {}}}}, {"b": 1}]),
     (CONST_TRUE, [{}, {"k": {"v": 1}}], [{"v": 1}, {"v": True}, {"k": {"v": True}}]),
+    (DIGITS, [{"xa": 1}, {"kid": {"xb": 2}, "x-": 3}, {}],
+     [{"x\u0663": 1}, {"kid": {"x\u0663": 1}}, {"x5": 1}, {"xa": "s"}]),
     # (`s` is `x`'s string, wherever the `false` alternative before it went)
     (SHIFTED, [{"s": "a"}, {"x": 5}, {"x": "a"}, {"c": {"a": 1, "b": True}}],
      [{"s": 5}, {"x": {"p": {}}}, {"c": {"a": 1}}]),
