@@ -221,11 +221,13 @@ class _Meetings:
         return self.reach_cache[ref]
 
     def key(self, part: tuple) -> tuple:
+        """The part by its JSON text; an alternative's keyword with it (`anyOf` and `oneOf` of the same branches
+        are two assertions)."""
         if part[0] == "ref":
             return part
         if id(part[-1]) not in self.texts:
             self.texts[id(part[-1])] = json.dumps(part[-1], sort_keys=True, default=str)
-        return (part[0], self.texts[id(part[-1])])
+        return (*part[:-1], self.texts[id(part[-1])])
 
     # -- the intersection ----------------------------------------------------------------------------------------
 

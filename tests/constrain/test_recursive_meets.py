@@ -295,3 +295,22 @@ def test_a_fault_while_writing_meetings_out_leaves_llguidances_refusal(monkeypat
     assert "writing out recursive meetings failed" in caplog.text
     with pytest.raises(ConstraintError, match="circular references with sibling keys"):
         _compile(gpt2_compiler, {**PROMO, "title": "a schema no other test compiles"}, "llguidance")
+
+
+def test_an_any_of_and_a_one_of_of_the_same_branches_are_both_asserted(gpt2_compiler, tokenizers, vocabs):
+    """Beside two recursive trees, an `anyOf` and a `oneOf` of the same nine overlapping branches (the `oneOf` is
+    left as it is, for the checks as each value ends). Parts were keyed by their branches' text alone, so the
+    `oneOf` was dropped as a repeat of the `anyOf`: `{"a": 1}` (two branches hold) was taken."""
+    at_least = [{"properties": {"a": {"minimum": i}}} for i in range(9)]
+    trees = {"a": {"type": "object", "properties": {"a": {"type": "integer"}, "kid": {"$ref": "#/$defs/a"}}},
+             "b": {"type": "object", "properties": {"b": {"type": "integer"}, "kid": {"$ref": "#/$defs/b"}}}}
+    schema = {"allOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}, {"anyOf": at_least}, {"oneOf": at_least}],
+              "$defs": trees}
+    _, _, written_out = checked_grammar_text(gpt2_compiler.lltokenizer(), "json", schema=normalise_schema(schema))
+    assert written_out
+    g = _compile(gpt2_compiler, schema, "llguidance")
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    for document in ({"a": 0}, {"a": 0, "kid": {"a": 5, "b": 1}}):
+        assert accepts_document(g, tok, vocab, document), document
+    for document in ({"a": 1}, {"a": 8}, {}, {"a": -1}, {"a": 0, "b": "s"}):
+        assert not accepts_document(g, tok, vocab, document), document
