@@ -87,6 +87,7 @@ class _Meetings:
         self.pending: list[tuple[str, list]] = []
         self.visited: dict[int, tuple[Any, Any]] = {}
         self.sites: set[int] = set()  # the places written anew
+        self.holding: set[int] = set()  # those written with their own definitions (where references find them)
         self.made: set[int] = set()  # objects written here (each already a meeting written out)
         self.kept: list = []
         self.reach_parts: dict[int, bool] = {}
@@ -99,12 +100,10 @@ class _Meetings:
 
     def rewritten(self) -> dict:
         out = self.visit(self.root)
-        if id(self.root) in self.sites:  # (its definitions, which the written-out root does not hold)
+        if id(self.root) in self.sites:  # (its dialect and name, which the written-out root does not hold)
             if not isinstance(out, dict):
                 raise _GiveUp
-            out = {**out, **{k: self.root[k] for k in ("$schema", "$id", "id") if k in self.root},
-                   **{k: map_subschemas({k: self.root[k]}, self.visit)[k] for k in ("definitions", "$defs")
-                      if k in self.root}}
+            out = {**out, **{k: self.root[k] for k in ("$schema", "$id", "id") if k in self.root}}
         while self.pending:
             name, parts = self.pending.pop()
             self.bodies[name] = self.visit(self.meet_resolved(parts))
@@ -140,11 +139,11 @@ class _Meetings:
         return out
 
     def into_a_site(self, ref: str) -> bool:
-        """The `$ref` names a place inside one written anew (the root's definitions aside)."""
+        """The `$ref` names a place inside one written anew (the definitions it still holds aside)."""
         node: Any = self.root
         parts = unquote(ref[1:]).split("/")[1:]
         for part in parts:
-            if id(node) in self.sites and not (node is self.root and part in ("definitions", "$defs")):
+            if id(node) in self.sites and not (id(node) in self.holding and part in ("definitions", "$defs")):
                 return True
             _, node = pointer_child(node, part)
         return False
@@ -159,6 +158,10 @@ class _Meetings:
                 self.sites.add(id(node))
                 met = self.meet(parts)
                 out = map_subschemas(met, self.visit) if isinstance(met, dict) else met
+                defs = {k: map_subschemas({k: node[k]}, self.visit)[k] for k in ("definitions", "$defs") if k in node}
+                if defs and isinstance(out, dict):  # (a function's parameters' own: `#/$defs/tool1/$defs/a`)
+                    out = {**out, **defs}
+                    self.holding.add(id(node))
             else:
                 out = map_subschemas(node, self.visit)
             self.visited[id(node)] = (node, out)

@@ -130,6 +130,18 @@ DIGITS = {
 }
 
 
+# TWO_TREES below the root, with their definitions beside the meeting that is written out (as a function's
+# parameters hold theirs, at `#/$defs/tool<i>`): references into them still find them.
+_W = "#/properties/w/$defs/"
+NESTED_DEFS = {
+    "type": "object",
+    "properties": {"w": {"allOf": [{"$ref": _W + "a"}, {"$ref": _W + "b"}], "$defs": {
+        "a": {"type": "object", "properties": {"a": {"type": "integer"}, "kid": {"$ref": _W + "a"}}, "required": ["a"]},
+        "b": {"type": "object", "properties": {"b": {"type": "boolean"}, "kid": {"$ref": _W + "b"}}, "required": ["b"]},
+    }}},
+}
+
+
 def _compile(compiler, schema: dict, backend: str):
     return compiler.compile(ConstraintSpec(kind="json_schema", schema=normalise_schema(schema), strict=True,
                                            backend=backend))
@@ -169,6 +181,8 @@ def _compile(compiler, schema: dict, backend: str):
     (CONST_TRUE, [{}, {"k": {"v": 1}}], [{"v": 1}, {"v": True}, {"k": {"v": True}}]),
     (DIGITS, [{"xa": 1}, {"kid": {"xb": 2}, "x-": 3}, {}],
      [{"x\u0663": 1}, {"kid": {"x\u0663": 1}}, {"x5": 1}, {"xa": "s"}]),
+    (NESTED_DEFS, [{}, {"w": {"a": 1, "b": True}}, {"w": {"a": 1, "kid": {"a": 2, "b": False}, "b": True}}],
+     [{"w": {"a": 1}}, {"w": {"a": 1, "kid": {"a": 2}, "b": True}}, {"w": {"a": 1, "kid": {"b": True}, "b": True}}]),
     # (`s` is `x`'s string, wherever the `false` alternative before it went)
     (SHIFTED, [{"s": "a"}, {"x": 5}, {"x": "a"}, {"c": {"a": 1, "b": True}}],
      [{"s": 5}, {"x": {"p": {}}}, {"c": {"a": 1}}]),
@@ -243,6 +257,32 @@ def test_a_function_whose_parameters_meet_a_recursive_definition_can_be_called(t
             if done and (tool_choice == "required" or parse_tool_calls(decode(vocab, toks), spec) is not None):
                 called += len(valid_calls(decode(vocab, toks), spec, {"promo": PROMO}))
         assert called or tool_choice == "auto"  # (under "auto" a walk may answer in text alone)
+
+
+@pytest.mark.parametrize("tool_format", ["json_array", "hermes", "llama3_json", "qwen3_coder"])
+def test_a_function_whose_parameters_are_a_meeting_themselves_can_be_called(tool_format, tmp_path_factory):
+    """TWO_TREES as a function's parameters, beside a function that needs nothing written out: the meeting is
+    their root, `#/$defs/tool1`, and their own definitions (`#/$defs/tool1/$defs/a`) were dropped with it, so
+    the references into them gave the write-out up: a 400 in every format, where the same schema compiles as a
+    `response_format`."""
+    from tests.conftest import build_qwen3_coder_tokenizer, build_qwen_tools_tokenizer
+
+    tokenizer = (build_qwen3_coder_tokenizer if tool_format == "qwen3_coder" else build_qwen_tools_tokenizer)(
+        tmp_path_factory.mktemp(tool_format))
+    plain = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    tools = [{"type": "function", "function": {"name": "plain", "parameters": plain}},
+             {"type": "function", "function": {"name": "trees", "parameters": TWO_TREES}}]
+    spec = spec_from_request(tools=tools, tool_choice={"type": "function", "function": {"name": "trees"}},
+                             tool_format=tool_format, backend="llguidance")
+    with compiling(tokenizer, "qwen2") as (_, vocab, compiler):
+        g = compiler.compile(spec)
+        rng = random.Random(0)
+        called = 0
+        for _ in range(8):
+            toks, done = random_walk(g, vocab, rng, 150, budget=True, prefer_end=0.5)
+            if done:
+                called += len(valid_calls(decode(vocab, toks), spec, {"plain": plain, "trees": TWO_TREES}))
+        assert called
 
 
 def test_a_reference_into_a_place_that_would_be_written_anew_leaves_the_schema_as_it_is():
