@@ -2137,8 +2137,9 @@ def _inexact_keywords(schema, base_pointer: str, param: str, strict_under: tuple
         if key == "pattern" and isinstance(node[key], str) and llguidance_escape_gap(node[key]):
             if strict:
                 raise ConstraintError(f"the pattern at {ptr} cannot be enforced exactly: a class holding every "
-                                      "control character but not both '\"' and '\\' lets llguidance take the "
-                                      "escapes \\\" and \\\\ for such characters", param=param, pointer=ptr,
+                                      "control character (or all but \\n) but not both '\"' and '\\' lets "
+                                      "llguidance take the escapes \\\" and \\\\ for such characters",
+                                      param=param, pointer=ptr,
                                       code="unsupported_schema")
             found.append(ptr)
         if key not in _NUMERIC_KEYWORDS or ptr in narrowed:

@@ -28,6 +28,7 @@ from constrain.support import escaped_code, walk
 
 _SURROGATES: Ranges = ((0xD800, 0xDFFF),)  # not characters: no Rust regex may name them
 _CONTROLS: Ranges = ((0x00, 0x1F),)
+_CONTROLS_BUT_NEWLINE: Ranges = ((0x00, 0x09), (0x0B, 0x1F))  # (see `_write_class`)
 _QUOTE_AND_BACKSLASH: Ranges = ((0x22, 0x22), (0x5C, 0x5C))
 
 _ASCII_DIGIT: Ranges = ((0x30, 0x39),)
@@ -216,10 +217,11 @@ def _class_char(pattern: str, i: int) -> tuple[int | None, int]:
 @functools.lru_cache(maxsize=64)
 def _write_class(chars: Ranges) -> str:
     """A positive class of `chars` (surrogates left out). llguidance 1.9 lets the escapes \\" and \\\\ through a
-    class holding every control character but not both '"' and '\\' (see `support.llguidance_escape_gap`): such
-    a set loses its control characters, which JSON writes as escapes and no answer needs there."""
+    class holding every control character (`\\n` aside) but not both '"' and '\\' (see
+    `support.llguidance_escape_gap`): such a set loses its control characters, which JSON writes as escapes and no
+    answer needs there."""
     chars = _intersection(chars, negate_ranges(_SURROGATES))
-    if _holds(chars, _CONTROLS) and not _holds(chars, _QUOTE_AND_BACKSLASH):
+    if _holds(chars, _CONTROLS_BUT_NEWLINE) and not _holds(chars, _QUOTE_AND_BACKSLASH):
         chars = _intersection(chars, negate_ranges(_CONTROLS))
     items = "".join(regex_char(chr(a)) if a == b else f"{regex_char(chr(a))}-{regex_char(chr(b))}" for a, b in chars)
     return f"[{items}]"

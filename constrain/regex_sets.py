@@ -48,6 +48,7 @@ _TOP = 0x10FFFF
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
 _ANY: Ranges = ((0, _TOP),)
 _CONTROLS: Ranges = ((0, 0x1F),)
+_CONTROLS_BUT_NEWLINE: Ranges = ((0, 0x09), (0x0B, 0x1F))  # (see `_write_class`)
 _QUOTE: Ranges = ((0x22, 0x22),)
 _BACKSLASH: Ranges = ((0x5C, 0x5C),)
 
@@ -875,9 +876,9 @@ def _write_class(s: Ranges, explicit: bool = False) -> str:
     """The shortest spelling of `s`: its characters, their complement, or (unless `explicit`) with Python's
     shorthands (`\\w` as `re` reads it: Unicode), which pattern_dialects.portable_pattern narrows later to what
     every dialect reads, and so changes."""
-    if _contains(s, _CONTROLS) and not (_contains(s, _QUOTE) and _contains(s, _BACKSLASH)):
-        # llguidance 1.9.1 reads a class holding every control character (which JSON writes as escapes) as letting
-        # any escape through, \" and \\ included: such a class would accept what it excludes.
+    if _contains(s, _CONTROLS_BUT_NEWLINE) and not (_contains(s, _QUOTE) and _contains(s, _BACKSLASH)):
+        # llguidance 1.9.1 reads a class holding every control character (which JSON writes as escapes; `\n`
+        # aside) as letting any escape through, \" and \\ included: such a class would accept what it excludes.
         raise _Unsupported("control characters without quote or backslash")
     if s == _ANY:
         return "[\\s\\S]"

@@ -471,11 +471,15 @@ def json_safe_pattern(pattern: str) -> bool:
     return True
 
 
+_CONTROLS_BUT_NEWLINE = frozenset(range(0x20)) - {0x0A}  # (a class holding them all meets llguidance's gap below)
+
+
 def llguidance_escape_gap(pattern: str) -> bool:
-    """True when a positive character class of `pattern` holds every control character (U+0000..U+001F) but not
-    both '"' and '\\': llguidance (1.x) then lets the escapes \\" and \\\\ through inside the JSON string, as if
-    they were such characters (`^[\\x00-\\x1f]{3}$` answered `"\\"\\\\"`). Negated classes and classes missing a
-    control character are not affected. A class with a shorthand this cannot read (`\\p{..}`) counts as
+    """True when a positive character class of `pattern` holds every control character (U+0000..U+001F; `\\n`
+    aside) but not both '"' and '\\': llguidance (1.x) then lets the escapes \\" and \\\\ through inside the JSON
+    string, as if they were such characters (`^[\\x00-\\x1f]{3}$` answered `"\\"\\\\"`; a class of every other
+    character but `\\n` and '"' took `"x\\""` too). Negated classes and classes missing another control character
+    are not affected. A class with a shorthand this cannot read (`\\p{..}`) counts as
     unaffected."""
     i, n = 0, len(pattern)
     while i < n:
@@ -516,7 +520,7 @@ def llguidance_escape_gap(pattern: str) -> bool:
                 quote = quote or low <= 0x22 <= high
                 backslash = backslash or low <= 0x5C <= high
         i += 1
-        if known and covered >= set(range(0x20)) and not (quote and backslash):
+        if known and covered >= _CONTROLS_BUT_NEWLINE and not (quote and backslash):
             return True
     return False
 

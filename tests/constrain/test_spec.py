@@ -1185,7 +1185,8 @@ def test_a_bound_past_1e18_that_leaves_only_larger_numbers_is_a_400_naming_it(gp
 
 @pytest.mark.parametrize("pattern, gap", [
     ("^[\\x00-\\x1f]{3}$", True), ("[\\x00-\\x1fa]", True), ("[\\u0000-\\u001F\"]", True), ("[\\x00-\\x20]", True),
-    ("[\\x00-\\x08\\x0e-\\x1f\\s]", True),
+    ("[\\x00-\\x08\\x0e-\\x1f\\s]", True), ("[\\x00-\\x09\\x0b-\\x21\\x23-\\x7f]", True),  # (every control but \\n)
+    ("[\\x00-\\x09\\x0b\\x0c\\x0e-\\x21\\x23-\\x7f]", False), ("[\\x00-\\x08\\x0a-\\x1f]", False),
     ("[\\x00-\\x1e]", False), ("[^\"]", False), ("[\\s\\S]", False), ("[\\x00-\\x7f]", False),
     ("[\\x00-\\x1f\"\\\\]", False), ("\\[\\x00-\\x1f]", False), ("[\\x00-\\x1f\\W]", False),
 ])
@@ -1193,6 +1194,19 @@ def test_the_classes_llguidance_would_let_escapes_through_are_told_apart(pattern
     from constrain.support import llguidance_escape_gap
 
     assert llguidance_escape_gap(pattern) == gap
+
+
+def test_a_key_a_pattern_takes_beside_a_declared_one_holding_a_quote_gets_the_declared_schema(gpt2_compiler,
+                                                                                              tokenizers, vocabs):
+    """The pattern's names less `x"q` were written as a class of every character but '"' and `\\n`, which
+    llguidance let `\\"` through as if it were a control character: the declared key `x"q` took the pattern's
+    schema, not its own (`{"x\\"q": 1}` was accepted beside `minimum: 3`; QA review2 of session 43)."""
+    schema = {"type": "object", "properties": {"x\"q": {"minimum": 3}}, "patternProperties": {"^x.": {"maximum": 10}}}
+    g = gpt2_compiler.compile(spec_from_request(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema, "strict": False}}))
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    assert not accepts_document(g, tok, vocab, {"x\"q": 1}) and not accepts_document(g, tok, vocab, {"x\"q": 11})
+    assert accepts_document(g, tok, vocab, {"x\"q": 5}) and accepts_document(g, tok, vocab, {"xa": 1})
 
 
 def test_a_pattern_llguidance_would_let_escapes_through_is_refused_strict_and_named_otherwise(gpt2_compiler):
