@@ -13,8 +13,8 @@ Exact: each step is an identity of JSON Schema, read as llguidance reads it (key
 kept as `allOf` members that hold no subschema; a name's regexes are asked of their automata, never run). Where
 one would not be (two places' array layouts, `unevaluated*`, a `$ref` into a place rewritten here, a nested
 `$schema` of another draft, regexes past the automata's limits), or past the budgets, nothing is rewritten and
-llguidance's refusal stands. llguidance_json hands the result on only where llguidance refuses the schema as it
-is (checked_grammar_text), so a schema it compiles is never changed.
+llguidance's refusal stands. llg_backend's `checked_grammar_text` asks for the rewrite only where llguidance has
+refused the schema as it is for such a meeting, so a schema it compiles is never changed.
 """
 
 from __future__ import annotations
