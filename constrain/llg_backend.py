@@ -1066,8 +1066,9 @@ def llguidance_schema(schema):
     out, which `checked_grammar_text` names, numeric bounds past 2**53 narrowed (`_narrowed_bounds`), hostnames
     held to 253 characters, and then the numbers llguidance's ranges refuse added back (`_add_bound_prefixes`). A
     copy where one changes; the input is never modified. First, every `$ref` below a nested `$id` is written as the
-    URI it resolves to (`_refs_resolved_in_resources`)."""
-    schema = _refs_resolved_in_resources(schema)
+    URI it resolves to (`_refs_resolved_in_resources`), and the keywords that read each other are put side by side
+    (`_read_together`)."""
+    schema = _read_together(_refs_resolved_in_resources(schema))
     text = json.dumps(schema)
     narrowed = _narrowed_bounds(schema)
     if "[^" not in text and '"pattern' not in text and not narrowed and "imum" not in text \
@@ -1116,6 +1117,49 @@ def llguidance_schema(schema):
     _multiples_beside_values(schema, uncompiled)  # (before the prefixes: a member's enum decided with its step)
     _add_bound_prefixes(schema, uncompiled)  # (last: it moves nodes, and so the pointers above)
     return schema
+
+
+# llguidance compiles a schema object's keywords in their order, cut into chunks at each in-place applicator (`$ref`,
+# `allOf`, `anyOf`, `oneOf`, `enum`, `const`), and reads a keyword beside the others of its own chunk only (it lends
+# `additionalProperties` the names of `properties`, and `items` the length of `prefixItems`, no more). Cut apart,
+# `additionalProperties: false` refused the names `patternProperties` takes, an array `items` let any item through
+# under `additionalItems: false`, and draft 4's `exclusiveMinimum: true` left `minimum` inclusive. These keywords
+# are each written together, where the first of them stands.
+_IN_PLACE_APPLICATORS = frozenset({"$ref", "allOf", "anyOf", "oneOf", "enum", "const"})
+_READ_TOGETHER = (frozenset({"patternProperties", "additionalProperties"}),
+                  frozenset({"prefixItems", "items", "additionalItems"}),
+                  frozenset({"minimum", "exclusiveMinimum"}), frozenset({"maximum", "exclusiveMaximum"}),
+                  frozenset({"contains", "minContains", "maxContains"}))
+
+
+def _read_together(schema):
+    """`schema`, or a copy where no in-place applicator stands between keywords that read each other
+    (`_READ_TOGETHER`): only their order changes, so every pointer still names the same place."""
+    def order(node: dict) -> list[str]:
+        keys = list(node)
+        out: dict[str, None] = {}
+        for key in keys:
+            group = next((g for g in _READ_TOGETHER if key in g), frozenset({key}))
+            out.update(dict.fromkeys(k for k in keys if k in group))
+        return list(out)
+
+    def parted(node: dict) -> bool:
+        return not _IN_PLACE_APPLICATORS.isdisjoint(node) and order(node) != list(node)
+
+    if not any(parted(node) for node in _holders(schema)):
+        return schema
+    schema = copy.deepcopy(schema)
+    for node in _holders(schema):
+        if parted(node):
+            ordered = [(key, node[key]) for key in order(node)]
+            node.clear()
+            node.update(ordered)
+    return schema
+
+
+def _holders(schema) -> list[dict]:
+    """Every schema object of `schema`, once each."""
+    return list({id(node): node for _, _, node in walk(schema)}.values())
 
 
 def _refs_resolved_in_resources(schema):

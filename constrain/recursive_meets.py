@@ -115,7 +115,11 @@ class _Meetings:
         out = self.without_false_definitions(out)
         if not isinstance(out, dict):
             raise _GiveUp  # (the root itself refuses every value: llguidance's refusal says so)
-        return {**out, self.defs_key: {**(out.get(self.defs_key) or {}), **self.bodies}}
+        out = {**out, self.defs_key: {**(out.get(self.defs_key) or {}), **self.bodies}}
+        refs = {node["$ref"] for _, key, node in walk(out) if key == "$ref"}
+        if any(resolve_ref(out, ref) is None for ref in refs):
+            raise _GiveUp  # (a reference into a place that came out `false`)
+        return out
 
     def without_false_definitions(self, out: dict) -> Any:
         """`out` and the definitions written here, each reference to one that came out `false` read as `false`
@@ -129,8 +133,7 @@ class _Meetings:
                 if not isinstance(node, dict):
                     return node
                 if id(node) not in fixed:
-                    out = False if len(node) == 1 and node.get("$ref") in false \
-                        else _falsified(map_subschemas(node, fix))
+                    out = False if node.get("$ref") in false else _falsified(map_subschemas(node, fix))
                     fixed[id(node)] = (node, out)
                 return fixed[id(node)][1]
 
@@ -394,8 +397,9 @@ class _Meetings:
 
     def merged_objects(self, chunks: list[dict]) -> dict:
         """`properties`, `patternProperties` and `additionalProperties` of `chunks` as one object's, as llguidance
-        merges two objects: a name one declares meets, in each other, the `patternProperties` schema whose regex
-        finds it (asked of the regex's automaton, `regex_sets.pattern_search`), else that one's
+        merges two objects: a name one declares meets, in each of them, the `patternProperties` schemas whose
+        regexes find it (asked of the regexes' automata, `regex_sets.pattern_search`; in its own place too, as
+        JSON Schema reads one object), and in a place that neither declares it nor finds it, that place's
         `additionalProperties`."""
         names = list(dict.fromkeys(n for c in chunks for n in (c.get("properties") or {})))
         out: dict = {}
@@ -405,12 +409,11 @@ class _Meetings:
                 schemas = []
                 for c in chunks:
                     declared = c.get("properties") or {}
-                    if name in declared:
-                        schemas.append(declared[name])
-                        continue
                     found = [v for pattern, v in (c.get("patternProperties") or {}).items()
                              if self.finds(pattern, name)]
-                    if found:
+                    if name in declared:
+                        schemas.append(declared[name])
+                    if name in declared or found:
                         schemas.extend(found)
                     elif "additionalProperties" in c:
                         schemas.append(c["additionalProperties"])
@@ -463,11 +466,14 @@ class _Meetings:
 
 
 def _falsified(node: dict) -> Any:
-    """`false` where each of `node`'s alternatives is, or where it requires an object with a name whose value it
-    refuses; else `node` as it is (a `false` alternative stays in its place: a `$ref` may name the ones after it)."""
+    """`false` where each of `node`'s alternatives is, where one of its `allOf` members is, or where it requires an
+    object with a name whose value it refuses; else `node` as it is (a `false` alternative stays in its place: a
+    `$ref` may name the ones after it)."""
     for key in ("anyOf", "oneOf"):
         if isinstance(node.get(key), list) and all(b is False for b in node[key]):
             return False
+    if isinstance(node.get("allOf"), list) and any(m is False for m in node["allOf"]):
+        return False
     if node.get("type") == "object" and isinstance(node.get("required"), list) and any(
             (node.get("properties") or {}).get(n) is False for n in node["required"]):
         return False
