@@ -345,7 +345,7 @@ def plan_late_keywords(schema: Any, one_of: bool, bound_unevaluated: bool = True
                    if bound_unevaluated and node.get(key) is False]
     refs = [(n, n["$ref"], resolve_ref(out, n["$ref"])) for _, key, n in walk_with_refs(out)
             if key == "$ref" and isinstance(n["$ref"], str)]
-    _take_out_all(holders, take, schema)
+    _take_out_all(holders, take, schema, originals)
     _keep_targets(out, refs)
     bounded = {id(originals[id(node)]): key for node, key in unevaluated
                if _bound_unevaluated(node, key, schema, originals[id(node)], take, originals)}
@@ -391,21 +391,26 @@ def _keep_targets(root: dict, refs: list[tuple[dict, str, Any]]) -> None:
         holder["$ref"] = f"#/$defs/{moved[id(target)]}"
 
 
-def _take_out_all(nodes: list[dict], take: TakeOut, root: Any) -> None:
+def _take_out_all(nodes: list[dict], take: TakeOut, root: Any, originals: dict[int, Any]) -> None:
     """`nodes` (of the backend's schema) without their late keywords, in place (`_take_out_late_keys`); first, where
     `take.one_of`, each `oneOf`'s types narrowed (`_narrow_to_one_of_types`), judged on its branches as the client
-    wrote them (`root`: the client's schema, for their references): a branch whose `not` was taken out takes more."""
+    wrote them (`root`: the client's schema, for their references): a branch whose `not` was taken out takes more.
+    A node made here joins `originals` as its holder's client node (the checks look up the client's node of each
+    node they meet: the `allOf` member a `oneOf` beside an `anyOf` became was a `KeyError`, a 500)."""
     if take.one_of:
         for node in nodes:
             if "oneOf" in late_keys(node, take):
                 _narrow_to_one_of_types(node, root)
     for node in nodes:
-        _take_out_late_keys(node, take)
+        made = _take_out_late_keys(node, take)
+        if made is not None:
+            originals[id(made)] = originals[id(node)]
 
 
-def _take_out_late_keys(node: dict, take: TakeOut) -> None:
+def _take_out_late_keys(node: dict, take: TakeOut) -> dict | None:
     """`node` (of the backend's schema) without its late keywords, in place: dropped, exclusive ends widened,
-    `oneOf` as `anyOf` when `take.one_of`."""
+    `oneOf` as `anyOf` when `take.one_of` (beside an `anyOf`, as a new `allOf` member: returned)."""
+    made = None
     for key in late_keys(node, take):
         if key == "minProperties" and not take.every_count and _backend_counts_pairs(node):
             continue  # (checked late, and left to the backend, whose completions then write enough keys)
@@ -416,7 +421,9 @@ def _take_out_late_keys(node: dict, take: TakeOut) -> None:
         elif "anyOf" not in node:
             node["anyOf"] = node.pop("oneOf")
         else:
-            node["allOf"] = [*node.get("allOf", []), {"anyOf": node.pop("oneOf")}]
+            made = {"anyOf": node.pop("oneOf")}
+            node["allOf"] = [*node.get("allOf", []), made]
+    return made
 
 
 # The keywords that assert something only of values of one type (draft 4 to 2020-12).
@@ -709,7 +716,7 @@ def _for_backend(schema: Any, take: TakeOut, root: Any, originals: dict[int, Any
     500, QA fuzz F1)."""
     out = copy.deepcopy(schema)
     originals.update(_originals(out, schema))
-    _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), take, root)
+    _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), take, root, originals)
     return out
 
 

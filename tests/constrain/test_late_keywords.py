@@ -1392,6 +1392,23 @@ def test_a_late_check_under_a_copied_declaration_finds_the_clients_subschema(gpt
     assert not accepts_document(grammar, tokenizers["gpt2"], vocabs["gpt2"], {"b": 1})  # (both branches hold)
 
 
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"anyOf": [{}], "oneOf": [{}, {"type": "integer"}]}]},
+    {"type": "object", "properties": {"v": {"anyOf": [{"type": "object"}, {}],
+                                            "oneOf": [{"anyOf": [{"minimum": 0}], "oneOf": [{}, {"type": "integer"}]},
+                                                      {"type": "string"}]}}},
+])
+def test_a_one_of_beside_an_any_of_below_a_choice_is_checked_without_a_fault(schema, gpt2_compiler, tokenizers,
+                                                                              vocabs):
+    """The `oneOf` beside an `anyOf` is taken out as a new `allOf` member (`{"anyOf": branches}`), which the checks
+    met below a choice and looked up among the client's nodes: a `KeyError` as any value began, a 500."""
+    tok, vocab = tokenizers["gpt2"], vocabs["gpt2"]
+    grammar = _compile(gpt2_compiler, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in ({}, [], "s", 1.5, 1, None, {"v": 1}, {"v": 1.5}, {"v": "s"}, {"v": -1.5}):
+        assert accepts_document(grammar, tok, vocab, value) == validator.is_valid(value), value
+
+
 def test_max_contains_holds_the_array_so_far_to_its_count_alone(gpt2_compiler, tokenizers, vocabs):
     """The array so far was checked against `contains` too: `["a", 1]` was refused at its first item (QA fuzz F4).
     In draft 7 `maxContains` is counted as 2019-09 defines it where its node only asserts (README, Drafts); in a
