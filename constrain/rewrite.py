@@ -2548,23 +2548,26 @@ def _says_nothing(schema: Any) -> bool:
 
 
 def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
-    """`patternProperties` in several of the schemas an `allOf` joins (the node's own, its members', theirs):
-    llguidance merges them into one object and refuses patterns of two of them that overlap ("not disjoint"),
-    though a name both match must simply pass both schemas. Every such schema's patterns become regions of one
-    partition of all their names (matched by exactly a set of the patterns, `disjoint_regions`), each schema
-    holding the regions its own patterns cover: exact for each alone (its patterns match the same names, each
-    with the same schemas). Where the schemas several of them give one region meet patterns of their own (a
-    `propertyNames` rewritten to patterns beside a `patternProperties`, under one shared name), the first holds
-    them all as one `allOf`, aligned in turn, and the others `{}` (still matched by a pattern there, so no
-    `additionalProperties` applies). A member that is only a `$ref` to such a schema is replaced by a copy of it,
-    rewritten. A copy of the node where this changes it."""
-    if not isinstance(node.get("allOf"), list) or _pattern_holders(node, ctx) < 2 \
-            or any(targeted(f"{ctx.here}/{key}", ctx.refs) for key in ("allOf", "patternProperties")):
+    """`patternProperties` in several of the schemas an `allOf` joins (the node's own, its members', theirs), or
+    that meet one of an `anyOf`/`oneOf`'s branches (theirs, and their members'): llguidance merges them into one
+    object and refuses patterns of two of them that overlap ("not disjoint"), though a name both match must simply
+    pass both schemas (the root's `a` beside an `anyOf` branch's `^.{1,2}$`: JSONSchemaBench Handwritten
+    allOfPProp7-10 were a 400). Every such schema's patterns become regions of one partition of all their names
+    (matched by exactly a set of the patterns, `disjoint_regions`), each schema holding the regions its own
+    patterns cover: exact for each alone (its patterns match the same names, each with the same schemas). Where
+    the schemas several of them give one region meet patterns of their own (a `propertyNames` rewritten to
+    patterns beside a `patternProperties`, under one shared name), and all of them hold together (no branch among
+    them), the first holds them all as one `allOf`, aligned in turn, and the others `{}` (still matched by a
+    pattern there, so no `additionalProperties` applies). A member or branch that is only a `$ref` to such a
+    schema is replaced by a copy of it, rewritten. A copy of the node where this changes it."""
+    if not any(isinstance(node.get(key), list) for key in _JOINING) or _pattern_holders(node, ctx) < 2 \
+            or any(targeted(f"{ctx.here}/{key}", ctx.refs) for key in (*_JOINING, "patternProperties")):
         return node
-    out = _fresh_all_of(node, ctx, f"{ctx.here}/allOf")
+    out = _fresh_members(node, ctx, ctx.here)
     carriers = _pattern_carriers(out)
     if len(carriers) < 2:
         return node
+    together = len(carriers) == len(_pattern_carriers(out, branches=False))
     patterns = list(dict.fromkeys(p for c in carriers for p in c["patternProperties"]))
     if len(patterns) > _MAX_PATTERN_PROPERTIES:
         return node
@@ -2583,7 +2586,7 @@ def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
                    if patterns[i] in carrier["patternProperties"]] for c, carrier in enumerate(carriers)}
         own = {c: schemas for c, schemas in own.items() if schemas}
         whole = {"allOf": [s for schemas in own.values() for s in schemas]}
-        aligned = _all_of_patterns(whole, ctx) if len(own) > 1 else whole  # (unchanged: left to llguidance)
+        aligned = _all_of_patterns(whole, ctx) if len(own) > 1 and together else whole  # (else: llguidance's)
         for c, schemas in own.items():
             if aligned is not whole:
                 new_pp[c][key] = aligned if c == min(own) else {}
@@ -2598,13 +2601,19 @@ def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
     return out
 
 
-def _fresh_all_of(node: dict, ctx: _Ctx, ptr: str) -> dict:
-    """A copy of `node` whose `allOf` members, and theirs, are copies too (so they can be changed in place); a
-    member that is only a local `$ref` to a schema holding patterns becomes a rewritten copy of its target."""
+# The keywords whose subschemas llguidance merges with the node's own keywords: all at once, or branch by branch.
+_JOINING = ("allOf", "anyOf", "oneOf")
+
+
+def _fresh_members(node: dict, ctx: _Ctx, ptr: str) -> dict:
+    """A copy of `node` (at `ptr`) whose `allOf` members and `anyOf`/`oneOf` branches, and theirs, are copies too
+    (so they can be changed in place); one that is only a local `$ref` to a schema holding patterns becomes a
+    rewritten copy of its target."""
     out = dict(node)
-    if isinstance(node.get("allOf"), list):
-        out["allOf"] = [_fresh_all_of(_inlined_patterns(m, f"{ptr}/{i}", ctx), ctx, f"{ptr}/{i}/allOf")
-                        if isinstance(m, dict) else m for i, m in enumerate(node["allOf"])]
+    for key in _JOINING:
+        if isinstance(node.get(key), list):
+            out[key] = [_fresh_members(_inlined_patterns(m, f"{ptr}/{key}/{i}", ctx), ctx, f"{ptr}/{key}/{i}")
+                        if isinstance(m, dict) else m for i, m in enumerate(node[key])]
     return out
 
 
@@ -2633,33 +2642,35 @@ def _inlined_patterns(member: dict, ptr: str, ctx: _Ctx) -> dict:
 
 
 def _pattern_holders(node: dict, ctx: _Ctx) -> int:
-    """How many of `node` and its `allOf` members (recursively, and through members that are only a local
-    `$ref`) hold `patternProperties` or `propertyNames` themselves: what `_all_of_patterns` may align."""
+    """How many of `node`, its `allOf` members and `anyOf`/`oneOf` branches (recursively, and through those that
+    are only a local `$ref`) hold `patternProperties` or `propertyNames` themselves: what `_all_of_patterns` may
+    align."""
     if set(node) - _ANNOT == {"$ref"}:
         target = ctx.resolve(node["$ref"])
         return int(_holds_patterns(target))
     count = int(bool(node.get("patternProperties")) or "propertyNames" in node)
-    members = node.get("allOf")
-    return count + sum(_pattern_holders(m, ctx) for m in members if isinstance(m, dict)) \
-        if isinstance(members, list) else count
+    return count + sum(_pattern_holders(m, ctx) for key in _JOINING if isinstance(node.get(key), list)
+                       for m in node[key] if isinstance(m, dict))
 
 
 def _holds_patterns(schema: Any) -> bool:
-    """`schema` or its `allOf` members (recursively) hold `patternProperties` or `propertyNames`."""
+    """`schema`, its `allOf` members or `anyOf`/`oneOf` branches (recursively) hold `patternProperties` or
+    `propertyNames`."""
     if not isinstance(schema, dict):
         return False
     if schema.get("patternProperties") or "propertyNames" in schema:
         return True
-    members = schema.get("allOf")
-    return isinstance(members, list) and any(_holds_patterns(m) for m in members)
+    return any(_holds_patterns(m) for key in _JOINING if isinstance(schema.get(key), list) for m in schema[key])
 
 
-def _pattern_carriers(node: dict) -> list[dict]:
-    """`node` and its `allOf` members (recursively) that hold `patternProperties`, in document order."""
+def _pattern_carriers(node: dict, branches: bool = True) -> list[dict]:
+    """`node` and its `allOf` members, and with `branches` its `anyOf`/`oneOf` branches (recursively), that hold
+    `patternProperties`, in document order."""
     out = [node] if isinstance(node.get("patternProperties"), dict) and node["patternProperties"] else []
-    for m in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
-        if isinstance(m, dict):
-            out += _pattern_carriers(m)
+    for key in _JOINING if branches else ("allOf",):
+        for m in node.get(key) if isinstance(node.get(key), list) else []:
+            if isinstance(m, dict):
+                out += _pattern_carriers(m, branches)
     return out
 
 

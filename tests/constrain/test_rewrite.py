@@ -1813,6 +1813,30 @@ def test_overlapping_pattern_properties_of_all_of_members_are_cut_alike_and_mean
     _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, accepted, refused)
 
 
+_IN_BOTH = [{}, {"ab": 15}, {"xb": 3}]  # (names both branches take: `oneOf` refuses them)
+
+
+@pytest.mark.parametrize("keyword, accepted, refused", [
+    ("anyOf", [{"a": 12}, {"xy": "s"}, {"aab": 11}, *_IN_BOTH], []),
+    ("oneOf", [{"a": 12}, {"xy": "s"}, {"aab": 11}], _IN_BOTH),
+])
+def test_patterns_beside_a_choice_and_in_its_branches_are_cut_alike_and_mean_the_same(keyword, accepted, refused,
+                                                                                     gpt2_compiler, tokenizers,
+                                                                                     vocabs):
+    """llguidance merges the node's own keywords into each `anyOf`/`oneOf` branch, and refused the node's pattern
+    beside a branch's that overlaps it (JSONSchemaBench Handwritten allOfPProp7-10: the root's `a` and `^.{1,2}$`
+    in an `anyOf` inside an `allOf`). The node's and every branch's patterns are now regions of one partition;
+    each branch keeps its own closing `additionalProperties`."""
+    schema = {"type": "object", "patternProperties": {"a": {"type": "number", "minimum": 10}},
+              "allOf": [{keyword: [{"patternProperties": {"^.{1,2}$": {"maximum": 20}}, "additionalProperties": False},
+                                   {"patternProperties": {"b$": {"type": "integer"}}, "additionalProperties": False}]}]}
+    out = rewrite_schema(schema)
+    assert out != schema
+    refused = [*refused, {"a": 5}, {"ab": 25.5}, {"xyz": 1}, {"aab": 5}, {"aab": 10.5}, {"abc": 12}]
+    assert _same(schema, out, accepted + refused) == (len(accepted), len(refused))
+    _llguidance_takes(gpt2_compiler, tokenizers, vocabs, schema, accepted, refused)
+
+
 def test_patterns_that_meet_under_one_shared_name_and_through_a_ref_are_aligned(gpt2_compiler, tokenizers, vocabs):
     """Handwritten object9's shape: members name the same pattern (`a`), and the schemas they give it hold patterns
     of their own that overlap; those meet in one allOf, aligned in turn. A member that is only a `$ref` to
