@@ -49,7 +49,8 @@ from constrain.json_follower import WS, Frame, JsonFollower, exponent_digits
 from constrain.llg_backend import (CONTAINER_VALUES, LlgMatcher, end_as_inclusive, inward_end,
                                    keywords_ignored_in_draft, moved_end)
 from constrain.regex_sets import Work, pattern_examples, pattern_search
-from constrain.support import ANNOTATIONS, node_dialects, references_followable, resolve_ref, walk, walk_with_refs
+from constrain.support import (ANNOTATIONS, node_dialects, references_followable, resolve_ref, schema_objects, walk,
+                               walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
 ONE_OF_REFUSAL = "oneOf constraints are not supported"  # llguidance's words for a oneOf it cannot prove disjoint
@@ -716,7 +717,7 @@ def _for_backend(schema: Any, take: TakeOut, root: Any, originals: dict[int, Any
     500, QA fuzz F1)."""
     out = copy.deepcopy(schema)
     originals.update(_originals(out, schema))
-    _take_out_all(list({id(n): n for _, _, n in walk(out)}.values()), take, root, originals)
+    _take_out_all(schema_objects(out), take, root, originals)
     return out
 
 

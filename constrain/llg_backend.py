@@ -46,7 +46,7 @@ from constrain.recursive_meets import intersected_recursive_meetings
 from constrain.regex_sets import Work, pattern_examples
 from constrain.support import (ANNOTATIONS, STANDARD_FORMATS, escape_pointer_part, gives_another_base, id_keyword,
                                llguidance_escape_gap, map_subschemas, node_dialects, pointer_child, pointers_of,
-                               resolve_ref, walk, walk_with_refs)
+                               resolve_ref, schema_objects, walk, walk_with_refs)
 from constrain.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -1146,20 +1146,15 @@ def _read_together(schema):
     def parted(node: dict) -> bool:
         return not _IN_PLACE_APPLICATORS.isdisjoint(node) and order(node) != list(node)
 
-    if not any(parted(node) for node in _holders(schema)):
+    if not any(parted(node) for node in schema_objects(schema)):
         return schema
     schema = copy.deepcopy(schema)
-    for node in _holders(schema):
+    for node in schema_objects(schema):
         if parted(node):
             ordered = [(key, node[key]) for key in order(node)]
             node.clear()
             node.update(ordered)
     return schema
-
-
-def _holders(schema) -> list[dict]:
-    """Every schema object of `schema`, once each."""
-    return list({id(node): node for _, _, node in walk(schema)}.values())
 
 
 def _refs_resolved_in_resources(schema):
@@ -1975,7 +1970,7 @@ def keywords_ignored_in_draft(schema: Any) -> dict[int, frozenset[str]]:
     llguidance to ignore them -> those keywords."""
     dialects = node_dialects(schema)
     out: dict[int, frozenset[str]] = {}
-    for node in {id(n): n for _, _, n in walk(schema)}.values():
+    for node in schema_objects(schema):
         dialect = dialects[id(node)] or ""
         ignored = frozenset(key for draft, keys in _IGNORED_IN_DRAFT if draft in dialect for key in keys & node.keys())
         if ignored:

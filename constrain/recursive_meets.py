@@ -63,8 +63,7 @@ def intersected_recursive_meetings(root: Any, spell: Callable[[str], str] = str)
 def _meetings_of(root: Any, spell: Callable[[str], str]) -> "_Meetings | None":
     if not isinstance(root, dict):
         return None
-    refs = [node["$ref"] for _, key, node in walk(root) if key == "$ref"]
-    if not refs or any(resolve_ref(root, r) is None for r in refs) \
+    if not any(key == "$ref" for _, key, _ in walk(root)) or _refers_to_nothing(root) \
             or any(key in _REFUSED_KEYS or (key == "$schema" and node[key] != root.get("$schema"))
                    for _, key, node in walk(root)):
         return None
@@ -116,8 +115,7 @@ class _Meetings:
         if not isinstance(out, dict):
             raise _GiveUp  # (the root itself refuses every value: llguidance's refusal says so)
         out = {**out, self.defs_key: {**(out.get(self.defs_key) or {}), **self.bodies}}
-        refs = {node["$ref"] for _, key, node in walk(out) if key == "$ref"}
-        if any(resolve_ref(out, ref) is None for ref in refs):
+        if _refers_to_nothing(out):
             raise _GiveUp  # (a reference into a place that came out `false`)
         return out
 
@@ -463,6 +461,11 @@ class _Meetings:
         if search is None:
             raise _GiveUp  # (past the automata's limits)
         return search(name)
+
+
+def _refers_to_nothing(root: dict) -> bool:
+    """Some `$ref` of `root` names no place in it."""
+    return any(resolve_ref(root, node["$ref"]) is None for _, key, node in walk(root) if key == "$ref")
 
 
 def _falsified(node: dict) -> Any:

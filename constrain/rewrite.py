@@ -307,7 +307,7 @@ class _Ctx:
         # 2,000 characters before their `\p{..}` are spelled out; names may be much longer).
         self.search_work = Work(_REGEX_NFA_STATES // 4, _REGEX_DFA_STATES // 4, max_chars=_REGEX_PATTERN_CHARS)
         self.complements: dict[str, str | None] = {}  # a oneOf negates each branch once per other branch
-        self.regions: dict[tuple[str, ...], list | None] = {}  # `_all_of_patterns`' partitions
+        self.regions: dict[tuple[str, ...], list | None] = {}  # `_joined_patterns`' partitions
         self.inlining: set[str] = set()  # the `$ref`s `_inlined_patterns` is copying the targets of
         self.pattern_copies = _MAX_PATTERN_COPIES  # schema objects `_inlined_patterns` may still copy
         self.integers_to_list = _MAX_LATE_INTEGERS_LISTED  # integers `_late_integers_as_enum` may still check
@@ -1144,7 +1144,7 @@ def _rewrite(node: Any, ptr: str, ctx: _Ctx, refs: list[str]) -> Any:
     for step in (_keywords_of_other_types, _impossible_keys, _impossible_contains, _lookaheads, _search_counts,
                  _format, _not, _one_of, _conditional, _late_integers_as_enum, _unique_items, _contains,
                  _property_names, _patterns_as_properties, _dependencies, _properties_count, _pattern_properties,
-                 _declared_out_of_patterns, _all_of_patterns):
+                 _declared_out_of_patterns, _joined_patterns):
         before = node
         node = step(node, ctx)
         moved = node is not before and targets and _moves_targets(before, node, ptr, targets)
@@ -2547,7 +2547,7 @@ def _says_nothing(schema: Any) -> bool:
     return schema is True or (isinstance(schema, dict) and not (set(schema) - _ANNOT))
 
 
-def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
+def _joined_patterns(node: dict, ctx: _Ctx) -> dict:
     """`patternProperties` in several of the schemas an `allOf` joins (the node's own, its members', theirs), or
     that meet one of an `anyOf`/`oneOf`'s branches (theirs, and their members'): llguidance merges them into one
     object and refuses patterns of two of them that overlap ("not disjoint"), though a name both match must simply
@@ -2586,7 +2586,7 @@ def _all_of_patterns(node: dict, ctx: _Ctx) -> dict:
                    if patterns[i] in carrier["patternProperties"]] for c, carrier in enumerate(carriers)}
         own = {c: schemas for c, schemas in own.items() if schemas}
         whole = {"allOf": [s for schemas in own.values() for s in schemas]}
-        aligned = _all_of_patterns(whole, ctx) if len(own) > 1 and together else whole  # (else: llguidance's)
+        aligned = _joined_patterns(whole, ctx) if len(own) > 1 and together else whole  # (else: llguidance's)
         for c, schemas in own.items():
             if aligned is not whole:
                 new_pp[c][key] = aligned if c == min(own) else {}
@@ -2643,7 +2643,7 @@ def _inlined_patterns(member: dict, ptr: str, ctx: _Ctx) -> dict:
 
 def _pattern_holders(node: dict, ctx: _Ctx) -> int:
     """How many of `node`, its `allOf` members and `anyOf`/`oneOf` branches (recursively, and through those that
-    are only a local `$ref`) hold `patternProperties` or `propertyNames` themselves: what `_all_of_patterns` may
+    are only a local `$ref`) hold `patternProperties` or `propertyNames` themselves: what `_joined_patterns` may
     align."""
     if set(node) - _ANNOT == {"$ref"}:
         target = ctx.resolve(node["$ref"])

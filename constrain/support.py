@@ -104,6 +104,11 @@ def walk(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
                 stack.extend((v, f"{kp}/{escape_pointer_part(k)}") for k, v in value.items() if isinstance(v, dict))
 
 
+def schema_objects(schema: Any) -> list[dict]:
+    """Every schema object `walk` reaches in `schema`, once each (a subschema shared by two places is one)."""
+    return list({id(node): node for _, _, node in walk(schema)}.values())
+
+
 def walk_with_refs(schema: Any, base: str = "") -> Iterator[tuple[str, str, dict]]:
     """As `walk`, then also through the subschemas local `$ref`s of `schema` (the root) name where `walk` does not
     go: `#/definitions/a/full` names a subschema under `full`, no keyword, which the backends compile all the same
