@@ -38,6 +38,15 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 MAX_TEMPLATE_KWARGS_NESTING = 64  # (as a schema's: the values a template reads are flags, names, short lists)
 
+# How deep a request body's arrays and objects may nest. Python's own JSON reader gives up where its recursion
+# limit falls (near 1,000 levels on 3.11, past 2,000 on 3.12): the server's limit is its own, below every
+# version's, so one body gets the same answer on any Python (a schema is held to 64 levels before it compiles).
+MAX_BODY_NESTING = 500
+
+
+class BodyTooDeep(ValueError):
+    """A request body that nests arrays and objects deeper than MAX_BODY_NESTING."""
+
 
 def _nesting(value: Any) -> int:
     """How deep arrays and objects nest in `value` (0 for a scalar), without recursion."""
@@ -615,7 +624,7 @@ def read_body(raw: bytes, content_type: str | None, model: type[_Request]) -> _R
     """The body as `model`, read as FastAPI reads a JSON body: as JSON where its Content-Type is JSON (`application/
     json`, `application/*+json`) or where it names none (`requests.post(url, data=...)`), otherwise left as bytes,
     which no request model takes (curl -d without -H sends a form); no body at all is None. Raises pydantic's
-    ValidationError, or what `json.loads` raises."""
+    ValidationError, BodyTooDeep, or what `json.loads` raises."""
     if not raw:
         return model.model_validate(None)
     data: Any = raw
@@ -627,4 +636,8 @@ def read_body(raw: bytes, content_type: str | None, model: type[_Request]) -> _R
         subtype = message.get_content_subtype()
         if message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json")):
             data = json.loads(raw)
+    # (a body with fewer brackets than the limit cannot nest past it: most bodies are not walked)
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if data is not raw and brackets > MAX_BODY_NESTING and _nesting(data) > MAX_BODY_NESTING:
+        raise BodyTooDeep(MAX_BODY_NESTING)
     return model.model_validate(data)
