@@ -4,7 +4,6 @@ by service/cli.py."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -149,16 +148,19 @@ def _check_schema(args: argparse.Namespace) -> int:
     from constrain.compiler import GrammarCompiler
     from constrain.grammar import ConstraintError, ConstraintSpec
     from constrain.late_keywords import LateGrammar
+    from constrain.limits import JSONTooDeep, read_json
     from constrain.plain_keys import PlainKeysGrammar
     from constrain.spec import normalise_schema, validate_schema
     from constrain.support import outlines_unsupported
     from constrain.unique_items import plan_unique_items
 
-    try:  # (a Windows editor's byte-order mark is read past; nesting beyond Python's stack is a RecursionError)
-        schema = json.loads(args.file.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError, RecursionError) as exc:
-        reason = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)[:300]
-        print(f"{args.file}: not JSON: {reason}")
+    try:  # (a Windows editor's byte-order mark is read past)
+        schema = read_json(args.file.read_text(encoding="utf-8-sig"))
+    except JSONTooDeep as exc:
+        print(f"{args.file}: not read: it {exc}")
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"{args.file}: not JSON: {str(exc)[:300]}")
         return 1
     try:
         validate_schema(schema, "schema")

@@ -47,6 +47,7 @@ from constrain.grammar import ConstraintError, ConstraintSpec, Grammar
 from constrain.harmony import HarmonyGrammar, HarmonyTokens
 from constrain.late_keywords import (COUNT_REFUSAL, ONE_OF_REFUSAL, REFUSALS, LateGrammar, LatePlan,
                                      late_from_the_start, plan_late_keywords, token_sets)
+from constrain.limits import read_json
 from constrain.llg_backend import (build_lltokenizer, compile_calls_or_text, compile_hermes_calls, compile_llg,
                                    compile_xml_calls, json_call_names, takes_nothing)
 from constrain.outlines_backend import OutlinesGrammar, TokenDFA, core_regex_length, schema_regex
@@ -945,7 +946,7 @@ class GrammarCompiler:
                             "'_' and '-')", path.name)
                 continue
             try:
-                schema = json.loads(path.read_text())
+                schema = read_json(path.read_text())
                 validate_schema(schema, "response_format")
             except (OSError, ValueError, ConstraintError) as exc:
                 log.warning("skipping named schema %s: %s", path.name, exc)

@@ -18,6 +18,7 @@ import torch
 
 from constrain.compiler import GrammarCompiler
 from constrain.grammar import ConstraintError, ConstraintSpec
+from constrain.limits import read_json
 
 
 @dataclass
@@ -63,15 +64,15 @@ def run_case(path: Path, root: Path, compiler: GrammarCompiler, tokenizer) -> Ca
     name = str(path.relative_to(root))
     t0 = time.perf_counter()
     try:
-        case = json.loads(path.read_text(encoding="utf-8-sig"))
+        case = read_json(path.read_text(encoding="utf-8-sig"))
         if not isinstance(case, dict) or "schema" not in case:
             raise ValueError("no \"schema\" field")
         tests = case.get("tests", [])
         if not isinstance(tests, list) or not all(
                 isinstance(t, dict) and "data" in t and isinstance(t.get("valid"), bool) for t in tests):
             raise ValueError("\"tests\" is not a list of {\"data\", \"valid\"}")
-    except (OSError, ValueError, RecursionError) as exc:  # (a stray file, or an earlier --json saved as *.json,
-        # ended the run; so did a case nested deeper than Python's stack)
+    except (OSError, ValueError) as exc:  # (a stray file, or an earlier --json saved as *.json, ended the run;
+        # so did a case nested deeper than Python's stack, now JSONTooDeep)
         return CaseResult(name, False, None, f"not a MaskBench case: {str(exc)[:200]}", 0.0)
     try:
         validate_schema(case["schema"], "response_format")

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import jsonschema
 
 from constrain.grammar import ConstraintError, ConstraintSpec, in_written_order, refuse_unread_fields
-from constrain.limits import DEFAULT_LIMITS, check_schema_limits
+from constrain.limits import DEFAULT_LIMITS, JSONTooDeep, check_schema_limits, read_json
 from constrain.llg_backend import unreadable_pattern
 from constrain.pattern_dialects import (MAX_PROPERTY_ESCAPES, property_escapes, python_pattern, schema_patterns,
                                         with_python_patterns)
@@ -827,12 +827,11 @@ def _compat_schema(value: Any, param: str) -> ConstraintSpec:
     response_format's `json_object` with a schema."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = read_json(value)
+        except JSONTooDeep as exc:
+            raise ConstraintError(f"{param} {exc}, which this server does not read", param=param) from None
         except ValueError as exc:
             raise ConstraintError(f"{param} must be a JSON schema or its JSON text: {exc}", param=param) from None
-        except RecursionError:  # (Python's JSON reader recurses per level: ~1,000 levels, as the body's)
-            raise ConstraintError(f"{param} nests arrays and objects deeper than this server reads (about 1,000 "
-                                  "levels)", param=param) from None
         try:  # (JSON text may spell a lone UTF-16 surrogate, "\ud800", which no UTF-8 output can hold)
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:

@@ -15,6 +15,7 @@ import string
 from typing import Any, Callable
 
 from constrain.harmony import CHANNEL, harmony_token_ids
+from constrain.limits import read_json
 from constrain.tools import GRANITE_CALLS, HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALLS, call_token_id
 from constrain.xml_calls import ARG_KEY_CLOSE, ARG_KEY_OPEN, ARG_VALUE_OPEN, FUNCTION_OPEN, PARAMETER_OPEN, SHAPES
 from engine.model_loader import ModelLoadError
@@ -34,16 +35,16 @@ FALLBACK_TEMPLATE = (
 def _arguments_object(arguments: str | dict) -> Any:
     """An earlier call's `arguments` as the JSON value they spell, for templates that write them as one; the
     string itself where they spell none a tokenizer can take (OpenAI takes any string there): not JSON, nested
-    past Python's recursion limit, or holding a lone surrogate once decoded (`"\\ud800"`). An empty string is
-    no arguments (`{}`: the templates that walk them as a mapping refused it)."""
+    past MAX_JSON_NESTING, or holding a lone surrogate once decoded (`"\\ud800"`). An empty string is no arguments
+    (`{}`: the templates that walk them as a mapping refused it)."""
     if isinstance(arguments, dict):
         return arguments
     if isinstance(arguments, str) and not arguments.strip():
         return {}
     try:
-        value = json.loads(arguments)
+        value = read_json(arguments)
         json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except (TypeError, ValueError, RecursionError):  # (UnicodeEncodeError is a ValueError)
+    except (TypeError, ValueError):  # (UnicodeEncodeError and JSONTooDeep are ValueErrors)
         return arguments
     return value
 

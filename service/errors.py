@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from service.protocol import MAX_BODY_NESTING, BodyTooDeep
+from constrain.limits import JSONTooDeep
 
 log = logging.getLogger(__name__)
 
@@ -178,15 +178,13 @@ def invalid_body(errors: list[dict], content_type: str | None) -> APIError:
 
 def unreadable_body(cause: BaseException | None) -> APIError:
     """The 400 for a body that could not be read as JSON. Valid JSON can still fail: Python reads no integer of more
-    than 4300 digits (its guard against quadratic-time conversion), nor nesting past its recursion limit (the server
-    reads no body nesting past MAX_BODY_NESTING, below that limit), and a client that sent such should hear that,
-    not that its JSON is invalid."""
+    than 4300 digits (its guard against quadratic-time conversion), the server reads no arrays and objects nested
+    past MAX_JSON_NESTING, and a client that sent such should hear that, not that its JSON is invalid."""
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
         return invalid(f"the request body holds an integer of more than {sys.get_int_max_str_digits()} digits, "
                        "which this server does not read")
-    if isinstance(cause, (BodyTooDeep, RecursionError)):  # (Python's JSON reader recurses per level)
-        return invalid(f"the request body nests arrays and objects deeper than {MAX_BODY_NESTING} levels, which "
-                       "this server does not read")
+    if isinstance(cause, JSONTooDeep):
+        return invalid(f"the request body {cause}, which this server does not read")
     return invalid("the request body is not valid JSON")  # (also bytes that are not UTF-8)
 
 

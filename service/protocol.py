@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictFloat, StrictInt, StrictStr,
                       field_validator, model_validator)
 
+from constrain.limits import nesting_depth, read_json
+
 # Fields OpenAI (or the seed pages) define that this server cannot honour: sending them is a 400, not a silent
 # drop. The value is the reason, which becomes the error message.
 UNSUPPORTED_FIELDS: dict[str, str] = {
@@ -37,26 +39,6 @@ _TOKEN_ID = re.compile(r"[0-9]+")  # logit_bias keys: ASCII digits (str.isdigit 
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 MAX_TEMPLATE_KWARGS_NESTING = 64  # (as a schema's: the values a template reads are flags, names, short lists)
-
-# How deep a request body's arrays and objects may nest. Python's own JSON reader gives up where its recursion
-# limit falls (near 1,000 levels on 3.11, past 2,000 on 3.12): the server's limit is its own, below every
-# version's, so one body gets the same answer on any Python (a schema is held to 64 levels before it compiles).
-MAX_BODY_NESTING = 500
-
-
-class BodyTooDeep(ValueError):
-    """A request body that nests arrays and objects deeper than MAX_BODY_NESTING."""
-
-
-def _nesting(value: Any) -> int:
-    """How deep arrays and objects nest in `value` (0 for a scalar), without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, depth + 1)
-            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest
 
 
 # Variables of the chat template that the server derives from the request (chat_template_kwargs may not set them).
@@ -490,7 +472,7 @@ class ChatCompletionRequest(SamplingFields):
         if reserved:
             raise ParamError("chat_template_kwargs", f"`chat_template_kwargs` may not set {sorted(reserved)}: "
                              "the server sets them from the request's own fields")
-        if _nesting(self.chat_template_kwargs) > MAX_TEMPLATE_KWARGS_NESTING:
+        if nesting_depth(self.chat_template_kwargs) > MAX_TEMPLATE_KWARGS_NESTING:
             # (600 levels failed the render with a RecursionError, named as the messages' fault)
             raise ParamError("chat_template_kwargs", f"`chat_template_kwargs` nests arrays and objects deeper than "
                              f"{MAX_TEMPLATE_KWARGS_NESTING} levels")
@@ -624,20 +606,16 @@ def read_body(raw: bytes, content_type: str | None, model: type[_Request]) -> _R
     """The body as `model`, read as FastAPI reads a JSON body: as JSON where its Content-Type is JSON (`application/
     json`, `application/*+json`) or where it names none (`requests.post(url, data=...)`), otherwise left as bytes,
     which no request model takes (curl -d without -H sends a form); no body at all is None. Raises pydantic's
-    ValidationError, BodyTooDeep, or what `json.loads` raises."""
+    ValidationError, or what `read_json` raises (JSONTooDeep, json.JSONDecodeError, ...)."""
     if not raw:
         return model.model_validate(None)
     data: Any = raw
     if not content_type:
-        data = json.loads(raw)
+        data = read_json(raw)
     else:
         message = email.message.Message()
         message["content-type"] = content_type
         subtype = message.get_content_subtype()
         if message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json")):
-            data = json.loads(raw)
-    # (a body with fewer brackets than the limit cannot nest past it: most bodies are not walked)
-    brackets = raw.count(b"[") + raw.count(b"{")
-    if data is not raw and brackets > MAX_BODY_NESTING and _nesting(data) > MAX_BODY_NESTING:
-        raise BodyTooDeep(MAX_BODY_NESTING)
+            data = read_json(raw)
     return model.model_validate(data)

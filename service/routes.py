@@ -42,7 +42,7 @@ async def _body(request: Request, model):
             raise unreadable_body(None) from None
         except ValidationError as exc:
             raise invalid_body(exc.errors(), content_type) from None
-        except (ValueError, RecursionError) as exc:  # (what else json.loads refuses: see unreadable_body)
+        except ValueError as exc:  # (what else read_json refuses: see unreadable_body)
             raise unreadable_body(exc) from None
 
     return await asyncio.to_thread(read)

@@ -283,6 +283,8 @@ def test_compile_async_and_named_schemas_precompile(tmp_path, tokenizers, vocabs
     (tmp_path / "flag.json").write_text(json.dumps(SCHEMA))
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "no name.json").write_text(json.dumps(SCHEMA))  # (a request could not name it: skipped)
+    # (nested past what the server reads: skipped; 1,000 levels stopped the server's start with a RecursionError)
+    (tmp_path / "deep.json").write_text('{"items": ' * 1000 + "{}" + "}" * 1000)
     from constrain import checked
 
     c = GrammarCompiler(vocabs["gpt2"], tokenizers["gpt2"], backend="auto", schemas_dir=tmp_path)

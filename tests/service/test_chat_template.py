@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from constrain import tools_system_prompt
-from service.chat_template import ChatTemplate
+from service.chat_template import ChatTemplate, tool_calls_as_text
 from service.protocol import ChatMessage
 from tests.conftest import TOKENIZERS
 
@@ -690,3 +690,14 @@ def test_what_the_start_up_probes_found_is_told_in_one_line(name, found, tmp_pat
     found (service/app.py logs `summary()`)."""
     summary = _real(name, tmp_path).summary()
     assert summary.startswith("chat template: its own; ") and found in summary, summary
+
+
+@pytest.mark.parametrize("depth, read", [(500, True), (501, False)])
+def test_earlier_call_arguments_nested_past_500_levels_are_kept_as_their_string(depth, read):
+    """As a request body, arguments are read as JSON up to 500 levels whatever Python runs (3.11's reader gave up
+    near 1,000 levels, 3.12's read 5,000): past that, a template gets the string."""
+    arguments = "[" * depth + "]" * depth
+    message = ChatMessage(role="assistant", content=None, tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}])
+    written = json.loads(tool_calls_as_text(message))[0]["arguments"]
+    assert written == (json.loads(arguments) if read else arguments)
