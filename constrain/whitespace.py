@@ -6,12 +6,8 @@ Pure validation of the server option; never compiles a grammar.
 
 from __future__ import annotations
 
-try:
-    import re._parser as sre_parse  # Python 3.11+
-    import re._constants as sre_constants
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants
-    import sre_parse
+import re._constants as sre_constants
+import re._parser as sre_parse
 
 DEFAULT_WHITESPACE = "[ ]?"  # one optional space: Python's json.dumps separators ", " and ": " fit
 MAX_WHITESPACE_CHARS = 64  # the longest run one pattern may match
