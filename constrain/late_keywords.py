@@ -944,11 +944,12 @@ def _member_checks(node: dict, root: Any = None, keywords: Any = None) -> Member
     if node.get("uniqueItems") is True:
         prefix["uniqueItems"] = True
     # (more items holding `contains` than `maxContains`: refused for good; as no `maxContains + 1` of them, since a
-    # `minContains: 0` means one at least before 2019-09, where the later keyword is read too: `_contains_in_both`)
+    # `minContains: 0` means one at least before 2019-09, where the later keyword is read too: `_contains_in_both`.
+    # An array's: `contains` takes any other value, so the `not` refused every object at its first member)
     counted = known("unevaluatedProperties")  # (the drafts with maxContains, which jsonschema reads in `contains`)
     most = node.get("maxContains")
     if counted and "contains" in node and isinstance(most, int) and not isinstance(most, bool):
-        prefix["not"] = {"contains": node["contains"], "minContains": most + 1}
+        prefix["not"] = {"type": "array", "contains": node["contains"], "minContains": most + 1}
     names = {"propertyNames": node["propertyNames"]} if "propertyNames" in node and known("propertyNames") else None
     counts = _property_counts(node)
     evaluated = _evaluated_names(root, node) if root is not None else None

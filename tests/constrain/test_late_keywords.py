@@ -528,6 +528,18 @@ def test_an_item_past_max_contains_is_refused_as_it_is_written(schema, gpt2_comp
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=3, max_tokens=30) >= 20
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_max_contains_holds_arrays_only(backend, gpt2_compiler, tokenizers, vocabs):
+    """`contains` takes any value but an array, so `maxContains` says nothing of an object: its check, as each
+    member is finished, refused every object with a member (`{"b": 1}`; found by a differential fuzz)."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "contains": {"minimum": 1},
+              "maxContains": 2}
+    g = _compile(gpt2_compiler, schema, backend)
+    validator = validator_class(schema)(schema)
+    for value in ({"b": 1}, {"a": [1, 1, 1], "b": "s"}, {}, "s", 5, [1, 1], [1, 1, 1], [0], []):
+        assert accepts_document(g, tokenizers["gpt2"], vocabs["gpt2"], value) == validator.is_valid(value), value
+
+
 @pytest.mark.parametrize("schema", [_object(ARRAYS), CASES[3][0]])
 def test_random_walks_end_in_documents_valid_against_the_one_of(schema, gpt2_compiler, vocabs):
     assert ended_walks_valid(_compile(gpt2_compiler, schema), vocabs["gpt2"], schema, seed=11) >= 15
