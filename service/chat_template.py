@@ -106,8 +106,8 @@ def _whole_members(text: str) -> dict:
     if last_comma is None:
         return {}
     try:
-        value = json.loads(s[:last_comma] + "}")
-    except ValueError:
+        value = read_json(s[:last_comma] + "}")
+    except ValueError:  # (JSONTooDeep too: a member nested 2,000 deep was a RecursionError, a 500)
         return {}
     return value if isinstance(value, dict) else {}
 

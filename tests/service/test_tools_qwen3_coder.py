@@ -184,3 +184,15 @@ def test_the_servers_own_answer_cut_by_max_tokens_goes_back_in_history(client, m
         history.append({"role": "tool", "tool_call_id": call.id, "content": "error: cut"})
     second = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=4)
     assert second.choices[0].message.role == "assistant"
+
+
+@pytest.mark.parametrize("depth", [400, 2000])
+def test_a_cut_call_in_history_nested_deep_is_read_without_a_fault(client, depth):
+    """A cut call's whole members are read as JSON: one nested 2,000 deep was Python's RecursionError, a 500.
+    Members nested past the server's 500 levels are left out, as members of text that is no JSON object are."""
+    arguments = '{"a": ' + "[" * depth + "]" * depth + ', "b": 1'  # (cut after a whole member)
+    call = {"id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": arguments}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "error: cut"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=2)
+    assert r.choices[0].message.role == "assistant"
