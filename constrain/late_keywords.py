@@ -1387,6 +1387,24 @@ def _may_hold_value_ends(b: bytes) -> bool:
     return False
 
 
+_LARGEST_EXPONENT = 330  # (past it, and past the mantissa's own digits, a number reads as ±Infinity)
+
+
+def _reachable_exponents(digits: bytes, most: int):
+    """The exponents (ascending, at most `most`) that digits written after `digits` can make: any where `digits`
+    reads as 0 (leading zeros are allowed), else `digits` itself and those it begins."""
+    written = int(digits or b"0")
+    if not written:
+        yield from range(most + 1)
+        return
+    width = 1
+    if written <= most:
+        yield written
+    while written * 10 ** width <= most:
+        yield from range(written * 10 ** width, min((written + 1) * 10 ** width, most + 1))
+        width += 1
+
+
 def _past_doubles(number: bytearray) -> bool:
     """A number's text so far already reads as ±Infinity whatever digits follow: its exponent is not negative and
     it reads so now (more digits only make it larger; before the exponent, an `e-400` could still bring it back)."""
@@ -1485,6 +1503,8 @@ class LateMatcher(CheckedMatcher):
         self.tracker = here.fork()
         try:
             self._feed(data)
+            if self._exponent_leads_nowhere():
+                return True
             suspects = self._suspects()
             if suspects is not None:  # a token that can finish no value and is no whitespace is a way on (cheap:
                 # most rows have one, and `_refused` judges each suspect in turn)
@@ -1506,6 +1526,33 @@ class LateMatcher(CheckedMatcher):
             return True
         return blanks > 0 and all(self._dead_end_after(path + [t], blanks - 1)
                                   for t in blank[:_LOOKAHEAD_TRIES].tolist())
+
+    def _exponent_leads_nowhere(self) -> bool:
+        """A checked number whose exponent is written without a `-` can only grow it, digit by digit: whether no
+        exponent it can still reach finishes a value the checks take (`765e2`, `1.5e+` under `not: {type:
+        integer}`: every one reads as an integer; a digit is always a way on to the one-token lookahead, and the
+        walk ran into the dead end, most walks of a random model). Each reachable exponent is judged once, up to
+        where the number reads as ±Infinity."""
+        t = self.tracker
+        buf = bytes(t.buf)
+        at = max(buf.rfind(b"e"), buf.rfind(b"E"))
+        if t.mode != "number" or not t.pending or at < 0:
+            return False
+        sign, digits = buf[at + 1:at + 2], buf[at + 1:].lstrip(b"+")
+        if sign == b"-" or (not sign and not digits):
+            return False  # (a `-` may still come)
+        written = int(digits or b"0")
+        for exponent in _reachable_exponents(digits, _LARGEST_EXPONENT + len(buf)):
+            suffix = str(exponent)[len(str(written)):].encode() if written else str(exponent).encode()
+            number = buf[:at + 1] + (b"+" if sign == b"+" else b"") + (digits or b"") + suffix
+            if _past_doubles(bytearray(number)):
+                return True  # (this one and every larger one read as ±Infinity)
+            fork = t.fork()  # (ended by a comma, which finishes the number alone; what the container's members
+            fork.feed(suffix + (b"," if fork.stack else b""))  # ask of a comma is not the number's to answer)
+            checked = fork.finished if fork.stack else fork.root_scalar()
+            if all(self._holds(check, text) for check, text in checked):
+                return False
+        return True
 
     def _suspects(self) -> np.ndarray | None:
         """Tokens that may finish a checked value from here (see `_TokenSets`; None: any allowed token)."""
