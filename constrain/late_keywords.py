@@ -1538,14 +1538,14 @@ class LateMatcher(CheckedMatcher):
         at = max(buf.rfind(b"e"), buf.rfind(b"E"))
         if t.mode != "number" or not t.pending or at < 0:
             return False
-        sign, digits = buf[at + 1:at + 2], buf[at + 1:].lstrip(b"+")
-        if sign == b"-" or (not sign and not digits):
-            return False  # (a `-` may still come)
+        after = buf[at + 1:]
+        if not after or after.startswith(b"-"):
+            return False  # (a `-` may still come, or has)
+        digits = after.lstrip(b"+")
         written = int(digits or b"0")
         for exponent in _reachable_exponents(digits, _LARGEST_EXPONENT + len(buf)):
             suffix = str(exponent)[len(str(written)):].encode() if written else str(exponent).encode()
-            number = buf[:at + 1] + (b"+" if sign == b"+" else b"") + (digits or b"") + suffix
-            if _past_doubles(bytearray(number)):
+            if _past_doubles(bytearray(buf + suffix)):
                 return True  # (this one and every larger one read as ±Infinity)
             fork = t.fork()  # (ended by a comma, which finishes the number alone; what the container's members
             fork.feed(suffix + (b"," if fork.stack else b""))  # ask of a comma is not the number's to answer)
